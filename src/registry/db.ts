@@ -1,0 +1,184 @@
+import pg from "pg";
+import type { Logger } from "pino";
+import { IdempotencyError } from "../contract/errors.js";
+
+/** Anything that runs one SQL statement: a pool, a client, a client inside a transaction. */
+export interface Queryable {
+  query<R extends pg.QueryResultRow = pg.QueryResultRow>(text: string, values?: unknown[]): Promise<pg.QueryResult<R>>;
+}
+
+/**
+ * How the registry reaches PostgreSQL. Either it owns its transactions (a pool,
+ * with classified retries), or it runs inside a transaction its caller already
+ * opened (co-located mode: a business service's own transaction), where the
+ * caller owns commit, rollback and retry.
+ */
+export interface Db {
+  /** Runs `work` as single autocommit statements (retried as a whole on transient failures). */
+  run<T>(work: (q: Queryable) => Promise<T>): Promise<T>;
+  /** Runs `work` inside one transaction (retried as a whole on transient failures). */
+  transaction<T>(work: (q: Queryable) => Promise<T>): Promise<T>;
+}
+
+/** Connection settings of the registry's pool. */
+export interface PoolSettings {
+  connectionString: string;
+  /** Most connections this process opens. */
+  max: number;
+  /** How long a request waits for a free connection before UNAVAILABLE. */
+  connectionTimeoutMs: number;
+  /** Upper bound of any statement; a stuck query must not hold a request forever. */
+  statementTimeoutMs: number;
+  /** Upper bound of waiting for a row lock; a writer stuck on a record fails fast instead of piling up. */
+  lockTimeoutMs: number;
+  /** A transaction left open by a crashed handler is ended by the server after this long. */
+  idleInTransactionTimeoutMs: number;
+  /** Extra `-c` options (tests use it to pin a schema with `search_path`). */
+  options?: string;
+  applicationName?: string;
+}
+
+/**
+ * Opens the registry's pool. The `error` handler is required: when the server
+ * kills an idle connection (`pg_terminate_backend`, a restart, a failover) the
+ * pool emits `error`, and an unhandled `error` event would end the process.
+ */
+export function openPool(settings: PoolSettings, logger: Logger): pg.Pool {
+  const pool = new pg.Pool({
+    connectionString: settings.connectionString,
+    max: settings.max,
+    connectionTimeoutMillis: settings.connectionTimeoutMs,
+    idleTimeoutMillis: 30_000,
+    statement_timeout: settings.statementTimeoutMs,
+    lock_timeout: settings.lockTimeoutMs,
+    idle_in_transaction_session_timeout: settings.idleInTransactionTimeoutMs,
+    application_name: settings.applicationName ?? "idempotency-coordinator",
+    ...(settings.options ? { options: settings.options } : {}),
+  });
+  pool.on("error", (error) => {
+    logger.warn({ err: error, sqlstate: sqlState(error) }, "idle registry connection lost; the pool replaces it");
+  });
+  return pool;
+}
+
+/** Transient failures worth retrying with backoff, and how many times. */
+const MAX_ATTEMPTS = 4;
+const BASE_BACKOFF_MS = 10;
+
+/**
+ * A Db over a pool. Serialization failures (40001) and deadlocks (40P01) are
+ * retried with jittered exponential backoff; so are lost connections, because
+ * every registry operation is written to be re-run safely: a re-run re-reads
+ * the record and recognizes its own earlier write (by operation id or
+ * acquisition id) when a COMMIT's outcome was lost with the connection.
+ */
+export function poolDb(pool: pg.Pool, logger: Logger, onRetry?: (cause: string) => void): Db {
+  async function withRetries<T>(attempt: () => Promise<T>): Promise<T> {
+    for (let n = 1; ; n++) {
+      try {
+        return await attempt();
+      } catch (error) {
+        const cause = retryableCause(error);
+        if (cause === undefined || n >= MAX_ATTEMPTS) throw classify(error);
+        onRetry?.(cause);
+        logger.debug({ cause, attempt: n }, "retrying registry work after a transient failure");
+        await sleep(BASE_BACKOFF_MS * 2 ** (n - 1) * (0.5 + Math.random()));
+      }
+    }
+  }
+
+  return {
+    run: (work) => withRetries(() => work(pool)),
+    transaction: (work) =>
+      withRetries(async () => {
+        const client = await pool.connect();
+        // A checked-out client has no error listener of the pool's: without
+        // this one, a connection killed mid-transaction would crash the process.
+        const onError = (error: Error) => logger.warn({ err: error }, "registry connection lost during a transaction");
+        client.on("error", onError);
+        let broken = false;
+        try {
+          await client.query("BEGIN");
+          const result = await work(client);
+          await client.query("COMMIT");
+          return result;
+        } catch (error) {
+          broken = isConnectionLoss(error);
+          if (!broken) await client.query("ROLLBACK").catch(() => (broken = true));
+          throw error;
+        } finally {
+          client.removeListener("error", onError);
+          client.release(broken);
+        }
+      }),
+  };
+}
+
+/**
+ * A Db inside a transaction the caller opened and will commit. Nothing is
+ * retried here: only the caller can re-run its whole business transaction.
+ */
+export function transactionDb(client: Queryable): Db {
+  const inside = async <T>(work: (q: Queryable) => Promise<T>) => {
+    try {
+      return await work(client);
+    } catch (error) {
+      throw classify(error);
+    }
+  };
+  return { run: inside, transaction: inside };
+}
+
+/** The SQLSTATE of a PostgreSQL error, if it has one. */
+export function sqlState(error: unknown): string | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
+}
+
+function retryableCause(error: unknown): string | undefined {
+  const state = sqlState(error);
+  if (state === "40001" || state === "40P01") return state;
+  if (isConnectionLoss(error)) return state ?? "connection";
+  return undefined;
+}
+
+/** The connection itself failed: the server went away, was restarted, or killed our backend. */
+function isConnectionLoss(error: unknown): boolean {
+  const state = sqlState(error);
+  if (state !== undefined) {
+    // 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot connect now.
+    return state.startsWith("08") || state === "57P01" || state === "57P02" || state === "57P03";
+  }
+  const code = (error as { code?: unknown } | null)?.code;
+  if (code === "ECONNRESET" || code === "ECONNREFUSED" || code === "EPIPE" || code === "ETIMEDOUT") return true;
+  const message = error instanceof Error ? error.message : "";
+  return /Connection terminated|Client has encountered a connection error|connection is closed/i.test(message);
+}
+
+/** Turns driver failures into refusals a client can act on; domain errors pass through. */
+function classify(error: unknown): unknown {
+  if (error instanceof IdempotencyError) return error;
+  const state = sqlState(error);
+  if (state === "55P03") {
+    return new IdempotencyError(
+      "REGISTRY_BUSY",
+      "the record stayed locked by another writer beyond the lock timeout; nothing was decided, retry with backoff",
+      {},
+      { cause: error },
+    );
+  }
+  const poolTimeout = error instanceof Error && /timeout exceeded when trying to connect/i.test(error.message);
+  if (state === "57014" || state === "53300" || poolTimeout || isConnectionLoss(error)) {
+    return new IdempotencyError(
+      "REGISTRY_UNAVAILABLE",
+      "the registry database did not answer in time; nothing was decided, retry with backoff",
+      {},
+      { cause: error },
+    );
+  }
+  return error;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

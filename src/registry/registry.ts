@@ -1,0 +1,654 @@
+import { randomUUID } from "node:crypto";
+import { refuse } from "../contract/errors.js";
+import { downstreamKey, validateEffectName } from "../contract/effects.js";
+import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
+import { validateKey } from "../contract/keys.js";
+import {
+  type ScopeInput,
+  scopeDigest,
+  validateApiRevision,
+  validateOperationName,
+  validateSubject,
+  validateText,
+} from "../contract/scope.js";
+import { snapshotDigest, storedSnapshot } from "../contract/snapshot.js";
+import type { OperationPolicy, PolicySource } from "../policy/operations.js";
+import type { Db, Queryable } from "./db.js";
+import { isUuid, uuidv7 } from "./ids.js";
+import {
+  checkRecordEffect,
+  checkRenew,
+  effectFlags,
+  planClaim,
+  planComplete,
+  planRelease,
+  planResolve,
+  reserveVerdict,
+} from "./state-machine.js";
+import type {
+  Actor,
+  ClaimInput,
+  ClaimResult,
+  CompleteInput,
+  EffectStatus,
+  OperationRef,
+  RecordView,
+  ReserveInput,
+  ReserveResult,
+  StoredAttempt,
+  StoredRecord,
+} from "./types.js";
+
+const RECORD_COLUMNS = `tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+  fingerprint, state, generation, recovering, lease_expires_at, acquisition_id, writer_epoch, effect_possible,
+  snapshot_status, snapshot_media_type, snapshot_location, snapshot_business_version, snapshot_headers,
+  snapshot_body, snapshot_digest, created_at, updated_at, completed_at, retain_until, tombstoned_at`;
+
+const ATTEMPT_COLUMNS = `attempt_number, effect, provider, downstream_key, status, provider_handle, generation,
+  created_at, resolved_at`;
+
+/** `now() + n milliseconds` for a bound parameter. */
+const plusMs = (param: string) => `now() + make_interval(secs => ${param}::double precision / 1000)`;
+
+/** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
+const RESERVE_ROUNDS = 5;
+
+/**
+ * The state machine of the contract over PostgreSQL. It holds no connection
+ * of its own: every call takes a Db, which is either the coordinator's pool or
+ * a transaction of an embedding business service (co-located mode).
+ */
+export class Registry {
+  constructor(private readonly policies: PolicySource) {}
+
+  /** The policy of an operation, or UNKNOWN_OPERATION. */
+  policy(operation: string, apiRevision: number): OperationPolicy {
+    const policy = this.policies.get(operation, apiRevision);
+    if (!policy) {
+      refuse(
+        "UNKNOWN_OPERATION",
+        `operation ${operation} at API revision ${apiRevision} is not declared; declare it in the coordinator's operations`,
+      );
+    }
+    return policy;
+  }
+
+  /**
+   * The acceptance point. One guarded statement inserts the record or, when
+   * the scope exists, returns it; the decision on an existing record that
+   * needs a write (takeover, UNKNOWN) is a compare-and-set on the generation
+   * it was read at, re-read and re-decided when it lost a race.
+   *
+   * Round trips: new scope 1; replay, in progress, conflict 1; takeover 2; a
+   * scope committed concurrently after the statement's snapshot 2.
+   */
+  async reserve(db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> {
+    const subject = validateSubject(input.subject);
+    validateOperationName(input.operation);
+    validateApiRevision(input.apiRevision);
+    requireTenant(actor, subject.tenant);
+    if (!actor.mayOperate(input.operation)) {
+      refuse("PERMISSION_DENIED", `this caller is not granted operation ${input.operation}`);
+    }
+    const policy = this.policy(input.operation, input.apiRevision);
+    if (input.writerEpoch < policy.writerEpoch) {
+      refuse(
+        "STALE_WRITER_EPOCH",
+        `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}: this deployment was rolled back; stop writing`,
+        { writer_epoch: String(policy.writerEpoch) },
+      );
+    }
+    validateKey(input.idempotencyKey, policy.keys);
+    const scope = scopeDigest(input);
+    const fp = requestFingerprint(input, policy);
+    const leaseMs = grantLease(policy, input.leaseMs);
+    const enforced = policy.mode !== "SHADOW";
+    const schemaRevision = policy.fingerprint.schemaRevision;
+    // Minted once, outside the retried work: a re-run after a lost COMMIT
+    // recognizes its own record by these ids.
+    const operationId = uuidv7();
+    const acquisitionId = randomUUID();
+    const state = input.claim ? "EXECUTING" : "RESERVED";
+    const answer = (decision: ReserveResult["decision"], record?: StoredRecord, retryAfterMs?: number): ReserveResult => ({
+      decision,
+      ...(record ? { record } : {}),
+      ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
+      enforced,
+      schemaRevision,
+    });
+
+    return db.run(async (q) => {
+      for (let round = 0; round < RESERVE_ROUNDS; round++) {
+        let found =
+          policy.mode === "DRAINING"
+            ? undefined
+            : await insertOrFind(q, {
+                tenant: subject.tenant,
+                scope,
+                operationId,
+                principal: subject.principal,
+                operation: input.operation,
+                apiRevision: input.apiRevision,
+                schemaRevision,
+                fingerprint: fp,
+                state,
+                leaseMs,
+                acquisitionId,
+                writerEpoch: input.writerEpoch,
+                caller: actor.caller,
+                quota: policy.maxActivePerPrincipal,
+              });
+        // The statement's snapshot predates a record committed concurrently
+        // (the insert waited for it and found the conflict): read it anew.
+        found ??= await findByScope(q, subject.tenant, scope);
+        if (!found) {
+          if (policy.mode === "DRAINING") {
+            refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
+          }
+          refuse(
+            "QUOTA_EXCEEDED",
+            `this principal already has ${policy.maxActivePerPrincipal} unfinished ${input.operation} operations; finish some first`,
+            { limit: String(policy.maxActivePerPrincipal) },
+          );
+        }
+        const { record, inserted } = found;
+        if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
+
+        const verdict = reserveVerdict(record, fp);
+        switch (verdict.kind) {
+          case "conflict":
+            return answer("PAYLOAD_CONFLICT");
+          case "expired":
+            return answer("EXPIRED", record);
+          case "replay":
+            return answer("REPLAY", record);
+          case "in_progress":
+            return answer("IN_PROGRESS", record, Math.max(1000, verdict.retryAfterMs ?? policy.lease.defaultMs));
+          case "takeover": {
+            const taken = await takeOverByScope(q, record, { state, leaseMs, acquisitionId, writerEpoch: input.writerEpoch, caller: actor.caller });
+            if (taken) return answer("ACCEPTED", taken);
+            break; // someone else moved the record first: re-read and decide again
+          }
+          case "mark_unknown": {
+            const unknown = await markUnknownByScope(q, record, actor.caller);
+            if (unknown) return answer("IN_PROGRESS", unknown, policy.lease.defaultMs);
+            break;
+          }
+        }
+      }
+      refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
+    });
+  }
+
+  /** Takes ownership for execution (OWNER, TAKEOVER or RECOVER). */
+  async claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
+    validateRef(input.ref);
+    const acquisitionId = randomUUID();
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, input.ref, actor);
+      const attempts = await loadAttempts(q, input.ref);
+      // A re-run after a lost COMMIT: the claim already happened.
+      if (record.acquisitionId === acquisitionId) return { record, attempts };
+      const policy = this.policy(record.operation, record.apiRevision);
+      if (input.mode !== "OWNER" && input.writerEpoch < policy.writerEpoch) {
+        refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}`, {
+          writer_epoch: String(policy.writerEpoch),
+        });
+      }
+      const leaseMs = grantLease(policy, input.leaseMs);
+      const plan = planClaim(record, input.mode, input.generation);
+      const event = { caller: actor.caller };
+      let updated: StoredRecord;
+      switch (plan) {
+        case "own":
+        case "renew":
+          updated = await fencedUpdate(q, record, { ...event, kind: plan === "own" ? "CLAIMED" : "LEASE_RENEWED" },
+            `state = 'EXECUTING', lease_expires_at = ${plusMs("$7")}`, [leaseMs]);
+          break;
+        case "takeover":
+          updated = await fencedUpdate(q, record, { ...event, kind: "TAKEOVER" },
+            `generation = generation + 1, state = 'EXECUTING', recovering = false, lease_expires_at = ${plusMs("$7")},
+             acquisition_id = $8, writer_epoch = $9`, [leaseMs, acquisitionId, input.writerEpoch]);
+          break;
+        case "recover":
+          if (record.state !== "UNKNOWN") {
+            // Recorded as its own step so that the event log shows the record went UNKNOWN.
+            await appendEvent(q, record, { ...event, kind: "UNKNOWN", state: "UNKNOWN" });
+          }
+          updated = await fencedUpdate(q, record, { ...event, kind: "RECOVERY_CLAIMED" },
+            `generation = generation + 1, state = 'EXECUTING', recovering = true, lease_expires_at = ${plusMs("$7")},
+             acquisition_id = $8, writer_epoch = $9`, [leaseMs, acquisitionId, input.writerEpoch]);
+          break;
+      }
+      return { record: updated, attempts };
+    });
+  }
+
+  /** Extends the lease of the generation the caller holds. */
+  async renewLease(db: Db, ref: OperationRef, generation: number, leaseMs: number | undefined, actor: Actor): Promise<StoredRecord> {
+    validateRef(ref);
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, ref, actor);
+      checkRenew(record, generation);
+      const policy = this.policy(record.operation, record.apiRevision);
+      return fencedUpdate(q, record, { caller: actor.caller, kind: "LEASE_RENEWED" },
+        `lease_expires_at = ${plusMs("$7")}`, [grantLease(policy, leaseMs)]);
+    });
+  }
+
+  /** Registers an effect attempt before its downstream call; returns it with the stable downstream key. */
+  async recordEffectAttempt(
+    db: Db,
+    ref: OperationRef,
+    generation: number,
+    effect: string,
+    provider: string,
+    actor: Actor,
+  ): Promise<StoredAttempt> {
+    validateRef(ref);
+    validateEffectName(effect);
+    if (provider.length > 0) validateText(provider, "provider", 128);
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, ref, actor);
+      const attempts = await loadAttempts(q, ref);
+      checkRecordEffect(record, attempts, generation, effect);
+      const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
+      const { rows } = await q.query(
+        `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation)
+         VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', $7)
+         RETURNING ${ATTEMPT_COLUMNS}`,
+        [ref.tenant, ref.operationId, attemptNumber, effect, provider, downstreamKey(ref.tenant, ref.operationId, effect), generation],
+      );
+      await fencedUpdate(q, record, { caller: actor.caller, kind: "EFFECT_RECORDED", detail: { attempt: attemptNumber, effect } },
+        "effect_possible = true", []);
+      return toAttempt(rows[0]!);
+    });
+  }
+
+  /** Records what a downstream call did. */
+  async resolveEffectAttempt(
+    db: Db,
+    ref: OperationRef,
+    generation: number,
+    attemptNumber: number,
+    status: EffectStatus,
+    providerHandle: string,
+    actor: Actor,
+  ): Promise<StoredAttempt> {
+    validateRef(ref);
+    if (status === "PENDING") refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
+    if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, ref, actor);
+      const attempts = await loadAttempts(q, ref);
+      const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
+      if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
+      const { rows } = await q.query(
+        `UPDATE idem_effect_attempt
+            SET status = $4, provider_handle = CASE WHEN $5 = '' THEN provider_handle ELSE $5 END, resolved_at = now()
+          WHERE tenant_id = $1 AND operation_id = $2 AND attempt_number = $3
+          RETURNING ${ATTEMPT_COLUMNS}`,
+        [ref.tenant, ref.operationId, attemptNumber, status, providerHandle],
+      );
+      const resolved = toAttempt(rows[0]!);
+      const after = attempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
+      await fencedUpdate(q, record, { caller: actor.caller, kind: "EFFECT_RESOLVED", detail: { attempt: attemptNumber, status } },
+        "effect_possible = $7", [effectFlags(after).possible]);
+      return resolved;
+    });
+  }
+
+  /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
+  async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
+    validateRef(input.ref);
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, input.ref, actor);
+      const policy = this.policy(record.operation, record.apiRevision);
+      const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
+      const digest = snapshotDigest(snapshot);
+      const attempts = await loadAttempts(q, input.ref);
+      if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return record;
+      return fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
+        `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
+         retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
+         snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15`,
+        [input.outcome, policy.retentionMs, snapshot.statusCode, snapshot.mediaType, snapshot.location,
+         snapshot.businessVersion, JSON.stringify(snapshot.headers), Buffer.from(snapshot.body), Buffer.from(digest)]);
+    });
+  }
+
+  /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
+  async release(db: Db, ref: OperationRef, generation: number, actor: Actor): Promise<StoredRecord> {
+    validateRef(ref);
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, ref, actor);
+      if (planRelease(record, generation) === "repeat") return record;
+      return fencedUpdate(q, record, { caller: actor.caller, kind: "RELEASED" },
+        "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
+    });
+  }
+
+  /**
+   * Reads a record by id. Without the operator role, the subject must be the
+   * record's: another principal's record is NOT_FOUND, exactly like a missing
+   * one, so that lookups are no existence oracle.
+   */
+  async lookupById(db: Db, ref: OperationRef, principal: string | undefined, actor: Actor): Promise<RecordView> {
+    validateRef(ref);
+    requireTenant(actor, ref.tenant);
+    const view = await db.run((q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]));
+    return visibleTo(view, principal, actor);
+  }
+
+  /** Reads the record a request with this scope would meet. */
+  async lookupByScope(db: Db, input: ScopeInput, actor: Actor): Promise<RecordView> {
+    const subject = validateSubject(input.subject);
+    validateOperationName(input.operation);
+    validateApiRevision(input.apiRevision);
+    requireTenant(actor, subject.tenant);
+    const view = await db.run((q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]));
+    return visibleTo(view, subject.principal, actor);
+  }
+
+  /** Locks the record for the rest of the transaction, or NOT_FOUND. */
+  private async lockRecord(q: Queryable, ref: OperationRef, actor: Actor): Promise<StoredRecord> {
+    requireTenant(actor, ref.tenant);
+    // FOR UPDATE serializes every write to one record; lock_timeout bounds the
+    // wait so a stuck writer turns into REGISTRY_BUSY instead of a pile-up.
+    const { rows } = await q.query(
+      `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
+        WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`,
+      [ref.tenant, ref.operationId],
+    );
+    const record = rows[0] ? toRecord(rows[0]) : undefined;
+    if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
+    return record;
+  }
+}
+
+function refuseNotFound(): never {
+  refuse("NOT_FOUND", "no such operation for this subject");
+}
+
+function requireTenant(actor: Actor, tenant: string): void {
+  if (!actor.mayUseTenant(tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${tenant}`);
+}
+
+function visibleTo(view: RecordView | undefined, principal: string | undefined, actor: Actor): RecordView {
+  if (!view || !actor.mayOperate(view.record.operation)) refuseNotFound();
+  if (!actor.isOperator && view.record.principal !== principal) refuseNotFound();
+  return view;
+}
+
+function validateRef(ref: OperationRef): void {
+  validateText(ref.tenant, "ref.tenant", 128);
+  if (!isUuid(ref.operationId)) refuse("INVALID_REQUEST", "ref.operation_id must be the operation id Reserve returned");
+}
+
+/** The lease to grant: the policy's default when none is asked, never above its maximum, never under a second. */
+function grantLease(policy: OperationPolicy, requestedMs: number | undefined): number {
+  if (requestedMs === undefined || requestedMs <= 0) return policy.lease.defaultMs;
+  return Math.min(Math.max(requestedMs, 1000), policy.lease.maxMs);
+}
+
+/** The fingerprint of a Reserve, computed from the request parts or checked as precomputed. */
+function requestFingerprint(input: ReserveInput, policy: OperationPolicy): Uint8Array {
+  const rules = policy.fingerprint;
+  if (input.request.kind === "parts") return fingerprint(input.request.parts, rules);
+  const { scheme, schemaRevision, digest } = input.request;
+  if (scheme !== FINGERPRINT_SCHEME) {
+    refuse("UNSUPPORTED_FINGERPRINT_SCHEME", `fingerprint.scheme must be ${FINGERPRINT_SCHEME}`);
+  }
+  if (schemaRevision !== rules.schemaRevision) {
+    refuse(
+      "SCHEMA_REVISION_MISMATCH",
+      `fingerprint computed under schema revision ${schemaRevision}; compute it under revision ${rules.schemaRevision}`,
+      { schema_revision: String(rules.schemaRevision) },
+    );
+  }
+  if (digest.byteLength !== 32) refuse("INVALID_REQUEST", "fingerprint.digest must be the 32-byte SHA-256 digest");
+  return digest;
+}
+
+interface NewRecord {
+  tenant: string;
+  scope: Uint8Array;
+  operationId: string;
+  principal: string;
+  operation: string;
+  apiRevision: number;
+  schemaRevision: number;
+  fingerprint: Uint8Array;
+  state: "RESERVED" | "EXECUTING";
+  leaseMs: number;
+  acquisitionId: string;
+  writerEpoch: number;
+  caller: string;
+  quota: number;
+}
+
+/**
+ * The guarded insert: `INSERT … ON CONFLICT DO NOTHING` decides "new or not"
+ * and takes the place in one step (a concurrent insert of the same scope waits
+ * for ours and then conflicts). The quota is counted in the same statement, up
+ * to the limit only; under concurrency it can be exceeded by the number of
+ * reservations of one principal racing at that instant, which bounds the
+ * registry without serializing a principal's requests.
+ * Returns the new record, the existing one, or nothing (existing but committed
+ * after this statement's snapshot, or quota reached).
+ */
+async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean } | undefined> {
+  const { rows } = await q.query(
+    `WITH active AS (
+       SELECT count(*) AS n FROM (
+         SELECT 1 FROM idem_record
+          WHERE tenant_id = $1 AND principal = $4 AND operation = $5 AND api_revision = $6
+            AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
+          LIMIT $14) capped
+     ), inserted AS (
+       INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                                fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
+       SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, 1, ${plusMs("$10")}, $11, $12
+         FROM active WHERE active.n < $14
+       ON CONFLICT (tenant_id, scope) DO NOTHING
+       RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, 'ACCEPTED', generation, state, $13 FROM inserted
+     )
+     SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
+     UNION ALL
+     SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
+    [r.tenant, Buffer.from(r.scope), r.operationId, r.principal, r.operation, r.apiRevision, r.schemaRevision,
+     Buffer.from(r.fingerprint), r.state, r.leaseMs, r.acquisitionId, r.writerEpoch, r.caller, r.quota],
+  );
+  const row = rows[0];
+  return row ? { record: toRecord(row), inserted: row.inserted === true } : undefined;
+}
+
+async function findByScope(q: Queryable, tenant: string, scope: Uint8Array): Promise<{ record: StoredRecord; inserted: false } | undefined> {
+  const { rows } = await q.query(
+    `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
+    [tenant, Buffer.from(scope)],
+  );
+  return rows[0] ? { record: toRecord(rows[0]), inserted: false } : undefined;
+}
+
+/**
+ * Takeover as one compare-and-set: only from the generation and state that
+ * were read, only with the lease ended and no possible effect. READ COMMITTED
+ * re-checks these conditions on the latest row version after waiting for a
+ * concurrent writer, so of any number of racing takeovers exactly one matches.
+ */
+async function takeOverByScope(
+  q: Queryable,
+  seen: StoredRecord,
+  t: { state: "RESERVED" | "EXECUTING"; leaseMs: number; acquisitionId: string; writerEpoch: number; caller: string },
+): Promise<StoredRecord | undefined> {
+  const { rows } = await q.query(
+    `WITH taken AS (
+       UPDATE idem_record
+          SET generation = generation + 1, state = $4, recovering = false, lease_expires_at = ${plusMs("$5")},
+              acquisition_id = $6, writer_epoch = $7, updated_at = now()
+        WHERE tenant_id = $1 AND scope = $2 AND generation = $3
+          AND state IN ('RESERVED', 'EXECUTING') AND NOT effect_possible
+          AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+        RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, 'TAKEOVER', generation, state, $8 FROM taken
+     )
+     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM taken`,
+    [seen.tenant, Buffer.from(seen.scope), seen.generation, t.state, t.leaseMs, t.acquisitionId, t.writerEpoch, t.caller],
+  );
+  return rows[0] ? toRecord(rows[0]) : undefined;
+}
+
+/** EXECUTING with an ended lease and a possible effect becomes UNKNOWN (same generation: the owner may still complete). */
+async function markUnknownByScope(q: Queryable, seen: StoredRecord, caller: string): Promise<StoredRecord | undefined> {
+  const { rows } = await q.query(
+    `WITH marked AS (
+       UPDATE idem_record SET state = 'UNKNOWN', recovering = false, updated_at = now()
+        WHERE tenant_id = $1 AND scope = $2 AND generation = $3 AND state = 'EXECUTING'
+          AND effect_possible AND lease_expires_at <= now()
+        RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, 'UNKNOWN', generation, state, $4 FROM marked
+     )
+     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM marked`,
+    [seen.tenant, Buffer.from(seen.scope), seen.generation, caller],
+  );
+  return rows[0] ? toRecord(rows[0]) : undefined;
+}
+
+interface EventFacts {
+  kind: string;
+  caller: string;
+  detail?: Record<string, unknown>;
+}
+
+/**
+ * Updates a record locked by this transaction, fenced once more by its
+ * generation in the WHERE clause, and logs the event in the same statement.
+ * `set` may use $7 onwards for `values`. Exactly one row must change.
+ */
+async function fencedUpdate(q: Queryable, record: StoredRecord, event: EventFacts, set: string, values: unknown[]): Promise<StoredRecord> {
+  const { rows } = await q.query(
+    `WITH updated AS (
+       UPDATE idem_record SET ${set}, updated_at = now()
+        WHERE tenant_id = $1 AND operation_id = $2 AND generation = $3
+        RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller, detail)
+       SELECT tenant_id, operation_id, $4, generation, state, $5, $6 FROM updated
+     )
+     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+    [record.tenant, record.operationId, record.generation, event.kind, event.caller, JSON.stringify(event.detail ?? {}), ...values],
+  );
+  if (rows.length !== 1) {
+    throw new Error(`fenced update of ${record.operationId} at generation ${record.generation} changed ${rows.length} rows`);
+  }
+  return toRecord(rows[0]!);
+}
+
+async function appendEvent(q: Queryable, record: StoredRecord, event: EventFacts & { state: string }): Promise<void> {
+  await q.query(
+    `INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller, detail)
+     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+    [record.tenant, record.operationId, event.kind, record.generation, event.state, event.caller, JSON.stringify(event.detail ?? {})],
+  );
+}
+
+/**
+ * The attempts of a record, read by a statement of their own after the
+ * record's lock is held: under READ COMMITTED a new statement sees every
+ * attempt committed by the writer the lock waited for, which a subquery of
+ * the locking statement (with its older snapshot) could miss.
+ */
+async function loadAttempts(q: Queryable, ref: OperationRef): Promise<StoredAttempt[]> {
+  const { rows } = await q.query(
+    `SELECT ${ATTEMPT_COLUMNS} FROM idem_effect_attempt
+      WHERE tenant_id = $1 AND operation_id = $2 ORDER BY attempt_number`,
+    [ref.tenant, ref.operationId],
+  );
+  return rows.map(toAttempt);
+}
+
+/** A record and its attempts in one read (no lock: a consistent snapshot is all a reader needs). */
+async function readView(q: Queryable, where: string, values: unknown[]): Promise<RecordView | undefined> {
+  const { rows } = await q.query(
+    `SELECT ${RECORD_COLUMNS}, now() AS db_now,
+            COALESCE((SELECT json_agg(json_build_object(
+                         'attempt_number', a.attempt_number, 'effect', a.effect, 'provider', a.provider,
+                         'downstream_key', a.downstream_key, 'status', a.status, 'provider_handle', a.provider_handle,
+                         'generation', a.generation, 'created_at', a.created_at, 'resolved_at', a.resolved_at)
+                       ORDER BY a.attempt_number)
+                        FROM idem_effect_attempt a
+                       WHERE a.tenant_id = r.tenant_id AND a.operation_id = r.operation_id), '[]'::json) AS attempts
+       FROM idem_record r WHERE tenant_id = $1 AND ${where}`,
+    values,
+  );
+  const row = rows[0];
+  if (!row) return undefined;
+  const attempts = (row.attempts as Array<Record<string, unknown>>).map((a) =>
+    toAttempt({ ...a, created_at: new Date(a.created_at as string), resolved_at: a.resolved_at ? new Date(a.resolved_at as string) : null }),
+  );
+  return { record: toRecord(row), attempts };
+}
+
+type Row = Record<string, unknown>;
+
+function toRecord(row: Row): StoredRecord {
+  const digest = row.snapshot_digest as Buffer | null;
+  return {
+    tenant: row.tenant_id as string,
+    scope: row.scope as Buffer,
+    operationId: row.operation_id as string,
+    principal: row.principal as string,
+    operation: row.operation as string,
+    apiRevision: row.api_revision as number,
+    schemaRevision: row.schema_revision as number,
+    fingerprint: row.fingerprint as Buffer,
+    state: row.state as StoredRecord["state"],
+    generation: Number(row.generation),
+    recovering: row.recovering as boolean,
+    leaseExpiresAt: row.lease_expires_at as Date | null,
+    acquisitionId: row.acquisition_id as string,
+    writerEpoch: Number(row.writer_epoch),
+    effectPossible: row.effect_possible as boolean,
+    snapshot:
+      digest === null
+        ? null
+        : {
+            statusCode: row.snapshot_status as number,
+            mediaType: row.snapshot_media_type as string,
+            location: row.snapshot_location as string,
+            businessVersion: row.snapshot_business_version as string,
+            headers: row.snapshot_headers as Array<[string, string]>,
+            // A tombstone keeps the digest but not the body.
+            body: (row.snapshot_body as Buffer | null) ?? new Uint8Array(),
+            digest,
+          },
+    createdAt: row.created_at as Date,
+    updatedAt: row.updated_at as Date,
+    completedAt: row.completed_at as Date | null,
+    retainUntil: row.retain_until as Date | null,
+    tombstonedAt: row.tombstoned_at as Date | null,
+    dbNow: row.db_now as Date,
+  };
+}
+
+function toAttempt(row: Row): StoredAttempt {
+  return {
+    attemptNumber: row.attempt_number as number,
+    effect: row.effect as string,
+    provider: row.provider as string,
+    downstreamKey: row.downstream_key as string,
+    status: row.status as EffectStatus,
+    providerHandle: row.provider_handle as string,
+    generation: Number(row.generation),
+    createdAt: row.created_at as Date,
+    resolvedAt: row.resolved_at as Date | null,
+  };
+}

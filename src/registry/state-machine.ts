@@ -1,0 +1,251 @@
+import { refuse } from "../contract/errors.js";
+import type { ClaimMode, EffectStatus, Outcome, RecordState, StoredAttempt, StoredRecord } from "./types.js";
+
+/**
+ * The rules of the contract's section 3, as pure functions over a record read
+ * under its row lock (or, for Reserve, read and then written with a fenced
+ * compare-and-set). Each either returns what to do or throws the refusal.
+ */
+
+const TERMINAL: ReadonlySet<RecordState> = new Set(["SUCCEEDED", "FAILED_FINAL", "REJECTED"]);
+
+export function isTerminal(state: RecordState): boolean {
+  return TERMINAL.has(state);
+}
+
+/** Whether someone holds a lease that has not ended, in database time. */
+export function leaseLive(record: StoredRecord): boolean {
+  return record.leaseExpiresAt !== null && record.leaseExpiresAt.getTime() > record.dbNow.getTime();
+}
+
+/**
+ * What the attempts say. Every attempt of one effect carries the same
+ * downstream key, so the latest attempt of an effect speaks for all of them:
+ * a definite answer to a retry with the same key is the answer for the key.
+ * - possible: some effect may have happened (its latest attempt is not NO_EFFECT);
+ * - unresolved: some effect's latest attempt is still PENDING or INDETERMINATE.
+ */
+export function effectFlags(attempts: readonly StoredAttempt[]): { possible: boolean; unresolved: boolean } {
+  const latest = new Map<string, StoredAttempt>();
+  for (const attempt of attempts) {
+    const seen = latest.get(attempt.effect);
+    if (!seen || seen.attemptNumber < attempt.attemptNumber) latest.set(attempt.effect, attempt);
+  }
+  let possible = false;
+  let unresolved = false;
+  for (const attempt of latest.values()) {
+    if (attempt.status !== "NO_EFFECT") possible = true;
+    if (attempt.status === "PENDING" || attempt.status === "INDETERMINATE") unresolved = true;
+  }
+  return { possible, unresolved };
+}
+
+export type ReserveVerdict =
+  | { kind: "conflict" }
+  | { kind: "expired" }
+  | { kind: "replay" }
+  | { kind: "in_progress"; retryAfterMs: number | undefined }
+  | { kind: "takeover" }
+  | { kind: "mark_unknown" };
+
+/**
+ * What an existing record means for a new Reserve. A different fingerprint is
+ * a conflict in every state, checked first so that no other answer can leak
+ * anything about the first request.
+ */
+export function reserveVerdict(record: StoredRecord, fingerprint: Uint8Array): ReserveVerdict {
+  if (!Buffer.from(record.fingerprint).equals(fingerprint)) return { kind: "conflict" };
+  if (record.tombstonedAt !== null) return { kind: "expired" };
+  if (isTerminal(record.state)) return { kind: "replay" };
+  if (record.state === "UNKNOWN") return { kind: "in_progress", retryAfterMs: undefined };
+  if (leaseLive(record)) {
+    return { kind: "in_progress", retryAfterMs: record.leaseExpiresAt!.getTime() - record.dbNow.getTime() };
+  }
+  // The lease ended. Leases say who may act, never whether an effect happened:
+  // with a possible effect the record is never executed again.
+  return record.effectPossible ? { kind: "mark_unknown" } : { kind: "takeover" };
+}
+
+/** Refuses a write that names a generation other than the record's. */
+export function requireGeneration(record: StoredRecord, generation: number): void {
+  if (generation !== record.generation) {
+    refuse(
+      "STALE_GENERATION",
+      `generation ${generation} is not current (the record is at generation ${record.generation}): ` +
+        "another owner took over; stop and do not repeat this write",
+      { current_generation: String(record.generation) },
+    );
+  }
+}
+
+function refuseFinished(record: StoredRecord): never {
+  refuse("INVALID_TRANSITION", `the operation already finished as ${record.state}; retries get its stored response`, {
+    state: record.state,
+  });
+}
+
+export type ClaimPlan = "own" | "renew" | "takeover" | "recover";
+
+/** Which ownership a Claim gets, or why not. */
+export function planClaim(record: StoredRecord, mode: ClaimMode, generation: number): ClaimPlan {
+  requireGeneration(record, generation);
+  if (isTerminal(record.state)) refuseFinished(record);
+  switch (mode) {
+    case "OWNER":
+      if (record.state === "RESERVED") return "own";
+      if (record.state === "EXECUTING") return "renew";
+      return refuse(
+        "INVALID_TRANSITION",
+        "the record is UNKNOWN: the lease expired with a possible effect. You may still resolve your attempts " +
+          "and Complete with your generation; otherwise a recovery worker claims it with RECOVER",
+        { state: record.state },
+      );
+    case "TAKEOVER":
+      if (record.state === "UNKNOWN") {
+        refuse("INVALID_TRANSITION", "the record is UNKNOWN and is never executed again; claim it with RECOVER", {
+          state: record.state,
+        });
+      }
+      refuseLiveLease(record);
+      if (record.effectPossible) {
+        refuse(
+          "INVALID_TRANSITION",
+          "an effect may have happened, so the record cannot be executed again; claim it with RECOVER",
+          { state: record.state },
+        );
+      }
+      return "takeover";
+    case "RECOVER":
+      if (record.state === "UNKNOWN") return "recover";
+      refuseLiveLease(record);
+      if (!record.effectPossible) {
+        refuse("INVALID_TRANSITION", "no effect is possible, so there is nothing to recover; claim it with TAKEOVER", {
+          state: record.state,
+        });
+      }
+      return "recover";
+  }
+}
+
+function refuseLiveLease(record: StoredRecord): void {
+  if (leaseLive(record)) {
+    refuse("LEASE_HELD", `another owner holds the lease until ${record.leaseExpiresAt!.toISOString()}; retry after it`, {
+      lease_expires_at: record.leaseExpiresAt!.toISOString(),
+    });
+  }
+}
+
+/** Whether the holder of `generation` may extend its lease. */
+export function checkRenew(record: StoredRecord, generation: number): void {
+  requireGeneration(record, generation);
+  if (isTerminal(record.state)) refuseFinished(record);
+  if (record.state === "UNKNOWN") {
+    refuse(
+      "LEASE_EXPIRED",
+      "your lease expired with a possible effect and the record is UNKNOWN: it cannot be renewed, " +
+        "but you may still resolve your attempts and Complete",
+      { state: record.state },
+    );
+  }
+}
+
+/** Whether the holder of `generation` may register an attempt of `effect` now. */
+export function checkRecordEffect(
+  record: StoredRecord,
+  attempts: readonly StoredAttempt[],
+  generation: number,
+  effect: string,
+): void {
+  requireGeneration(record, generation);
+  if (isTerminal(record.state)) refuseFinished(record);
+  if (record.state === "RESERVED") {
+    refuse("INVALID_TRANSITION", "claim the operation (Claim OWNER, or Reserve with claim) before registering effects", {
+      state: record.state,
+    });
+  }
+  if (record.state === "UNKNOWN" || !leaseLive(record)) {
+    refuse("LEASE_EXPIRED", "a new effect attempt needs a live lease: renew it first (RenewLease)", {
+      state: record.state,
+    });
+  }
+  if (record.recovering && !attempts.some((a) => a.effect === effect)) {
+    refuse(
+      "NEW_EFFECT_IN_RECOVERY",
+      `recovery may only replay effects already registered (${[...new Set(attempts.map((a) => a.effect))].join(", ")}), ` +
+        "with their original downstream keys",
+    );
+  }
+}
+
+export type ResolvePlan = "resolve" | "unchanged";
+
+/** Whether attempt `attempt` may take `status`. */
+export function planResolve(
+  record: StoredRecord,
+  attempt: StoredAttempt | undefined,
+  generation: number,
+  status: EffectStatus,
+  providerHandle: string,
+): ResolvePlan {
+  requireGeneration(record, generation);
+  if (isTerminal(record.state)) refuseFinished(record);
+  if (!attempt) refuse("ATTEMPT_NOT_FOUND", "no effect attempt with this number on the operation");
+  if (attempt.status === "CONFIRMED" || attempt.status === "NO_EFFECT") {
+    if (attempt.status === status && (providerHandle === "" || providerHandle === attempt.providerHandle)) {
+      return "unchanged";
+    }
+    refuse("ATTEMPT_ALREADY_RESOLVED", `attempt ${attempt.attemptNumber} was already resolved as ${attempt.status}`, {
+      status: attempt.status,
+    });
+  }
+  return "resolve";
+}
+
+export type CompletePlan = "complete" | "repeat";
+
+/** Whether the holder of `generation` may finish the operation with `outcome`. */
+export function planComplete(
+  record: StoredRecord,
+  attempts: readonly StoredAttempt[],
+  generation: number,
+  outcome: Outcome,
+  digest: Uint8Array,
+): CompletePlan {
+  if (isTerminal(record.state)) {
+    const identical = record.state === outcome && Buffer.from(record.snapshot!.digest).equals(digest);
+    if (identical && generation === record.generation) return "repeat";
+    requireGeneration(record, generation);
+    refuse("ALREADY_COMPLETED", `the operation already finished as ${record.state} with another snapshot`, {
+      state: record.state,
+    });
+  }
+  requireGeneration(record, generation);
+  if (record.state === "RESERVED" && outcome !== "REJECTED") {
+    refuse("INVALID_TRANSITION", "claim the operation before completing it with SUCCEEDED or FAILED_FINAL", {
+      state: record.state,
+    });
+  }
+  if (effectFlags(attempts).unresolved) {
+    refuse(
+      "UNRESOLVED_EFFECTS",
+      "an effect's latest attempt is still PENDING or INDETERMINATE: resolve it (ResolveEffectAttempt) before completing",
+    );
+  }
+  if (outcome === "REJECTED" && record.effectPossible) {
+    refuse("EFFECT_POSSIBLE", "an effect happened or may have, so the operation cannot be REJECTED; use FAILED_FINAL");
+  }
+  return "complete";
+}
+
+export type ReleasePlan = "release" | "repeat";
+
+/** Whether the holder of `generation` may hand the reservation back. */
+export function planRelease(record: StoredRecord, generation: number): ReleasePlan {
+  requireGeneration(record, generation);
+  if (isTerminal(record.state)) refuseFinished(record);
+  if (record.effectPossible) {
+    refuse("EFFECT_POSSIBLE", "an effect happened or may have, so the reservation cannot be released");
+  }
+  if (record.state === "RESERVED" && record.leaseExpiresAt === null) return "repeat";
+  return "release";
+}

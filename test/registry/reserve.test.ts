@@ -1,0 +1,235 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Queryable, Db } from "../../src/registry/db.js";
+import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
+import { fingerprint } from "../../src/contract/fingerprint.js";
+
+let t: TestDatabase;
+beforeAll(async () => {
+  t = await createTestDatabase();
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+const registry = testRegistry(
+  testPolicy({ fingerprint: { headers: ["x-api-version"], queryParameters: ["currency"] } }),
+  testPolicy({ operation: "holds.create", maxActivePerPrincipal: 3 }),
+  testPolicy({ operation: "refunds.create", mode: "DRAINING" }),
+  testPolicy({ operation: "payouts.create", mode: "SHADOW" }),
+  testPolicy({ operation: "transfers.create", writerEpoch: 5 }),
+);
+const gateway = actor();
+
+describe("the acceptance point", () => {
+  it("accepts a new scope once: of 100 identical concurrent reservations and one with another payload, exactly one is accepted", async () => {
+    const pool = t.openPool({ max: 40 });
+    const db = (await import("../../src/registry/db.js")).poolDb(pool, (await import("../support/database.js")).silentLogger);
+    const key = newKey();
+    const principal = `racer-${newKey()}`;
+    const subject = { tenant: "acme", principal };
+    const same = Array.from({ length: 100 }, () => registry.reserve(db, reserveInput(key, { amount: 10 }, { subject }), gateway));
+    const other = registry.reserve(db, reserveInput(key, { amount: 100 }, { subject }), gateway);
+    const results = await Promise.all([...same, other]);
+
+    const decisions = results.map((r) => r.decision);
+    expect(decisions.filter((d) => d === "ACCEPTED")).toHaveLength(1);
+    expect(decisions.filter((d) => d === "IN_PROGRESS")).toHaveLength(99);
+    expect(decisions.filter((d) => d === "PAYLOAD_CONFLICT")).toHaveLength(1);
+    expect(decisions.slice(0, 100)).not.toContain("PAYLOAD_CONFLICT");
+    const operationIds = new Set(results.flatMap((r) => (r.record ? [r.record.operationId] : [])));
+    expect(operationIds.size).toBe(1);
+    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [principal]);
+    expect(rows[0].n).toBe(1);
+  });
+
+  it("answers a conflict without anything of the first request", async () => {
+    const key = newKey();
+    await registry.reserve(t.db, reserveInput(key, { amount: 10 }), gateway);
+    const conflict = await registry.reserve(t.db, reserveInput(key, { amount: 100 }), gateway);
+    expect(conflict).toEqual({ decision: "PAYLOAD_CONFLICT", enforced: true, schemaRevision: 1 });
+  });
+
+  it("counts only the policy's query parameters and headers in the fingerprint", async () => {
+    const key = newKey();
+    const base = jsonParts({ amount: 10 }, { query: "currency=EUR&debug=1", headers: [{ name: "X-Api-Version", value: "2" }, { name: "X-Request-Id", value: "a" }] });
+    const first = await registry.reserve(t.db, reserveInput(key, undefined, { request: { kind: "parts", parts: base } }), gateway);
+    expect(first.decision).toBe("ACCEPTED");
+    const noise = { ...base, query: "debug=0&currency=EUR", headers: [{ name: "x-api-version", value: " 2 " }, { name: "x-request-id", value: "b" }] };
+    const retry = await registry.reserve(t.db, reserveInput(key, undefined, { request: { kind: "parts", parts: noise } }), gateway);
+    expect(retry.decision).toBe("IN_PROGRESS");
+    const otherCurrency = { ...base, query: "currency=USD" };
+    const changed = await registry.reserve(t.db, reserveInput(key, undefined, { request: { kind: "parts", parts: otherCurrency } }), gateway);
+    expect(changed.decision).toBe("PAYLOAD_CONFLICT");
+  });
+
+  it("accepts a precomputed fingerprint equal to the coordinator's own", async () => {
+    const key = newKey();
+    const policy = registry.policy(OPERATION, 1);
+    const parts = jsonParts({ amount: 7 });
+    await registry.reserve(t.db, reserveInput(key, { amount: 7 }), gateway);
+    const digest = fingerprint(parts, policy.fingerprint);
+    const retry = await registry.reserve(
+      t.db,
+      reserveInput(key, undefined, { request: { kind: "fingerprint", scheme: "idem-fp-v1", schemaRevision: 1, digest } }),
+      gateway,
+    );
+    expect(retry.decision).toBe("IN_PROGRESS");
+    await expectRefusal(
+      registry.reserve(t.db, reserveInput(newKey(), undefined, { request: { kind: "fingerprint", scheme: "idem-fp-v1", schemaRevision: 2, digest } }), gateway),
+      "SCHEMA_REVISION_MISMATCH",
+    );
+    await expectRefusal(
+      registry.reserve(t.db, reserveInput(newKey(), undefined, { request: { kind: "fingerprint", scheme: "md5", schemaRevision: 1, digest } }), gateway),
+      "UNSUPPORTED_FINGERPRINT_SCHEME",
+    );
+  });
+
+  it("starts executing at once with claim", async () => {
+    const result = await registry.reserve(t.db, reserveInput(newKey(), undefined, { claim: true }), gateway);
+    expect(result.decision).toBe("ACCEPTED");
+    expect(result.record?.state).toBe("EXECUTING");
+    expect(result.record?.generation).toBe(1);
+  });
+
+  it("takes over a reservation whose lease ended without any effect, at the next generation", async () => {
+    const key = newKey();
+    const first = await registry.reserve(t.db, reserveInput(key), gateway);
+    await expireLease(t.pool, first.record!.operationId);
+    const [a, b] = await Promise.all([
+      registry.reserve(t.db, reserveInput(key), gateway),
+      registry.reserve(t.db, reserveInput(key), gateway),
+    ]);
+    expect([a.decision, b.decision].sort()).toEqual(["ACCEPTED", "IN_PROGRESS"]);
+    const taken = a.decision === "ACCEPTED" ? a : b;
+    expect(taken.record?.generation).toBe(2);
+    expect(taken.record?.operationId).toBe(first.record!.operationId);
+  });
+});
+
+describe("isolation between subjects", () => {
+  it("gives another principal with the same key its own record, never a hit on someone else's", async () => {
+    const key = newKey();
+    const alice = await registry.reserve(t.db, reserveInput(key), gateway);
+    const bob = await registry.reserve(t.db, reserveInput(key, { amount: 999 }, { subject: { tenant: "acme", principal: "bob" } }), gateway);
+    const otherTenant = await registry.reserve(t.db, reserveInput(key, undefined, { subject: { tenant: "globex", principal: "alice" } }), gateway);
+    expect(bob.decision).toBe("ACCEPTED");
+    expect(otherTenant.decision).toBe("ACCEPTED");
+    expect(new Set([alice.record!.operationId, bob.record!.operationId, otherTenant.record!.operationId]).size).toBe(3);
+  });
+
+  it("refuses a tenant or an operation the caller is not granted", async () => {
+    const narrow = actor({ tenants: ["acme"], operations: [OPERATION] });
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { subject: { tenant: "globex", principal: "alice" } }), narrow), "PERMISSION_DENIED");
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { operation: "payouts.create" }), narrow), "PERMISSION_DENIED");
+  });
+
+  it("hides another principal's record from Lookup, by id and by scope, unless the caller is an operator", async () => {
+    const key = newKey();
+    const reserved = await registry.reserve(t.db, reserveInput(key), gateway);
+    const ref = { tenant: "acme", operationId: reserved.record!.operationId };
+    expect((await registry.lookupById(t.db, ref, "alice", gateway)).record.operationId).toBe(ref.operationId);
+    await expectRefusal(registry.lookupById(t.db, ref, "mallory", gateway), "NOT_FOUND");
+    await expectRefusal(registry.lookupById(t.db, { tenant: "acme", operationId: "0190a000-0000-7000-8000-000000000000" }, "alice", gateway), "NOT_FOUND");
+    await expectRefusal(
+      registry.lookupByScope(t.db, { subject: { tenant: "acme", principal: "mallory" }, operation: OPERATION, apiRevision: 1, idempotencyKey: key }, gateway),
+      "NOT_FOUND",
+    );
+    await expectRefusal(registry.lookupById(t.db, { ...ref, tenant: "globex" }, "alice", gateway), "NOT_FOUND");
+    await expectRefusal(registry.lookupById(t.db, ref, "alice", actor({ tenants: ["globex"] })), "PERMISSION_DENIED");
+    expect((await registry.lookupById(t.db, ref, undefined, actor({ operator: true }))).record.principal).toBe("alice");
+  });
+});
+
+describe("bad input is refused and stores nothing", () => {
+  const badKeys: Array<[string, string]> = [
+    ["empty", ""],
+    ["short", "abc123XYZ"],
+    ["long", "k".repeat(100) + newKey().repeat(5)],
+    ["low entropy", "aaaaaaaaaaaaaaaa"],
+    ["a counter", "0000000000000001"],
+    ["e-mail like", "alice.smith@example.com"],
+    ["control characters", "abcd\u0007efgh1234ijkl5678"],
+    ["whitespace", "abcd efgh 1234 ijkl 5678"],
+    ["other characters", "abcd/efgh+1234=ijkl?5678"],
+  ];
+  it.each(badKeys)("refuses a key that is %s with INVALID_KEY", async (_label, key) => {
+    const before = await countRows(t.pool);
+    const error = await expectRefusal(registry.reserve(t.db, reserveInput(key), gateway), "INVALID_KEY");
+    expect(error.message).toMatch(/idempotency key/);
+    expect(await countRows(t.pool)).toEqual(before);
+  });
+
+  it("refuses an oversize body, an unknown operation, a malformed subject and a stale writer epoch", async () => {
+    const before = await countRows(t.pool);
+    const huge = jsonParts({ pad: "x".repeat(1024 * 1024) });
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { request: { kind: "parts", parts: huge } }), gateway), "INVALID_PAYLOAD");
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { operation: "ledger.post" }), gateway), "UNKNOWN_OPERATION");
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { apiRevision: 2 }), gateway), "UNKNOWN_OPERATION");
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { subject: { tenant: "", principal: "alice" } }), gateway), "INVALID_REQUEST");
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { subject: { tenant: "acme", principal: "a\u0000b" } }), gateway), "INVALID_REQUEST");
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { operation: "transfers.create", writerEpoch: 4 }), gateway), "STALE_WRITER_EPOCH");
+    await expectRefusal(
+      registry.reserve(t.db, reserveInput(newKey(), undefined, { request: { kind: "parts", parts: jsonParts({}, { path: "v1/payments" }) } }), gateway),
+      "INVALID_PAYLOAD",
+    );
+    expect(await countRows(t.pool)).toEqual(before);
+  });
+
+  it("bounds the unfinished records of one principal", async () => {
+    const subject = { tenant: "acme", principal: `quota-${newKey()}` };
+    const hold = (key: string) => reserveInput(key, undefined, { subject, operation: "holds.create" });
+    const keys = [newKey(), newKey(), newKey()];
+    for (const key of keys) {
+      expect((await registry.reserve(t.db, hold(key), gateway)).decision).toBe("ACCEPTED");
+    }
+    await expectRefusal(registry.reserve(t.db, hold(newKey()), gateway), "QUOTA_EXCEEDED");
+    // A retry of a record already held is still answered at the limit.
+    expect((await registry.reserve(t.db, hold(keys[0]!), gateway)).decision).toBe("IN_PROGRESS");
+    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [subject.principal]);
+    expect(rows[0].n).toBe(3);
+  });
+});
+
+describe("operation modes", () => {
+  it("refuses new scopes of a draining operation", async () => {
+    await expectRefusal(registry.reserve(t.db, reserveInput(newKey(), undefined, { operation: "refunds.create" }), gateway), "OPERATION_DRAINING");
+  });
+
+  it("decides and records in shadow mode but says the decision is not enforced", async () => {
+    const key = newKey();
+    const first = await registry.reserve(t.db, reserveInput(key, undefined, { operation: "payouts.create" }), gateway);
+    expect(first).toMatchObject({ decision: "ACCEPTED", enforced: false });
+    const conflict = await registry.reserve(t.db, reserveInput(key, { amount: 1 }, { operation: "payouts.create" }), gateway);
+    expect(conflict).toMatchObject({ decision: "PAYLOAD_CONFLICT", enforced: false });
+  });
+});
+
+describe("round trips per Reserve", () => {
+  function counting(db: Db): { db: Db; count: () => number } {
+    let n = 0;
+    const wrap = (q: Queryable): Queryable => ({
+      query: (text, values) => {
+        n++;
+        return q.query(text, values);
+      },
+    });
+    return { db: { run: (work) => db.run((q) => work(wrap(q))), transaction: (work) => db.transaction((q) => work(wrap(q))) }, count: () => n };
+  }
+
+  it("uses one statement for a new scope and for a replay, in progress or conflict, two for a takeover", async () => {
+    const key = newKey();
+    const measure = async (body: unknown) => {
+      const c = counting(t.db);
+      const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
+      return [result.decision, c.count()];
+    };
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 1]);
+    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", 1]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", 1]);
+    const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
+    await expireLease(t.pool, rows[0].operation_id);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 2]);
+  });
+});

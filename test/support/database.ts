@@ -1,0 +1,65 @@
+import { randomBytes } from "node:crypto";
+import pg from "pg";
+import pino from "pino";
+import { inject } from "vitest";
+import { openPool, poolDb, type Db, type PoolSettings } from "../../src/registry/db.js";
+import { migrate } from "../../src/registry/migrate.js";
+
+export const silentLogger = pino({ level: "silent" });
+
+/** A migrated schema of its own for one test file, on the run's PostgreSQL. */
+export interface TestDatabase {
+  url: string;
+  schema: string;
+  pool: pg.Pool;
+  db: Db;
+  /** Pool settings that reach this schema, for servers started by the test. */
+  settings: PoolSettings;
+  /** Opens another pool on the same schema. */
+  openPool(overrides?: Partial<PoolSettings>): pg.Pool;
+  /** Drops the schema and closes the pools. */
+  drop(): Promise<void>;
+}
+
+export async function createTestDatabase(): Promise<TestDatabase> {
+  const url = inject("databaseUrl");
+  const schema = `t_${randomBytes(6).toString("hex")}`;
+  const admin = new pg.Client({ connectionString: url });
+  await admin.connect();
+  await admin.query(`CREATE SCHEMA ${schema}`);
+  await admin.end();
+
+  const settings: PoolSettings = {
+    connectionString: url,
+    max: 20,
+    connectionTimeoutMs: 10_000,
+    statementTimeoutMs: 10_000,
+    lockTimeoutMs: 5_000,
+    idleInTransactionTimeoutMs: 30_000,
+    options: `-c search_path=${schema}`,
+    applicationName: `idem-test-${schema}`,
+  };
+  const pools: pg.Pool[] = [];
+  const open = (overrides: Partial<PoolSettings> = {}) => {
+    const pool = openPool({ ...settings, ...overrides }, silentLogger);
+    pools.push(pool);
+    return pool;
+  };
+  const pool = open();
+  await migrate(pool, silentLogger);
+  return {
+    url,
+    schema,
+    pool,
+    db: poolDb(pool, silentLogger),
+    settings,
+    openPool: open,
+    async drop() {
+      await Promise.all(pools.map((p) => p.end().catch(() => undefined)));
+      const cleanup = new pg.Client({ connectionString: url });
+      await cleanup.connect();
+      await cleanup.query(`DROP SCHEMA ${schema} CASCADE`);
+      await cleanup.end();
+    },
+  };
+}

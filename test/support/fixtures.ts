@@ -1,0 +1,56 @@
+import { randomUUID } from "node:crypto";
+import type { RequestParts } from "../../src/contract/fingerprint.js";
+import { parseOperationPolicies, StaticPolicies, type OperationPolicy } from "../../src/policy/operations.js";
+import { Registry } from "../../src/registry/registry.js";
+import type { Actor, ReserveInput } from "../../src/registry/types.js";
+
+export const OPERATION = "payments.create";
+
+/** One declared operation, with test-friendly settings merged over the defaults. */
+export function testPolicy(overrides: Record<string, unknown> = {}): OperationPolicy {
+  return parseOperationPolicies([{ operation: OPERATION, apiRevision: 1, ...overrides }])[0]!;
+}
+
+export function testRegistry(...policies: OperationPolicy[]): Registry {
+  return new Registry(new StaticPolicies(policies.length > 0 ? policies : [testPolicy()]));
+}
+
+/** A caller granted everything (or what `grants` narrows). */
+export function actor(grants: { tenants?: string[]; operations?: string[]; operator?: boolean; caller?: string } = {}): Actor {
+  return {
+    caller: grants.caller ?? "test-gateway",
+    isOperator: grants.operator ?? false,
+    mayUseTenant: (tenant) => !grants.tenants || grants.tenants.includes(tenant),
+    mayOperate: (operation) => !grants.operations || grants.operations.includes(operation),
+  };
+}
+
+/** A fresh, valid idempotency key. */
+export function newKey(): string {
+  return randomUUID();
+}
+
+export function jsonParts(body: unknown, overrides: Partial<RequestParts> = {}): RequestParts {
+  return {
+    method: "POST",
+    path: "/v1/payments",
+    query: "",
+    mediaType: "application/json",
+    headers: [],
+    body: new TextEncoder().encode(JSON.stringify(body)),
+    ...overrides,
+  };
+}
+
+export function reserveInput(key: string, body: unknown = { amount: 10 }, overrides: Partial<ReserveInput> = {}): ReserveInput {
+  return {
+    subject: { tenant: "acme", principal: "alice" },
+    operation: OPERATION,
+    apiRevision: 1,
+    idempotencyKey: key,
+    request: { kind: "parts", parts: jsonParts(body) },
+    claim: false,
+    writerEpoch: 0,
+    ...overrides,
+  };
+}
