@@ -1,0 +1,166 @@
+import { randomBytes } from "node:crypto";
+import { once } from "node:events";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { openPool, poolDb, transactionDb, type Db } from "../../src/registry/db.js";
+import { loadMigrations, migrate } from "../../src/registry/migrate.js";
+import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
+import { createTestDatabase, silentLogger, type TestDatabase } from "../support/database.js";
+import { expectRefusal } from "../support/registry-helpers.js";
+
+let t: TestDatabase;
+beforeAll(async () => {
+  t = await createTestDatabase();
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+const registry = testRegistry();
+const gateway = actor();
+
+describe("migrations", () => {
+  it("apply each version exactly once when several replicas boot at the same time, and then do nothing", async () => {
+    const schema = `m_${randomBytes(5).toString("hex")}`;
+    await t.pool.query(`CREATE SCHEMA ${schema}`);
+    const pools = [1, 2, 3].map(() => openPool({ ...t.settings, options: `-c search_path=${schema}` }, silentLogger));
+    try {
+      const applied = await Promise.all(pools.map((p) => migrate(p, silentLogger)));
+      const versions = (await loadMigrations()).map((m) => m.version);
+      expect(applied.flat().sort()).toEqual(versions);
+      expect(await migrate(pools[0]!, silentLogger)).toEqual([]);
+      const { rows } = await pools[0]!.query("SELECT version FROM idem_schema_migrations ORDER BY version");
+      expect(rows.map((r) => r.version)).toEqual(versions);
+
+      await pools[0]!.query("UPDATE idem_schema_migrations SET checksum = 'edited' WHERE version = 1");
+      await expect(migrate(pools[0]!, silentLogger)).rejects.toThrow(/changed after it was applied/);
+    } finally {
+      await Promise.all(pools.map((p) => p.end()));
+      await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
+    }
+  });
+});
+
+describe("connections", () => {
+  it("survives the server killing an idle pooled connection, and keeps serving", async () => {
+    const applicationName = `idem-kill-${randomBytes(4).toString("hex")}`;
+    const pool = t.openPool({ applicationName, max: 2 });
+    await pool.query("SELECT 1");
+    const lost = once(pool, "error");
+    const { rows } = await t.pool.query(
+      "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1",
+      [applicationName],
+    );
+    expect(rows[0].n).toBe(1);
+    const [error] = await lost;
+    expect((error as { code?: string }).code).toBe("57P01");
+    const result = await registry.reserve(poolDb(pool, silentLogger), reserveInput(newKey()), gateway);
+    expect(result.decision).toBe("ACCEPTED");
+  });
+
+  it("re-runs a transaction whose connection was killed before COMMIT, on a new connection", async () => {
+    const { record } = await registry.reserve(t.db, reserveInput(newKey()), gateway);
+    const ref = { tenant: "acme", operationId: record!.operationId };
+    const retried: string[] = [];
+    const base = poolDb(t.pool, silentLogger, (cause) => retried.push(cause));
+    let killed = false;
+    const killing: Db = {
+      run: base.run,
+      transaction: (work) =>
+        base.transaction(async (q) => {
+          if (!killed) {
+            killed = true;
+            await q.query("SELECT pg_terminate_backend(pg_backend_pid())");
+          }
+          return work(q);
+        }),
+    };
+    const claimed = await registry.claim(killing, { ref, mode: "OWNER", generation: 1, writerEpoch: 0 }, gateway);
+    expect(claimed.record.state).toBe("EXECUTING");
+    expect(retried).toEqual(["57P01"]);
+    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'CLAIMED'", [ref.operationId]);
+    expect(rows[0].n).toBe(1);
+  });
+
+  it("answers REGISTRY_UNAVAILABLE, deciding nothing, when no connection frees up in time", async () => {
+    const pool = t.openPool({ max: 1, connectionTimeoutMs: 200 });
+    const holder = await pool.connect();
+    try {
+      await expectRefusal(registry.reserve(poolDb(pool, silentLogger), reserveInput(newKey()), gateway), "REGISTRY_UNAVAILABLE");
+    } finally {
+      holder.release();
+    }
+  });
+
+  it("answers REGISTRY_BUSY when a record stays locked beyond the lock timeout", async () => {
+    const { record } = await registry.reserve(t.db, reserveInput(newKey()), gateway);
+    const pool = t.openPool({ lockTimeoutMs: 200 });
+    const locker = await t.pool.connect();
+    try {
+      await locker.query("BEGIN");
+      await locker.query("SELECT 1 FROM idem_record WHERE operation_id = $1 FOR UPDATE", [record!.operationId]);
+      await expectRefusal(
+        registry.claim(poolDb(pool, silentLogger), { ref: { tenant: "acme", operationId: record!.operationId }, mode: "OWNER", generation: 1, writerEpoch: 0 }, gateway),
+        "REGISTRY_BUSY",
+      );
+    } finally {
+      await locker.query("ROLLBACK");
+      locker.release();
+    }
+  });
+});
+
+describe("co-located mode", () => {
+  it("runs inside the caller's own transaction: a rolled-back business transaction leaves no record", async () => {
+    const client = await t.pool.connect();
+    const key = newKey();
+    try {
+      await client.query("BEGIN");
+      const inside = await registry.reserve(transactionDb(client), reserveInput(key, undefined, { claim: true }), gateway);
+      expect(inside.decision).toBe("ACCEPTED");
+      await client.query("ROLLBACK");
+      const after = await registry.reserve(t.db, reserveInput(key), gateway);
+      expect(after.decision).toBe("ACCEPTED");
+      expect(after.record!.operationId).not.toBe(inside.record!.operationId);
+    } finally {
+      client.release();
+    }
+  });
+
+  it("commits the business row and the terminal state together", async () => {
+    await t.pool.query("CREATE TABLE IF NOT EXISTS business_payment (operation_id uuid PRIMARY KEY, amount int NOT NULL)");
+    const { record } = await registry.reserve(t.db, reserveInput(newKey(), undefined, { claim: true }), gateway);
+    const ref = { tenant: "acme", operationId: record!.operationId };
+    const client = await t.pool.connect();
+    try {
+      await client.query("BEGIN");
+      await client.query("INSERT INTO business_payment VALUES ($1, 10)", [ref.operationId]);
+      const db = transactionDb(client);
+      await registry.complete(db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array() } }, gateway);
+      await client.query("COMMIT");
+    } finally {
+      client.release();
+    }
+    const { rows } = await t.pool.query(
+      "SELECT r.state, p.amount FROM idem_record r JOIN business_payment p USING (operation_id) WHERE operation_id = $1",
+      [ref.operationId],
+    );
+    expect(rows).toEqual([{ state: "SUCCEEDED", amount: 10 }]);
+  });
+});
+
+describe("the event log", () => {
+  it("only grows", async () => {
+    await registry.reserve(t.db, reserveInput(newKey()), gateway);
+    await expect(t.pool.query("UPDATE idem_event SET kind = 'X'")).rejects.toThrow(/append-only/);
+    await expect(t.pool.query("DELETE FROM idem_event")).rejects.toThrow(/append-only/);
+  });
+
+  it("never holds keys or payloads: records keep only digests", async () => {
+    const key = newKey();
+    await registry.reserve(t.db, reserveInput(key, { card: "4242424242424242" }), gateway);
+    const dump = JSON.stringify((await t.pool.query("SELECT * FROM idem_record")).rows) + JSON.stringify((await t.pool.query("SELECT * FROM idem_event")).rows);
+    expect(dump).not.toContain(key);
+    expect(dump).not.toContain("4242424242424242");
+  });
+});
+
