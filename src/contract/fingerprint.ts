@@ -116,8 +116,9 @@ export function canonicalTarget(path: string, query: string, names: readonly str
     const eq = piece.indexOf("=");
     const rawName = eq < 0 ? piece : piece.slice(0, eq);
     const rawValue = eq < 0 ? "" : piece.slice(eq + 1);
-    const name = decodeQueryComponent(rawName);
-    if (!wanted.has(name)) continue;
+    // A name that does not even decode cannot be one the policy selects.
+    const name = tryDecodeQueryComponent(rawName);
+    if (name === undefined || !wanted.has(name)) continue;
     pairs.push([encodeUnreserved(name), encodeUnreserved(decodeQueryComponent(rawValue))]);
   }
   if (pairs.length === 0) return canonicalPath;
@@ -152,10 +153,16 @@ function normalizePath(path: string): string {
 }
 
 function decodeQueryComponent(component: string): string {
+  const decoded = tryDecodeQueryComponent(component);
+  if (decoded === undefined) refuse("INVALID_PAYLOAD", "parts.query has a malformed percent-encoding or invalid UTF-8");
+  return decoded;
+}
+
+function tryDecodeQueryComponent(component: string): string | undefined {
   try {
     return decodeURIComponent(component.replaceAll("+", " "));
   } catch {
-    refuse("INVALID_PAYLOAD", "parts.query has a malformed percent-encoding or invalid UTF-8");
+    return undefined;
   }
 }
 
@@ -178,8 +185,10 @@ function compareCodeUnits(a: string, b: string): number {
 
 /**
  * `type/subtype` lower-cased, then its parameters sorted by lower-cased name,
- * values unquoted (the `charset` value lower-cased), joined without spaces:
- * `application/json;charset=utf-8`. An empty media type stays empty.
+ * joined without spaces: `application/json;charset=utf-8`. Values are written
+ * as tokens when they are tokens and as quoted strings otherwise (so that
+ * `a="1;b=2"` never reads as two parameters); the `charset` value is
+ * lower-cased. An empty media type stays empty.
  */
 export function canonicalMediaType(mediaType: string): string {
   const trimmed = mediaType.trim();
@@ -207,7 +216,7 @@ export function canonicalMediaType(mediaType: string): string {
   }
   const sorted = [...params.entries()].sort((a, b) => compareCodeUnits(a[0], b[0]));
   const head = `${match[1]!.toLowerCase()}/${match[2]!.toLowerCase()}`;
-  return [head, ...sorted.map(([n, v]) => `${n}=${v}`)].join(";");
+  return [head, ...sorted.map(([n, v]) => `${n}=${TOKEN.test(v) ? v : quote(v)}`)].join(";");
 }
 
 /** Splits on ";" outside quoted strings. */
@@ -233,6 +242,10 @@ function splitParameters(text: string): string[] {
   if (quoted) refuse("INVALID_PAYLOAD", "parts.media_type has an unterminated quoted string");
   parts.push(current);
   return parts;
+}
+
+function quote(value: string): string {
+  return `"${value.replace(/["\\]/g, "\\$&")}"`;
 }
 
 function unquote(value: string): string {

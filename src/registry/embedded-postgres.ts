@@ -51,6 +51,8 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
   const dataDir = join(stateDir, "pgdata");
   const passwordFile = join(stateDir, "pg-password");
 
+  // Parents stay traversable (0755) for the postgres user; the state folder itself is private to it.
+  await mkdir(dirname(stateDir), { recursive: true });
   await mkdir(stateDir, { recursive: true, mode: 0o700 });
   if (owner) await chown(stateDir, owner.uid, owner.gid);
   if (!existsSync(join(dataDir, "PG_VERSION"))) {

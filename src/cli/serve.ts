@@ -1,0 +1,94 @@
+import { randomBytes } from "node:crypto";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import pino from "pino";
+import type { CallerGrant, Config } from "../config.js";
+import { startEmbeddedPostgres, type EmbeddedPostgres } from "../registry/embedded-postgres.js";
+import { startCoordinator } from "../server/app.js";
+import { tokenHash } from "../server/callers.js";
+
+/**
+ * Runs the coordinator until SIGTERM or SIGINT. With DATABASE_URL unset it
+ * first starts the embedded PostgreSQL, and when no caller is configured it
+ * mints a development token so that a first call works out of the box.
+ */
+export async function serve(config: Config): Promise<void> {
+  const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator" } });
+  let embedded: EmbeddedPostgres | undefined;
+  let databaseUrl = config.databaseUrl;
+  if (databaseUrl === undefined) {
+    logger.info("DATABASE_URL is unset: starting the embedded PostgreSQL (development default)");
+    embedded = await startEmbeddedPostgres({ stateDir: join(config.stateDir, "postgres"), port: config.embeddedPostgresPort, logger });
+    databaseUrl = embedded.url;
+  }
+
+  let developmentToken: string | undefined;
+  if (embedded && config.callers.length === 0 && !config.allowAnonymous) {
+    developmentToken = await developmentTokenOf(config.stateDir);
+    config = { ...config, callers: [developmentCaller(developmentToken)] };
+  }
+
+  let coordinator;
+  try {
+    coordinator = await startCoordinator({ config, databaseUrl, logger });
+  } catch (error) {
+    await embedded?.stop();
+    throw error;
+  }
+  process.stdout.write(banner(config, coordinator.rpcPort, coordinator.adminPort, developmentToken, embedded));
+
+  let stopping = false;
+  const stop = async (signal: string) => {
+    if (stopping) {
+      logger.warn({ signal }, "second signal: exiting at once");
+      process.exit(1);
+    }
+    stopping = true;
+    logger.info({ signal }, "stopping: no new RPCs, draining in-flight ones");
+    await coordinator.stop();
+    await embedded?.stop();
+    logger.info("stopped");
+    process.exit(0);
+  };
+  process.on("SIGTERM", () => void stop("SIGTERM"));
+  process.on("SIGINT", () => void stop("SIGINT"));
+}
+
+/** The development token, kept under the state folder so that it survives restarts. */
+async function developmentTokenOf(stateDir: string): Promise<string> {
+  const file = join(stateDir, "dev-token");
+  const existing = await readFile(file, "utf8").catch(() => "");
+  if (existing.trim().length > 0) return existing.trim();
+  const token = `idem_dev_${randomBytes(24).toString("base64url")}`;
+  await mkdir(stateDir, { recursive: true });
+  await writeFile(file, `${token}\n`, { mode: 0o600 });
+  return token;
+}
+
+function developmentCaller(token: string): CallerGrant {
+  return { name: "development", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] };
+}
+
+function banner(config: Config, rpcPort: number, adminPort: number, token: string | undefined, embedded: EmbeddedPostgres | undefined): string {
+  const host = config.host === "0.0.0.0" ? "127.0.0.1" : config.host;
+  const auth = token ? `-H "Authorization: Bearer $(cat ${join(config.stateDir, "dev-token")})" ` : `-H "Authorization: Bearer $TOKEN" `;
+  const lines = [
+    "",
+    `idempotency coordinator serving`,
+    `  RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): ${host}:${rpcPort}`,
+    `  admin (/healthz, /readyz):                          http://${host}:${adminPort}`,
+    `  registry: ${embedded ? `embedded PostgreSQL in ${resolve(embedded.dataDir)}` : "DATABASE_URL"}`,
+    `  operations: ${config.operations.map((o) => `${o.operation}@${o.apiRevision} (${o.mode})`).join(", ") || "none declared"}`,
+    ...(token ? [`  development token (all grants, this machine only): ${join(config.stateDir, "dev-token")}`] : []),
+    "",
+    "First call:",
+    `  curl -sS ${auth}-H "Content-Type: application/json" \\`,
+    `    http://${host}:${rpcPort}/idempotency.v1.CoordinatorService/Reserve \\`,
+    `    -d '{"subject":{"tenant":"acme","principal":"alice"},"operation":"payments.create","apiRevision":1,` +
+      `"idempotencyKey":"'$(uuidgen || cat /proc/sys/kernel/random/uuid)'","parts":{"method":"POST","path":"/v1/payments",` +
+      `"mediaType":"application/json","body":"eyJhbW91bnQiOjEwfQ=="}}'`,
+    "",
+  ];
+  return `${lines.join("\n")}\n`;
+}
+

@@ -1,0 +1,226 @@
+import { readFileSync } from "node:fs";
+import { parseOperationPolicies, PolicyError, type OperationPolicy } from "./policy/operations.js";
+
+/**
+ * The coordinator's whole configuration, read from the environment once at
+ * boot (and nowhere else). Every problem is reported at once, each with the
+ * variable to fix.
+ */
+export interface Config {
+  /** PostgreSQL connection string; undefined means the embedded PostgreSQL. */
+  databaseUrl: string | undefined;
+  host: string;
+  rpcPort: number;
+  adminPort: number;
+  db: {
+    poolMax: number;
+    connectTimeoutMs: number;
+    statementTimeoutMs: number;
+    lockTimeoutMs: number;
+    idleInTransactionTimeoutMs: number;
+  };
+  migrateOnBoot: boolean;
+  /** Callers and their grants (tokens stored as SHA-256 hashes). */
+  callers: CallerGrant[];
+  /** Development only: accept requests without a token, as an all-powerful caller. */
+  allowAnonymous: boolean;
+  operations: OperationPolicy[];
+  /** Whether IDEM_OPERATIONS / IDEM_OPERATIONS_FILE was set at all. */
+  operationsDeclared: boolean;
+  /** Largest RPC request accepted, in bytes. */
+  maxRequestBytes: number;
+  /** Upper bound of any deadline a client asks for. */
+  maxDeadlineMs: number;
+  /** How long SIGTERM waits for in-flight RPCs before closing connections. */
+  shutdownGraceMs: number;
+  /** Local state of the embedded default: cluster files and the development token. */
+  stateDir: string;
+  embeddedPostgresPort: number;
+  logLevel: string;
+}
+
+/** The variables, their defaults and meaning (also the README's configuration table). */
+export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning: string }> = [
+  { name: "DATABASE_URL", default: "(unset: embedded PostgreSQL)", meaning: "PostgreSQL connection string of the registry" },
+  { name: "IDEM_HOST", default: "0.0.0.0", meaning: "address both ports listen on" },
+  { name: "IDEM_RPC_PORT", default: "7070", meaning: "gRPC, gRPC-Web and Connect (HTTP/2 cleartext and HTTP/1.1)" },
+  { name: "IDEM_ADMIN_PORT", default: "7071", meaning: "/healthz and /readyz" },
+  { name: "IDEM_DB_POOL_MAX", default: "20", meaning: "most registry connections per process" },
+  { name: "IDEM_DB_CONNECT_TIMEOUT_MS", default: "2000", meaning: "wait for a free connection before UNAVAILABLE" },
+  { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
+  { name: "IDEM_DB_LOCK_TIMEOUT_MS", default: "2000", meaning: "upper bound of waiting for a record's row lock" },
+  { name: "IDEM_DB_IDLE_TX_TIMEOUT_MS", default: "10000", meaning: "the database ends a transaction left idle this long" },
+  { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock)" },
+  { name: "IDEM_CALLERS", default: "(none)", meaning: "JSON array of callers: name, tokenSha256, tenants, operations, roles" },
+  { name: "IDEM_CALLERS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
+  { name: "IDEM_ALLOW_ANONYMOUS", default: "false", meaning: "development only: serve requests without a token" },
+  { name: "IDEM_OPERATIONS", default: "(embedded: payments.create@1)", meaning: "JSON array of operation declarations" },
+  { name: "IDEM_OPERATIONS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
+  { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
+  { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
+  { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
+  { name: "IDEM_STATE_DIR", default: ".idem", meaning: "embedded default: cluster files and development token" },
+  { name: "IDEM_EMBEDDED_PG_PORT", default: "54329", meaning: "embedded default: port of the embedded PostgreSQL" },
+  { name: "LOG_LEVEL", default: "info", meaning: "pino log level (fatal, error, warn, info, debug, trace, silent)" },
+];
+
+/** A configuration that cannot be used; the message lists every problem. */
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+}
+
+/** What a caller may do: the roles the RPCs check. */
+export type Role = "gateway" | "worker" | "operator";
+const ROLES: readonly Role[] = ["gateway", "worker", "operator"];
+
+/** One configured caller. The token itself is never configured, only its SHA-256. */
+export interface CallerGrant {
+  name: string;
+  /** Lower-case hex SHA-256 of the bearer token (`idemctl token` prints one). */
+  tokenSha256: string;
+  /** Tenants the caller may act for; `*` for all. */
+  tenants: string[];
+  /** Operations the caller may act on; `*` for all. */
+  operations: string[];
+  roles: Role[];
+}
+
+/** Reads a JSON array of caller grants, refusing anything malformed with its path. */
+export function parseCallerGrants(input: unknown): CallerGrant[] {
+  if (!Array.isArray(input)) throw new Error("must be a JSON array of callers");
+  const names = new Set<string>();
+  const hashes = new Set<string>();
+  return input.map((entry: unknown, i) => {
+    const path = `callers[${i}]`;
+    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw new Error(`${path} must be an object`);
+    const o = entry as Record<string, unknown>;
+    for (const key of Object.keys(o)) {
+      if (!["name", "tokenSha256", "tenants", "operations", "roles"].includes(key)) {
+        throw new Error(`${path}.${key} is not a known setting (known: name, tokenSha256, tenants, operations, roles)`);
+      }
+    }
+    if (typeof o.name !== "string" || !/^[A-Za-z0-9._-]{1,64}$/.test(o.name)) {
+      throw new Error(`${path}.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -`);
+    }
+    if (typeof o.tokenSha256 !== "string" || !/^[0-9a-f]{64}$/.test(o.tokenSha256)) {
+      throw new Error(`${path}.tokenSha256 must be the 64 lower-case hex digits of the token's SHA-256 (idemctl token prints it)`);
+    }
+    if (names.has(o.name)) throw new Error(`${path}.name '${o.name}' is used twice`);
+    if (hashes.has(o.tokenSha256)) throw new Error(`${path}.tokenSha256 is shared with another caller`);
+    names.add(o.name);
+    hashes.add(o.tokenSha256);
+    const list = (value: unknown, field: string) => {
+      if (!Array.isArray(value) || value.length === 0 || !value.every((v) => typeof v === "string" && v.length > 0)) {
+        throw new Error(`${path}.${field} must be a non-empty array of strings ("*" for all)`);
+      }
+      return value as string[];
+    };
+    const roles = list(o.roles, "roles");
+    for (const role of roles) {
+      if (!ROLES.includes(role as Role)) throw new Error(`${path}.roles: '${role}' is not one of ${ROLES.join(", ")}`);
+    }
+    return {
+      name: o.name,
+      tokenSha256: o.tokenSha256,
+      tenants: list(o.tenants, "tenants"),
+      operations: list(o.operations, "operations"),
+      roles: roles as Role[],
+    };
+  });
+}
+
+/** The operation served by default on the embedded database, so that a first call works. */
+const DEVELOPMENT_OPERATIONS = [{ operation: "payments.create", apiRevision: 1 }];
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const problems: string[] = [];
+  const read = <T>(name: string, parse: (raw: string) => T, fallback: T): T => {
+    const raw = env[name];
+    if (raw === undefined || raw.trim() === "") return fallback;
+    try {
+      return parse(raw.trim());
+    } catch (error) {
+      problems.push(`${name}: ${(error as Error).message}`);
+      return fallback;
+    }
+  };
+  const integer = (min: number, max: number) => (raw: string) => {
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < min || n > max) throw new Error(`must be an integer from ${min} to ${max}, got '${raw}'`);
+    return n;
+  };
+  const port = integer(0, 65535);
+  const boolean = (raw: string) => {
+    if (/^(true|1|yes)$/i.test(raw)) return true;
+    if (/^(false|0|no)$/i.test(raw)) return false;
+    throw new Error(`must be true or false, got '${raw}'`);
+  };
+  const databaseUrl = read("DATABASE_URL", (raw) => {
+    if (!/^postgres(ql)?:\/\//.test(raw)) throw new Error("must be a postgres:// connection string");
+    return raw;
+  }, undefined as string | undefined);
+
+  const callers = read("IDEM_CALLERS", (raw) => parseCallerGrants(parseJson(raw)), [] as CallerGrant[]);
+  const callersFromFile = read("IDEM_CALLERS_FILE", (path) => parseCallerGrants(parseJson(readFileSync(path, "utf8"))), [] as CallerGrant[]);
+  if (env.IDEM_CALLERS && env.IDEM_CALLERS_FILE) problems.push("IDEM_CALLERS and IDEM_CALLERS_FILE: set only one");
+
+  const policies = (raw: string) => {
+    try {
+      return parseOperationPolicies(parseJson(raw));
+    } catch (error) {
+      if (error instanceof PolicyError) throw new Error(error.message);
+      throw error;
+    }
+  };
+  const operationsInline = read("IDEM_OPERATIONS", policies, undefined as OperationPolicy[] | undefined);
+  const operationsFile = read("IDEM_OPERATIONS_FILE", (path) => policies(readFileSync(path, "utf8")), undefined as OperationPolicy[] | undefined);
+  if (env.IDEM_OPERATIONS && env.IDEM_OPERATIONS_FILE) problems.push("IDEM_OPERATIONS and IDEM_OPERATIONS_FILE: set only one");
+  const declared = operationsInline ?? operationsFile;
+
+  const logLevel = read("LOG_LEVEL", (raw) => {
+    if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(raw)) {
+      throw new Error(`must be one of fatal, error, warn, info, debug, trace, silent, got '${raw}'`);
+    }
+    return raw;
+  }, "info");
+
+  const config: Config = {
+    databaseUrl,
+    host: read("IDEM_HOST", (raw) => raw, "0.0.0.0"),
+    rpcPort: read("IDEM_RPC_PORT", port, 7070),
+    adminPort: read("IDEM_ADMIN_PORT", port, 7071),
+    db: {
+      poolMax: read("IDEM_DB_POOL_MAX", integer(1, 1000), 20),
+      connectTimeoutMs: read("IDEM_DB_CONNECT_TIMEOUT_MS", integer(1, 600_000), 2000),
+      statementTimeoutMs: read("IDEM_DB_STATEMENT_TIMEOUT_MS", integer(1, 600_000), 5000),
+      lockTimeoutMs: read("IDEM_DB_LOCK_TIMEOUT_MS", integer(1, 600_000), 2000),
+      idleInTransactionTimeoutMs: read("IDEM_DB_IDLE_TX_TIMEOUT_MS", integer(1, 3_600_000), 10_000),
+    },
+    migrateOnBoot: read("IDEM_MIGRATE_ON_BOOT", boolean, true),
+    callers: [...callers, ...callersFromFile],
+    allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),
+    operations: declared ?? (databaseUrl === undefined ? parseOperationPolicies(DEVELOPMENT_OPERATIONS) : []),
+    operationsDeclared: declared !== undefined,
+    maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
+    maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
+    shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),
+    stateDir: read("IDEM_STATE_DIR", (raw) => raw, ".idem"),
+    embeddedPostgresPort: read("IDEM_EMBEDDED_PG_PORT", integer(1, 65535), 54329),
+    logLevel,
+  };
+  if (config.rpcPort !== 0 && config.rpcPort === config.adminPort) {
+    problems.push("IDEM_RPC_PORT and IDEM_ADMIN_PORT: must differ");
+  }
+  if (problems.length > 0) {
+    throw new ConfigError(`the configuration cannot be used:\n  - ${problems.join("\n  - ")}\nSee README.md, "Configuration".`);
+  }
+  return config;
+}
+
+function parseJson(raw: string): unknown {
+  try {
+    return JSON.parse(raw);
+  } catch (error) {
+    throw new Error(`is not valid JSON (${(error as Error).message})`);
+  }
+}

@@ -1,0 +1,127 @@
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { Logger } from "pino";
+import type { Config } from "../config.js";
+import { Health, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc/health/v1/health_pb.js";
+import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
+import { StaticPolicies } from "../policy/operations.js";
+import { openPool, poolDb } from "../registry/db.js";
+import { migrate } from "../registry/migrate.js";
+import { Registry } from "../registry/registry.js";
+import { listenAdmin, type AdminServer } from "./admin-http.js";
+import { Callers } from "./callers.js";
+import { coordinatorService } from "./coordinator-service.js";
+import { errorMapping } from "./errors.js";
+import { HealthStatus } from "./health.js";
+import { authentication, InFlight, unknownFieldsRefused } from "./interceptors.js";
+import { listenRpc, type RpcListener } from "./listener.js";
+
+export interface StartOptions {
+  config: Config;
+  /** The registry's PostgreSQL (DATABASE_URL, or the embedded server's). */
+  databaseUrl: string;
+  logger: Logger;
+  /** Extra `-c` connection options (tests pin a schema with `search_path`). */
+  databaseOptions?: string;
+  /** How the registry's connections name themselves in pg_stat_activity. */
+  applicationName?: string;
+}
+
+export interface RunningCoordinator {
+  rpcPort: number;
+  adminPort: number;
+  health: HealthStatus;
+  /** Graceful stop: NOT_SERVING, stop accepting, drain in-flight RPCs (bounded), close the pool. */
+  stop(): Promise<void>;
+}
+
+/** Opens the pool, migrates, and serves both ports. */
+export async function startCoordinator({ config, databaseUrl, logger, databaseOptions, applicationName }: StartOptions): Promise<RunningCoordinator> {
+  const pool = openPool(
+    {
+      connectionString: databaseUrl,
+      max: config.db.poolMax,
+      connectionTimeoutMs: config.db.connectTimeoutMs,
+      statementTimeoutMs: config.db.statementTimeoutMs,
+      lockTimeoutMs: config.db.lockTimeoutMs,
+      idleInTransactionTimeoutMs: config.db.idleInTransactionTimeoutMs,
+      ...(databaseOptions ? { options: databaseOptions } : {}),
+      ...(applicationName ? { applicationName } : {}),
+    },
+    logger,
+  );
+  let rpc: RpcListener | undefined;
+  let admin: AdminServer | undefined;
+  try {
+    if (config.migrateOnBoot) {
+      const applied = await migrate(pool, logger);
+      if (applied.length > 0) logger.info({ applied }, "registry migrated");
+    }
+
+    const callers = new Callers(config.callers, config.allowAnonymous);
+    if (config.allowAnonymous) {
+      logger.warn("IDEM_ALLOW_ANONYMOUS is on: requests without a token act with every grant. Never do this outside development.");
+    } else if (callers.size === 0) {
+      logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
+    }
+    if (config.operations.length === 0) {
+      logger.warn("no operations are declared (IDEM_OPERATIONS or IDEM_OPERATIONS_FILE): every Reserve will be refused as UNKNOWN_OPERATION");
+    }
+
+    const registry = new Registry(new StaticPolicies(config.operations));
+    const db = poolDb(pool, logger, (cause) => logger.debug({ cause }, "registry retry"));
+    const health = new HealthStatus([CoordinatorService.typeName]);
+    const inFlight = new InFlight();
+    const handler = connectNodeAdapter({
+      routes: (router) => {
+        router.service(CoordinatorService, coordinatorService({ registry, db }));
+        router.service(Health, health.service());
+      },
+      // Outermost first: count the RPC, map any error, then authenticate and check the message.
+      interceptors: [inFlight.interceptor, errorMapping(logger), authentication(callers), unknownFieldsRefused()],
+      // Unknown JSON members are refused like unknown binary fields (see unknownFieldsRefused).
+      jsonOptions: { ignoreUnknownFields: false },
+      readMaxBytes: config.maxRequestBytes,
+      maxTimeoutMs: config.maxDeadlineMs,
+    });
+
+    rpc = await listenRpc(handler, config.host, config.rpcPort);
+    admin = await listenAdmin(
+      {
+        serving: () => health.serving,
+        databaseReachable: () =>
+          pool.query("SELECT 1").then(
+            () => true,
+            () => false,
+          ),
+      },
+      config.host,
+      config.adminPort,
+    );
+    health.setAll(Status.SERVING);
+
+    const rpcListener = rpc;
+    const adminServer = admin;
+    let stopping: Promise<void> | undefined;
+    return {
+      rpcPort: rpc.port,
+      adminPort: admin.port,
+      health,
+      stop: () =>
+        (stopping ??= (async () => {
+          health.setAll(Status.NOT_SERVING);
+          rpcListener.closeGracefully();
+          const drained = await inFlight.drained(config.shutdownGraceMs);
+          if (!drained) logger.warn({ inFlight: inFlight.size }, "shutdown grace elapsed; closing the remaining connections");
+          rpcListener.destroy();
+          await rpcListener.closed();
+          await adminServer.close();
+          await pool.end();
+        })()),
+    };
+  } catch (error) {
+    rpc?.destroy();
+    await admin?.close();
+    await pool.end().catch(() => undefined);
+    throw error;
+  }
+}

@@ -1,0 +1,70 @@
+import { createHash } from "node:crypto";
+import type { CallerGrant, Role } from "../config.js";
+import { refuse } from "../contract/errors.js";
+import type { Actor } from "../registry/types.js";
+
+/** An authenticated caller, as the handlers and the registry see it. */
+export interface Caller extends Actor {
+  roles: ReadonlySet<Role>;
+}
+
+/** The hex SHA-256 of a token, as configured in `tokenSha256`. */
+export function tokenHash(token: string): string {
+  return createHash("sha256").update(token, "utf8").digest("hex");
+}
+
+/**
+ * Maps `Authorization: Bearer <token>` to a configured caller. Only hashes of
+ * tokens are held, and callers are found by the token's hash: how long that
+ * lookup takes says nothing usable about any configured token.
+ */
+export class Callers {
+  private readonly byHash = new Map<string, Caller>();
+  private readonly anonymous: Caller | undefined;
+
+  constructor(grants: readonly CallerGrant[], allowAnonymous: boolean) {
+    for (const grant of grants) this.byHash.set(grant.tokenSha256, toCaller(grant));
+    this.anonymous = allowAnonymous
+      ? toCaller({ name: "anonymous", tokenSha256: "", tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] })
+      : undefined;
+  }
+
+  /** The caller behind an Authorization header, or UNAUTHENTICATED. */
+  authenticate(authorization: string | null): Caller {
+    if (!authorization) {
+      if (this.anonymous) return this.anonymous;
+      refuse("UNAUTHENTICATED", "send 'Authorization: Bearer <token>' with a token configured for this coordinator");
+    }
+    const match = /^Bearer ([\x21-\x7e]{16,512})$/.exec(authorization);
+    if (!match) refuse("UNAUTHENTICATED", "the Authorization header must be 'Bearer <token>'");
+    const caller = this.byHash.get(tokenHash(match[1]!));
+    if (!caller) refuse("UNAUTHENTICATED", "the bearer token is not known to this coordinator");
+    return caller;
+  }
+
+  get size(): number {
+    return this.byHash.size;
+  }
+}
+
+function toCaller(grant: CallerGrant): Caller {
+  const allTenants = grant.tenants.includes("*");
+  const allOperations = grant.operations.includes("*");
+  const tenants = new Set(grant.tenants);
+  const operations = new Set(grant.operations);
+  const roles = new Set(grant.roles);
+  return {
+    caller: grant.name,
+    roles,
+    isOperator: roles.has("operator"),
+    mayUseTenant: (tenant) => allTenants || tenants.has(tenant),
+    mayOperate: (operation) => allOperations || operations.has(operation),
+  };
+}
+
+/** Refuses a caller that has none of `roles`. */
+export function requireRole(caller: Caller, ...roles: Role[]): void {
+  if (!roles.some((role) => caller.roles.has(role))) {
+    refuse("PERMISSION_DENIED", `this RPC needs the ${roles.join(" or ")} role; caller ${caller.caller} has ${[...caller.roles].join(", ")}`);
+  }
+}

@@ -1,0 +1,224 @@
+import { create } from "@bufbuild/protobuf";
+import type { ServiceImpl } from "@connectrpc/connect";
+import { refuse } from "../contract/errors.js";
+import { CONTRACT_VERSION } from "../contract/scope.js";
+import {
+  ClaimResponseSchema,
+  CompleteResponseSchema,
+  CoordinatorService,
+  LookupResponseSchema,
+  RecordEffectAttemptResponseSchema,
+  ReleaseResponseSchema,
+  RenewLeaseResponseSchema,
+  type ReserveRequest,
+  ReserveResponseSchema,
+  ResolveEffectAttemptResponseSchema,
+} from "../gen/idempotency/v1/coordinator_pb.js";
+import type { Db } from "../registry/db.js";
+import type { Registry } from "../registry/registry.js";
+import type { RequestIdentity } from "../registry/types.js";
+import { requireRole } from "./callers.js";
+import {
+  fromProtoClaimMode,
+  fromProtoEffectStatus,
+  fromProtoLease,
+  fromProtoOutcome,
+  fromProtoRef,
+  fromProtoSnapshot,
+  fromProtoSubject,
+  fromUint64,
+  toProtoAttempt,
+  toProtoDecision,
+  toProtoDuration,
+  toProtoRecord,
+  toProtoSnapshot,
+  toProtoState,
+  toTimestamp,
+} from "./convert.js";
+import { callerOf } from "./interceptors.js";
+
+/** What the coordinator's handlers need. */
+export interface CoordinatorDeps {
+  registry: Registry;
+  db: Db;
+}
+
+/**
+ * The CoordinatorService handlers: authorization by role, then translation
+ * between the wire and the registry, which holds every rule of the contract.
+ */
+export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
+  return {
+    async reserve(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const result = await registry.reserve(
+        db,
+        {
+          subject: fromProtoSubject(req.subject),
+          operation: req.operation,
+          apiRevision: req.apiRevision,
+          idempotencyKey: req.idempotencyKey,
+          request: requestIdentity(req.request),
+          claim: req.claim,
+          leaseMs: fromProtoLease(req.lease),
+          writerEpoch: fromUint64(req.writerEpoch, "writer_epoch"),
+        },
+        caller,
+      );
+      const record = result.record;
+      return create(ReserveResponseSchema, {
+        decision: toProtoDecision(result.decision),
+        operationId: record?.operationId ?? "",
+        state: record ? toProtoState(record.state) : undefined,
+        // The fencing token belongs to the owner only.
+        generation: result.decision === "ACCEPTED" && record ? BigInt(record.generation) : 0n,
+        leaseExpiresAt: record ? toTimestamp(record.leaseExpiresAt) : undefined,
+        retryAfter: result.retryAfterMs !== undefined ? toProtoDuration(result.retryAfterMs) : undefined,
+        snapshot: result.decision === "REPLAY" ? toProtoSnapshot(record!.snapshot) : undefined,
+        enforced: result.enforced,
+        schemaRevision: result.schemaRevision,
+        contractVersion: CONTRACT_VERSION,
+      });
+    },
+
+    async claim(req, ctx) {
+      const caller = callerOf(ctx.values);
+      const mode = fromProtoClaimMode(req.mode);
+      if (mode === "RECOVER") requireRole(caller, "worker");
+      else requireRole(caller, "gateway", "worker");
+      const { record, attempts } = await registry.claim(
+        db,
+        {
+          ref: fromProtoRef(req.ref),
+          mode,
+          generation: fromUint64(req.generation, "generation"),
+          leaseMs: fromProtoLease(req.lease),
+          writerEpoch: fromUint64(req.writerEpoch, "writer_epoch"),
+        },
+        caller,
+      );
+      return create(ClaimResponseSchema, {
+        generation: BigInt(record.generation),
+        state: toProtoState(record.state),
+        leaseExpiresAt: toTimestamp(record.leaseExpiresAt),
+        recovering: record.recovering,
+        effectAttempts: attempts.map(toProtoAttempt),
+      });
+    },
+
+    async renewLease(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const record = await registry.renewLease(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), fromProtoLease(req.lease), caller);
+      return create(RenewLeaseResponseSchema, { leaseExpiresAt: toTimestamp(record.leaseExpiresAt) });
+    },
+
+    async recordEffectAttempt(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const attempt = await registry.recordEffectAttempt(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), req.effect, req.provider, caller);
+      return create(RecordEffectAttemptResponseSchema, { attempt: toProtoAttempt(attempt) });
+    },
+
+    async resolveEffectAttempt(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const attempt = await registry.resolveEffectAttempt(
+        db,
+        fromProtoRef(req.ref),
+        fromUint64(req.generation, "generation"),
+        req.attemptNumber,
+        fromProtoEffectStatus(req.status),
+        req.providerHandle,
+        caller,
+      );
+      return create(ResolveEffectAttemptResponseSchema, { attempt: toProtoAttempt(attempt) });
+    },
+
+    async complete(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const record = await registry.complete(
+        db,
+        {
+          ref: fromProtoRef(req.ref),
+          generation: fromUint64(req.generation, "generation"),
+          outcome: fromProtoOutcome(req.outcome),
+          snapshot: fromProtoSnapshot(req.snapshot),
+        },
+        caller,
+      );
+      return create(CompleteResponseSchema, {
+        state: toProtoState(record.state),
+        snapshotDigest: record.snapshot!.digest,
+        completedAt: toTimestamp(record.completedAt),
+      });
+    },
+
+    async release(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const record = await registry.release(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), caller);
+      return create(ReleaseResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
+    },
+
+    async lookup(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker", "operator");
+      let view;
+      switch (req.by.case) {
+        case "ref": {
+          const ref = fromProtoRef(req.by.value);
+          let principal: string | undefined;
+          if (req.subject) {
+            const subject = fromProtoSubject(req.subject);
+            if (subject.tenant !== ref.tenant) refuse("INVALID_REQUEST", "subject.tenant must equal ref.tenant");
+            principal = subject.principal;
+          } else if (!caller.isOperator) {
+            refuse("INVALID_REQUEST", "subject is required: only operators look up operations of any principal");
+          }
+          view = await registry.lookupById(db, ref, principal, caller);
+          break;
+        }
+        case "scope": {
+          const scope = req.by.value;
+          view = await registry.lookupByScope(
+            db,
+            { subject: fromProtoSubject(scope.subject, "scope.subject"), operation: scope.operation, apiRevision: scope.apiRevision, idempotencyKey: scope.idempotencyKey },
+            caller,
+          );
+          break;
+        }
+        default:
+          refuse("INVALID_REQUEST", "ref or scope is required");
+      }
+      return create(LookupResponseSchema, { record: toProtoRecord(view) });
+    },
+  };
+}
+
+function requestIdentity(request: ReserveRequest["request"]): RequestIdentity {
+  switch (request.case) {
+    case "parts": {
+      const parts = request.value;
+      return {
+        kind: "parts",
+        parts: {
+          method: parts.method,
+          path: parts.path,
+          query: parts.query,
+          mediaType: parts.mediaType,
+          headers: parts.headers.map((h) => ({ name: h.name, value: h.value })),
+          body: parts.body,
+        },
+      };
+    }
+    case "fingerprint": {
+      const { scheme, schemaRevision, digest } = request.value;
+      return { kind: "fingerprint", scheme, schemaRevision, digest };
+    }
+    default:
+      return refuse("INVALID_REQUEST", "parts or fingerprint is required: what identifies the request's content");
+  }
+}

@@ -1,0 +1,94 @@
+import { createContextKey, type Interceptor } from "@connectrpc/connect";
+import { refuse } from "../contract/errors.js";
+import { Health } from "../gen/grpc/health/v1/health_pb.js";
+import type { Caller, Callers } from "./callers.js";
+
+/** The authenticated caller of the current RPC. */
+export const callerKey = createContextKey<Caller | undefined>(undefined, { description: "authenticated caller" });
+
+/** Reads the caller set by the authentication interceptor (every coordinator RPC has one). */
+export function callerOf(values: { get<T>(key: { id: symbol; defaultValue: T }): T }): Caller {
+  const caller = values.get(callerKey);
+  if (!caller) throw new Error("no authenticated caller in context");
+  return caller;
+}
+
+/** Authenticates every RPC except health checks, which probes call without credentials. */
+export function authentication(callers: Callers): Interceptor {
+  return (next) => async (req) => {
+    if (req.service.typeName !== Health.typeName) {
+      req.contextValues.set(callerKey, callers.authenticate(req.header.get("authorization")));
+    }
+    return next(req);
+  };
+}
+
+/**
+ * Refuses requests carrying fields this server does not know. Protobuf
+ * normally ignores them for forward compatibility, but here an ignored field
+ * could be an input the client believes is fingerprinted or checked; refusing
+ * is the only answer that cannot be silently wrong. (Connect JSON requests
+ * with unknown fields are already refused by the JSON decoder.)
+ */
+export function unknownFieldsRefused(): Interceptor {
+  return (next) => async (req) => {
+    if (!req.stream) {
+      const path = unknownFieldPath(req.message, "");
+      if (path !== undefined) {
+        refuse("UNKNOWN_FIELD", `the request carries fields this coordinator does not know${path ? ` (in ${path})` : ""}; upgrade the coordinator or the client's proto`);
+      }
+    }
+    return next(req);
+  };
+}
+
+function unknownFieldPath(value: unknown, path: string): string | undefined {
+  if (typeof value !== "object" || value === null || value instanceof Uint8Array) return undefined;
+  if (Array.isArray(value)) {
+    for (const [i, item] of value.entries()) {
+      const found = unknownFieldPath(item, `${path}[${i}]`);
+      if (found !== undefined) return found;
+    }
+    return undefined;
+  }
+  const record = value as Record<string, unknown>;
+  if (Array.isArray(record.$unknown) && record.$unknown.length > 0) return path;
+  for (const [key, child] of Object.entries(record)) {
+    if (key === "$unknown" || key === "$typeName") continue;
+    const found = unknownFieldPath(child, path ? `${path}.${key}` : key);
+    if (found !== undefined) return found;
+  }
+  return undefined;
+}
+
+/** Counts RPCs in flight, so that shutdown can wait for them. */
+export class InFlight {
+  private count = 0;
+  private waiters: Array<() => void> = [];
+
+  readonly interceptor: Interceptor = (next) => async (req) => {
+    this.count++;
+    try {
+      return await next(req);
+    } finally {
+      this.count--;
+      if (this.count === 0) this.waiters.splice(0).forEach((wake) => wake());
+    }
+  };
+
+  get size(): number {
+    return this.count;
+  }
+
+  /** Resolves when no RPC is in flight, or after `ms`; true when drained. */
+  drained(ms: number): Promise<boolean> {
+    if (this.count === 0) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(false), ms);
+      this.waiters.push(() => {
+        clearTimeout(timer);
+        resolve(true);
+      });
+    });
+  }
+}
