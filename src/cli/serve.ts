@@ -37,13 +37,16 @@ export async function serve(config: Config): Promise<void> {
   }
   process.stdout.write(banner(config, coordinator.rpcPort, coordinator.adminPort, developmentToken, embedded));
 
-  let stopping = false;
+  let stoppingSince: number | undefined;
   const stop = async (signal: string) => {
-    if (stopping) {
+    if (stoppingSince !== undefined) {
+      // A terminal's Ctrl-C reaches both npm/tsx and this process, which then
+      // relay it once more: only a signal sent later on purpose forces the exit.
+      if (Date.now() - stoppingSince < 1000) return;
       logger.warn({ signal }, "second signal: exiting at once");
       process.exit(1);
     }
-    stopping = true;
+    stoppingSince = Date.now();
     logger.info({ signal }, "stopping: no new RPCs, draining in-flight ones");
     await coordinator.stop();
     await embedded?.stop();

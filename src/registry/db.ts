@@ -56,7 +56,8 @@ export function openPool(settings: PoolSettings, logger: Logger): pg.Pool {
     ...(settings.options ? { options: settings.options } : {}),
   });
   pool.on("error", (error) => {
-    logger.warn({ err: error, sqlstate: sqlState(error) }, "idle registry connection lost; the pool replaces it");
+    // Not the error object itself: the pool attaches the whole client to it.
+    logger.warn({ sqlstate: sqlState(error), error: error.message }, "idle registry connection lost; the pool replaces it");
   });
   return pool;
 }
@@ -94,7 +95,8 @@ export function poolDb(pool: pg.Pool, logger: Logger, onRetry?: (cause: string) 
         const client = await pool.connect();
         // A checked-out client has no error listener of the pool's: without
         // this one, a connection killed mid-transaction would crash the process.
-        const onError = (error: Error) => logger.warn({ err: error }, "registry connection lost during a transaction");
+        const onError = (error: Error) =>
+          logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
         client.on("error", onError);
         let broken = false;
         try {

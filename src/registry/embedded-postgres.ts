@@ -195,7 +195,9 @@ async function launch(
     ...options.settings,
   };
   const args = ["-D", dataDir, "-p", String(options.port), ...Object.entries(settings).flatMap(([k, v]) => ["-c", `${k}=${v}`])];
-  const child = spawn(postgres, args, { ...owner, stdio: ["ignore", "ignore", "pipe"] });
+  // A process group of its own: a terminal's Ctrl-C reaches only the coordinator,
+  // which drains its requests first and then stops the database itself.
+  const child = spawn(postgres, args, { ...owner, stdio: ["ignore", "ignore", "pipe"], detached: true });
   let log = "";
   child.stderr!.on("data", (chunk: Buffer) => {
     log = (log + chunk.toString()).slice(-4000);

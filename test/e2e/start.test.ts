@@ -1,0 +1,105 @@
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { chmod, mkdtemp, readFile, rm } from "node:fs/promises";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ENVIRONMENT } from "../../src/config.js";
+
+const run = promisify(execFile);
+const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
+
+/** The first ```sh block under a README heading. */
+function readmeBlock(heading: string): string {
+  const section = readme.slice(readme.indexOf(`## ${heading}`));
+  const match = /```sh\n([\s\S]*?)```/.exec(section);
+  if (!match) throw new Error(`README has no sh block under "${heading}"`);
+  return match[1]!;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const server = createServer().listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+let stateDir: string;
+let child: ChildProcess;
+let output = "";
+let rpcPort: number;
+let adminPort: number;
+let pgPort: number;
+
+// `npm start` exactly as a newcomer runs it, on the embedded default (no DATABASE_URL).
+beforeAll(async () => {
+  stateDir = await mkdtemp(join(tmpdir(), "idem-start-"));
+  // Reachable by the postgres user, like a checkout folder.
+  await chmod(stateDir, 0o755);
+  [rpcPort, adminPort, pgPort] = [await freePort(), await freePort(), await freePort()];
+  const env = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
+  delete env.DATABASE_URL;
+  child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  child.stdout!.on("data", (chunk) => (output += chunk));
+  child.stderr!.on("data", (chunk) => (output += chunk));
+  const deadline = Date.now() + 90_000;
+  while (!output.includes("idempotency coordinator serving")) {
+    if (child.exitCode !== null || Date.now() > deadline) throw new Error(`npm start did not serve:\n${output}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}, 120_000);
+
+afterAll(async () => {
+  try {
+    if (child?.pid) process.kill(-child.pid, "SIGKILL");
+  } catch {
+    // Already gone, as it should be.
+  }
+  await rm(stateDir, { recursive: true, force: true });
+});
+
+describe("npm start on the embedded default", () => {
+  it("prints where it listens and how to call it", () => {
+    expect(output).toContain(`127.0.0.1:${rpcPort}`);
+    expect(output).toContain(`http://127.0.0.1:${adminPort}`);
+    expect(output).toContain(join(stateDir, "dev-token"));
+    expect(output).toContain("/idempotency.v1.CoordinatorService/Reserve");
+  });
+
+  it("answers the README's first call with decisions", async () => {
+    const script = readmeBlock("First call").replaceAll("127.0.0.1:7070", `127.0.0.1:${rpcPort}`).replaceAll(".idem/dev-token", join(stateDir, "dev-token"));
+    const { stdout } = await run("bash", ["-euo", "pipefail", "-c", script]);
+    const decisions = stdout.trim().split("\n").map((line) => JSON.parse(line).decision);
+    expect(decisions).toEqual(["DECISION_ACCEPTED", "DECISION_IN_PROGRESS", "DECISION_PAYLOAD_CONFLICT"]);
+  });
+
+  it("stops gracefully on Ctrl-C, taking the embedded PostgreSQL down with it", async () => {
+    // Every process writing to the pipe has ended once it closes.
+    const closed = new Promise<void>((resolve) => child.stdout!.once("close", () => resolve()));
+    // What a terminal does on Ctrl-C: SIGINT to the whole foreground process group.
+    process.kill(-child.pid!, "SIGINT");
+    await closed;
+    expect(output).toMatch(/"msg":"stopped"/);
+    const stillUp = await fetch(`http://127.0.0.1:${adminPort}/healthz`).then(() => true, () => false);
+    expect(stillUp).toBe(false);
+    await expect(readFile(join(stateDir, "postgres", "pgdata", "postmaster.pid"))).rejects.toThrow();
+  }, 60_000);
+});
+
+describe("the README", () => {
+  it("documents every configuration variable with its default and meaning", () => {
+    const rows = new Map(
+      readme
+        .split("\n")
+        .filter((line) => line.startsWith("| `"))
+        .map((line) => line.replaceAll("`", "").split("|").map((cell) => cell.trim()))
+        .map(([, name, ...rest]) => [name, rest.slice(0, 2)] as const),
+    );
+    for (const variable of ENVIRONMENT) {
+      expect(rows.get(variable.name), variable.name).toEqual([variable.default, variable.meaning]);
+    }
+  });
+});
