@@ -40,7 +40,7 @@ beforeAll(async () => {
   // Reachable by the postgres user, like a checkout folder.
   await chmod(stateDir, 0o755);
   [rpcPort, adminPort, pgPort] = [await freePort(), await freePort(), await freePort()];
-  const env = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
+  const env: NodeJS.ProcessEnv = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
   delete env.DATABASE_URL;
   child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
   child.stdout!.on("data", (chunk) => (output += chunk));
