@@ -39,7 +39,7 @@ export class StaticPolicies implements PolicySource {
     for (const policy of policies) {
       const key = `${policy.operation}@${policy.apiRevision}`;
       if (this.byKey.has(key)) {
-        throw new PolicyError(`operation ${key} is declared twice`);
+        throw new PolicyError(`operations: ${key} is declared twice`);
       }
       this.byKey.set(key, policy);
     }
@@ -68,7 +68,9 @@ const MIB = 1024 * 1024;
  */
 export function parseOperationPolicies(input: unknown): OperationPolicy[] {
   if (!Array.isArray(input)) throw new PolicyError("operations must be a JSON array of operation declarations");
-  return input.map((entry, index) => parseOne(entry, `operations[${index}]`));
+  const policies = input.map((entry, index) => parseOne(entry, `operations[${index}]`));
+  new StaticPolicies(policies); // refuses an operation declared twice
+  return policies;
 }
 
 function parseOne(entry: unknown, path: string): OperationPolicy {

@@ -15,6 +15,9 @@ import { HealthStatus } from "./health.js";
 import { authentication, InFlight, unknownFieldsRefused } from "./interceptors.js";
 import { listenRpc, type RpcListener } from "./listener.js";
 
+/** How long a stop waits for written responses to leave before closing connections. */
+const RESPONSE_FLUSH_MS = 2000;
+
 export interface StartOptions {
   config: Config;
   /** The registry's PostgreSQL (DATABASE_URL, or the embedded server's). */
@@ -111,9 +114,14 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
           health.setAll(Status.NOT_SERVING);
           rpcListener.closeGracefully();
           const drained = await inFlight.drained(config.shutdownGraceMs);
-          if (!drained) logger.warn({ inFlight: inFlight.size }, "shutdown grace elapsed; closing the remaining connections");
-          rpcListener.destroy();
-          await rpcListener.closed();
+          // Every handler is done: give their responses a moment to reach the
+          // clients. A connection still open after that has nothing left to
+          // wait for (e.g. a client still sending a message that was refused).
+          const closed = drained && (await rpcListener.closed(RESPONSE_FLUSH_MS));
+          if (!closed) {
+            logger.warn({ inFlight: inFlight.size }, "shutdown grace elapsed; closing the remaining connections");
+            rpcListener.destroy();
+          }
           await adminServer.close();
           await pool.end();
         })()),

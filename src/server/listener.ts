@@ -13,8 +13,8 @@ export interface RpcListener {
   closeGracefully(): void;
   /** Ends every connection at once. */
   destroy(): void;
-  /** Resolves once every connection has closed. */
-  closed(): Promise<void>;
+  /** Resolves true once every connection has closed, false if some are still open after `ms`. */
+  closed(ms: number): Promise<boolean>;
 }
 
 const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
@@ -30,14 +30,29 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
   const sockets = new Set<net.Socket>();
   const sessions = new Set<http2.Http2Session>();
+  // A response can end before its request was fully received (a refused
+  // oversize message): tell the client to stop sending (RST_STREAM NO_ERROR,
+  // RFC 9113 8.1) instead of leaving the stream open, and the session with it.
   h2.on("session", (session) => {
     sessions.add(session);
     session.once("close", () => sessions.delete(session));
   });
   let closing = false;
-  // HTTP/1.1 responses written while closing tell the client to reconnect elsewhere.
-  h1.on("request", (_req, res: http.ServerResponse) => {
+  // HTTP/1.1 connections with no request in flight, which closing may end at once.
+  // (http.Server tracks idle connections only for sockets it accepted itself.)
+  const h1Active = new Map<net.Socket, number>();
+  const endIfIdle = (socket: net.Socket) => {
+    if (closing && (h1Active.get(socket) ?? 0) === 0) socket.end();
+  };
+  h1.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const socket = req.socket;
+    h1Active.set(socket, (h1Active.get(socket) ?? 0) + 1);
+    // Responses written while closing tell the client to reconnect elsewhere.
     if (closing) res.setHeader("connection", "close");
+    res.once("close", () => {
+      h1Active.set(socket, (h1Active.get(socket) ?? 1) - 1);
+      endIfIdle(socket);
+    });
   });
 
   const tcp = net.createServer((socket) => {
@@ -54,6 +69,10 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
       socket.removeListener("data", onData);
       socket.pause();
       socket.unshift(received);
+      if (!isHttp2) {
+        h1Active.set(socket, 0);
+        socket.once("close", () => h1Active.delete(socket));
+      }
       (isHttp2 ? h2 : h1).emit("connection", socket as Duplex);
       process.nextTick(() => socket.resume());
     };
@@ -71,16 +90,16 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
           closing = true;
           tcp.close();
           for (const session of sessions) session.close();
-          h1.closeIdleConnections();
+          for (const socket of h1Active.keys()) endIfIdle(socket);
         },
         destroy() {
           for (const socket of sockets) socket.destroy();
         },
-        closed: () =>
-          new Promise<void>((done) => {
-            const check = () => (sockets.size === 0 ? done() : setTimeout(check, 20));
-            check();
-          }),
+        closed: async (ms) => {
+          const deadline = Date.now() + ms;
+          while (sockets.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+          return sockets.size === 0;
+        },
       });
     });
   });

@@ -275,8 +275,7 @@ describe("callers", () => {
       connectH2.lookup({ by: { case: "ref", value: ref }, subject: { tenant: "acme", principal: "mallory" } }, { headers: bearer(server.tokens.gateway) }),
       connectH2.lookup({ by: { case: "ref", value: create(OperationRefSchema, { tenant: "acme", operationId: "01a229d0-0f4c-7516-846e-0457ee592196" }) }, subject: { tenant: "acme", principal: "alice" } }, { headers: bearer(server.tokens.gateway) }),
     ];
-    for (const lookup of lookups) {
-      const error = await lookup.then(() => undefined, (e: unknown) => ConnectError.from(e));
+    for (const error of await Promise.all(lookups.map((lookup) => lookup.then(() => undefined, (e: unknown) => ConnectError.from(e))))) {
       expect(error?.code).toBe(Code.NotFound);
       expect(reasonOf(error)).toBe("NOT_FOUND");
       // The same answer whether the record exists or not: no existence oracle.

@@ -1,0 +1,71 @@
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { HealthCheckResponse_ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
+import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { transactionDb } from "../../src/registry/db.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
+import { startTestServer } from "../support/server.js";
+
+let t: TestDatabase;
+beforeAll(async () => {
+  t = await createTestDatabase();
+});
+afterAll(async () => {
+  await t?.drop();
+});
+
+describe("graceful stop", () => {
+  it("stops serving new work at once but lets in-flight RPCs finish before closing", async () => {
+    const server = await startTestServer(t);
+    const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+    const key = newKey();
+    const body = new TextEncoder().encode(JSON.stringify({ amount: 10 }));
+
+    // Another transaction has reserved the same scope and not committed yet:
+    // every Reserve of that scope waits on it inside the server.
+    const blocker = await t.pool.connect();
+    await blocker.query("BEGIN");
+    const first = await testRegistry().reserve(transactionDb(blocker), reserveInput(key), actor());
+    expect(first.decision).toBe("ACCEPTED");
+
+    const waiting = Array.from({ length: 10 }, () =>
+      client.reserve(
+        {
+          subject: { tenant: "acme", principal: "alice" },
+          operation: "payments.create",
+          apiRevision: 1,
+          idempotencyKey: key,
+          request: { case: "parts", value: { method: "POST", path: "/v1/payments", mediaType: "application/json", body } },
+        },
+        { headers: { authorization: `Bearer ${server.tokens.gateway}` } },
+      ),
+    );
+    // Wait until all ten are blocked in the database.
+    for (let i = 0; i < 100; i++) {
+      const { rows } = await t.pool.query(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        [server.applicationName],
+      );
+      if (rows[0].n >= 10) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+
+    let stopped = false;
+    const stopping = server.stop().then(() => (stopped = true));
+    await new Promise((r) => setTimeout(r, 200));
+    expect(server.coordinator.health.get("")).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
+    expect((await fetch(`${server.adminUrl}/readyz`)).status).toBe(503);
+    expect(stopped).toBe(false);
+
+    await blocker.query("COMMIT");
+    blocker.release();
+    const answers = await Promise.all(waiting);
+    await stopping;
+    expect(answers.map((a) => a.decision)).toEqual(Array(10).fill(Decision.IN_PROGRESS));
+    expect(new Set(answers.map((a) => a.operationId))).toEqual(new Set([first.record!.operationId]));
+    // Nothing listens any more.
+    await expect(fetch(`${server.baseUrl}/`)).rejects.toThrow();
+  });
+});

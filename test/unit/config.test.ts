@@ -1,0 +1,100 @@
+import { describe, expect, it } from "vitest";
+import { ConfigError, loadConfig, parseCallerGrants } from "../../src/config.js";
+import { IdempotencyError } from "../../src/contract/errors.js";
+import { Callers, requireRole, tokenHash } from "../../src/server/callers.js";
+
+const hash = tokenHash("a-sufficiently-long-token");
+
+describe("loadConfig", () => {
+  it("defaults to the embedded database with a development operation", () => {
+    const config = loadConfig({});
+    expect(config.databaseUrl).toBeUndefined();
+    expect(config).toMatchObject({ rpcPort: 7070, adminPort: 7071, allowAnonymous: false, migrateOnBoot: true, operationsDeclared: false });
+    expect(config.operations.map((o) => `${o.operation}@${o.apiRevision}`)).toEqual(["payments.create@1"]);
+  });
+
+  it("declares no operation by default when a real database is configured", () => {
+    const config = loadConfig({ DATABASE_URL: "postgres://db/registry" });
+    expect(config.operations).toEqual([]);
+  });
+
+  it("reports every problem at once, each with its variable", () => {
+    let error: unknown;
+    try {
+      loadConfig({
+        DATABASE_URL: "mysql://nope",
+        IDEM_RPC_PORT: "70000",
+        IDEM_ALLOW_ANONYMOUS: "maybe",
+        IDEM_OPERATIONS: '[{"operation":"payments.create","apiRevision":1,"keys":{"minLength":8}}]',
+        IDEM_CALLERS: "not json",
+        LOG_LEVEL: "loud",
+      });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    const message = (error as Error).message;
+    for (const expected of [
+      "DATABASE_URL: must be a postgres:// connection string",
+      "IDEM_RPC_PORT: must be an integer from 0 to 65535, got '70000'",
+      "IDEM_ALLOW_ANONYMOUS: must be true or false, got 'maybe'",
+      "IDEM_OPERATIONS: operations[0].keys.minLength must be an integer from 16 to 255",
+      "IDEM_CALLERS: is not valid JSON",
+      "LOG_LEVEL: must be one of",
+    ]) {
+      expect(message).toContain(expected);
+    }
+  });
+
+  it("refuses unknown settings and duplicates in operation declarations, naming them", () => {
+    expect(() => loadConfig({ IDEM_OPERATIONS: '[{"operation":"payments.create","apiRevision":1,"leaseSeconds":5}]' })).toThrow(
+      /operations\[0\]\.leaseSeconds is not a known setting/,
+    );
+    expect(() => loadConfig({ IDEM_OPERATIONS: '[{"operation":"payments.create","apiRevision":1},{"operation":"payments.create","apiRevision":1}]' })).toThrow(
+      /operations: payments.create@1 is declared twice/,
+    );
+  });
+
+  it("refuses the same port for RPC and admin", () => {
+    expect(() => loadConfig({ IDEM_RPC_PORT: "8000", IDEM_ADMIN_PORT: "8000" })).toThrow(/must differ/);
+  });
+});
+
+describe("callers", () => {
+  it("parses grants and refuses malformed ones with their path", () => {
+    const [grant] = parseCallerGrants([{ name: "gw", tokenSha256: hash, tenants: ["acme"], operations: ["*"], roles: ["gateway"] }]);
+    expect(grant).toEqual({ name: "gw", tokenSha256: hash, tenants: ["acme"], operations: ["*"], roles: ["gateway"] });
+    expect(() => parseCallerGrants([{ name: "gw", tokenSha256: "plain-token", tenants: ["*"], operations: ["*"], roles: ["gateway"] }])).toThrow(/callers\[0\]\.tokenSha256/);
+    expect(() => parseCallerGrants([{ name: "gw", tokenSha256: hash, tenants: [], operations: ["*"], roles: ["gateway"] }])).toThrow(/callers\[0\]\.tenants/);
+    expect(() => parseCallerGrants([{ name: "gw", tokenSha256: hash, tenants: ["*"], operations: ["*"], roles: ["root"] }])).toThrow(/'root' is not one of/);
+    const twice = { name: "gw", tokenSha256: hash, tenants: ["*"], operations: ["*"], roles: ["gateway"] };
+    expect(() => parseCallerGrants([twice, { ...twice, name: "other" }])).toThrow(/shared with another caller/);
+  });
+
+  it("authenticates by token hash and grants only what was configured", () => {
+    const callers = new Callers(parseCallerGrants([{ name: "gw", tokenSha256: hash, tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] }]), false);
+    const caller = callers.authenticate("Bearer a-sufficiently-long-token");
+    expect(caller.caller).toBe("gw");
+    expect([caller.mayUseTenant("acme"), caller.mayUseTenant("globex")]).toEqual([true, false]);
+    expect([caller.mayOperate("payments.create"), caller.mayOperate("refunds.create")]).toEqual([true, false]);
+    expect(caller.isOperator).toBe(false);
+    expect(() => requireRole(caller, "worker")).toThrow(IdempotencyError);
+    for (const header of [null, "", "Basic abc", "Bearer short", "Bearer another-long-enough-token", "bearer a-sufficiently-long-token"]) {
+      const error = (() => {
+        try {
+          callers.authenticate(header);
+        } catch (e) {
+          return e;
+        }
+      })();
+      expect((error as IdempotencyError).reason, String(header)).toBe("UNAUTHENTICATED");
+    }
+  });
+
+  it("serves requests without a token only behind the explicit development switch", () => {
+    expect(() => new Callers([], false).authenticate(null)).toThrow(/Authorization/);
+    const anonymous = new Callers([], true).authenticate(null);
+    expect(anonymous).toMatchObject({ caller: "anonymous", isOperator: true });
+    expect(anonymous.mayUseTenant("any")).toBe(true);
+  });
+});
