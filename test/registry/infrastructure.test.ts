@@ -1,19 +1,13 @@
 import { randomBytes } from "node:crypto";
 import { once } from "node:events";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { openPool, poolDb, transactionDb, type Db } from "../../src/registry/db.js";
 import { loadMigrations, migrate } from "../../src/registry/migrate.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
-import { createTestDatabase, silentLogger, type TestDatabase } from "../support/database.js";
+import { silentLogger, useTestDatabase } from "../support/database.js";
 import { expectRefusal } from "../support/registry-helpers.js";
 
-let t: TestDatabase;
-beforeAll(async () => {
-  t = await createTestDatabase();
-});
-afterAll(async () => {
-  await t?.drop();
-});
+const t = useTestDatabase();
 
 const registry = testRegistry();
 const gateway = actor();

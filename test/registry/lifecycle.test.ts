@@ -1,17 +1,11 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import type { Snapshot } from "../../src/contract/snapshot.js";
 import type { OperationRef, ReserveResult } from "../../src/registry/types.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
 
-let t: TestDatabase;
-beforeAll(async () => {
-  t = await createTestDatabase();
-});
-afterAll(async () => {
-  await t?.drop();
-});
+const t = useTestDatabase();
 
 const registry = testRegistry();
 const gateway = actor({ caller: "gateway" });

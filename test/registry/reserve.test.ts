@@ -1,17 +1,11 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Queryable, Db } from "../../src/registry/db.js";
+import { describe, expect, it } from "vitest";
+import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { silentLogger, useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
 
-let t: TestDatabase;
-beforeAll(async () => {
-  t = await createTestDatabase();
-});
-afterAll(async () => {
-  await t?.drop();
-});
+const t = useTestDatabase();
 
 const registry = testRegistry(
   testPolicy({ fingerprint: { headers: ["x-api-version"], queryParameters: ["currency"] } }),
@@ -25,7 +19,7 @@ const gateway = actor();
 describe("the acceptance point", () => {
   it("accepts a new scope once: of 100 identical concurrent reservations and one with another payload, exactly one is accepted", async () => {
     const pool = t.openPool({ max: 40 });
-    const db = (await import("../../src/registry/db.js")).poolDb(pool, (await import("../support/database.js")).silentLogger);
+    const db = poolDb(pool, silentLogger);
     const key = newKey();
     const principal = `racer-${newKey()}`;
     const subject = { tenant: "acme", principal };

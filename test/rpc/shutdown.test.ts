@@ -1,20 +1,14 @@
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { HealthCheckResponse_ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { transactionDb } from "../../src/registry/db.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
 import { startTestServer } from "../support/server.js";
 
-let t: TestDatabase;
-beforeAll(async () => {
-  t = await createTestDatabase();
-});
-afterAll(async () => {
-  await t?.drop();
-});
+const t = useTestDatabase();
 
 describe("graceful stop", () => {
   it("stops serving new work at once but lets in-flight RPCs finish before closing", async () => {

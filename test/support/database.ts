@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import pg from "pg";
 import pino from "pino";
-import { inject } from "vitest";
+import { afterAll, beforeAll, inject } from "vitest";
 import { openPool, poolDb, type Db, type PoolSettings } from "../../src/registry/db.js";
 import { migrate } from "../../src/registry/migrate.js";
 
@@ -62,4 +62,20 @@ export async function createTestDatabase(): Promise<TestDatabase> {
       await cleanup.end();
     },
   };
+}
+
+/**
+ * Gives the calling test file its own migrated schema for all its tests:
+ * created before the first test, dropped after the last. The returned object
+ * is filled in by the time tests run.
+ */
+export function useTestDatabase(): TestDatabase {
+  const database = {} as TestDatabase;
+  beforeAll(async () => {
+    Object.assign(database, await createTestDatabase());
+  });
+  afterAll(async () => {
+    await database.drop?.();
+  });
+  return database;
 }

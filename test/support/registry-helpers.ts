@@ -1,6 +1,6 @@
 import type pg from "pg";
 import { expect } from "vitest";
-import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
+export { expectRefusal } from "./refusals.js";
 
 /** Ends a record's lease now, as if its owner had gone silent (time travel in database time). */
 export async function expireLease(pool: pg.Pool, operationId: string): Promise<void> {
@@ -9,17 +9,6 @@ export async function expireLease(pool: pg.Pool, operationId: string): Promise<v
     [operationId],
   );
   expect(rowCount).toBe(1);
-}
-
-/** Asserts that `work` is refused with `reason`. */
-export async function expectRefusal(work: Promise<unknown>, reason: Reason): Promise<IdempotencyError> {
-  const error = await work.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(error, `expected a refusal with ${reason}`).toBeInstanceOf(IdempotencyError);
-  expect((error as IdempotencyError).reason).toBe(reason);
-  return error as IdempotencyError;
 }
 
 /** Rows in the registry's tables, to show that a refused request stored nothing. */

@@ -1,7 +1,6 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { downstreamKey, validateEffectName } from "../../src/contract/effects.js";
-import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
 import {
   canonicalMediaType,
   canonicalMethod,
@@ -17,19 +16,8 @@ import {
 import { toHex } from "../../src/contract/frame.js";
 import { scopeDigest } from "../../src/contract/scope.js";
 import { snapshotDigest, storedSnapshot } from "../../src/contract/snapshot.js";
+import { expectReason } from "../support/refusals.js";
 
-function expectReason(fn: () => unknown, reason: Reason): IdempotencyError {
-  let caught: unknown;
-  try {
-    fn();
-  } catch (error) {
-    caught = error;
-  }
-  expect(caught, "expected a refusal").toBeInstanceOf(IdempotencyError);
-  const error = caught as IdempotencyError;
-  expect(error.reason).toBe(reason);
-  return error;
-}
 
 // --- An independent implementation of the framing, for golden vectors. ---
 

@@ -1,21 +1,8 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
 import { DEFAULT_KEY_RULES, estimatedEntropyBits, validateKey } from "../../src/contract/keys.js";
+import { expectReason } from "../support/refusals.js";
 
-function expectReason(fn: () => unknown, reason: Reason): IdempotencyError {
-  let caught: unknown;
-  try {
-    fn();
-  } catch (error) {
-    caught = error;
-  }
-  expect(caught, "expected a refusal").toBeInstanceOf(IdempotencyError);
-  const error = caught as IdempotencyError;
-  expect(error.reason).toBe(reason);
-  expect(error.message.length).toBeGreaterThan(0);
-  return error;
-}
 
 const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 

@@ -1,5 +1,4 @@
 import { describe, expect, it } from "vitest";
-import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
 import { toHex } from "../../src/contract/frame.js";
 import {
   CONTRACT_VERSION,
@@ -11,19 +10,8 @@ import {
   type ScopeInput,
   type Subject,
 } from "../../src/contract/scope.js";
+import { expectReason } from "../support/refusals.js";
 
-function expectReason(fn: () => unknown, reason: Reason): IdempotencyError {
-  let caught: unknown;
-  try {
-    fn();
-  } catch (error) {
-    caught = error;
-  }
-  expect(caught, "expected a refusal").toBeInstanceOf(IdempotencyError);
-  const error = caught as IdempotencyError;
-  expect(error.reason).toBe(reason);
-  return error;
-}
 
 const BASE: ScopeInput = {
   subject: { tenant: "acme", principal: "alice" },

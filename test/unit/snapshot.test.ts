@@ -1,20 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
 import { toHex } from "../../src/contract/frame.js";
 import { isNeverStored, snapshotDigest, storedSnapshot, type Snapshot, type SnapshotRules } from "../../src/contract/snapshot.js";
+import { expectReason } from "../support/refusals.js";
 
-function expectReason(fn: () => unknown, reason: Reason): IdempotencyError {
-  let caught: unknown;
-  try {
-    fn();
-  } catch (error) {
-    caught = error;
-  }
-  expect(caught, "expected a refusal").toBeInstanceOf(IdempotencyError);
-  const error = caught as IdempotencyError;
-  expect(error.reason).toBe(reason);
-  return error;
-}
 
 const enc = (s: string): Uint8Array => new TextEncoder().encode(s);
 
