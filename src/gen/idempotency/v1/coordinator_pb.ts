@@ -181,8 +181,8 @@ export type ReserveResponse = Message<"idempotency.v1.ReserveResponse"> & {
   state: RecordState;
 
   /**
-   * The owner generation: on ACCEPTED, the fencing token to name in every
-   * later write.
+   * On ACCEPTED, the owner generation you now hold: the fencing token to name
+   * in every later write. Zero for every other decision (it is the owner's).
    *
    * @generated from field: uint64 generation = 4;
    */
