@@ -1,5 +1,7 @@
 import { readFileSync } from "node:fs";
-import { parseOperationPolicies, PolicyError, type OperationPolicy } from "./policy/operations.js";
+import { parse as parseYaml } from "yaml";
+import type { PolicyDocument } from "./policy/document.js";
+import { parsePolicyDocuments } from "./policy/operations.js";
 
 /**
  * The coordinator's whole configuration, read from the environment once at
@@ -24,9 +26,10 @@ export interface Config {
   callers: CallerGrant[];
   /** Development only: accept requests without a token, as an all-powerful caller. */
   allowAnonymous: boolean;
-  operations: OperationPolicy[];
-  /** Whether IDEM_OPERATIONS / IDEM_OPERATIONS_FILE was set at all. */
-  operationsDeclared: boolean;
+  /** Policy revisions published at boot (each only once: republishing equal rules changes nothing). */
+  operations: PolicyDocument[];
+  /** How often every coordinator re-reads policies, modes and epochs from the registry. */
+  policyRefreshMs: number;
   /** Largest RPC request accepted, in bytes. */
   maxRequestBytes: number;
   /** Upper bound of any deadline a client asks for. */
@@ -54,8 +57,9 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_CALLERS", default: "(none)", meaning: "JSON array of callers: name, tokenSha256, tenants, operations, roles" },
   { name: "IDEM_CALLERS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
   { name: "IDEM_ALLOW_ANONYMOUS", default: "false", meaning: "development only: serve requests without a token" },
-  { name: "IDEM_OPERATIONS", default: "(embedded: payments.create@1)", meaning: "JSON array of operation declarations" },
-  { name: "IDEM_OPERATIONS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
+  { name: "IDEM_OPERATIONS", default: "(embedded: payments.create@1)", meaning: "JSON array of policy revisions to publish at boot" },
+  { name: "IDEM_OPERATIONS_FILE", default: "(none)", meaning: "path of a YAML or JSON file holding that array instead" },
+  { name: "IDEM_POLICY_REFRESH_MS", default: "2000", meaning: "how soon a new policy, mode or epoch applies on every replica" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -129,7 +133,7 @@ export function parseCallerGrants(input: unknown): CallerGrant[] {
   });
 }
 
-/** The operation served by default on the embedded database, so that a first call works. */
+/** The operation published by default on the embedded database, so that a first call works. */
 const DEVELOPMENT_OPERATIONS = [{ operation: "payments.create", apiRevision: 1 }];
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
@@ -164,16 +168,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const callersFromFile = read("IDEM_CALLERS_FILE", (path) => parseCallerGrants(parseJson(readFileSync(path, "utf8"))), [] as CallerGrant[]);
   if (env.IDEM_CALLERS && env.IDEM_CALLERS_FILE) problems.push("IDEM_CALLERS and IDEM_CALLERS_FILE: set only one");
 
-  const policies = (raw: string) => {
-    try {
-      return parseOperationPolicies(parseJson(raw));
-    } catch (error) {
-      if (error instanceof PolicyError) throw new Error(error.message);
-      throw error;
-    }
-  };
-  const operationsInline = read("IDEM_OPERATIONS", policies, undefined as OperationPolicy[] | undefined);
-  const operationsFile = read("IDEM_OPERATIONS_FILE", (path) => policies(readFileSync(path, "utf8")), undefined as OperationPolicy[] | undefined);
+  const operationsInline = read("IDEM_OPERATIONS", (raw) => parsePolicyDocuments(parseJson(raw)), undefined as PolicyDocument[] | undefined);
+  const operationsFile = read(
+    "IDEM_OPERATIONS_FILE",
+    (path) => parsePolicyDocuments(parseYaml(readFileSync(path, "utf8")) as unknown),
+    undefined as PolicyDocument[] | undefined,
+  );
   if (env.IDEM_OPERATIONS && env.IDEM_OPERATIONS_FILE) problems.push("IDEM_OPERATIONS and IDEM_OPERATIONS_FILE: set only one");
   const declared = operationsInline ?? operationsFile;
 
@@ -199,8 +199,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     migrateOnBoot: read("IDEM_MIGRATE_ON_BOOT", boolean, true),
     callers: [...callers, ...callersFromFile],
     allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),
-    operations: declared ?? (databaseUrl === undefined ? parseOperationPolicies(DEVELOPMENT_OPERATIONS) : []),
-    operationsDeclared: declared !== undefined,
+    operations: declared ?? (databaseUrl === undefined ? parsePolicyDocuments(DEVELOPMENT_OPERATIONS) : []),
+    policyRefreshMs: read("IDEM_POLICY_REFRESH_MS", integer(100, 600_000), 2000),
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),

@@ -1,12 +1,16 @@
 import { randomBytes } from "node:crypto";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { ConnectError } from "@connectrpc/connect";
 import pino from "pino";
 import { ConfigError, loadConfig, parseCallerGrants } from "../config.js";
+import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 import { openPool } from "../registry/db.js";
 import { startEmbeddedPostgres } from "../registry/embedded-postgres.js";
 import { loadMigrations, migrate } from "../registry/migrate.js";
 import { tokenHash } from "../server/callers.js";
+import { applyPolicies, getPolicy, listPolicies, type Connection } from "./policy-command.js";
 import { serve } from "./serve.js";
 
 interface Command {
@@ -14,6 +18,26 @@ interface Command {
   usage: string;
   help: string;
   run(args: string[]): Promise<void>;
+}
+
+class UsageError extends Error {}
+
+const CONNECTION_OPTIONS = {
+  url: { type: "string" },
+  token: { type: "string" },
+} as const;
+
+const CONNECTION_HELP = `Connection: --url (or IDEM_URL; default http://127.0.0.1:7070) and --token (or IDEM_TOKEN;
+default: the development token under IDEM_STATE_DIR, when npm start made one).`;
+
+/** Where and as whom a client command calls the coordinator. */
+async function connection(values: { url?: string | undefined; token?: string | undefined }): Promise<Connection> {
+  const url = values.url ?? process.env.IDEM_URL ?? "http://127.0.0.1:7070";
+  const stateDir = process.env.IDEM_STATE_DIR ?? ".idem";
+  const token =
+    values.token ?? process.env.IDEM_TOKEN ?? (await readFile(join(stateDir, "dev-token"), "utf8").then((t) => t.trim(), () => undefined));
+  if (!token) throw new UsageError("no token: pass --token or set IDEM_TOKEN (a caller with the operator role)");
+  return { url, token };
 }
 
 const COMMANDS: Record<string, Command> = {
@@ -76,6 +100,51 @@ concurrent runs are safe. --status lists applied and pending versions without ap
       }
     },
   },
+  policy: {
+    summary: "publish, read and list operation policies",
+    usage: "idemctl policy apply FILE | get OPERATION [--api-revision N] [--revision N] [--json] | list [OPERATION] [--json]",
+    help: `apply FILE   validates every policy revision in FILE (YAML or JSON; one document or a list) and
+             publishes them in order. A revision already published with equal rules is left as it is;
+             with other rules it is refused: publish a higher revision instead (docs/policies.md).
+get OP       prints a published revision of OP (the newest unless --revision) as YAML to re-apply,
+             or as JSON with --json. --api-revision defaults to 1.
+list [OP]    the newest revision of every operation, or every revision of OP.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const [action, ...rest] = args;
+      const out = (line: string) => process.stdout.write(`${line}\n`);
+      switch (action) {
+        case "apply": {
+          const { values, positionals } = parseArgs({ args: rest, options: CONNECTION_OPTIONS, allowPositionals: true });
+          if (positionals.length !== 1) throw new UsageError("apply takes one FILE");
+          await applyPolicies(positionals[0]!, await connection(values), out);
+          return;
+        }
+        case "get": {
+          const { values, positionals } = parseArgs({
+            args: rest,
+            options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, revision: { type: "string", default: "0" }, json: { type: "boolean", default: false } },
+            allowPositionals: true,
+          });
+          if (positionals.length !== 1) throw new UsageError("get takes one OPERATION");
+          await getPolicy(
+            positionals[0]!,
+            { apiRevision: wholeNumber(values["api-revision"], "--api-revision"), schemaRevision: wholeNumber(values.revision, "--revision"), json: values.json },
+            await connection(values),
+            out,
+          );
+          return;
+        }
+        case "list": {
+          const { values, positionals } = parseArgs({ args: rest, options: { ...CONNECTION_OPTIONS, json: { type: "boolean", default: false } }, allowPositionals: true });
+          await listPolicies(positionals[0], values.json, await connection(values), out);
+          return;
+        }
+        default:
+          throw new UsageError(action ? `unknown action '${action}'` : "an action is required: apply, get or list");
+      }
+    },
+  },
   token: {
     summary: "mint a caller token and print the caller entry to configure",
     usage: "idemctl token --name NAME [--tenants a,b|*] [--operations x,y|*] [--roles gateway,worker,operator]",
@@ -108,7 +177,12 @@ tenants, all operations, the gateway role.`,
   },
 };
 
-class UsageError extends Error {}
+
+function wholeNumber(text: string, option: string): number {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 0) throw new UsageError(`${option} must be a whole number`);
+  return n;
+}
 
 function overview(): string {
   const width = Math.max(...Object.keys(COMMANDS).map((n) => n.length));
@@ -151,6 +225,11 @@ async function main(argv: string[]): Promise<number> {
     if (error instanceof UsageError || (error as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {
       process.stderr.write(`idemctl ${name}: ${(error as Error).message}\nusage: ${command.usage}\n`);
       return 2;
+    }
+    if (error instanceof ConnectError) {
+      const reason = error.findDetails(ErrorInfoSchema)[0]?.reason;
+      process.stderr.write(`idemctl ${name}: ${error.rawMessage}${reason ? ` (${reason})` : ""}\n`);
+      return 1;
     }
     process.stderr.write(`idemctl ${name}: ${(error as Error).message}\n`);
     return 1;

@@ -81,7 +81,7 @@ function banner(config: Config, rpcPort: number, adminPort: number, token: strin
     `  RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): ${host}:${rpcPort}`,
     `  admin (/healthz, /readyz):                          http://${host}:${adminPort}`,
     `  registry: ${embedded ? `embedded PostgreSQL in ${resolve(embedded.dataDir)}` : "DATABASE_URL"}`,
-    `  operations: ${config.operations.map((o) => `${o.operation}@${o.apiRevision} (${o.mode})`).join(", ") || "none declared"}`,
+    `  policies: ${config.operations.map((o) => `${o.operation}@${o.apiRevision} revision ${o.schemaRevision}`).join(", ") || "none published at boot"}`,
     ...(token ? [`  development token (all grants, this machine only): ${join(config.stateDir, "dev-token")}`] : []),
     "",
     "First call:",

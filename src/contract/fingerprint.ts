@@ -1,5 +1,7 @@
 import { refuse } from "./errors.js";
 import { encodeList, fieldBytes, framedDigest } from "./frame.js";
+import { canonicalJson } from "./json.js";
+import type { JsonRules } from "./json-schema.js";
 
 /** The fingerprint algorithm's name, as a precomputed fingerprint must declare it. */
 export const FINGERPRINT_SCHEME = "idem-fp-v1";
@@ -18,8 +20,8 @@ export interface RequestParts {
 /** What of a request counts, as one schema revision of an operation's policy says. */
 export interface FingerprintRules {
   schemaRevision: number;
-  /** How the body becomes the canonical payload. Only `raw` exists so far. */
-  payload: "raw";
+  /** How the body becomes the canonical payload: as it is, or as canonical JSON under a field schema. */
+  payload: { mode: "raw" } | { mode: "json"; json: JsonRules };
   /** Query parameter names that are part of the target (case-sensitive). */
   queryParameters: readonly string[];
   /** Business header names that count (lower-case). */
@@ -79,11 +81,13 @@ export function canonicalRequest(parts: RequestParts, rules: FingerprintRules): 
   };
 }
 
-/** The seam where JSON canonicalization plugs in; raw mode hashes the bytes as they are. */
+/** Raw mode hashes the body as it is; JSON mode its canonical form under the field schema. */
 function canonicalPayload(body: Uint8Array, rules: FingerprintRules): Uint8Array {
-  switch (rules.payload) {
+  switch (rules.payload.mode) {
     case "raw":
       return body;
+    case "json":
+      return canonicalJson(body, rules.payload.json);
   }
 }
 

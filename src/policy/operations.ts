@@ -1,188 +1,137 @@
-import { DEFAULT_KEY_RULES, type KeyRules } from "../contract/keys.js";
+import { refuse } from "../contract/errors.js";
 import type { FingerprintRules } from "../contract/fingerprint.js";
+import type { KeyRules } from "../contract/keys.js";
 import type { SnapshotRules } from "../contract/snapshot.js";
-import { validateApiRevision, validateOperationName } from "../contract/scope.js";
-import { IdempotencyError } from "../contract/errors.js";
+import { parseDuration, parsePolicyDocument, type PolicyDocument } from "./document.js";
 
 /** How the coordinator treats an operation during rollout and rollback. */
 export type OperationMode = "ENFORCE" | "SHADOW" | "DRAINING";
 
-/** The rules of one operation at one API revision. */
-export interface OperationPolicy {
-  operation: string;
-  apiRevision: number;
+/** The operational switches of an operation, changed by operators (not part of a policy revision). */
+export interface OperationControl {
   /** ENFORCE, SHADOW (decide and record, `enforced=false`) or DRAINING (no new acceptance). */
   mode: OperationMode;
   /** Writers deployed with an older writer epoch are refused (rollback fence). */
   writerEpoch: number;
+}
+
+export const DEFAULT_CONTROL: Readonly<OperationControl> = Object.freeze({ mode: "ENFORCE", writerEpoch: 0 });
+
+/** One schema revision of an operation's rules, as the registry applies them, with the operation's switches. */
+export interface OperationPolicy extends OperationControl {
+  operation: string;
+  apiRevision: number;
+  /** Includes the schema revision. */
   fingerprint: FingerprintRules;
   keys: KeyRules;
   lease: { defaultMs: number; maxMs: number };
-  /** How long a finished record keeps its snapshot. */
-  retentionMs: number;
+  retention: {
+    /** How long a finished record keeps its snapshot. */
+    keepMs: number;
+    tombstoneReuse: { allowed: boolean; horizonMs: number };
+  };
   /** Most unfinished records one principal may hold for this operation. */
   maxActivePerPrincipal: number;
   snapshot: SnapshotRules;
 }
 
-/** Where the registry and the server find an operation's policy. */
+/** Where the registry finds an operation's rules. */
 export interface PolicySource {
-  /** The policy, or undefined when the operation is not declared at this revision. */
-  get(operation: string, apiRevision: number): OperationPolicy | undefined;
+  /** The newest published revision, or undefined when the operation is not declared at this API revision. */
+  current(operation: string, apiRevision: number): Promise<OperationPolicy | undefined>;
+  /** One published revision (a record fingerprinted under an older one is judged under it). */
+  revision(operation: string, apiRevision: number, schemaRevision: number): Promise<OperationPolicy | undefined>;
 }
 
-/** Policies declared in configuration, fixed for the life of the process. */
-export class StaticPolicies implements PolicySource {
-  private readonly byKey = new Map<string, OperationPolicy>();
-
-  constructor(policies: readonly OperationPolicy[]) {
-    for (const policy of policies) {
-      const key = `${policy.operation}@${policy.apiRevision}`;
-      if (this.byKey.has(key)) {
-        throw new PolicyError(`operations: ${key} is declared twice`);
-      }
-      this.byKey.set(key, policy);
-    }
-  }
-
-  get(operation: string, apiRevision: number): OperationPolicy | undefined {
-    return this.byKey.get(`${operation}@${apiRevision}`);
-  }
-
-  list(): OperationPolicy[] {
-    return [...this.byKey.values()];
-  }
-}
-
-/** A policy declaration that cannot be used, with the path of the offending field. */
-export class PolicyError extends Error {
-  override readonly name = "PolicyError";
-}
-
-const DEFAULT_HEADER_ALLOWLIST = ["content-type", "content-language", "etag", "location", "cache-control"];
-const MIB = 1024 * 1024;
-
-/**
- * Reads operation declarations (a JSON array; see README "Configuration"),
- * filling defaults and refusing anything that would loosen the contract.
- */
-export function parseOperationPolicies(input: unknown): OperationPolicy[] {
-  if (!Array.isArray(input)) throw new PolicyError("operations must be a JSON array of operation declarations");
-  const policies = input.map((entry, index) => parseOne(entry, `operations[${index}]`));
-  new StaticPolicies(policies); // refuses an operation declared twice
-  return policies;
-}
-
-function parseOne(entry: unknown, path: string): OperationPolicy {
-  const o = object(entry, path);
-  allowOnly(o, path, [
-    "operation",
-    "apiRevision",
-    "schemaRevision",
-    "mode",
-    "writerEpoch",
-    "fingerprint",
-    "keys",
-    "lease",
-    "retentionHours",
-    "maxActivePerPrincipal",
-    "snapshot",
-  ]);
-  const operation = string(o.operation, `${path}.operation`);
-  const apiRevision = integer(o.apiRevision, `${path}.apiRevision`, 1, 65535);
-  guard(() => validateOperationName(operation, `${path}.operation`));
-  guard(() => validateApiRevision(apiRevision, `${path}.apiRevision`));
-
-  const fp = object(o.fingerprint ?? {}, `${path}.fingerprint`);
-  allowOnly(fp, `${path}.fingerprint`, ["mode", "queryParameters", "headers", "maxBodyBytes"]);
-  if (fp.mode !== undefined && fp.mode !== "raw") {
-    throw new PolicyError(`${path}.fingerprint.mode: only "raw" is supported by this version`);
-  }
-  const keys = object(o.keys ?? {}, `${path}.keys`);
-  allowOnly(keys, `${path}.keys`, ["minLength", "maxLength", "minEntropyBits"]);
-  const lease = object(o.lease ?? {}, `${path}.lease`);
-  allowOnly(lease, `${path}.lease`, ["defaultSeconds", "maxSeconds"]);
-  const snapshot = object(o.snapshot ?? {}, `${path}.snapshot`);
-  allowOnly(snapshot, `${path}.snapshot`, ["headerAllowlist", "maxBodyBytes"]);
-
-  const defaultLeaseSeconds = integer(lease.defaultSeconds ?? 30, `${path}.lease.defaultSeconds`, 1, 3600);
-  const maxLeaseSeconds = integer(lease.maxSeconds ?? 300, `${path}.lease.maxSeconds`, defaultLeaseSeconds, 86400);
-  const mode = o.mode ?? "ENFORCE";
-  if (mode !== "ENFORCE" && mode !== "SHADOW" && mode !== "DRAINING") {
-    throw new PolicyError(`${path}.mode must be ENFORCE, SHADOW or DRAINING`);
-  }
-
+/** The rules a validated document describes, under the operation's current switches. */
+export function toOperationPolicy(document: PolicyDocument, control: OperationControl = DEFAULT_CONTROL): OperationPolicy {
+  const ms = (text: string) => parseDuration(text)!;
+  const fp = document.fingerprint;
   return {
-    operation,
-    apiRevision,
-    mode,
-    writerEpoch: integer(o.writerEpoch ?? 0, `${path}.writerEpoch`, 0, Number.MAX_SAFE_INTEGER),
+    operation: document.operation,
+    apiRevision: document.apiRevision,
+    mode: control.mode,
+    writerEpoch: control.writerEpoch,
     fingerprint: {
-      schemaRevision: integer(o.schemaRevision ?? 1, `${path}.schemaRevision`, 1, 65535),
-      payload: "raw",
-      queryParameters: strings(fp.queryParameters ?? [], `${path}.fingerprint.queryParameters`),
-      headers: strings(fp.headers ?? [], `${path}.fingerprint.headers`).map((h) => h.toLowerCase()),
-      maxBodyBytes: integer(fp.maxBodyBytes ?? MIB, `${path}.fingerprint.maxBodyBytes`, 0, 16 * MIB),
+      schemaRevision: document.schemaRevision,
+      queryParameters: fp.queryParameters,
+      headers: fp.headers,
+      maxBodyBytes: fp.maxBodyBytes,
+      payload:
+        fp.mode === "json"
+          ? { mode: "json", json: { root: fp.schema!, maxDepth: fp.maxDepth!, maxBytes: fp.maxBodyBytes } }
+          : { mode: "raw" },
     },
-    // Policies may only tighten the default key rules, never loosen them.
-    keys: {
-      minLength: integer(keys.minLength ?? DEFAULT_KEY_RULES.minLength, `${path}.keys.minLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
-      maxLength: integer(keys.maxLength ?? DEFAULT_KEY_RULES.maxLength, `${path}.keys.maxLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
-      minEntropyBits: integer(keys.minEntropyBits ?? DEFAULT_KEY_RULES.minEntropyBits, `${path}.keys.minEntropyBits`, DEFAULT_KEY_RULES.minEntropyBits, 1024),
+    keys: { ...document.keys },
+    lease: { defaultMs: ms(document.lease.default), maxMs: ms(document.lease.max) },
+    retention: {
+      keepMs: ms(document.retention.keep),
+      tombstoneReuse: { allowed: document.retention.tombstoneReuse.allowed, horizonMs: ms(document.retention.tombstoneReuse.horizon) },
     },
-    lease: { defaultMs: defaultLeaseSeconds * 1000, maxMs: maxLeaseSeconds * 1000 },
-    retentionMs: integer(o.retentionHours ?? 72, `${path}.retentionHours`, 1, 24 * 3650) * 3600 * 1000,
-    maxActivePerPrincipal: integer(o.maxActivePerPrincipal ?? 1000, `${path}.maxActivePerPrincipal`, 1, 1_000_000),
-    snapshot: {
-      headerAllowlist: strings(snapshot.headerAllowlist ?? DEFAULT_HEADER_ALLOWLIST, `${path}.snapshot.headerAllowlist`).map((h) => h.toLowerCase()),
-      maxBodyBytes: integer(snapshot.maxBodyBytes ?? MIB, `${path}.snapshot.maxBodyBytes`, 0, 16 * MIB),
-    },
+    maxActivePerPrincipal: document.maxActivePerPrincipal,
+    snapshot: { ...document.snapshot },
   };
 }
 
-function guard(check: () => void): void {
-  try {
-    check();
-  } catch (error) {
-    if (error instanceof IdempotencyError) throw new PolicyError(error.message);
-    throw error;
-  }
-}
-
-function object(value: unknown, path: string): Record<string, unknown> {
-  if (typeof value !== "object" || value === null || Array.isArray(value)) {
-    throw new PolicyError(`${path} must be an object`);
-  }
-  return value as Record<string, unknown>;
-}
-
-function allowOnly(o: Record<string, unknown>, path: string, known: readonly string[]): void {
-  for (const key of Object.keys(o)) {
-    if (!known.includes(key)) {
-      throw new PolicyError(`${path}.${key} is not a known setting (known: ${known.join(", ")})`);
-    }
-  }
-}
-
-function string(value: unknown, path: string): string {
-  if (typeof value !== "string" || value.length === 0) throw new PolicyError(`${path} must be a non-empty string`);
-  return value;
-}
-
-function strings(value: unknown, path: string): string[] {
-  if (!Array.isArray(value)) throw new PolicyError(`${path} must be an array of strings`);
+/** A JSON array of policy documents (IDEM_OPERATIONS), each validated, none declared twice. */
+export function parsePolicyDocuments(input: unknown): PolicyDocument[] {
+  if (!Array.isArray(input)) refuse("INVALID_POLICY", "operations must be a JSON array of policy documents");
+  const documents = input.map((entry, index) => parsePolicyDocument(entry, `operations[${index}]`));
   const seen = new Set<string>();
-  return value.map((item, i) => {
-    const s = string(item, `${path}[${i}]`);
-    if (seen.has(s.toLowerCase())) throw new PolicyError(`${path} lists '${s}' twice`);
-    seen.add(s.toLowerCase());
-    return s;
-  });
+  for (const d of documents) {
+    const key = `${d.operation}@${d.apiRevision}#${d.schemaRevision}`;
+    if (seen.has(key)) refuse("INVALID_POLICY", `operations: ${d.operation} API revision ${d.apiRevision} schema revision ${d.schemaRevision} is declared twice`);
+    seen.add(key);
+  }
+  return documents;
 }
 
-function integer(value: unknown, path: string, min: number, max: number): number {
-  if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
-    throw new PolicyError(`${path} must be an integer from ${min} to ${max}`);
+/** Published revisions grouped by operation, oldest first. */
+export class RevisionIndex {
+  private readonly byOperation = new Map<string, OperationPolicy[]>();
+
+  constructor(policies: Iterable<OperationPolicy>) {
+    for (const policy of policies) {
+      const key = operationKey(policy.operation, policy.apiRevision);
+      const list = this.byOperation.get(key) ?? [];
+      list.push(policy);
+      this.byOperation.set(key, list);
+    }
+    for (const list of this.byOperation.values()) list.sort((a, b) => a.fingerprint.schemaRevision - b.fingerprint.schemaRevision);
   }
-  return value;
+
+  has(operation: string, apiRevision: number): boolean {
+    return this.byOperation.has(operationKey(operation, apiRevision));
+  }
+
+  current(operation: string, apiRevision: number): OperationPolicy | undefined {
+    return this.byOperation.get(operationKey(operation, apiRevision))?.at(-1);
+  }
+
+  revision(operation: string, apiRevision: number, schemaRevision: number): OperationPolicy | undefined {
+    return this.byOperation.get(operationKey(operation, apiRevision))?.find((p) => p.fingerprint.schemaRevision === schemaRevision);
+  }
+}
+
+/** How an operation at an API revision is keyed in maps. */
+export const operationKey = (operation: string, apiRevision: number) => `${operation}@${apiRevision}`;
+
+/**
+ * Policies held in memory and fixed for the life of the object: for tests and
+ * for services embedding the registry in-process.
+ */
+export class StaticPolicies implements PolicySource {
+  private readonly index: RevisionIndex;
+
+  constructor(policies: readonly OperationPolicy[]) {
+    this.index = new RevisionIndex(policies);
+  }
+
+  async current(operation: string, apiRevision: number): Promise<OperationPolicy | undefined> {
+    return this.index.current(operation, apiRevision);
+  }
+
+  async revision(operation: string, apiRevision: number, schemaRevision: number): Promise<OperationPolicy | undefined> {
+    return this.index.revision(operation, apiRevision, schemaRevision);
+  }
 }

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { refuse } from "../contract/errors.js";
+import { IdempotencyError, refuse, type Reason } from "../contract/errors.js";
 import { downstreamKey, validateEffectName } from "../contract/effects.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
 import { validateKey } from "../contract/keys.js";
@@ -33,6 +33,7 @@ import type {
   EffectStatus,
   OperationRef,
   RecordView,
+  RequestIdentity,
   ReserveInput,
   ReserveResult,
   StoredAttempt,
@@ -61,14 +62,23 @@ const RESERVE_ROUNDS = 5;
 export class Registry {
   constructor(private readonly policies: PolicySource) {}
 
-  /** The policy of an operation, or UNKNOWN_OPERATION. */
-  policy(operation: string, apiRevision: number): OperationPolicy {
-    const policy = this.policies.get(operation, apiRevision);
+  /** The newest revision of an operation's policy, or UNKNOWN_OPERATION. */
+  async policy(operation: string, apiRevision: number): Promise<OperationPolicy> {
+    const policy = await this.policies.current(operation, apiRevision);
     if (!policy) {
       refuse(
         "UNKNOWN_OPERATION",
-        `operation ${operation} at API revision ${apiRevision} is not declared; declare it in the coordinator's operations`,
+        `operation ${operation} at API revision ${apiRevision} has no published policy; publish one (idemctl policy apply)`,
       );
+    }
+    return policy;
+  }
+
+  /** The policy revision a record lives under (its fingerprint's), with the operation's current switches. */
+  private async policyOf(record: StoredRecord): Promise<OperationPolicy> {
+    const policy = await this.policies.revision(record.operation, record.apiRevision, record.schemaRevision);
+    if (!policy) {
+      throw new Error(`policy ${record.operation}@${record.apiRevision} revision ${record.schemaRevision} of a stored record is missing`);
     }
     return policy;
   }
@@ -90,7 +100,7 @@ export class Registry {
     if (!actor.mayOperate(input.operation)) {
       refuse("PERMISSION_DENIED", `this caller is not granted operation ${input.operation}`);
     }
-    const policy = this.policy(input.operation, input.apiRevision);
+    const policy = await this.policy(input.operation, input.apiRevision);
     if (input.writerEpoch < policy.writerEpoch) {
       refuse(
         "STALE_WRITER_EPOCH",
@@ -98,12 +108,21 @@ export class Registry {
         { writer_epoch: String(policy.writerEpoch) },
       );
     }
-    validateKey(input.idempotencyKey, policy.keys);
     const scope = scopeDigest(input);
-    const fp = requestFingerprint(input, policy);
+    // Judged under the newest revision. A request that fails it may still be a
+    // genuine retry of a record made under an older revision: it is then judged
+    // under that one, so that publishing new rules never refuses a retry.
+    let fp: Uint8Array | undefined;
+    let refusal: IdempotencyError | undefined;
+    try {
+      validateKey(input.idempotencyKey, policy.keys);
+      fp = requestFingerprint(input.request, policy);
+    } catch (error) {
+      if (!(error instanceof IdempotencyError) || !REJUDGED.has(error.reason)) throw error;
+      refusal = error;
+    }
     const leaseMs = grantLease(policy, input.leaseMs);
     const enforced = policy.mode !== "SHADOW";
-    const schemaRevision = policy.fingerprint.schemaRevision;
     // Minted once, outside the retried work: a re-run after a lost COMMIT
     // recognizes its own record by these ids.
     const operationId = uuidv7();
@@ -114,13 +133,13 @@ export class Registry {
       ...(record ? { record } : {}),
       ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
       enforced,
-      schemaRevision,
+      schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
     });
 
     return db.run(async (q) => {
       for (let round = 0; round < RESERVE_ROUNDS; round++) {
         let found =
-          policy.mode === "DRAINING"
+          policy.mode === "DRAINING" || fp === undefined
             ? undefined
             : await insertOrFind(q, {
                 tenant: subject.tenant,
@@ -129,7 +148,7 @@ export class Registry {
                 principal: subject.principal,
                 operation: input.operation,
                 apiRevision: input.apiRevision,
-                schemaRevision,
+                schemaRevision: policy.fingerprint.schemaRevision,
                 fingerprint: fp,
                 state,
                 leaseMs,
@@ -142,6 +161,7 @@ export class Registry {
         // (the insert waited for it and found the conflict): read it anew.
         found ??= await findByScope(q, subject.tenant, scope);
         if (!found) {
+          if (refusal) throw refusal;
           if (policy.mode === "DRAINING") {
             refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
           }
@@ -154,7 +174,10 @@ export class Registry {
         const { record, inserted } = found;
         if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
 
-        const verdict = reserveVerdict(record, fp);
+        const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
+        if (sameRevision && refusal) throw refusal;
+        const recordFp = sameRevision ? fp! : await this.fingerprintUnder(record, input.request);
+        const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
         switch (verdict.kind) {
           case "conflict":
             return answer("PAYLOAD_CONFLICT");
@@ -180,6 +203,21 @@ export class Registry {
     });
   }
 
+  /**
+   * The fingerprint of a request under the older revision its record was made
+   * under, or undefined when the request is not valid under that revision (so
+   * it cannot be the same request: a conflict).
+   */
+  private async fingerprintUnder(record: StoredRecord, request: RequestIdentity): Promise<Uint8Array | undefined> {
+    const policy = await this.policyOf(record);
+    try {
+      return requestFingerprint(request, policy);
+    } catch (error) {
+      if (error instanceof IdempotencyError && error.reason === "INVALID_PAYLOAD") return undefined;
+      throw error;
+    }
+  }
+
   /** Takes ownership for execution (OWNER, TAKEOVER or RECOVER). */
   async claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
     validateRef(input.ref);
@@ -189,7 +227,7 @@ export class Registry {
       const attempts = await loadAttempts(q, input.ref);
       // A re-run after a lost COMMIT: the claim already happened.
       if (record.acquisitionId === acquisitionId) return { record, attempts };
-      const policy = this.policy(record.operation, record.apiRevision);
+      const policy = await this.policyOf(record);
       if (input.mode !== "OWNER" && input.writerEpoch < policy.writerEpoch) {
         refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}`, {
           writer_epoch: String(policy.writerEpoch),
@@ -230,7 +268,7 @@ export class Registry {
     return db.transaction(async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       checkRenew(record, generation);
-      const policy = this.policy(record.operation, record.apiRevision);
+      const policy = await this.policyOf(record);
       return fencedUpdate(q, record, { caller: actor.caller, kind: "LEASE_RENEWED" },
         `lease_expires_at = ${plusMs("$7")}`, [grantLease(policy, leaseMs)]);
     });
@@ -303,7 +341,7 @@ export class Registry {
     validateRef(input.ref);
     return db.transaction(async (q) => {
       const record = await this.lockRecord(q, input.ref, actor);
-      const policy = this.policy(record.operation, record.apiRevision);
+      const policy = await this.policyOf(record);
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
       const digest = snapshotDigest(snapshot);
       const attempts = await loadAttempts(q, input.ref);
@@ -312,7 +350,7 @@ export class Registry {
         `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
          retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
          snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15`,
-        [input.outcome, policy.retentionMs, snapshot.statusCode, snapshot.mediaType, snapshot.location,
+        [input.outcome, policy.retention.keepMs, snapshot.statusCode, snapshot.mediaType, snapshot.location,
          snapshot.businessVersion, JSON.stringify(snapshot.headers), Buffer.from(snapshot.body), Buffer.from(digest)]);
     });
   }
@@ -391,11 +429,14 @@ function grantLease(policy: OperationPolicy, requestedMs: number | undefined): n
   return Math.min(Math.max(requestedMs, 1000), policy.lease.maxMs);
 }
 
-/** The fingerprint of a Reserve, computed from the request parts or checked as precomputed. */
-function requestFingerprint(input: ReserveInput, policy: OperationPolicy): Uint8Array {
+/** Refusals under the newest revision that a record of an older revision may overrule. */
+const REJUDGED: ReadonlySet<Reason> = new Set(["INVALID_KEY", "INVALID_PAYLOAD", "SCHEMA_REVISION_MISMATCH"]);
+
+/** The fingerprint of a Reserve under a revision: computed from the request parts, or checked as precomputed. */
+function requestFingerprint(request: RequestIdentity, policy: OperationPolicy): Uint8Array {
   const rules = policy.fingerprint;
-  if (input.request.kind === "parts") return fingerprint(input.request.parts, rules);
-  const { scheme, schemaRevision, digest } = input.request;
+  if (request.kind === "parts") return fingerprint(request.parts, rules);
+  const { scheme, schemaRevision, digest } = request;
   if (scheme !== FINGERPRINT_SCHEME) {
     refuse("UNSUPPORTED_FINGERPRINT_SCHEME", `fingerprint.scheme must be ${FINGERPRINT_SCHEME}`);
   }

@@ -2,12 +2,15 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
 import type { Config } from "../config.js";
 import { Health, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc/health/v1/health_pb.js";
+import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
-import { StaticPolicies } from "../policy/operations.js";
+import { PolicyCache } from "../policy/cache.js";
 import { openPool, poolDb } from "../registry/db.js";
 import { migrate } from "../registry/migrate.js";
+import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
+import { adminService } from "./admin-service.js";
 import { Callers } from "./callers.js";
 import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
@@ -54,6 +57,7 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
   );
   let rpc: RpcListener | undefined;
   let admin: AdminServer | undefined;
+  let policies: PolicyCache | undefined;
   try {
     if (config.migrateOnBoot) {
       const applied = await migrate(pool, logger);
@@ -66,17 +70,21 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
     } else if (callers.size === 0) {
       logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
     }
-    if (config.operations.length === 0) {
-      logger.warn("no operations are declared (IDEM_OPERATIONS or IDEM_OPERATIONS_FILE): every Reserve will be refused as UNKNOWN_OPERATION");
-    }
-
-    const registry = new Registry(new StaticPolicies(config.operations));
     const db = poolDb(pool, logger, (cause) => logger.debug({ cause }, "registry retry"));
-    const health = new HealthStatus([CoordinatorService.typeName]);
+    for (const document of config.operations) {
+      const { created } = await publishPolicy(db, document, "configuration");
+      if (created) logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
+    }
+    policies = new PolicyCache({ load: () => loadPolicies(db), refreshMs: config.policyRefreshMs, logger });
+    await policies.start();
+    const policyCache = policies;
+    const registry = new Registry(policyCache);
+    const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
         router.service(CoordinatorService, coordinatorService({ registry, db }));
+        router.service(AdminService, adminService({ db, policies: policyCache }));
         router.service(Health, health.service());
       },
       // Outermost first: count the RPC, map any error, then authenticate and check the message.
@@ -123,10 +131,12 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
             rpcListener.destroy();
           }
           await adminServer.close();
+          policyCache.stop();
           await pool.end();
         })()),
     };
   } catch (error) {
+    policies?.stop();
     rpc?.destroy();
     await admin?.close();
     await pool.end().catch(() => undefined);

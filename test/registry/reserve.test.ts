@@ -60,7 +60,7 @@ describe("the acceptance point", () => {
 
   it("accepts a precomputed fingerprint equal to the coordinator's own", async () => {
     const key = newKey();
-    const policy = registry.policy(OPERATION, 1);
+    const policy = await registry.policy(OPERATION, 1);
     const parts = jsonParts({ amount: 7 });
     await registry.reserve(t.db, reserveInput(key, { amount: 7 }), gateway);
     const digest = fingerprint(parts, policy.fingerprint);

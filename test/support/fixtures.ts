@@ -1,14 +1,21 @@
 import { randomUUID } from "node:crypto";
 import type { RequestParts } from "../../src/contract/fingerprint.js";
-import { parseOperationPolicies, StaticPolicies, type OperationPolicy } from "../../src/policy/operations.js";
+import { parsePolicyDocument, type PolicyDocument } from "../../src/policy/document.js";
+import { StaticPolicies, toOperationPolicy, type OperationControl, type OperationPolicy } from "../../src/policy/operations.js";
 import { Registry } from "../../src/registry/registry.js";
 import type { Actor, ReserveInput } from "../../src/registry/types.js";
 
 export const OPERATION = "payments.create";
 
-/** One declared operation, with test-friendly settings merged over the defaults. */
-export function testPolicy(overrides: Record<string, unknown> = {}): OperationPolicy {
-  return parseOperationPolicies([{ operation: OPERATION, apiRevision: 1, ...overrides }])[0]!;
+/** A policy document of payments.create@1 revision 1, with `overrides` merged over the defaults. */
+export function testDocument(overrides: Record<string, unknown> = {}): PolicyDocument {
+  return parsePolicyDocument({ operation: OPERATION, apiRevision: 1, ...overrides });
+}
+
+/** A policy as the registry applies it; `mode` and `writerEpoch` are the operation's switches. */
+export function testPolicy(overrides: Record<string, unknown> & Partial<OperationControl> = {}): OperationPolicy {
+  const { mode = "ENFORCE", writerEpoch = 0, ...document } = overrides;
+  return toOperationPolicy(testDocument(document), { mode, writerEpoch });
 }
 
 export function testRegistry(...policies: OperationPolicy[]): Registry {

@@ -1,11 +1,11 @@
 import { randomBytes } from "node:crypto";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
-import type { OperationPolicy } from "../../src/policy/operations.js";
+import type { PolicyDocument } from "../../src/policy/document.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import type { TestDatabase } from "./database.js";
 import { silentLogger } from "./database.js";
-import { testPolicy } from "./fixtures.js";
+import { testDocument } from "./fixtures.js";
 
 /** Tokens of the callers every test server knows. */
 export interface TestTokens {
@@ -33,7 +33,7 @@ export interface TestServer {
 /** A real coordinator on ephemeral ports, over the test file's schema. */
 export async function startTestServer(
   t: TestDatabase,
-  options: { operations?: OperationPolicy[]; config?: Partial<Config> } = {},
+  options: { operations?: PolicyDocument[]; config?: Partial<Config> } = {},
 ): Promise<TestServer> {
   const tokens: TestTokens = {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
@@ -53,8 +53,7 @@ export async function startTestServer(
     rpcPort: 0,
     adminPort: 0,
     callers,
-    operations: options.operations ?? [testPolicy()],
-    operationsDeclared: true,
+    operations: options.operations ?? [testDocument()],
     shutdownGraceMs: 5000,
     ...options.config,
   };

@@ -9,8 +9,8 @@ describe("loadConfig", () => {
   it("defaults to the embedded database with a development operation", () => {
     const config = loadConfig({});
     expect(config.databaseUrl).toBeUndefined();
-    expect(config).toMatchObject({ rpcPort: 7070, adminPort: 7071, allowAnonymous: false, migrateOnBoot: true, operationsDeclared: false });
-    expect(config.operations.map((o) => `${o.operation}@${o.apiRevision}`)).toEqual(["payments.create@1"]);
+    expect(config).toMatchObject({ rpcPort: 7070, adminPort: 7071, allowAnonymous: false, migrateOnBoot: true });
+    expect(config.operations.map((o) => `${o.operation}@${o.apiRevision}#${o.schemaRevision}`)).toEqual(["payments.create@1#1"]);
   });
 
   it("declares no operation by default when a real database is configured", () => {
@@ -51,7 +51,7 @@ describe("loadConfig", () => {
       /operations\[0\]\.leaseSeconds is not a known setting/,
     );
     expect(() => loadConfig({ IDEM_OPERATIONS: '[{"operation":"payments.create","apiRevision":1},{"operation":"payments.create","apiRevision":1}]' })).toThrow(
-      /operations: payments.create@1 is declared twice/,
+      /payments.create API revision 1 schema revision 1 is declared twice/,
     );
   });
 

@@ -42,7 +42,7 @@ const enc = (s: string): Uint8Array => new TextEncoder().encode(s);
 function rules(overrides: Partial<FingerprintRules> = {}): FingerprintRules {
   return {
     schemaRevision: 1,
-    payload: "raw",
+    payload: { mode: "raw" },
     queryParameters: ["currency", "mode"],
     headers: ["x-region", "x-api-variant"],
     maxBodyBytes: 1024,
@@ -454,7 +454,7 @@ describe("golden vectors, computed independently with Buffer and node:crypto", (
         headers: [{ name: "User-Agent", value: "curl" }],
         body: enc('{"amount":10}'),
       },
-      { schemaRevision: 1, payload: "raw", queryParameters: [], headers: [], maxBodyBytes: 1024 },
+      { schemaRevision: 1, payload: { mode: "raw" }, queryParameters: [], headers: [], maxBodyBytes: 1024 },
     );
     expect(toHex(actual)).toBe(expected);
   });
@@ -485,7 +485,7 @@ describe("golden vectors, computed independently with Buffer and node:crypto", (
         ],
         body: new Uint8Array([0x00, 0x01, 0x02, 0xff]),
       },
-      { schemaRevision: 3, payload: "raw", queryParameters: ["a", "b"], headers: ["x-a", "x-b"], maxBodyBytes: 1024 },
+      { schemaRevision: 3, payload: { mode: "raw" }, queryParameters: ["a", "b"], headers: ["x-a", "x-b"], maxBodyBytes: 1024 },
     );
     expect(toHex(actual)).toBe(expected);
   });
@@ -505,7 +505,7 @@ describe("golden vectors, computed independently with Buffer and node:crypto", (
     expect(expected).toBe("a23c8f73bff95e07d17a2f58f4a3753fee6ecd0b7107f62e43d2d7af9be54c8f");
     const actual = fingerprint(
       { method: "get", path: "/", query: "x=1", mediaType: "", headers: [{ name: "X-A", value: "   " }], body: new Uint8Array(0) },
-      { schemaRevision: 65535, payload: "raw", queryParameters: ["y"], headers: ["x-a"], maxBodyBytes: 0 },
+      { schemaRevision: 65535, payload: { mode: "raw" }, queryParameters: ["y"], headers: ["x-a"], maxBodyBytes: 0 },
     );
     expect(toHex(actual)).toBe(expected);
   });

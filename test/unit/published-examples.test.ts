@@ -38,7 +38,7 @@ describe("the examples published in docs/fingerprint.md", () => {
       ],
       body: new TextEncoder().encode('{"amount":10}'),
     };
-    const rules: FingerprintRules = { schemaRevision: 1, payload: "raw", queryParameters: ["currency"], headers: ["x-api-version"], maxBodyBytes: 1024 };
+    const rules: FingerprintRules = { schemaRevision: 1, payload: { mode: "raw" }, queryParameters: ["currency"], headers: ["x-api-version"], maxBodyBytes: 1024 };
     expect(canonicalRequest(parts, rules)).toMatchObject({
       method: "POST",
       target: "/v1/payments?currency=EUR",

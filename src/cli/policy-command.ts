@@ -1,0 +1,98 @@
+import { readFile } from "node:fs/promises";
+import { createClient, type Client } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { parse as parseYaml, stringify as toYaml } from "yaml";
+import { IdempotencyError } from "../contract/errors.js";
+import { toHex } from "../contract/frame.js";
+import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
+import type { PublishedPolicy } from "../gen/idempotency/v1/policy_pb.js";
+import { parsePolicyDocument } from "../policy/document.js";
+import { policyFromProto, policyToProto } from "../server/policy-convert.js";
+
+/** Where a command reaches the coordinator, and as whom. */
+export interface Connection {
+  url: string;
+  token: string;
+}
+
+function adminClient(connection: Connection): { client: Client<typeof AdminService>; headers: Record<string, string> } {
+  return {
+    client: createClient(AdminService, createConnectTransport({ baseUrl: connection.url, httpVersion: "1.1" })),
+    headers: { authorization: `Bearer ${connection.token}` },
+  };
+}
+
+/**
+ * `idemctl policy apply FILE`: validates every revision in the file (YAML or
+ * JSON; one document or a list) locally first, so that a mistake is reported
+ * with its path before anything is sent, then publishes them in order.
+ */
+export async function applyPolicies(file: string, connection: Connection, out: (line: string) => void): Promise<void> {
+  const text = await readFile(file, "utf8");
+  let parsed: unknown;
+  try {
+    parsed = parseYaml(text);
+  } catch (error) {
+    throw new Error(`${file} is not valid YAML or JSON: ${(error as Error).message}`);
+  }
+  const entries = Array.isArray(parsed) ? parsed : [parsed];
+  const documents = entries.map((entry, i) => {
+    try {
+      return parsePolicyDocument(entry, entries.length > 1 ? `${file}[${i}]` : file);
+    } catch (error) {
+      if (error instanceof IdempotencyError) throw new Error(error.message);
+      throw error;
+    }
+  });
+  const { client, headers } = adminClient(connection);
+  for (const [i, document] of documents.entries()) {
+    out(`publishing ${describe(document.operation, document.apiRevision, document.schemaRevision)} (${i + 1}/${documents.length})…`);
+    const { published, created } = await client.publishPolicy({ policy: policyToProto(document) }, { headers });
+    out(`  ${created ? "published" : "unchanged: this exact revision was already published"}, digest ${toHex(published!.digest).slice(0, 16)}…`);
+  }
+}
+
+/** `idemctl policy get OPERATION`: one revision (the newest by default), as a re-appliable document. */
+export async function getPolicy(
+  operation: string,
+  options: { apiRevision: number; schemaRevision: number; json: boolean },
+  connection: Connection,
+  out: (text: string) => void,
+): Promise<void> {
+  const { client, headers } = adminClient(connection);
+  const { published } = await client.getPolicy({ operation, apiRevision: options.apiRevision, schemaRevision: options.schemaRevision }, { headers });
+  out(render(published!, options.json));
+}
+
+/** `idemctl policy list [OPERATION]`: the newest revision of each operation, or every revision of one. */
+export async function listPolicies(operation: string | undefined, json: boolean, connection: Connection, out: (text: string) => void): Promise<void> {
+  const { client, headers } = adminClient(connection);
+  const { policies } = await client.listPolicies({ operation: operation ?? "" }, { headers });
+  if (json) {
+    out(JSON.stringify(policies.map((p) => facts(p)), null, 2));
+    return;
+  }
+  const rows = policies.map((p) => facts(p));
+  const table = [["OPERATION", "API", "REVISION", "MODE", "PUBLISHED", "BY"], ...rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy])];
+  const widths = table[0]!.map((_, c) => Math.max(...table.map((row) => row[c]!.length)));
+  out(table.map((row) => row.map((cell, c) => cell.padEnd(widths[c]!)).join("  ").trimEnd()).join("\n"));
+}
+
+function facts(published: PublishedPolicy) {
+  return {
+    policy: policyFromProto(published.policy),
+    digest: toHex(published.digest),
+    publishedAt: published.publishedAt ? new Date(Number(published.publishedAt.seconds) * 1000).toISOString() : "",
+    publishedBy: published.publishedBy,
+  };
+}
+
+function render(published: PublishedPolicy, json: boolean): string {
+  const { policy, digest, publishedAt, publishedBy } = facts(published);
+  if (json) return JSON.stringify({ policy, digest, publishedAt, publishedBy }, null, 2);
+  return `# published ${publishedAt} by ${publishedBy}, digest ${digest}\n${toYaml(policy)}`;
+}
+
+function describe(operation: string, apiRevision: number, schemaRevision: number): string {
+  return `${operation} API revision ${apiRevision} schema revision ${schemaRevision}`;
+}

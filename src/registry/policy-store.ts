@@ -1,0 +1,112 @@
+import { refuse } from "../contract/errors.js";
+import { policyDigest, type PolicyDocument } from "../policy/document.js";
+import type { PolicySnapshot, StoredPolicy } from "../policy/cache.js";
+import { operationKey, type OperationControl, type OperationMode } from "../policy/operations.js";
+import type { Db } from "./db.js";
+
+/**
+ * Publishes a validated revision. The operation's switch row is locked first,
+ * so that concurrent publications of one operation are judged one after the
+ * other: the revision must be higher than every published one, or equal to
+ * one with the same digest (a repeated publication, which changes nothing).
+ */
+export async function publishPolicy(db: Db, document: PolicyDocument, publishedBy: string): Promise<{ stored: StoredPolicy; created: boolean }> {
+  const digest = Buffer.from(policyDigest(document));
+  return db.transaction(async (q) => {
+    await q.query(
+      `INSERT INTO idem_operation (operation, api_revision, updated_by) VALUES ($1, $2, $3)
+       ON CONFLICT (operation, api_revision) DO NOTHING`,
+      [document.operation, document.apiRevision, publishedBy],
+    );
+    await q.query("SELECT 1 FROM idem_operation WHERE operation = $1 AND api_revision = $2 FOR UPDATE", [document.operation, document.apiRevision]);
+    const { rows } = await q.query(
+      `SELECT document, digest, published_at, published_by FROM idem_policy
+        WHERE operation = $1 AND api_revision = $2 ORDER BY schema_revision`,
+      [document.operation, document.apiRevision],
+    );
+    const published = rows.map(toStored);
+    const same = published.find((p) => p.document.schemaRevision === document.schemaRevision);
+    if (same) {
+      if (Buffer.from(same.digest).equals(digest)) return { stored: same, created: false };
+      refuse(
+        "POLICY_REVISION_EXISTS",
+        `${document.operation} API revision ${document.apiRevision} schema revision ${document.schemaRevision} is already published with other rules; publish them as a higher revision`,
+      );
+    }
+    const newest = published.at(-1)?.document.schemaRevision ?? 0;
+    if (document.schemaRevision < newest) {
+      refuse(
+        "POLICY_REVISION_NOT_NEWER",
+        `schema revision ${document.schemaRevision} is lower than the newest published one (${newest}); revisions only grow`,
+        { schema_revision: String(newest) },
+      );
+    }
+    const inserted = await q.query(
+      `INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by)
+       VALUES ($1, $2, $3, $4, $5, $6) RETURNING document, digest, published_at, published_by`,
+      [document.operation, document.apiRevision, document.schemaRevision, JSON.stringify(document), digest, publishedBy],
+    );
+    return { stored: toStored(inserted.rows[0]!), created: true };
+  });
+}
+
+/** Every published revision (of one operation, or of all), by operation, API revision, schema revision. */
+export async function listPolicies(db: Db, operation?: string): Promise<StoredPolicy[]> {
+  const { rows } = await db.run((q) =>
+    q.query(
+      `SELECT document, digest, published_at, published_by FROM idem_policy
+        WHERE $1::text IS NULL OR operation = $1
+        ORDER BY operation, api_revision, schema_revision`,
+      [operation ?? null],
+    ),
+  );
+  return rows.map(toStored);
+}
+
+/** Every revision and every operation's switches: the tables are small, and read whole. */
+export async function loadPolicies(db: Db): Promise<PolicySnapshot> {
+  const [policies, controls] = await Promise.all([
+    listPolicies(db),
+    db.run((q) =>
+      q.query<{ operation: string; api_revision: number; mode: OperationMode; writer_epoch: string }>(
+        "SELECT operation, api_revision, mode, writer_epoch FROM idem_operation",
+      ),
+    ),
+  ]);
+  return {
+    policies,
+    controls: new Map(controls.rows.map((r) => [operationKey(r.operation, r.api_revision), { mode: r.mode, writerEpoch: Number(r.writer_epoch) }])),
+  };
+}
+
+/** Sets an operation's mode and writer epoch (the epoch only grows). */
+export async function setOperationControl(
+  db: Db,
+  operation: string,
+  apiRevision: number,
+  control: Partial<OperationControl>,
+  updatedBy: string,
+): Promise<OperationControl> {
+  const { rows } = await db.run((q) =>
+    q.query<{ mode: OperationMode; writer_epoch: string }>(
+      `INSERT INTO idem_operation (operation, api_revision, mode, writer_epoch, updated_by)
+       VALUES ($1, $2, COALESCE($3, 'ENFORCE'), COALESCE($4, 0), $5)
+       ON CONFLICT (operation, api_revision) DO UPDATE
+          SET mode = COALESCE($3, idem_operation.mode),
+              writer_epoch = GREATEST(idem_operation.writer_epoch, COALESCE($4, 0)),
+              updated_at = now(), updated_by = $5
+       RETURNING mode, writer_epoch`,
+      [operation, apiRevision, control.mode ?? null, control.writerEpoch ?? null, updatedBy],
+    ),
+  );
+  return { mode: rows[0]!.mode, writerEpoch: Number(rows[0]!.writer_epoch) };
+}
+
+function toStored(row: Record<string, unknown>): StoredPolicy {
+  return {
+    document: row.document as PolicyDocument,
+    digest: row.digest as Buffer,
+    publishedAt: row.published_at as Date,
+    publishedBy: row.published_by as string,
+  };
+}

@@ -1,0 +1,167 @@
+import { create } from "@bufbuild/protobuf";
+import { type Duration, DurationSchema, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import type { FieldSchema as DomainFieldSchema, FieldType as DomainFieldType } from "../contract/json-schema.js";
+import { parseDuration, parsePolicyDocument, type PolicyDocument } from "../policy/document.js";
+import type { StoredPolicy } from "../policy/cache.js";
+import {
+  DecimalScale,
+  FieldSchemaSchema,
+  FieldType,
+  FingerprintMode,
+  type FieldSchema,
+  type OperationPolicy,
+  OperationPolicySchema,
+  type PublishedPolicy,
+  PublishedPolicySchema,
+} from "../gen/idempotency/v1/policy_pb.js";
+
+/**
+ * Translation between the wire form of a policy (idempotency.v1.OperationPolicy)
+ * and the document people write and the registry stores. Unset and zero wire
+ * fields are left out, so that the document's defaults apply; the document
+ * parser then validates everything.
+ */
+export function policyFromProto(policy: OperationPolicy | undefined): PolicyDocument {
+  if (!policy) return parsePolicyDocument(undefined);
+  const fp = policy.fingerprint;
+  const retention = policy.retention;
+  return parsePolicyDocument(
+    withoutUnset({
+      operation: policy.operation || undefined,
+      apiRevision: policy.apiRevision || undefined,
+      schemaRevision: policy.schemaRevision || undefined,
+      fingerprint: fp && {
+        mode: fp.mode === FingerprintMode.JSON ? "json" : fp.mode === FingerprintMode.RAW ? "raw" : undefined,
+        queryParameters: fp.queryParameters,
+        headers: fp.headers,
+        maxBodyBytes: fp.maxBodyBytes || undefined,
+        maxDepth: fp.maxDepth || undefined,
+        schema: fp.schema && fieldSchemaFromProto(fp.schema),
+      },
+      keys: policy.keys && {
+        minLength: policy.keys.minLength || undefined,
+        maxLength: policy.keys.maxLength || undefined,
+        minEntropyBits: policy.keys.minEntropyBits || undefined,
+      },
+      lease: policy.lease && { default: durationText(policy.lease.defaultLease), max: durationText(policy.lease.maxLease) },
+      retention: retention && {
+        keep: durationText(retention.keep),
+        clientRetryWindow: durationText(retention.clientRetryWindow),
+        queueBacklogWindow: durationText(retention.queueBacklogWindow),
+        reconciliationWindow: durationText(retention.reconciliationWindow),
+        backupRestoreWindow: durationText(retention.backupRestoreWindow),
+        tombstoneReuse: retention.tombstoneReuse && {
+          allowed: retention.tombstoneReuse.allowed,
+          horizon: durationText(retention.tombstoneReuse.horizon),
+        },
+      },
+      maxActivePerPrincipal: policy.maxActivePerPrincipal || undefined,
+      snapshot: policy.snapshot && { headerAllowlist: policy.snapshot.headerAllowlist, maxBodyBytes: policy.snapshot.maxBodyBytes || undefined },
+    }),
+  );
+}
+
+export function policyToProto(document: PolicyDocument): OperationPolicy {
+  const fp = document.fingerprint;
+  return create(OperationPolicySchema, {
+    operation: document.operation,
+    apiRevision: document.apiRevision,
+    schemaRevision: document.schemaRevision,
+    fingerprint: {
+      mode: fp.mode === "json" ? FingerprintMode.JSON : FingerprintMode.RAW,
+      queryParameters: fp.queryParameters,
+      headers: fp.headers,
+      maxBodyBytes: fp.maxBodyBytes,
+      maxDepth: fp.maxDepth ?? 0,
+      schema: fp.schema && fieldSchemaToProto(fp.schema),
+    },
+    keys: document.keys,
+    lease: { defaultLease: protoDuration(document.lease.default), maxLease: protoDuration(document.lease.max) },
+    retention: {
+      keep: protoDuration(document.retention.keep),
+      clientRetryWindow: protoDuration(document.retention.clientRetryWindow),
+      queueBacklogWindow: protoDuration(document.retention.queueBacklogWindow),
+      reconciliationWindow: protoDuration(document.retention.reconciliationWindow),
+      backupRestoreWindow: protoDuration(document.retention.backupRestoreWindow),
+      tombstoneReuse: { allowed: document.retention.tombstoneReuse.allowed, horizon: protoDuration(document.retention.tombstoneReuse.horizon) },
+    },
+    maxActivePerPrincipal: document.maxActivePerPrincipal,
+    snapshot: document.snapshot,
+  });
+}
+
+export function publishedToProto(stored: StoredPolicy): PublishedPolicy {
+  return create(PublishedPolicySchema, {
+    policy: policyToProto(stored.document),
+    digest: stored.digest,
+    publishedAt: timestampFromDate(stored.publishedAt),
+    publishedBy: stored.publishedBy,
+  });
+}
+
+const TYPES: Array<[FieldType, DomainFieldType]> = [
+  [FieldType.STRING, "string"],
+  [FieldType.BOOLEAN, "boolean"],
+  [FieldType.INTEGER, "integer"],
+  [FieldType.DECIMAL, "decimal"],
+  [FieldType.NUMBER, "number"],
+  [FieldType.OBJECT, "object"],
+  [FieldType.ARRAY, "array"],
+];
+
+function fieldSchemaFromProto(schema: FieldSchema): Record<string, unknown> {
+  return withoutUnset({
+    type: TYPES.find(([wire]) => wire === schema.type)?.[1],
+    nullable: schema.nullable || undefined,
+    nullEqualsAbsent: schema.nullEqualsAbsent || undefined,
+    fingerprint: schema.fingerprint,
+    required: schema.required || undefined,
+    scale: schema.scale === DecimalScale.NORMALIZED ? "normalized" : schema.scale === DecimalScale.SIGNIFICANT ? "significant" : undefined,
+    properties:
+      Object.keys(schema.properties).length > 0
+        ? Object.fromEntries(Object.entries(schema.properties).map(([name, member]) => [name, fieldSchemaFromProto(member)]))
+        : undefined,
+    items: schema.items && fieldSchemaFromProto(schema.items),
+    set: schema.set || undefined,
+  });
+}
+
+function fieldSchemaToProto(schema: DomainFieldSchema): FieldSchema {
+  return create(FieldSchemaSchema, {
+    type: TYPES.find(([, domain]) => domain === schema.type)![0],
+    nullable: schema.nullable ?? false,
+    nullEqualsAbsent: schema.nullEqualsAbsent ?? false,
+    ...(schema.fingerprint === false ? { fingerprint: false } : {}),
+    required: schema.required ?? false,
+    scale: schema.type === "decimal" ? (schema.scale === "normalized" ? DecimalScale.NORMALIZED : DecimalScale.SIGNIFICANT) : DecimalScale.UNSPECIFIED,
+    properties: Object.fromEntries(Object.entries(schema.properties ?? {}).map(([name, member]) => [name, fieldSchemaToProto(member)])),
+    items: schema.items && fieldSchemaToProto(schema.items),
+    set: schema.set ?? false,
+  });
+}
+
+/** A wire duration as document text (whole milliseconds; finer parts are refused by the parser). */
+function durationText(duration: Duration | undefined): string | undefined {
+  if (!duration) return undefined;
+  const ms = Number(duration.seconds) * 1000 + duration.nanos / 1e6;
+  return Number.isInteger(ms) && ms >= 0 ? `${ms}ms` : `${duration.seconds}s${duration.nanos}ns`;
+}
+
+function protoDuration(text: string): Duration {
+  const ms = parseDuration(text)!;
+  return create(DurationSchema, { seconds: BigInt(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 });
+}
+
+/** Drops undefined members (and objects left empty) so that document defaults apply. */
+function withoutUnset(o: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(o)) {
+    if (value === undefined) continue;
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+      out[key] = withoutUnset(value as Record<string, unknown>);
+    } else {
+      out[key] = value;
+    }
+  }
+  return out;
+}

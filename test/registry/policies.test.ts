@@ -1,0 +1,138 @@
+import { describe, expect, it, vi } from "vitest";
+import { policyDigest } from "../../src/policy/document.js";
+import { PolicyCache } from "../../src/policy/cache.js";
+import { StaticPolicies, toOperationPolicy } from "../../src/policy/operations.js";
+import { loadPolicies, publishPolicy, setOperationControl } from "../../src/registry/policy-store.js";
+import { Registry } from "../../src/registry/registry.js";
+import { fingerprint } from "../../src/contract/fingerprint.js";
+import { silentLogger, useTestDatabase } from "../support/database.js";
+import { actor, jsonParts, newKey, reserveInput, testDocument } from "../support/fixtures.js";
+import { expectReason } from "../support/refusals.js";
+import { expectRefusal, expireLease } from "../support/registry-helpers.js";
+
+const t = useTestDatabase();
+const gateway = actor();
+
+const operation = (name: string) => ({ operation: name, apiRevision: 1 });
+
+describe("publishing policy revisions", () => {
+  it("publishes once, accepts an identical republication, refuses changed rules and lower revisions", async () => {
+    const op = operation("orders.create");
+    const first = await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
+    expect(first.created).toBe(true);
+    expect(Buffer.from(first.stored.digest).equals(Buffer.from(policyDigest(testDocument({ ...op, schemaRevision: 2 }))))).toBe(true);
+    // The same rules written differently (another duration spelling, another order) are the same revision.
+    const again = await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2, lease: { default: "30000ms" }, snapshot: { headerAllowlist: ["location", "content-type", "etag", "cache-control", "content-language"] } }), "bob");
+    expect(again).toMatchObject({ created: false, stored: { publishedBy: "alice" } });
+
+    await expectRefusal(publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2, maxActivePerPrincipal: 5 }), "bob"), "POLICY_REVISION_EXISTS");
+    const lower = await expectRefusal(publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "bob"), "POLICY_REVISION_NOT_NEWER");
+    expect(lower.metadata).toEqual({ schema_revision: "2" });
+    expect((await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 3, maxActivePerPrincipal: 5 }), "bob")).created).toBe(true);
+  });
+
+  it("lets exactly one of many concurrent publications of one new revision win", async () => {
+    const op = operation("refunds.create");
+    const results = await Promise.allSettled(
+      Array.from({ length: 8 }, (_, i) => publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1, maxActivePerPrincipal: 10 + i }), `publisher-${i}`)),
+    );
+    expect(results.filter((r) => r.status === "fulfilled")).toHaveLength(1);
+    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_policy WHERE operation = 'refunds.create'");
+    expect(rows[0].n).toBe(1);
+  });
+
+  it("never changes a published revision, even by hand", async () => {
+    await publishPolicy(t.db, testDocument({ ...operation("holds.create"), schemaRevision: 1 }), "alice");
+    await expect(t.pool.query("UPDATE idem_policy SET published_by = 'mallory' WHERE operation = 'holds.create'")).rejects.toThrow(/never change/);
+    await expect(t.pool.query("DELETE FROM idem_policy WHERE operation = 'holds.create'")).rejects.toThrow(/never change/);
+  });
+
+  it("refuses a retention shorter than the windows it must cover, and key rules looser than the contract", () => {
+    expectReason(() => testDocument({ retention: { keep: "12h", clientRetryWindow: "24h" } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ retention: { keep: "72h", backupRestoreWindow: "7d" } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ keys: { minEntropyBits: 8 } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ lease: { default: "soon" } }), "INVALID_POLICY");
+  });
+});
+
+describe("the policy cache", () => {
+  it("applies a newly published revision and a mode change on a running coordinator, without a restart", async () => {
+    const op = operation("transfers.create");
+    await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "alice");
+    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 100, logger: silentLogger });
+    await cache.start();
+    try {
+      expect((await cache.current(op.operation, 1))?.fingerprint.schemaRevision).toBe(1);
+      await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
+      await setOperationControl(t.db, op.operation, 1, { mode: "DRAINING", writerEpoch: 3 }, "alice");
+      await vi.waitFor(async () => {
+        const current = await cache.current(op.operation, 1);
+        expect(current).toMatchObject({ mode: "DRAINING", writerEpoch: 3, fingerprint: { schemaRevision: 2 } });
+      });
+      // The older revision stays available for records made under it.
+      expect((await cache.revision(op.operation, 1, 1))?.mode).toBe("DRAINING");
+    } finally {
+      cache.stop();
+    }
+  });
+
+  it("reads the registry at once when asked for an operation it does not know yet", async () => {
+    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 400, logger: silentLogger });
+    await cache.start();
+    try {
+      await new Promise((r) => setTimeout(r, 150));
+      await publishPolicy(t.db, testDocument({ ...operation("payouts.create"), schemaRevision: 1 }), "alice");
+      expect(await cache.current("payouts.create", 1)).toBeDefined();
+      expect(await cache.current("ledger.post", 1)).toBeUndefined();
+    } finally {
+      cache.stop();
+    }
+  });
+});
+
+describe("a retry after a new revision is published", () => {
+  // Revision 2 counts the x-api-version header and requires a body of at most 16 bytes.
+  const rev1 = toOperationPolicy(testDocument({ schemaRevision: 1 }));
+  const rev2 = toOperationPolicy(testDocument({ schemaRevision: 2, fingerprint: { headers: ["x-api-version"], maxBodyBytes: 16 } }));
+  const before = new Registry(new StaticPolicies([rev1]));
+  const after = new Registry(new StaticPolicies([rev1, rev2]));
+  const longBody = { amount: 10, memo: "a body of more than 16 bytes" };
+
+  it("is judged under its record's revision: replayed, not a false conflict, even when the new rules would refuse it", async () => {
+    const key = newKey();
+    const first = await before.reserve(t.db, reserveInput(key, longBody, { claim: true }), gateway);
+    expect(first.record?.schemaRevision).toBe(1);
+    const ref = { tenant: "acme", operationId: first.record!.operationId };
+    await after.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) } }, gateway);
+
+    const retry = await after.reserve(t.db, reserveInput(key, longBody), gateway);
+    expect(retry).toMatchObject({ decision: "REPLAY", schemaRevision: 1 });
+    const changed = await after.reserve(t.db, reserveInput(key, { ...longBody, amount: 11 }), gateway);
+    expect(changed.decision).toBe("PAYLOAD_CONFLICT");
+    // A new key is judged under the newest revision.
+    await expectRefusal(after.reserve(t.db, reserveInput(newKey(), longBody), gateway), "INVALID_PAYLOAD");
+    const fresh = await after.reserve(t.db, reserveInput(newKey(), { amount: 1 }), gateway);
+    expect(fresh).toMatchObject({ decision: "ACCEPTED", schemaRevision: 2, record: { schemaRevision: 2 } });
+  });
+
+  it("refuses a precomputed fingerprint of another revision, naming the revision to use", async () => {
+    const key = newKey();
+    const parts = jsonParts({ amount: 3 });
+    await before.reserve(t.db, reserveInput(key, { amount: 3 }), gateway);
+    const digestUnder = (policy: typeof rev1) => ({ kind: "fingerprint" as const, scheme: "idem-fp-v1", schemaRevision: policy.fingerprint.schemaRevision, digest: fingerprint(parts, policy.fingerprint) });
+
+    expect((await after.reserve(t.db, reserveInput(key, undefined, { request: digestUnder(rev1) }), gateway)).decision).toBe("IN_PROGRESS");
+    const wrong = await expectRefusal(after.reserve(t.db, reserveInput(key, undefined, { request: digestUnder(rev2) }), gateway), "SCHEMA_REVISION_MISMATCH");
+    expect(wrong.metadata).toEqual({ schema_revision: "1" });
+    const stale = await expectRefusal(after.reserve(t.db, reserveInput(newKey(), undefined, { request: digestUnder(rev1) }), gateway), "SCHEMA_REVISION_MISMATCH");
+    expect(stale.metadata).toEqual({ schema_revision: "2" });
+  });
+
+  it("takes over and completes an expired record under its own revision", async () => {
+    const key = newKey();
+    const first = await before.reserve(t.db, reserveInput(key, longBody), gateway);
+    await expireLease(t.pool, first.record!.operationId);
+    const taken = await after.reserve(t.db, reserveInput(key, longBody), gateway);
+    expect(taken).toMatchObject({ decision: "ACCEPTED", record: { generation: 2, schemaRevision: 1 } });
+  });
+});
