@@ -37,6 +37,7 @@ import type {
   ReserveInput,
   ReserveResult,
   StoredAttempt,
+  RecoverableCursor,
   StoredRecord,
 } from "./types.js";
 
@@ -388,6 +389,39 @@ export class Registry {
     return visibleTo(view, subject.principal, actor);
   }
 
+  /**
+   * Records a recovery worker should act on, by when their lease ended:
+   * UNKNOWN ones, and unfinished ones whose lease ended (a released record
+   * has no lease: its client's retry takes it over). `tenants` and
+   * `operations` narrow the search (undefined: all); each record is also
+   * checked against the actor's grants.
+   */
+  async listRecoverable(
+    db: Db,
+    filter: { tenants?: readonly string[]; operations?: readonly string[]; pageSize: number; after?: RecoverableCursor },
+    actor: Actor,
+  ): Promise<{ views: RecordView[]; next?: RecoverableCursor }> {
+    if (!Number.isInteger(filter.pageSize) || filter.pageSize < 1 || filter.pageSize > 500) {
+      refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
+    }
+    const views = await db.run((q) =>
+      readViews(
+        q,
+        `state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') AND lease_expires_at <= now()
+         AND ($1::text[] IS NULL OR tenant_id = ANY($1))
+         AND ($2::text[] IS NULL OR operation = ANY($2))
+         AND ($3::timestamptz IS NULL OR (lease_expires_at, tenant_id, operation_id) > ($3, $4, $5::uuid))
+         ORDER BY lease_expires_at, tenant_id, operation_id LIMIT $6`,
+        [filter.tenants ?? null, filter.operations ?? null, filter.after?.leaseEnd ?? null, filter.after?.tenant ?? null, filter.after?.operationId ?? null, filter.pageSize],
+      ),
+    );
+    const last = views.at(-1);
+    return {
+      views: views.filter((v) => actor.mayUseTenant(v.record.tenant) && actor.mayOperate(v.record.operation)),
+      ...(last && views.length === filter.pageSize ? { next: { leaseEnd: last.leaseEndText, tenant: last.record.tenant, operationId: last.record.operationId } } : {}),
+    };
+  }
+
   /** Locks the record for the rest of the transaction, or NOT_FOUND. */
   private async lockRecord(q: Queryable, ref: OperationRef, actor: Actor): Promise<StoredRecord> {
     requireTenant(actor, ref.tenant);
@@ -618,8 +652,17 @@ async function loadAttempts(q: Queryable, ref: OperationRef): Promise<StoredAtte
 
 /** A record and its attempts in one read (no lock: a consistent snapshot is all a reader needs). */
 async function readView(q: Queryable, where: string, values: unknown[]): Promise<RecordView | undefined> {
+  return (await readViews(q, `tenant_id = $1 AND ${where}`, values))[0];
+}
+
+/**
+ * Records with their attempts; `condition` is what follows WHERE (ORDER BY
+ * and LIMIT included). `leaseEndText` is the lease end as PostgreSQL prints
+ * it, to the microsecond, for cursors (a Date keeps milliseconds only).
+ */
+async function readViews(q: Queryable, condition: string, values: unknown[]): Promise<Array<RecordView & { leaseEndText: string }>> {
   const { rows } = await q.query(
-    `SELECT ${RECORD_COLUMNS}, now() AS db_now,
+    `SELECT ${RECORD_COLUMNS}, now() AS db_now, lease_expires_at::text AS lease_end_text,
             COALESCE((SELECT json_agg(json_build_object(
                          'attempt_number', a.attempt_number, 'effect', a.effect, 'provider', a.provider,
                          'downstream_key', a.downstream_key, 'status', a.status, 'provider_handle', a.provider_handle,
@@ -627,15 +670,16 @@ async function readView(q: Queryable, where: string, values: unknown[]): Promise
                        ORDER BY a.attempt_number)
                         FROM idem_effect_attempt a
                        WHERE a.tenant_id = r.tenant_id AND a.operation_id = r.operation_id), '[]'::json) AS attempts
-       FROM idem_record r WHERE tenant_id = $1 AND ${where}`,
+       FROM idem_record r WHERE ${condition}`,
     values,
   );
-  const row = rows[0];
-  if (!row) return undefined;
-  const attempts = (row.attempts as Array<Record<string, unknown>>).map((a) =>
-    toAttempt({ ...a, created_at: new Date(a.created_at as string), resolved_at: a.resolved_at ? new Date(a.resolved_at as string) : null }),
-  );
-  return { record: toRecord(row), attempts };
+  return rows.map((row) => ({
+    record: toRecord(row),
+    attempts: (row.attempts as Array<Record<string, unknown>>).map((a) =>
+      toAttempt({ ...a, created_at: new Date(a.created_at as string), resolved_at: a.resolved_at ? new Date(a.resolved_at as string) : null }),
+    ),
+    leaseEndText: (row.lease_end_text as string | null) ?? "",
+  }));
 }
 
 type Row = Record<string, unknown>;

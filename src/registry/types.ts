@@ -119,3 +119,11 @@ export interface RecordView {
   record: StoredRecord;
   attempts: StoredAttempt[];
 }
+
+/** Where a listing of recoverable records resumes (after this record). */
+export interface RecoverableCursor {
+  /** The record's lease end as PostgreSQL prints it (microseconds kept). */
+  leaseEnd: string;
+  tenant: string;
+  operationId: string;
+}

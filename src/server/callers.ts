@@ -6,6 +6,10 @@ import type { Actor } from "../registry/types.js";
 /** An authenticated caller, as the handlers and the registry see it. */
 export interface Caller extends Actor {
   roles: ReadonlySet<Role>;
+  /** The tenants granted, or "*" for all. */
+  tenants: ReadonlySet<string> | "*";
+  /** The operations granted, or "*" for all. */
+  operations: ReadonlySet<string> | "*";
 }
 
 /** The hex SHA-256 of a token, as configured in `tokenSha256`. */
@@ -56,6 +60,8 @@ function toCaller(grant: CallerGrant): Caller {
   return {
     caller: grant.name,
     roles,
+    tenants: allTenants ? "*" : tenants,
+    operations: allOperations ? "*" : operations,
     isOperator: roles.has("operator"),
     mayUseTenant: (tenant) => allTenants || tenants.has(tenant),
     mayOperate: (operation) => allOperations || operations.has(operation),

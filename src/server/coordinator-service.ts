@@ -6,6 +6,8 @@ import {
   ClaimResponseSchema,
   CompleteResponseSchema,
   CoordinatorService,
+  ClaimMode,
+  ListRecoverableResponseSchema,
   LookupResponseSchema,
   RecordEffectAttemptResponseSchema,
   ReleaseResponseSchema,
@@ -16,7 +18,7 @@ import {
 } from "../gen/idempotency/v1/coordinator_pb.js";
 import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
-import type { RequestIdentity } from "../registry/types.js";
+import type { RecoverableCursor, RequestIdentity } from "../registry/types.js";
 import { requireRole } from "./callers.js";
 import {
   fromProtoClaimMode,
@@ -195,7 +197,49 @@ export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceIm
       }
       return create(LookupResponseSchema, { record: toProtoRecord(view) });
     },
+
+    async listRecoverable(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "worker");
+      if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
+      for (const operation of req.operations) {
+        if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
+      }
+      const { views, next } = await registry.listRecoverable(
+        db,
+        {
+          tenants: req.tenant ? [req.tenant] : caller.tenants === "*" ? undefined : [...caller.tenants],
+          operations: req.operations.length > 0 ? req.operations : caller.operations === "*" ? undefined : [...caller.operations],
+          pageSize: req.pageSize || 100,
+          after: decodeCursor(req.pageToken),
+        },
+        caller,
+      );
+      return create(ListRecoverableResponseSchema, {
+        records: views.map((view) => ({
+          record: toProtoRecord(view),
+          claimMode: view.record.state === "UNKNOWN" || view.record.effectPossible ? ClaimMode.RECOVER : ClaimMode.TAKEOVER,
+        })),
+        nextPageToken: next ? encodeCursor(next) : "",
+      });
+    },
   };
+}
+
+/** A listing's resume point, opaque to clients. */
+function encodeCursor(cursor: RecoverableCursor): string {
+  return Buffer.from(JSON.stringify([cursor.leaseEnd, cursor.tenant, cursor.operationId])).toString("base64url");
+}
+
+function decodeCursor(token: string): RecoverableCursor | undefined {
+  if (token === "") return undefined;
+  try {
+    const [leaseEnd, tenant, operationId] = JSON.parse(Buffer.from(token, "base64url").toString("utf8")) as unknown[];
+    if (typeof leaseEnd === "string" && typeof tenant === "string" && typeof operationId === "string") return { leaseEnd, tenant, operationId };
+  } catch {
+    // Falls through to the refusal.
+  }
+  return refuse("INVALID_REQUEST", "page_token is not one this coordinator returned");
 }
 
 function requestIdentity(request: ReserveRequest["request"]): RequestIdentity {

@@ -286,6 +286,28 @@ describe("callers", () => {
   });
 });
 
+describe("recovery workers", () => {
+  it("list records whose lease ended, with the claim mode to use, and only workers may", async () => {
+    const accepted = await connectH2.reserve(reserveRequest(newKey(), { amount: 2 }, { claim: true, subject: { tenant: "recovery", principal: "alice" } }), {
+      headers: bearer(server.tokens.worker),
+    });
+    const ref = create(OperationRefSchema, { tenant: "recovery", operationId: accepted.operationId });
+    await connectH2.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, { headers: bearer(server.tokens.worker) });
+    await t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [accepted.operationId]);
+
+    const listed = await connectH2.listRecoverable({ tenant: "recovery" }, { headers: bearer(server.tokens.worker) });
+    expect(listed.records.map((r) => [r.record?.operationId, r.claimMode])).toEqual([[accepted.operationId, ClaimMode.RECOVER]]);
+    expect(listed.records[0]?.record?.effectAttempts.map((a) => a.effect)).toEqual(["card.charge"]);
+    const claimed = await connectH2.claim({ ref, mode: ClaimMode.RECOVER, generation: 1n }, { headers: bearer(server.tokens.worker) });
+    expect(claimed).toMatchObject({ generation: 2n, recovering: true });
+
+    const byGateway = await connectH2.listRecoverable({}, { headers: bearer(server.tokens.gateway) }).then(() => undefined, reasonOf);
+    expect(byGateway).toBe("PERMISSION_DENIED");
+    const badToken = await connectH2.listRecoverable({ pageToken: "nope" }, { headers: bearer(server.tokens.worker) }).then(() => undefined, reasonOf);
+    expect(badToken).toBe("INVALID_REQUEST");
+  });
+});
+
 describe("bad input over the wire", () => {
   it("refuses each with a clear error and a stable reason, storing nothing", async () => {
     const before = await countRows(t.pool);
