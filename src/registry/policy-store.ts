@@ -86,20 +86,21 @@ export async function setOperationControl(
   apiRevision: number,
   control: Partial<OperationControl>,
   updatedBy: string,
-): Promise<OperationControl> {
+): Promise<ControlRow> {
   const { rows } = await db.run((q) =>
-    q.query<{ mode: OperationMode; writer_epoch: string }>(
+    q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date }>(
       `INSERT INTO idem_operation (operation, api_revision, mode, writer_epoch, updated_by)
        VALUES ($1, $2, COALESCE($3, 'ENFORCE'), COALESCE($4, 0), $5)
        ON CONFLICT (operation, api_revision) DO UPDATE
           SET mode = COALESCE($3, idem_operation.mode),
               writer_epoch = GREATEST(idem_operation.writer_epoch, COALESCE($4, 0)),
               updated_at = now(), updated_by = $5
-       RETURNING mode, writer_epoch`,
+       RETURNING mode, writer_epoch, updated_at`,
       [operation, apiRevision, control.mode ?? null, control.writerEpoch ?? null, updatedBy],
     ),
   );
-  return { mode: rows[0]!.mode, writerEpoch: Number(rows[0]!.writer_epoch) };
+  const row = rows[0]!;
+  return { operation, apiRevision, mode: row.mode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy };
 }
 
 function toStored(row: Record<string, unknown>): StoredPolicy {
@@ -109,4 +110,29 @@ function toStored(row: Record<string, unknown>): StoredPolicy {
     publishedAt: row.published_at as Date,
     publishedBy: row.published_by as string,
   };
+}
+
+/** An operation's switches with who changed them last. */
+export interface ControlRow extends OperationControl {
+  operation: string;
+  apiRevision: number;
+  updatedAt: Date;
+  updatedBy: string;
+}
+
+/** Every operation's switches, by operation and API revision. */
+export async function listControls(db: Db): Promise<ControlRow[]> {
+  const { rows } = await db.run((q) =>
+    q.query<{ operation: string; api_revision: number; mode: OperationMode; writer_epoch: string; updated_at: Date; updated_by: string }>(
+      "SELECT operation, api_revision, mode, writer_epoch, updated_at, updated_by FROM idem_operation ORDER BY operation, api_revision",
+    ),
+  );
+  return rows.map((r) => ({
+    operation: r.operation,
+    apiRevision: r.api_revision,
+    mode: r.mode,
+    writerEpoch: Number(r.writer_epoch),
+    updatedAt: r.updated_at,
+    updatedBy: r.updated_by,
+  }));
 }

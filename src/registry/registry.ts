@@ -11,10 +11,11 @@ import {
   validateSubject,
   validateText,
 } from "../contract/scope.js";
-import { snapshotDigest, storedSnapshot } from "../contract/snapshot.js";
+import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
 import type { Db, Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
+import { ATTEMPT_COLUMNS, plusMs, readView, readViews, RECORD_COLUMNS, toAttempt, toRecord } from "./records.js";
 import {
   checkRecordEffect,
   checkRenew,
@@ -40,17 +41,6 @@ import type {
   RecoverableCursor,
   StoredRecord,
 } from "./types.js";
-
-const RECORD_COLUMNS = `tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
-  fingerprint, state, generation, recovering, lease_expires_at, acquisition_id, writer_epoch, effect_possible,
-  snapshot_status, snapshot_media_type, snapshot_location, snapshot_business_version, snapshot_headers,
-  snapshot_body, snapshot_digest, created_at, updated_at, completed_at, retain_until, tombstoned_at`;
-
-const ATTEMPT_COLUMNS = `attempt_number, effect, provider, downstream_key, status, provider_handle, generation,
-  created_at, resolved_at`;
-
-/** `now() + n milliseconds` for a bound parameter. */
-const plusMs = (param: string) => `now() + make_interval(secs => ${param}::double precision / 1000)`;
 
 /** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
 const RESERVE_ROUNDS = 5;
@@ -175,12 +165,31 @@ export class Registry {
         const { record, inserted } = found;
         if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
 
+        if (record.tombstonedAt !== null && (await this.reusable(record))) {
+          // The policy says old effects cannot reappear and the horizon passed:
+          // the scope starts afresh, and one racing reservation wins it.
+          if (refusal) throw refusal;
+          const recycled = await recycleByScope(q, record, {
+            operationId,
+            schemaRevision: policy.fingerprint.schemaRevision,
+            fingerprint: fp!,
+            state,
+            leaseMs,
+            acquisitionId,
+            writerEpoch: input.writerEpoch,
+            caller: actor.caller,
+          });
+          if (recycled) return answer("ACCEPTED", recycled);
+          continue;
+        }
         const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
         if (sameRevision && refusal) throw refusal;
         const recordFp = sameRevision ? fp! : await this.fingerprintUnder(record, input.request);
         const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
         switch (verdict.kind) {
           case "conflict":
+            // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
+            await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
             return answer("PAYLOAD_CONFLICT");
           case "expired":
             return answer("EXPIRED", record);
@@ -202,6 +211,12 @@ export class Registry {
       }
       refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
     });
+  }
+
+  /** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
+  private async reusable(record: StoredRecord): Promise<boolean> {
+    const { allowed, horizonMs } = (await this.policyOf(record)).retention.tombstoneReuse;
+    return allowed && record.tombstonedAt!.getTime() + horizonMs <= record.dbNow.getTime();
   }
 
   /**
@@ -348,11 +363,7 @@ export class Registry {
       const attempts = await loadAttempts(q, input.ref);
       if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return record;
       return fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
-        `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
-         retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
-         snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15`,
-        [input.outcome, policy.retention.keepMs, snapshot.statusCode, snapshot.mediaType, snapshot.location,
-         snapshot.businessVersion, JSON.stringify(snapshot.headers), Buffer.from(snapshot.body), Buffer.from(digest)]);
+        FINISH, [input.outcome, policy.retention.keepMs, ...snapshotValues(snapshot, digest)]);
     });
   }
 
@@ -364,6 +375,39 @@ export class Registry {
       if (planRelease(record, generation) === "repeat") return record;
       return fencedUpdate(q, record, { caller: actor.caller, kind: "RELEASED" },
         "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
+    });
+  }
+
+  /**
+   * An operator settles an UNKNOWN record with evidence from outside (the
+   * provider's dashboard, a bank statement): it becomes SUCCEEDED or
+   * FAILED_FINAL with the snapshot to replay, at the next generation so that a
+   * late owner is fenced out. Refused from any other state.
+   */
+  async reconcile(
+    db: Db,
+    input: { ref: OperationRef; outcome: "SUCCEEDED" | "FAILED_FINAL"; snapshot: Snapshot; evidence: string; operatorName: string },
+    actor: Actor,
+  ): Promise<StoredRecord> {
+    validateRef(input.ref);
+    validateText(input.evidence, "evidence", 4096);
+    validateText(input.operatorName, "operator", 256);
+    return db.transaction(async (q) => {
+      const record = await this.lockRecord(q, input.ref, actor);
+      if (record.state !== "UNKNOWN") {
+        refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
+          state: record.state,
+        });
+      }
+      const policy = await this.policyOf(record);
+      const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
+      return fencedUpdate(
+        q,
+        record,
+        { caller: actor.caller, kind: "RECONCILED", detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
+        `${FINISH}, generation = generation + 1`,
+        [input.outcome, policy.retention.keepMs, ...snapshotValues(snapshot)],
+      );
     });
   }
 
@@ -436,6 +480,16 @@ export class Registry {
     if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
     return record;
   }
+}
+
+/** The terminal state: $7 the outcome, $8 the retention in ms, $9… the snapshot (snapshotValues). */
+const FINISH = `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
+  retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
+  snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15`;
+
+/** A stored snapshot's column values, in the order FINISH binds them. */
+function snapshotValues(snapshot: Snapshot, digest = snapshotDigest(snapshot)): unknown[] {
+  return [snapshot.statusCode, snapshot.mediaType, snapshot.location, snapshot.businessVersion, JSON.stringify(snapshot.headers), Buffer.from(snapshot.body), Buffer.from(digest)];
 }
 
 function refuseNotFound(): never {
@@ -528,8 +582,8 @@ async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: Store
        ON CONFLICT (tenant_id, scope) DO NOTHING
        RETURNING ${RECORD_COLUMNS}
      ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, 'ACCEPTED', generation, state, $13 FROM inserted
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, operation, api_revision, 'ACCEPTED', generation, state, $13 FROM inserted
      )
      SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
      UNION ALL
@@ -570,11 +624,42 @@ async function takeOverByScope(
           AND (lease_expires_at IS NULL OR lease_expires_at <= now())
         RETURNING ${RECORD_COLUMNS}
      ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, 'TAKEOVER', generation, state, $8 FROM taken
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, operation, api_revision, 'TAKEOVER', generation, state, $8 FROM taken
      )
      SELECT ${RECORD_COLUMNS}, now() AS db_now FROM taken`,
     [seen.tenant, Buffer.from(seen.scope), seen.generation, t.state, t.leaseMs, t.acquisitionId, t.writerEpoch, t.caller],
+  );
+  return rows[0] ? toRecord(rows[0]) : undefined;
+}
+
+/**
+ * A reusable tombstone becomes a new operation in place (new operation id,
+ * fingerprint and revision; the generation still grows), fenced like a
+ * takeover on the generation that was read: of racing reservations, one wins.
+ */
+async function recycleByScope(
+  q: Queryable,
+  seen: StoredRecord,
+  r: { operationId: string; schemaRevision: number; fingerprint: Uint8Array; state: "RESERVED" | "EXECUTING"; leaseMs: number; acquisitionId: string; writerEpoch: number; caller: string },
+): Promise<StoredRecord | undefined> {
+  const { rows } = await q.query(
+    `WITH recycled AS (
+       UPDATE idem_record
+          SET operation_id = $4, schema_revision = $5, fingerprint = $6, state = $7, generation = generation + 1,
+              recovering = false, lease_expires_at = ${plusMs("$8")}, acquisition_id = $9, writer_epoch = $10,
+              effect_possible = false, snapshot_status = NULL, snapshot_media_type = NULL, snapshot_location = NULL,
+              snapshot_business_version = NULL, snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL,
+              created_at = now(), updated_at = now(), completed_at = NULL, retain_until = NULL, tombstoned_at = NULL
+        WHERE tenant_id = $1 AND scope = $2 AND generation = $3 AND tombstoned_at IS NOT NULL
+        RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
+       SELECT tenant_id, operation_id, operation, api_revision, 'RECYCLED', generation, state, $11, json_build_object('previous_operation_id', $12::text) FROM recycled
+     )
+     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM recycled`,
+    [seen.tenant, Buffer.from(seen.scope), seen.generation, r.operationId, r.schemaRevision, Buffer.from(r.fingerprint), r.state, r.leaseMs,
+     r.acquisitionId, r.writerEpoch, r.caller, seen.operationId],
   );
   return rows[0] ? toRecord(rows[0]) : undefined;
 }
@@ -588,8 +673,8 @@ async function markUnknownByScope(q: Queryable, seen: StoredRecord, caller: stri
           AND effect_possible AND lease_expires_at <= now()
         RETURNING ${RECORD_COLUMNS}
      ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, 'UNKNOWN', generation, state, $4 FROM marked
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, operation, api_revision, 'UNKNOWN', generation, state, $4 FROM marked
      )
      SELECT ${RECORD_COLUMNS}, now() AS db_now FROM marked`,
     [seen.tenant, Buffer.from(seen.scope), seen.generation, caller],
@@ -615,8 +700,8 @@ async function fencedUpdate(q: Queryable, record: StoredRecord, event: EventFact
         WHERE tenant_id = $1 AND operation_id = $2 AND generation = $3
         RETURNING ${RECORD_COLUMNS}
      ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller, detail)
-       SELECT tenant_id, operation_id, $4, generation, state, $5, $6 FROM updated
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
+       SELECT tenant_id, operation_id, operation, api_revision, $4, generation, state, $5, $6 FROM updated
      )
      SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
     [record.tenant, record.operationId, record.generation, event.kind, event.caller, JSON.stringify(event.detail ?? {}), ...values],
@@ -629,9 +714,9 @@ async function fencedUpdate(q: Queryable, record: StoredRecord, event: EventFact
 
 async function appendEvent(q: Queryable, record: StoredRecord, event: EventFacts & { state: string }): Promise<void> {
   await q.query(
-    `INSERT INTO idem_event (tenant_id, operation_id, kind, generation, state, caller, detail)
-     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-    [record.tenant, record.operationId, event.kind, record.generation, event.state, event.caller, JSON.stringify(event.detail ?? {})],
+    `INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+    [record.tenant, record.operationId, record.operation, record.apiRevision, event.kind, record.generation, event.state, event.caller, JSON.stringify(event.detail ?? {})],
   );
 }
 
@@ -650,90 +735,3 @@ async function loadAttempts(q: Queryable, ref: OperationRef): Promise<StoredAtte
   return rows.map(toAttempt);
 }
 
-/** A record and its attempts in one read (no lock: a consistent snapshot is all a reader needs). */
-async function readView(q: Queryable, where: string, values: unknown[]): Promise<RecordView | undefined> {
-  return (await readViews(q, `tenant_id = $1 AND ${where}`, values))[0];
-}
-
-/**
- * Records with their attempts; `condition` is what follows WHERE (ORDER BY
- * and LIMIT included). `leaseEndText` is the lease end as PostgreSQL prints
- * it, to the microsecond, for cursors (a Date keeps milliseconds only).
- */
-async function readViews(q: Queryable, condition: string, values: unknown[]): Promise<Array<RecordView & { leaseEndText: string }>> {
-  const { rows } = await q.query(
-    `SELECT ${RECORD_COLUMNS}, now() AS db_now, lease_expires_at::text AS lease_end_text,
-            COALESCE((SELECT json_agg(json_build_object(
-                         'attempt_number', a.attempt_number, 'effect', a.effect, 'provider', a.provider,
-                         'downstream_key', a.downstream_key, 'status', a.status, 'provider_handle', a.provider_handle,
-                         'generation', a.generation, 'created_at', a.created_at, 'resolved_at', a.resolved_at)
-                       ORDER BY a.attempt_number)
-                        FROM idem_effect_attempt a
-                       WHERE a.tenant_id = r.tenant_id AND a.operation_id = r.operation_id), '[]'::json) AS attempts
-       FROM idem_record r WHERE ${condition}`,
-    values,
-  );
-  return rows.map((row) => ({
-    record: toRecord(row),
-    attempts: (row.attempts as Array<Record<string, unknown>>).map((a) =>
-      toAttempt({ ...a, created_at: new Date(a.created_at as string), resolved_at: a.resolved_at ? new Date(a.resolved_at as string) : null }),
-    ),
-    leaseEndText: (row.lease_end_text as string | null) ?? "",
-  }));
-}
-
-type Row = Record<string, unknown>;
-
-function toRecord(row: Row): StoredRecord {
-  const digest = row.snapshot_digest as Buffer | null;
-  return {
-    tenant: row.tenant_id as string,
-    scope: row.scope as Buffer,
-    operationId: row.operation_id as string,
-    principal: row.principal as string,
-    operation: row.operation as string,
-    apiRevision: row.api_revision as number,
-    schemaRevision: row.schema_revision as number,
-    fingerprint: row.fingerprint as Buffer,
-    state: row.state as StoredRecord["state"],
-    generation: Number(row.generation),
-    recovering: row.recovering as boolean,
-    leaseExpiresAt: row.lease_expires_at as Date | null,
-    acquisitionId: row.acquisition_id as string,
-    writerEpoch: Number(row.writer_epoch),
-    effectPossible: row.effect_possible as boolean,
-    snapshot:
-      digest === null
-        ? null
-        : {
-            statusCode: row.snapshot_status as number,
-            mediaType: row.snapshot_media_type as string,
-            location: row.snapshot_location as string,
-            businessVersion: row.snapshot_business_version as string,
-            headers: row.snapshot_headers as Array<[string, string]>,
-            // A tombstone keeps the digest but not the body.
-            body: (row.snapshot_body as Buffer | null) ?? new Uint8Array(),
-            digest,
-          },
-    createdAt: row.created_at as Date,
-    updatedAt: row.updated_at as Date,
-    completedAt: row.completed_at as Date | null,
-    retainUntil: row.retain_until as Date | null,
-    tombstonedAt: row.tombstoned_at as Date | null,
-    dbNow: row.db_now as Date,
-  };
-}
-
-function toAttempt(row: Row): StoredAttempt {
-  return {
-    attemptNumber: row.attempt_number as number,
-    effect: row.effect as string,
-    provider: row.provider as string,
-    downstreamKey: row.downstream_key as string,
-    status: row.status as EffectStatus,
-    providerHandle: row.provider_handle as string,
-    generation: Number(row.generation),
-    createdAt: row.created_at as Date,
-    resolvedAt: row.resolved_at as Date | null,
-  };
-}

@@ -1,28 +1,66 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type JsonObject } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { refuse } from "../contract/errors.js";
 import { validateApiRevision, validateOperationName } from "../contract/scope.js";
 import {
   AdminService,
   GetPolicyResponseSchema,
+  ListOperationControlsResponseSchema,
   ListPoliciesResponseSchema,
+  ListRecordsResponseSchema,
+  OperationControlSchema,
+  OperationMode,
   PublishPolicyResponseSchema,
+  RaiseWriterEpochResponseSchema,
+  ReconcileResponseSchema,
+  RunRetentionSweepResponseSchema,
+  SetOperationModeResponseSchema,
+  StreamEventsResponseSchema,
 } from "../gen/idempotency/v1/admin_pb.js";
 import type { PolicyCache } from "../policy/cache.js";
+import type { OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
-import { listPolicies, publishPolicy } from "../registry/policy-store.js";
-import { requireRole } from "./callers.js";
+import { listRecords, logOperationEvent, readEvents, sweepRetention, type LoggedEvent } from "../registry/maintenance.js";
+import { listControls, listPolicies, publishPolicy, setOperationControl, type ControlRow } from "../registry/policy-store.js";
+import type { Registry } from "../registry/registry.js";
+import { requireRole, type Caller } from "./callers.js";
+import { fromProtoLease, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
+import { decodePageToken, encodePageToken } from "./page-token.js";
 import { callerOf } from "./interceptors.js";
 import { policyFromProto, publishedToProto } from "./policy-convert.js";
 
 export interface AdminDeps {
   db: Db;
-  /** Re-read after a publication, so that this replica applies it at once. */
+  registry: Registry;
+  /** Re-read after a change, so that this replica applies it at once. */
   policies: PolicyCache;
+  /** How often other replicas re-read (reported to the operator). */
+  policyRefreshMs: number;
 }
 
 /** AdminService: operator actions, each refused without the operator role. */
-export function adminService({ db, policies }: AdminDeps): ServiceImpl<typeof AdminService> {
+export function adminService({ db, registry, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
+  /** Sets switches, logs the change, and applies it here at once (elsewhere within the refresh interval). */
+  const changeControl = async (
+    caller: Caller,
+    operation: string,
+    apiRevision: number,
+    change: Partial<OperationControl>,
+    kind: string,
+  ) => {
+    validateOperationName(operation);
+    validateApiRevision(apiRevision);
+    if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
+    if (!(await policies.current(operation, apiRevision))) {
+      refuse("NOT_FOUND", `${operation} API revision ${apiRevision} has no published policy`);
+    }
+    const control = await setOperationControl(db, operation, apiRevision, change, caller.caller);
+    await logOperationEvent(db, { operation, apiRevision, kind, caller: caller.caller, detail: { ...change, appliesEverywhereWithinMs: policyRefreshMs } });
+    await policies.refresh();
+    return toProtoControl(control);
+  };
+
   return {
     async publishPolicy(req, ctx) {
       const caller = callerOf(ctx.values);
@@ -59,5 +97,154 @@ export function adminService({ db, policies }: AdminDeps): ServiceImpl<typeof Ad
           });
       return create(ListPoliciesResponseSchema, { policies: shown.map(publishedToProto) });
     },
+
+    async setOperationMode(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      const mode = MODES.find(([wire]) => wire === req.mode)?.[1] ?? refuse("INVALID_REQUEST", "mode must be ENFORCE, SHADOW or DRAINING");
+      return create(SetOperationModeResponseSchema, { control: await changeControl(caller, req.operation, req.apiRevision, { mode }, "MODE_SET") });
+    },
+
+    async raiseWriterEpoch(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      const writerEpoch = fromUint64(req.writerEpoch, "writer_epoch");
+      return create(RaiseWriterEpochResponseSchema, {
+        control: await changeControl(caller, req.operation, req.apiRevision, { writerEpoch }, "WRITER_EPOCH_RAISED"),
+      });
+    },
+
+    async listOperationControls(_req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      const controls = (await listControls(db)).filter((c) => caller.mayOperate(c.operation));
+      return create(ListOperationControlsResponseSchema, { controls: controls.map(toProtoControl) });
+    },
+
+    async listRecords(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      const pageSize = req.pageSize || 100;
+      if (pageSize > 500) refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
+      const scope = grantedScope(caller, req.tenant, req.operations);
+      const key = decodePageToken(req.pageToken, 3);
+      const views = await listRecords(db, {
+        ...scope,
+        states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
+        olderThanMs: fromProtoLease(req.olderThan, "older_than"),
+        pageSize,
+        after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
+      });
+      const last = views.at(-1);
+      return create(ListRecordsResponseSchema, {
+        records: views.map(toProtoRecord),
+        nextPageToken: last && views.length === pageSize ? encodePageToken([last.createdAtText, last.record.tenant, last.record.operationId]) : "",
+      });
+    },
+
+    async reconcile(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      const outcome = fromProtoOutcome(req.outcome);
+      if (outcome === "REJECTED") refuse("INVALID_REQUEST", "outcome must be SUCCEEDED or FAILED_FINAL: an UNKNOWN record may have had an effect");
+      const ref = fromProtoRef(req.ref);
+      const record = await registry.reconcile(
+        db,
+        { ref, outcome, snapshot: fromProtoSnapshot(req.snapshot), evidence: req.evidence, operatorName: req.operator },
+        caller,
+      );
+      const view = await registry.lookupById(db, ref, undefined, caller);
+      return create(ReconcileResponseSchema, { record: toProtoRecord({ ...view, record }) });
+    },
+
+    async *streamEvents(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
+      let after = req.afterEventId;
+      for (;;) {
+        const events = await readEvents(db, {
+          afterEventId: after,
+          limit: 500,
+          ...(req.tenant ? { tenant: req.tenant } : {}),
+          ...(req.operation ? { operation: req.operation } : {}),
+        });
+        for (const event of events) {
+          after = BigInt(event.eventId);
+          // Operation-level events (tenant "") concern every tenant of the operation.
+          if ((event.tenant !== "" && !caller.mayUseTenant(event.tenant)) || (event.operation && !caller.mayOperate(event.operation))) continue;
+          yield toProtoEvent(event);
+        }
+        if (events.length === 500) continue;
+        if (!req.follow) return;
+        await sleep(EVENT_POLL_MS, ctx.signal);
+      }
+    },
+
+    async runRetentionSweep(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "operator");
+      const batchSize = req.batchSize || 500;
+      if (batchSize > 10_000) refuse("INVALID_REQUEST", "batch_size must be from 1 to 10000");
+      const { tombstoned, batches } = await sweepRetention(db, { batchSize, ...(req.maxBatches ? { maxBatches: req.maxBatches } : {}), caller: caller.caller });
+      return create(RunRetentionSweepResponseSchema, { tombstoned: BigInt(tombstoned), batches });
+    },
   };
+}
+
+/** How often a followed event stream looks for new events. */
+const EVENT_POLL_MS = 500;
+
+const MODES: Array<[OperationMode, OperationControl["mode"]]> = [
+  [OperationMode.ENFORCE, "ENFORCE"],
+  [OperationMode.SHADOW, "SHADOW"],
+  [OperationMode.DRAINING, "DRAINING"],
+];
+
+function toProtoControl(control: ControlRow) {
+  return create(OperationControlSchema, {
+    operation: control.operation,
+    apiRevision: control.apiRevision,
+    mode: MODES.find(([, mode]) => mode === control.mode)![0],
+    writerEpoch: BigInt(control.writerEpoch),
+    updatedAt: timestampFromDate(control.updatedAt),
+    updatedBy: control.updatedBy,
+  });
+}
+
+function toProtoEvent(event: LoggedEvent) {
+  return create(StreamEventsResponseSchema, {
+    eventId: BigInt(event.eventId),
+    tenant: event.tenant,
+    operationId: event.operationId ?? "",
+    operation: event.operation ?? "",
+    apiRevision: event.apiRevision ?? 0,
+    kind: event.kind,
+    generation: BigInt(event.generation ?? 0),
+    state: event.state ?? "",
+    caller: event.caller,
+    detail: event.detail as JsonObject,
+    at: timestampFromDate(event.at),
+  });
+}
+
+/** The tenants and operations a listing covers: what was asked, within what the caller is granted. */
+function grantedScope(caller: Caller, tenant: string, operations: readonly string[]): { tenants?: string[]; operations?: string[] } {
+  if (tenant && !caller.mayUseTenant(tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${tenant}`);
+  for (const operation of operations) {
+    if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
+  }
+  const tenants = tenant ? [tenant] : caller.tenants === "*" ? undefined : [...caller.tenants];
+  const granted = operations.length > 0 ? [...operations] : caller.operations === "*" ? undefined : [...caller.operations];
+  return { ...(tenants ? { tenants } : {}), ...(granted ? { operations: granted } : {}) };
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    }, { once: true });
+  });
 }

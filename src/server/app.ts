@@ -84,7 +84,7 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
     const handler = connectNodeAdapter({
       routes: (router) => {
         router.service(CoordinatorService, coordinatorService({ registry, db }));
-        router.service(AdminService, adminService({ db, policies: policyCache }));
+        router.service(AdminService, adminService({ db, registry, policies: policyCache, policyRefreshMs: config.policyRefreshMs }));
         router.service(Health, health.service());
       },
       // Outermost first: count the RPC, map any error, then authenticate and check the message.

@@ -26,6 +26,12 @@ import type { ClaimMode, Decision, EffectStatus, OperationRef, Outcome, RecordSt
  */
 
 export const toProtoState = (state: RecordState): ProtoRecordState => ProtoRecordState[state];
+
+export function fromProtoState(state: ProtoRecordState): RecordState {
+  const name = ProtoRecordState[state] as RecordState | "UNSPECIFIED" | undefined;
+  if (name === undefined || name === "UNSPECIFIED") refuse("INVALID_REQUEST", "states must be record states such as RECORD_STATE_UNKNOWN");
+  return name;
+}
 export const toProtoDecision = (decision: Decision): ProtoDecision => ProtoDecision[decision];
 export const toProtoEffectStatus = (status: EffectStatus): ProtoEffectStatus => ProtoEffectStatus[status];
 

@@ -38,6 +38,7 @@ import {
   toTimestamp,
 } from "./convert.js";
 import { callerOf } from "./interceptors.js";
+import { decodePageToken, encodePageToken } from "./page-token.js";
 
 /** What the coordinator's handlers need. */
 export interface CoordinatorDeps {
@@ -211,7 +212,7 @@ export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceIm
           tenants: req.tenant ? [req.tenant] : caller.tenants === "*" ? undefined : [...caller.tenants],
           operations: req.operations.length > 0 ? req.operations : caller.operations === "*" ? undefined : [...caller.operations],
           pageSize: req.pageSize || 100,
-          after: decodeCursor(req.pageToken),
+          after: resumeAfter(req.pageToken),
         },
         caller,
       );
@@ -220,26 +221,15 @@ export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceIm
           record: toProtoRecord(view),
           claimMode: view.record.state === "UNKNOWN" || view.record.effectPossible ? ClaimMode.RECOVER : ClaimMode.TAKEOVER,
         })),
-        nextPageToken: next ? encodeCursor(next) : "",
+        nextPageToken: next ? encodePageToken([next.leaseEnd, next.tenant, next.operationId]) : "",
       });
     },
   };
 }
 
-/** A listing's resume point, opaque to clients. */
-function encodeCursor(cursor: RecoverableCursor): string {
-  return Buffer.from(JSON.stringify([cursor.leaseEnd, cursor.tenant, cursor.operationId])).toString("base64url");
-}
-
-function decodeCursor(token: string): RecoverableCursor | undefined {
-  if (token === "") return undefined;
-  try {
-    const [leaseEnd, tenant, operationId] = JSON.parse(Buffer.from(token, "base64url").toString("utf8")) as unknown[];
-    if (typeof leaseEnd === "string" && typeof tenant === "string" && typeof operationId === "string") return { leaseEnd, tenant, operationId };
-  } catch {
-    // Falls through to the refusal.
-  }
-  return refuse("INVALID_REQUEST", "page_token is not one this coordinator returned");
+function resumeAfter(token: string): RecoverableCursor | undefined {
+  const key = decodePageToken(token, 3);
+  return key && { leaseEnd: key[0]!, tenant: key[1]!, operationId: key[2]! };
 }
 
 function requestIdentity(request: ReserveRequest["request"]): RequestIdentity {

@@ -64,7 +64,7 @@ describe("the happy path", () => {
     expect(conflict.decision).toBe("PAYLOAD_CONFLICT");
 
     const { rows } = await t.pool.query("SELECT kind FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [ref.operationId]);
-    expect(rows.map((r) => r.kind)).toEqual(["ACCEPTED", "CLAIMED", "EFFECT_RECORDED", "EFFECT_RESOLVED", "COMPLETED"]);
+    expect(rows.map((r) => r.kind)).toEqual(["ACCEPTED", "CLAIMED", "EFFECT_RECORDED", "EFFECT_RESOLVED", "COMPLETED", "CONFLICT"]);
   });
 
   it("succeeds again on an identical repeated Complete and refuses a different one", async () => {

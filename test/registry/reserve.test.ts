@@ -212,7 +212,7 @@ describe("round trips per Reserve", () => {
     return { db: { run: (work) => db.run((q) => work(wrap(q))), transaction: (work) => db.transaction((q) => work(wrap(q))) }, count: () => n };
   }
 
-  it("uses one statement for a new scope and for a replay, in progress or conflict, two for a takeover", async () => {
+  it("uses one statement for a new scope, a replay or in progress, two for a conflict (logged) or a takeover", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
       const c = counting(t.db);
@@ -221,7 +221,7 @@ describe("round trips per Reserve", () => {
     };
     expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 1]);
     expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", 1]);
-    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", 1]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", 2]);
     const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0].operation_id);
     expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 2]);

@@ -5,17 +5,572 @@
 // @generated from file idempotency/v1/admin.proto (package idempotency.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { OperationRef } from "./coordinator_pb.js";
+import { file_idempotency_v1_coordinator } from "./coordinator_pb.js";
 import type { OperationPolicy, PublishedPolicy } from "./policy_pb.js";
 import { file_idempotency_v1_policy } from "./policy_pb.js";
-import type { Message } from "@bufbuild/protobuf";
+import type { OperationRecord, Outcome, RecordState, ResponseSnapshot } from "./types_pb.js";
+import { file_idempotency_v1_types } from "./types_pb.js";
+import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file idempotency/v1/admin.proto.
  */
 export const file_idempotency_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChppZGVtcG90ZW5jeS92MS9hZG1pbi5wcm90bxIOaWRlbXBvdGVuY3kudjEiRwoUUHVibGlzaFBvbGljeVJlcXVlc3QSLwoGcG9saWN5GAEgASgLMh8uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUG9saWN5IlwKFVB1Ymxpc2hQb2xpY3lSZXNwb25zZRIyCglwdWJsaXNoZWQYASABKAsyHy5pZGVtcG90ZW5jeS52MS5QdWJsaXNoZWRQb2xpY3kSDwoHY3JlYXRlZBgCIAEoCCJUChBHZXRQb2xpY3lSZXF1ZXN0EhEKCW9wZXJhdGlvbhgBIAEoCRIUCgxhcGlfcmV2aXNpb24YAiABKA0SFwoPc2NoZW1hX3JldmlzaW9uGAMgASgNIkcKEUdldFBvbGljeVJlc3BvbnNlEjIKCXB1Ymxpc2hlZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hlZFBvbGljeSIoChNMaXN0UG9saWNpZXNSZXF1ZXN0EhEKCW9wZXJhdGlvbhgBIAEoCSJJChRMaXN0UG9saWNpZXNSZXNwb25zZRIxCghwb2xpY2llcxgBIAMoCzIfLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hlZFBvbGljeTKZAgoMQWRtaW5TZXJ2aWNlElwKDVB1Ymxpc2hQb2xpY3kSJC5pZGVtcG90ZW5jeS52MS5QdWJsaXNoUG9saWN5UmVxdWVzdBolLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hQb2xpY3lSZXNwb25zZRJQCglHZXRQb2xpY3kSIC5pZGVtcG90ZW5jeS52MS5HZXRQb2xpY3lSZXF1ZXN0GiEuaWRlbXBvdGVuY3kudjEuR2V0UG9saWN5UmVzcG9uc2USWQoMTGlzdFBvbGljaWVzEiMuaWRlbXBvdGVuY3kudjEuTGlzdFBvbGljaWVzUmVxdWVzdBokLmlkZW1wb3RlbmN5LnYxLkxpc3RQb2xpY2llc1Jlc3BvbnNlQjpaOGV4YW1wbGUuY29tL2lkZW1wb3RlbmN5L2dlbi9pZGVtcG90ZW5jeS92MTtpZGVtcG90ZW5jeXYxYgZwcm90bzM", [file_idempotency_v1_policy]);
+  fileDesc("ChppZGVtcG90ZW5jeS92MS9hZG1pbi5wcm90bxIOaWRlbXBvdGVuY3kudjEiwgEKEE9wZXJhdGlvbkNvbnRyb2wSEQoJb3BlcmF0aW9uGAEgASgJEhQKDGFwaV9yZXZpc2lvbhgCIAEoDRIrCgRtb2RlGAMgASgOMh0uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uTW9kZRIUCgx3cml0ZXJfZXBvY2gYBCABKAQSLgoKdXBkYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKdXBkYXRlZF9ieRgGIAEoCSJvChdTZXRPcGVyYXRpb25Nb2RlUmVxdWVzdBIRCglvcGVyYXRpb24YASABKAkSFAoMYXBpX3JldmlzaW9uGAIgASgNEisKBG1vZGUYAyABKA4yHS5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25Nb2RlIk0KGFNldE9wZXJhdGlvbk1vZGVSZXNwb25zZRIxCgdjb250cm9sGAEgASgLMiAuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uQ29udHJvbCJYChdSYWlzZVdyaXRlckVwb2NoUmVxdWVzdBIRCglvcGVyYXRpb24YASABKAkSFAoMYXBpX3JldmlzaW9uGAIgASgNEhQKDHdyaXRlcl9lcG9jaBgDIAEoBCJNChhSYWlzZVdyaXRlckVwb2NoUmVzcG9uc2USMQoHY29udHJvbBgBIAEoCzIgLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvbkNvbnRyb2wiHgocTGlzdE9wZXJhdGlvbkNvbnRyb2xzUmVxdWVzdCJTCh1MaXN0T3BlcmF0aW9uQ29udHJvbHNSZXNwb25zZRIyCghjb250cm9scxgBIAMoCzIgLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvbkNvbnRyb2wiuwEKEkxpc3RSZWNvcmRzUmVxdWVzdBIrCgZzdGF0ZXMYASADKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRIOCgZ0ZW5hbnQYAiABKAkSEgoKb3BlcmF0aW9ucxgDIAMoCRItCgpvbGRlcl90aGFuGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCXBhZ2Vfc2l6ZRgFIAEoDRISCgpwYWdlX3Rva2VuGAYgASgJImAKE0xpc3RSZWNvcmRzUmVzcG9uc2USMAoHcmVjb3JkcxgBIAMoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkivwEKEFJlY29uY2lsZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEigKB291dGNvbWUYAiABKA4yFy5pZGVtcG90ZW5jeS52MS5PdXRjb21lEjIKCHNuYXBzaG90GAMgASgLMiAuaWRlbXBvdGVuY3kudjEuUmVzcG9uc2VTbmFwc2hvdBIQCghldmlkZW5jZRgEIAEoCRIQCghvcGVyYXRvchgFIAEoCSJEChFSZWNvbmNpbGVSZXNwb25zZRIvCgZyZWNvcmQYASABKAsyHy5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWNvcmQiYAoTU3RyZWFtRXZlbnRzUmVxdWVzdBIWCg5hZnRlcl9ldmVudF9pZBgBIAEoBBIOCgZmb2xsb3cYAiABKAgSDgoGdGVuYW50GAMgASgJEhEKCW9wZXJhdGlvbhgEIAEoCSKJAgoUU3RyZWFtRXZlbnRzUmVzcG9uc2USEAoIZXZlbnRfaWQYASABKAQSDgoGdGVuYW50GAIgASgJEhQKDG9wZXJhdGlvbl9pZBgDIAEoCRIRCglvcGVyYXRpb24YBCABKAkSFAoMYXBpX3JldmlzaW9uGAUgASgNEgwKBGtpbmQYBiABKAkSEgoKZ2VuZXJhdGlvbhgHIAEoBBINCgVzdGF0ZRgIIAEoCRIOCgZjYWxsZXIYCSABKAkSJwoGZGV0YWlsGAogASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBImCgJhdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQwoYUnVuUmV0ZW50aW9uU3dlZXBSZXF1ZXN0EhIKCmJhdGNoX3NpemUYASABKA0SEwoLbWF4X2JhdGNoZXMYAiABKA0iQAoZUnVuUmV0ZW50aW9uU3dlZXBSZXNwb25zZRISCgp0b21ic3RvbmVkGAEgASgEEg8KB2JhdGNoZXMYAiABKA0iRwoUUHVibGlzaFBvbGljeVJlcXVlc3QSLwoGcG9saWN5GAEgASgLMh8uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUG9saWN5IlwKFVB1Ymxpc2hQb2xpY3lSZXNwb25zZRIyCglwdWJsaXNoZWQYASABKAsyHy5pZGVtcG90ZW5jeS52MS5QdWJsaXNoZWRQb2xpY3kSDwoHY3JlYXRlZBgCIAEoCCJUChBHZXRQb2xpY3lSZXF1ZXN0EhEKCW9wZXJhdGlvbhgBIAEoCRIUCgxhcGlfcmV2aXNpb24YAiABKA0SFwoPc2NoZW1hX3JldmlzaW9uGAMgASgNIkcKEUdldFBvbGljeVJlc3BvbnNlEjIKCXB1Ymxpc2hlZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hlZFBvbGljeSIoChNMaXN0UG9saWNpZXNSZXF1ZXN0EhEKCW9wZXJhdGlvbhgBIAEoCSJJChRMaXN0UG9saWNpZXNSZXNwb25zZRIxCghwb2xpY2llcxgBIAMoCzIfLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hlZFBvbGljeSqDAQoNT3BlcmF0aW9uTW9kZRIeChpPUEVSQVRJT05fTU9ERV9VTlNQRUNJRklFRBAAEhoKFk9QRVJBVElPTl9NT0RFX0VORk9SQ0UQARIZChVPUEVSQVRJT05fTU9ERV9TSEFET1cQAhIbChdPUEVSQVRJT05fTU9ERV9EUkFJTklORxADMs4HCgxBZG1pblNlcnZpY2USXAoNUHVibGlzaFBvbGljeRIkLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hQb2xpY3lSZXF1ZXN0GiUuaWRlbXBvdGVuY3kudjEuUHVibGlzaFBvbGljeVJlc3BvbnNlElAKCUdldFBvbGljeRIgLmlkZW1wb3RlbmN5LnYxLkdldFBvbGljeVJlcXVlc3QaIS5pZGVtcG90ZW5jeS52MS5HZXRQb2xpY3lSZXNwb25zZRJZCgxMaXN0UG9saWNpZXMSIy5pZGVtcG90ZW5jeS52MS5MaXN0UG9saWNpZXNSZXF1ZXN0GiQuaWRlbXBvdGVuY3kudjEuTGlzdFBvbGljaWVzUmVzcG9uc2USZQoQU2V0T3BlcmF0aW9uTW9kZRInLmlkZW1wb3RlbmN5LnYxLlNldE9wZXJhdGlvbk1vZGVSZXF1ZXN0GiguaWRlbXBvdGVuY3kudjEuU2V0T3BlcmF0aW9uTW9kZVJlc3BvbnNlEmUKEFJhaXNlV3JpdGVyRXBvY2gSJy5pZGVtcG90ZW5jeS52MS5SYWlzZVdyaXRlckVwb2NoUmVxdWVzdBooLmlkZW1wb3RlbmN5LnYxLlJhaXNlV3JpdGVyRXBvY2hSZXNwb25zZRJ0ChVMaXN0T3BlcmF0aW9uQ29udHJvbHMSLC5pZGVtcG90ZW5jeS52MS5MaXN0T3BlcmF0aW9uQ29udHJvbHNSZXF1ZXN0Gi0uaWRlbXBvdGVuY3kudjEuTGlzdE9wZXJhdGlvbkNvbnRyb2xzUmVzcG9uc2USVgoLTGlzdFJlY29yZHMSIi5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaIy5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3Jkc1Jlc3BvbnNlElAKCVJlY29uY2lsZRIgLmlkZW1wb3RlbmN5LnYxLlJlY29uY2lsZVJlcXVlc3QaIS5pZGVtcG90ZW5jeS52MS5SZWNvbmNpbGVSZXNwb25zZRJbCgxTdHJlYW1FdmVudHMSIy5pZGVtcG90ZW5jeS52MS5TdHJlYW1FdmVudHNSZXF1ZXN0GiQuaWRlbXBvdGVuY3kudjEuU3RyZWFtRXZlbnRzUmVzcG9uc2UwARJoChFSdW5SZXRlbnRpb25Td2VlcBIoLmlkZW1wb3RlbmN5LnYxLlJ1blJldGVudGlvblN3ZWVwUmVxdWVzdBopLmlkZW1wb3RlbmN5LnYxLlJ1blJldGVudGlvblN3ZWVwUmVzcG9uc2VCOlo4ZXhhbXBsZS5jb20vaWRlbXBvdGVuY3kvZ2VuL2lkZW1wb3RlbmN5L3YxO2lkZW1wb3RlbmN5djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_idempotency_v1_coordinator, file_idempotency_v1_policy, file_idempotency_v1_types]);
+
+/**
+ * An operation's switches.
+ *
+ * @generated from message idempotency.v1.OperationControl
+ */
+export type OperationControl = Message<"idempotency.v1.OperationControl"> & {
+  /**
+   * The operation name.
+   *
+   * @generated from field: string operation = 1;
+   */
+  operation: string;
+
+  /**
+   * The API major revision.
+   *
+   * @generated from field: uint32 api_revision = 2;
+   */
+  apiRevision: number;
+
+  /**
+   * The mode.
+   *
+   * @generated from field: idempotency.v1.OperationMode mode = 3;
+   */
+  mode: OperationMode;
+
+  /**
+   * The writer epoch: writers with an older one are refused.
+   *
+   * @generated from field: uint64 writer_epoch = 4;
+   */
+  writerEpoch: bigint;
+
+  /**
+   * When the switches last changed.
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 5;
+   */
+  updatedAt?: Timestamp | undefined;
+
+  /**
+   * Who changed them last.
+   *
+   * @generated from field: string updated_by = 6;
+   */
+  updatedBy: string;
+};
+
+/**
+ * Describes the message idempotency.v1.OperationControl.
+ * Use `create(OperationControlSchema)` to create a new message.
+ */
+export const OperationControlSchema: GenMessage<OperationControl> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 0);
+
+/**
+ * SetOperationMode: which operation, which mode.
+ *
+ * @generated from message idempotency.v1.SetOperationModeRequest
+ */
+export type SetOperationModeRequest = Message<"idempotency.v1.SetOperationModeRequest"> & {
+  /**
+   * The operation name.
+   *
+   * @generated from field: string operation = 1;
+   */
+  operation: string;
+
+  /**
+   * The API major revision.
+   *
+   * @generated from field: uint32 api_revision = 2;
+   */
+  apiRevision: number;
+
+  /**
+   * The new mode.
+   *
+   * @generated from field: idempotency.v1.OperationMode mode = 3;
+   */
+  mode: OperationMode;
+};
+
+/**
+ * Describes the message idempotency.v1.SetOperationModeRequest.
+ * Use `create(SetOperationModeRequestSchema)` to create a new message.
+ */
+export const SetOperationModeRequestSchema: GenMessage<SetOperationModeRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 1);
+
+/**
+ * The switches after the change.
+ *
+ * @generated from message idempotency.v1.SetOperationModeResponse
+ */
+export type SetOperationModeResponse = Message<"idempotency.v1.SetOperationModeResponse"> & {
+  /**
+   * The switches.
+   *
+   * @generated from field: idempotency.v1.OperationControl control = 1;
+   */
+  control?: OperationControl | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.SetOperationModeResponse.
+ * Use `create(SetOperationModeResponseSchema)` to create a new message.
+ */
+export const SetOperationModeResponseSchema: GenMessage<SetOperationModeResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 2);
+
+/**
+ * RaiseWriterEpoch: which operation, which epoch.
+ *
+ * @generated from message idempotency.v1.RaiseWriterEpochRequest
+ */
+export type RaiseWriterEpochRequest = Message<"idempotency.v1.RaiseWriterEpochRequest"> & {
+  /**
+   * The operation name.
+   *
+   * @generated from field: string operation = 1;
+   */
+  operation: string;
+
+  /**
+   * The API major revision.
+   *
+   * @generated from field: uint32 api_revision = 2;
+   */
+  apiRevision: number;
+
+  /**
+   * The new epoch; a lower or equal one changes nothing.
+   *
+   * @generated from field: uint64 writer_epoch = 3;
+   */
+  writerEpoch: bigint;
+};
+
+/**
+ * Describes the message idempotency.v1.RaiseWriterEpochRequest.
+ * Use `create(RaiseWriterEpochRequestSchema)` to create a new message.
+ */
+export const RaiseWriterEpochRequestSchema: GenMessage<RaiseWriterEpochRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 3);
+
+/**
+ * The switches after the change.
+ *
+ * @generated from message idempotency.v1.RaiseWriterEpochResponse
+ */
+export type RaiseWriterEpochResponse = Message<"idempotency.v1.RaiseWriterEpochResponse"> & {
+  /**
+   * The switches.
+   *
+   * @generated from field: idempotency.v1.OperationControl control = 1;
+   */
+  control?: OperationControl | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.RaiseWriterEpochResponse.
+ * Use `create(RaiseWriterEpochResponseSchema)` to create a new message.
+ */
+export const RaiseWriterEpochResponseSchema: GenMessage<RaiseWriterEpochResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 4);
+
+/**
+ * ListOperationControls: no parameters.
+ *
+ * @generated from message idempotency.v1.ListOperationControlsRequest
+ */
+export type ListOperationControlsRequest = Message<"idempotency.v1.ListOperationControlsRequest"> & {
+};
+
+/**
+ * Describes the message idempotency.v1.ListOperationControlsRequest.
+ * Use `create(ListOperationControlsRequestSchema)` to create a new message.
+ */
+export const ListOperationControlsRequestSchema: GenMessage<ListOperationControlsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 5);
+
+/**
+ * Every operation's switches.
+ *
+ * @generated from message idempotency.v1.ListOperationControlsResponse
+ */
+export type ListOperationControlsResponse = Message<"idempotency.v1.ListOperationControlsResponse"> & {
+  /**
+   * By operation and API revision.
+   *
+   * @generated from field: repeated idempotency.v1.OperationControl controls = 1;
+   */
+  controls: OperationControl[];
+};
+
+/**
+ * Describes the message idempotency.v1.ListOperationControlsResponse.
+ * Use `create(ListOperationControlsResponseSchema)` to create a new message.
+ */
+export const ListOperationControlsResponseSchema: GenMessage<ListOperationControlsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 6);
+
+/**
+ * ListRecords: which records.
+ *
+ * @generated from message idempotency.v1.ListRecordsRequest
+ */
+export type ListRecordsRequest = Message<"idempotency.v1.ListRecordsRequest"> & {
+  /**
+   * Only these states; empty for all.
+   *
+   * @generated from field: repeated idempotency.v1.RecordState states = 1;
+   */
+  states: RecordState[];
+
+  /**
+   * Only this tenant; empty for every tenant the caller is granted.
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * Only these operations; empty for all the caller is granted.
+   *
+   * @generated from field: repeated string operations = 3;
+   */
+  operations: string[];
+
+  /**
+   * Only records accepted at least this long ago.
+   *
+   * @generated from field: google.protobuf.Duration older_than = 4;
+   */
+  olderThan?: Duration | undefined;
+
+  /**
+   * Most records, 1 to 500 (default 100).
+   *
+   * @generated from field: uint32 page_size = 5;
+   */
+  pageSize: number;
+
+  /**
+   * From the previous response; empty for the first page.
+   *
+   * @generated from field: string page_token = 6;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message idempotency.v1.ListRecordsRequest.
+ * Use `create(ListRecordsRequestSchema)` to create a new message.
+ */
+export const ListRecordsRequestSchema: GenMessage<ListRecordsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 7);
+
+/**
+ * The records found, oldest first.
+ *
+ * @generated from message idempotency.v1.ListRecordsResponse
+ */
+export type ListRecordsResponse = Message<"idempotency.v1.ListRecordsResponse"> & {
+  /**
+   * The records, with their effect attempts.
+   *
+   * @generated from field: repeated idempotency.v1.OperationRecord records = 1;
+   */
+  records: OperationRecord[];
+
+  /**
+   * Pass back for the next page; empty on the last one.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message idempotency.v1.ListRecordsResponse.
+ * Use `create(ListRecordsResponseSchema)` to create a new message.
+ */
+export const ListRecordsResponseSchema: GenMessage<ListRecordsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 8);
+
+/**
+ * Reconcile: what is now known of an UNKNOWN record.
+ *
+ * @generated from message idempotency.v1.ReconcileRequest
+ */
+export type ReconcileRequest = Message<"idempotency.v1.ReconcileRequest"> & {
+  /**
+   * The record.
+   *
+   * @generated from field: idempotency.v1.OperationRef ref = 1;
+   */
+  ref?: OperationRef | undefined;
+
+  /**
+   * SUCCEEDED or FAILED_FINAL.
+   *
+   * @generated from field: idempotency.v1.Outcome outcome = 2;
+   */
+  outcome: Outcome;
+
+  /**
+   * The response retries will replay from now on.
+   *
+   * @generated from field: idempotency.v1.ResponseSnapshot snapshot = 3;
+   */
+  snapshot?: ResponseSnapshot | undefined;
+
+  /**
+   * What shows the outcome (a provider reference, a statement line, a ticket).
+   *
+   * @generated from field: string evidence = 4;
+   */
+  evidence: string;
+
+  /**
+   * The person reconciling (the caller identity is logged too).
+   *
+   * @generated from field: string operator = 5;
+   */
+  operator: string;
+};
+
+/**
+ * Describes the message idempotency.v1.ReconcileRequest.
+ * Use `create(ReconcileRequestSchema)` to create a new message.
+ */
+export const ReconcileRequestSchema: GenMessage<ReconcileRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 9);
+
+/**
+ * The reconciled record.
+ *
+ * @generated from message idempotency.v1.ReconcileResponse
+ */
+export type ReconcileResponse = Message<"idempotency.v1.ReconcileResponse"> & {
+  /**
+   * The record, now terminal.
+   *
+   * @generated from field: idempotency.v1.OperationRecord record = 1;
+   */
+  record?: OperationRecord | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.ReconcileResponse.
+ * Use `create(ReconcileResponseSchema)` to create a new message.
+ */
+export const ReconcileResponseSchema: GenMessage<ReconcileResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 10);
+
+/**
+ * StreamEvents: from where, and which events.
+ *
+ * @generated from message idempotency.v1.StreamEventsRequest
+ */
+export type StreamEventsRequest = Message<"idempotency.v1.StreamEventsRequest"> & {
+  /**
+   * Events after this id; 0 for the whole log.
+   *
+   * @generated from field: uint64 after_event_id = 1;
+   */
+  afterEventId: bigint;
+
+  /**
+   * Keep streaming new events as they are logged.
+   *
+   * @generated from field: bool follow = 2;
+   */
+  follow: boolean;
+
+  /**
+   * Only this tenant's events ("" for all the caller is granted).
+   *
+   * @generated from field: string tenant = 3;
+   */
+  tenant: string;
+
+  /**
+   * Only this operation's events.
+   *
+   * @generated from field: string operation = 4;
+   */
+  operation: string;
+};
+
+/**
+ * Describes the message idempotency.v1.StreamEventsRequest.
+ * Use `create(StreamEventsRequestSchema)` to create a new message.
+ */
+export const StreamEventsRequestSchema: GenMessage<StreamEventsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 11);
+
+/**
+ * One entry of the event log.
+ *
+ * @generated from message idempotency.v1.StreamEventsResponse
+ */
+export type StreamEventsResponse = Message<"idempotency.v1.StreamEventsResponse"> & {
+  /**
+   * Increasing; pass the last one seen as after_event_id to resume.
+   *
+   * @generated from field: uint64 event_id = 1;
+   */
+  eventId: bigint;
+
+  /**
+   * The record's tenant; empty for an event about the operation as a whole.
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * The record's operation id; empty for an operation-level event.
+   *
+   * @generated from field: string operation_id = 3;
+   */
+  operationId: string;
+
+  /**
+   * The operation name.
+   *
+   * @generated from field: string operation = 4;
+   */
+  operation: string;
+
+  /**
+   * The API major revision.
+   *
+   * @generated from field: uint32 api_revision = 5;
+   */
+  apiRevision: number;
+
+  /**
+   * ACCEPTED, TAKEOVER, CLAIMED, UNKNOWN, RECOVERY_CLAIMED, EFFECT_RECORDED,
+   * EFFECT_RESOLVED, COMPLETED, RELEASED, CONFLICT, LEASE_EXPIRED, RECONCILED,
+   * TOMBSTONED, RECYCLED, MODE_SET, WRITER_EPOCH_RAISED, …
+   *
+   * @generated from field: string kind = 6;
+   */
+  kind: string;
+
+  /**
+   * The record's generation after the event.
+   *
+   * @generated from field: uint64 generation = 7;
+   */
+  generation: bigint;
+
+  /**
+   * The record's state after the event.
+   *
+   * @generated from field: string state = 8;
+   */
+  state: string;
+
+  /**
+   * The authenticated caller that caused it (or the coordinator's job).
+   *
+   * @generated from field: string caller = 9;
+   */
+  caller: string;
+
+  /**
+   * Facts of the event (never request or response content).
+   *
+   * @generated from field: google.protobuf.Struct detail = 10;
+   */
+  detail?: JsonObject | undefined;
+
+  /**
+   * When it happened.
+   *
+   * @generated from field: google.protobuf.Timestamp at = 11;
+   */
+  at?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.StreamEventsResponse.
+ * Use `create(StreamEventsResponseSchema)` to create a new message.
+ */
+export const StreamEventsResponseSchema: GenMessage<StreamEventsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 12);
+
+/**
+ * RunRetentionSweep: how much at most.
+ *
+ * @generated from message idempotency.v1.RunRetentionSweepRequest
+ */
+export type RunRetentionSweepRequest = Message<"idempotency.v1.RunRetentionSweepRequest"> & {
+  /**
+   * Records per batch, 1 to 10000 (default 500).
+   *
+   * @generated from field: uint32 batch_size = 1;
+   */
+  batchSize: number;
+
+  /**
+   * Batches at most (default: until nothing is due).
+   *
+   * @generated from field: uint32 max_batches = 2;
+   */
+  maxBatches: number;
+};
+
+/**
+ * Describes the message idempotency.v1.RunRetentionSweepRequest.
+ * Use `create(RunRetentionSweepRequestSchema)` to create a new message.
+ */
+export const RunRetentionSweepRequestSchema: GenMessage<RunRetentionSweepRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 13);
+
+/**
+ * What the sweep did.
+ *
+ * @generated from message idempotency.v1.RunRetentionSweepResponse
+ */
+export type RunRetentionSweepResponse = Message<"idempotency.v1.RunRetentionSweepResponse"> & {
+  /**
+   * Records turned into tombstones.
+   *
+   * @generated from field: uint64 tombstoned = 1;
+   */
+  tombstoned: bigint;
+
+  /**
+   * Batches run.
+   *
+   * @generated from field: uint32 batches = 2;
+   */
+  batches: number;
+};
+
+/**
+ * Describes the message idempotency.v1.RunRetentionSweepResponse.
+ * Use `create(RunRetentionSweepResponseSchema)` to create a new message.
+ */
+export const RunRetentionSweepResponseSchema: GenMessage<RunRetentionSweepResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 14);
 
 /**
  * PublishPolicy: the revision to publish.
@@ -36,7 +591,7 @@ export type PublishPolicyRequest = Message<"idempotency.v1.PublishPolicyRequest"
  * Use `create(PublishPolicyRequestSchema)` to create a new message.
  */
 export const PublishPolicyRequestSchema: GenMessage<PublishPolicyRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_admin, 0);
+  messageDesc(file_idempotency_v1_admin, 15);
 
 /**
  * The published revision.
@@ -64,7 +619,7 @@ export type PublishPolicyResponse = Message<"idempotency.v1.PublishPolicyRespons
  * Use `create(PublishPolicyResponseSchema)` to create a new message.
  */
 export const PublishPolicyResponseSchema: GenMessage<PublishPolicyResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_admin, 1);
+  messageDesc(file_idempotency_v1_admin, 16);
 
 /**
  * GetPolicy: which revision.
@@ -99,7 +654,7 @@ export type GetPolicyRequest = Message<"idempotency.v1.GetPolicyRequest"> & {
  * Use `create(GetPolicyRequestSchema)` to create a new message.
  */
 export const GetPolicyRequestSchema: GenMessage<GetPolicyRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_admin, 2);
+  messageDesc(file_idempotency_v1_admin, 17);
 
 /**
  * The revision asked for.
@@ -120,7 +675,7 @@ export type GetPolicyResponse = Message<"idempotency.v1.GetPolicyResponse"> & {
  * Use `create(GetPolicyResponseSchema)` to create a new message.
  */
 export const GetPolicyResponseSchema: GenMessage<GetPolicyResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_admin, 3);
+  messageDesc(file_idempotency_v1_admin, 18);
 
 /**
  * ListPolicies: which policies.
@@ -142,7 +697,7 @@ export type ListPoliciesRequest = Message<"idempotency.v1.ListPoliciesRequest"> 
  * Use `create(ListPoliciesRequestSchema)` to create a new message.
  */
 export const ListPoliciesRequestSchema: GenMessage<ListPoliciesRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_admin, 4);
+  messageDesc(file_idempotency_v1_admin, 19);
 
 /**
  * The policies found, by operation, API revision, then schema revision.
@@ -163,7 +718,46 @@ export type ListPoliciesResponse = Message<"idempotency.v1.ListPoliciesResponse"
  * Use `create(ListPoliciesResponseSchema)` to create a new message.
  */
 export const ListPoliciesResponseSchema: GenMessage<ListPoliciesResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_admin, 5);
+  messageDesc(file_idempotency_v1_admin, 20);
+
+/**
+ * How an operation is served during rollout and rollback.
+ *
+ * @generated from enum idempotency.v1.OperationMode
+ */
+export enum OperationMode {
+  /**
+   * @generated from enum value: OPERATION_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Decisions are enforced.
+   *
+   * @generated from enum value: OPERATION_MODE_ENFORCE = 1;
+   */
+  ENFORCE = 1,
+
+  /**
+   * Decisions are computed and recorded, but not enforced (enforced=false).
+   *
+   * @generated from enum value: OPERATION_MODE_SHADOW = 2;
+   */
+  SHADOW = 2,
+
+  /**
+   * No new operation is accepted; accepted ones finish.
+   *
+   * @generated from enum value: OPERATION_MODE_DRAINING = 3;
+   */
+  DRAINING = 3,
+}
+
+/**
+ * Describes the enum idempotency.v1.OperationMode.
+ */
+export const OperationModeSchema: GenEnum<OperationMode> = /*@__PURE__*/
+  enumDesc(file_idempotency_v1_admin, 0);
 
 /**
  * Operator actions on the shared registry.
@@ -203,6 +797,85 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof ListPoliciesRequestSchema;
     output: typeof ListPoliciesResponseSchema;
+  },
+  /**
+   * Sets an operation's mode: ENFORCE, SHADOW (decide and record, but
+   * responses say enforced=false) or DRAINING (accept nothing new; accepted
+   * operations still finish). Applies on every replica within its policy
+   * refresh interval.
+   *
+   * @generated from rpc idempotency.v1.AdminService.SetOperationMode
+   */
+  setOperationMode: {
+    methodKind: "unary";
+    input: typeof SetOperationModeRequestSchema;
+    output: typeof SetOperationModeResponseSchema;
+  },
+  /**
+   * Raises an operation's writer epoch: writers deployed with an older epoch
+   * are refused (STALE_WRITER_EPOCH) from then on. The epoch only grows.
+   *
+   * @generated from rpc idempotency.v1.AdminService.RaiseWriterEpoch
+   */
+  raiseWriterEpoch: {
+    methodKind: "unary";
+    input: typeof RaiseWriterEpochRequestSchema;
+    output: typeof RaiseWriterEpochResponseSchema;
+  },
+  /**
+   * Every operation's mode and writer epoch.
+   *
+   * @generated from rpc idempotency.v1.AdminService.ListOperationControls
+   */
+  listOperationControls: {
+    methodKind: "unary";
+    input: typeof ListOperationControlsRequestSchema;
+    output: typeof ListOperationControlsResponseSchema;
+  },
+  /**
+   * Lists records by state, tenant, operation and age, oldest first: with
+   * state UNKNOWN, the queue of records waiting for reconciliation.
+   *
+   * @generated from rpc idempotency.v1.AdminService.ListRecords
+   */
+  listRecords: {
+    methodKind: "unary";
+    input: typeof ListRecordsRequestSchema;
+    output: typeof ListRecordsResponseSchema;
+  },
+  /**
+   * Settles an UNKNOWN record as SUCCEEDED or FAILED_FINAL with evidence and
+   * the operator's name (both kept in the event log), at the next generation.
+   * Refused (INVALID_TRANSITION) from any other state.
+   *
+   * @generated from rpc idempotency.v1.AdminService.Reconcile
+   */
+  reconcile: {
+    methodKind: "unary";
+    input: typeof ReconcileRequestSchema;
+    output: typeof ReconcileResponseSchema;
+  },
+  /**
+   * Streams the event log from a cursor; with `follow`, keeps streaming new
+   * events until the caller cancels.
+   *
+   * @generated from rpc idempotency.v1.AdminService.StreamEvents
+   */
+  streamEvents: {
+    methodKind: "server_streaming";
+    input: typeof StreamEventsRequestSchema;
+    output: typeof StreamEventsResponseSchema;
+  },
+  /**
+   * Runs the retention sweep now (it also runs on a schedule): finished
+   * records past their retention become tombstones.
+   *
+   * @generated from rpc idempotency.v1.AdminService.RunRetentionSweep
+   */
+  runRetentionSweep: {
+    methodKind: "unary";
+    input: typeof RunRetentionSweepRequestSchema;
+    output: typeof RunRetentionSweepResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idempotency_v1_admin, 0);
