@@ -30,6 +30,12 @@ export interface Config {
   operations: PolicyDocument[];
   /** How often every coordinator re-reads policies, modes and epochs from the registry. */
   policyRefreshMs: number;
+  /** How often the recoverer (one replica at a time) looks for ended leases. */
+  recovererIntervalMs: number;
+  /** How often the retention sweep (one replica at a time) runs. */
+  sweepIntervalMs: number;
+  /** How long a record may stay UNKNOWN before it breaches the recovery SLO (metrics and alerts). */
+  unknownSloSeconds: number;
   /** Largest RPC request accepted, in bytes. */
   maxRequestBytes: number;
   /** Upper bound of any deadline a client asks for. */
@@ -47,7 +53,7 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "DATABASE_URL", default: "(unset: embedded PostgreSQL)", meaning: "PostgreSQL connection string of the registry" },
   { name: "IDEM_HOST", default: "0.0.0.0", meaning: "address both ports listen on" },
   { name: "IDEM_RPC_PORT", default: "7070", meaning: "gRPC, gRPC-Web and Connect (HTTP/2 cleartext and HTTP/1.1)" },
-  { name: "IDEM_ADMIN_PORT", default: "7071", meaning: "/healthz and /readyz" },
+  { name: "IDEM_ADMIN_PORT", default: "7071", meaning: "/healthz, /readyz, /metrics and the operator console" },
   { name: "IDEM_DB_POOL_MAX", default: "20", meaning: "most registry connections per process" },
   { name: "IDEM_DB_CONNECT_TIMEOUT_MS", default: "2000", meaning: "wait for a free connection before UNAVAILABLE" },
   { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
@@ -60,6 +66,9 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_OPERATIONS", default: "(embedded: payments.create@1)", meaning: "JSON array of policy revisions to publish at boot" },
   { name: "IDEM_OPERATIONS_FILE", default: "(none)", meaning: "path of a YAML or JSON file holding that array instead" },
   { name: "IDEM_POLICY_REFRESH_MS", default: "2000", meaning: "how soon a new policy, mode or epoch applies on every replica" },
+  { name: "IDEM_RECOVERER_INTERVAL_MS", default: "1000", meaning: "how often ended leases become UNKNOWN or claimable" },
+  { name: "IDEM_SWEEP_INTERVAL_MS", default: "60000", meaning: "how often finished records past retention become tombstones" },
+  { name: "IDEM_UNKNOWN_SLO_SECONDS", default: "3600", meaning: "recovery SLO of UNKNOWN records (metrics, alerts)" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -201,6 +210,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),
     operations: declared ?? (databaseUrl === undefined ? parsePolicyDocuments(DEVELOPMENT_OPERATIONS) : []),
     policyRefreshMs: read("IDEM_POLICY_REFRESH_MS", integer(100, 600_000), 2000),
+    recovererIntervalMs: read("IDEM_RECOVERER_INTERVAL_MS", integer(50, 3_600_000), 1000),
+    sweepIntervalMs: read("IDEM_SWEEP_INTERVAL_MS", integer(50, 86_400_000), 60_000),
+    unknownSloSeconds: read("IDEM_UNKNOWN_SLO_SECONDS", integer(1, 30 * 86_400), 3600),
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),

@@ -189,6 +189,8 @@ export async function registryCensus(db: Db): Promise<{ byState: Map<RecordState
 /** One entry of the event log. */
 export interface LoggedEvent {
   eventId: string;
+  /** Where a reader resumes after this event. */
+  cursor: EventCursor;
   tenant: string;
   operationId: string | null;
   operation: string | null;
@@ -201,22 +203,34 @@ export interface LoggedEvent {
   at: Date;
 }
 
-/** Events after `afterEventId`, in log order, optionally of one tenant or operation. */
-export async function readEvents(
-  db: Db,
-  filter: { afterEventId: bigint; limit: number; tenant?: string; operation?: string },
-): Promise<LoggedEvent[]> {
+/** A position in the event log: the event's transaction id and event id, as text. */
+export interface EventCursor {
+  txid: string;
+  eventId: string;
+}
+
+/**
+ * Events after `after` (from the start when undefined), optionally of one
+ * tenant or operation. Only events of transactions that have ended are read,
+ * in (transaction, event) order: an event committed late by a slow
+ * transaction still comes after the cursor, never before it.
+ */
+export async function readEvents(db: Db, filter: { after?: EventCursor; limit: number; tenant?: string; operation?: string }): Promise<LoggedEvent[]> {
   const { rows } = await db.run((q) =>
     q.query(
-      `SELECT event_id::text, tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail, at
+      `SELECT txid::text AS txid_text, event_id::text AS event_id_text, tenant_id, operation_id, operation, api_revision,
+              kind, generation, state, caller, detail, at
          FROM idem_event
-        WHERE event_id > $1 AND ($2::text IS NULL OR tenant_id = $2) AND ($3::text IS NULL OR operation = $3)
-        ORDER BY event_id LIMIT $4`,
-      [filter.afterEventId.toString(), filter.tenant ?? null, filter.operation ?? null, filter.limit],
+        WHERE ($1::xid8 IS NULL OR (txid, event_id) > ($1::xid8, $2::bigint))
+          AND txid < pg_snapshot_xmin(pg_current_snapshot())
+          AND ($3::text IS NULL OR tenant_id = $3) AND ($4::text IS NULL OR operation = $4)
+        ORDER BY txid, event_id LIMIT $5`,
+      [filter.after?.txid ?? null, filter.after?.eventId ?? null, filter.tenant ?? null, filter.operation ?? null, filter.limit],
     ),
   );
   return rows.map((r) => ({
-    eventId: r.event_id as string,
+    eventId: r.event_id_text as string,
+    cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string },
     tenant: r.tenant_id as string,
     operationId: r.operation_id as string | null,
     operation: r.operation as string | null,

@@ -1,5 +1,6 @@
 import http from "node:http";
 import type net from "node:net";
+import type { Logger } from "pino";
 
 /** What the admin port reports on. */
 export interface AdminProbes {
@@ -7,7 +8,12 @@ export interface AdminProbes {
   serving(): boolean;
   /** The registry database answers. */
   databaseReachable(): Promise<boolean>;
+  /** The Prometheus exposition of every metric. */
+  metrics(): Promise<{ contentType: string; body: string }>;
 }
+
+/** More routes on the admin port (the operator console): true when it answered the request. */
+export type AdminRoute = (req: http.IncomingMessage, res: http.ServerResponse, path: string) => Promise<boolean>;
 
 export interface AdminServer {
   port: number;
@@ -19,27 +25,34 @@ export interface AdminServer {
  * never compete with callers:
  * - `/healthz`: the process is alive (liveness);
  * - `/readyz`: it serves and its database answers (readiness); 503 otherwise,
- *   including from the moment shutdown begins.
+ *   including from the moment shutdown begins;
+ * - `/metrics`: Prometheus metrics;
+ * - whatever `routes` answer (the operator console).
  */
-export function listenAdmin(probes: AdminProbes, host: string, port: number): Promise<AdminServer> {
+export function listenAdmin(probes: AdminProbes, routes: AdminRoute[], host: string, port: number, logger: Logger): Promise<AdminServer> {
   const server = http.createServer((req, res) => {
-    const reply = (status: number, body: Record<string, unknown>) => {
-      res.writeHead(status, { "content-type": "application/json", "cache-control": "no-store" });
-      res.end(`${JSON.stringify(body)}\n`);
-    };
-    const path = new URL(req.url ?? "/", "http://admin").pathname;
-    if (req.method !== "GET" && req.method !== "HEAD") return reply(405, { error: "use GET" });
-    if (path === "/healthz") return reply(200, { status: "alive" });
-    if (path === "/readyz") {
-      void (async () => {
-        const serving = probes.serving();
-        const database = serving && (await probes.databaseReachable());
-        reply(serving && database ? 200 : 503, { status: serving && database ? "ready" : "not ready", serving, database });
-      })();
-      return;
-    }
-    reply(404, { error: "not found", paths: ["/healthz", "/readyz"] });
+    handle(req, res).catch((error: unknown) => {
+      logger.error({ err: error, path: req.url }, "admin request failed");
+      if (!res.headersSent) reply(res, 500, { error: "internal error; the cause is logged" });
+      else res.destroy();
+    });
   });
+  const handle = async (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const path = new URL(req.url ?? "/", "http://admin").pathname;
+    if (path === "/healthz") return reply(res, 200, { status: "alive" });
+    if (path === "/readyz") {
+      const serving = probes.serving();
+      const database = serving && (await probes.databaseReachable());
+      return reply(res, serving && database ? 200 : 503, { status: serving && database ? "ready" : "not ready", serving, database });
+    }
+    if (path === "/metrics") {
+      const { contentType, body } = await probes.metrics();
+      res.writeHead(200, { "content-type": contentType, "cache-control": "no-store" });
+      return res.end(body);
+    }
+    for (const route of routes) if (await route(req, res, path)) return;
+    reply(res, 404, { error: "not found", paths: ["/healthz", "/readyz", "/metrics", "/console"] });
+  };
   return new Promise((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () => {
@@ -54,4 +67,10 @@ export function listenAdmin(probes: AdminProbes, host: string, port: number): Pr
       });
     });
   });
+}
+
+/** A JSON answer. */
+export function reply(res: http.ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { "content-type": "application/json", "cache-control": "no-store" });
+  res.end(`${JSON.stringify(body)}\n`);
 }

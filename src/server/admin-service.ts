@@ -21,7 +21,7 @@ import {
 import type { PolicyCache } from "../policy/cache.js";
 import type { OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
-import { listRecords, logOperationEvent, readEvents, sweepRetention, type LoggedEvent } from "../registry/maintenance.js";
+import { listRecords, logOperationEvent, readEvents, sweepRetention, type EventCursor, type LoggedEvent } from "../registry/maintenance.js";
 import { listControls, listPolicies, publishPolicy, setOperationControl, type ControlRow } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import { requireRole, type Caller } from "./callers.js";
@@ -161,16 +161,17 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
       if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
-      let after = req.afterEventId;
+      const key = decodePageToken(req.after, 2);
+      let after: EventCursor | undefined = key && { txid: key[0]!, eventId: key[1]! };
       for (;;) {
         const events = await readEvents(db, {
-          afterEventId: after,
+          ...(after ? { after } : {}),
           limit: 500,
           ...(req.tenant ? { tenant: req.tenant } : {}),
           ...(req.operation ? { operation: req.operation } : {}),
         });
         for (const event of events) {
-          after = BigInt(event.eventId);
+          after = event.cursor;
           // Operation-level events (tenant "") concern every tenant of the operation.
           if ((event.tenant !== "" && !caller.mayUseTenant(event.tenant)) || (event.operation && !caller.mayOperate(event.operation))) continue;
           yield toProtoEvent(event);
@@ -225,6 +226,7 @@ function toProtoEvent(event: LoggedEvent) {
     caller: event.caller,
     detail: event.detail as JsonObject,
     at: timestampFromDate(event.at),
+    cursor: encodePageToken([event.cursor.txid, event.cursor.eventId]),
   });
 }
 

@@ -5,7 +5,8 @@ import { Health, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
-import { openPool, poolDb } from "../registry/db.js";
+import { openPool, poolDb, type Db } from "../registry/db.js";
+import { recoverExpiredLeases, sweepRetention } from "../registry/maintenance.js";
 import { migrate } from "../registry/migrate.js";
 import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
@@ -16,10 +17,55 @@ import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
 import { HealthStatus } from "./health.js";
 import { authentication, InFlight, unknownFieldsRefused } from "./interceptors.js";
+import { BackgroundJob } from "./jobs.js";
 import { listenRpc, type RpcListener } from "./listener.js";
+import { Metrics } from "./metrics.js";
 
 /** How long a stop waits for written responses to leave before closing connections. */
 const RESPONSE_FLUSH_MS = 2000;
+
+/** Records per batch of the recoverer and the retention sweep: short statements that never hold many rows. */
+const JOB_BATCH = 500;
+
+/**
+ * The recoverer (ended leases become UNKNOWN or claimable) and the retention
+ * sweep (finished records past retention become tombstones), each run by one
+ * replica at a time.
+ */
+function backgroundJobs(db: Db, metrics: Metrics, config: Config, logger: Logger): BackgroundJob[] {
+  const recoverer = new BackgroundJob({
+    name: "recoverer",
+    intervalMs: config.recovererIntervalMs,
+    db,
+    logger,
+    run: async () => {
+      for (;;) {
+        const { unknown, claimable } = await recoverExpiredLeases(db, JOB_BATCH, "recoverer");
+        metrics.recovered.inc({ to: "unknown" }, unknown);
+        metrics.recovered.inc({ to: "claimable" }, claimable);
+        if (unknown > 0) logger.warn({ unknown }, "leases ended with a possible effect: records are UNKNOWN until recovered or reconciled");
+        if (unknown + claimable < JOB_BATCH) return;
+      }
+    },
+  });
+  const sweeper = new BackgroundJob({
+    name: "retention-sweep",
+    intervalMs: config.sweepIntervalMs,
+    db,
+    logger,
+    run: async () => {
+      const { tombstoned } = await sweepRetention(db, {
+        batchSize: JOB_BATCH,
+        // Never longer than half the interval: the next pass continues.
+        budgetMs: config.sweepIntervalMs / 2,
+        caller: "retention-sweep",
+        onBatch: (n) => metrics.tombstoned.inc(n),
+      });
+      if (tombstoned > 0) logger.info({ tombstoned }, "retention sweep");
+    },
+  });
+  return [recoverer, sweeper];
+}
 
 export interface StartOptions {
   config: Config;
@@ -58,6 +104,7 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
   let rpc: RpcListener | undefined;
   let admin: AdminServer | undefined;
   let policies: PolicyCache | undefined;
+  let jobs: BackgroundJob[] = [];
   try {
     if (config.migrateOnBoot) {
       const applied = await migrate(pool, logger);
@@ -70,7 +117,9 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
     } else if (callers.size === 0) {
       logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
     }
-    const db = poolDb(pool, logger, (cause) => logger.debug({ cause }, "registry retry"));
+    let metrics: Metrics | undefined;
+    const db = poolDb(pool, logger, (cause) => metrics?.retries.inc({ cause }));
+    metrics = new Metrics({ pool, db, unknownSloSeconds: config.unknownSloSeconds });
     for (const document of config.operations) {
       const { created } = await publishPolicy(db, document, "configuration");
       if (created) logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
@@ -83,19 +132,21 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
-        router.service(CoordinatorService, coordinatorService({ registry, db }));
+        router.service(CoordinatorService, coordinatorService({ registry, db, metrics }));
         router.service(AdminService, adminService({ db, registry, policies: policyCache, policyRefreshMs: config.policyRefreshMs }));
         router.service(Health, health.service());
       },
-      // Outermost first: count the RPC, map any error, then authenticate and check the message.
-      interceptors: [inFlight.interceptor, errorMapping(logger), authentication(callers), unknownFieldsRefused()],
+      // Outermost first: count and time the RPC, map any error, then authenticate and check the message.
+      interceptors: [inFlight.interceptor, metrics.interceptor(), errorMapping(logger), authentication(callers), unknownFieldsRefused()],
       // Unknown JSON members are refused like unknown binary fields (see unknownFieldsRefused).
       jsonOptions: { ignoreUnknownFields: false },
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
     });
 
+    jobs = backgroundJobs(db, metrics, config, logger);
     rpc = await listenRpc(handler, config.host, config.rpcPort);
+    const metricsRegistry = metrics.registry;
     admin = await listenAdmin(
       {
         serving: () => health.serving,
@@ -104,14 +155,19 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
             () => true,
             () => false,
           ),
+        metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
+      [],
       config.host,
       config.adminPort,
+      logger,
     );
+    for (const job of jobs) job.start();
     health.setAll(Status.SERVING);
 
     const rpcListener = rpc;
     const adminServer = admin;
+    const runningJobs = jobs;
     let stopping: Promise<void> | undefined;
     return {
       rpcPort: rpc.port,
@@ -130,12 +186,14 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
             logger.warn({ inFlight: inFlight.size }, "shutdown grace elapsed; closing the remaining connections");
             rpcListener.destroy();
           }
+          await Promise.all(runningJobs.map((job) => job.stop()));
           await adminServer.close();
           policyCache.stop();
           await pool.end();
         })()),
     };
   } catch (error) {
+    await Promise.all(jobs.map((job) => job.stop()));
     policies?.stop();
     rpc?.destroy();
     await admin?.close();

@@ -38,19 +38,22 @@ import {
   toTimestamp,
 } from "./convert.js";
 import { callerOf } from "./interceptors.js";
+import type { Metrics } from "./metrics.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
 /** What the coordinator's handlers need. */
 export interface CoordinatorDeps {
   registry: Registry;
   db: Db;
+  /** Decisions and takeovers are counted when given. */
+  metrics?: Metrics;
 }
 
 /**
  * The CoordinatorService handlers: authorization by role, then translation
  * between the wire and the registry, which holds every rule of the contract.
  */
-export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
+export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
   return {
     async reserve(req, ctx) {
       const caller = callerOf(ctx.values);
@@ -70,6 +73,8 @@ export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceIm
         caller,
       );
       const record = result.record;
+      metrics?.decisions.inc({ operation: req.operation, decision: result.decision, enforced: String(result.enforced) });
+      if (result.decision === "ACCEPTED" && record && record.generation > 1) metrics?.takeovers.inc({ operation: req.operation, mode: "RESERVE" });
       return create(ReserveResponseSchema, {
         decision: toProtoDecision(result.decision),
         operationId: record?.operationId ?? "",
@@ -101,6 +106,7 @@ export function coordinatorService({ registry, db }: CoordinatorDeps): ServiceIm
         },
         caller,
       );
+      if (mode !== "OWNER") metrics?.takeovers.inc({ operation: record.operation, mode });
       return create(ClaimResponseSchema, {
         generation: BigInt(record.generation),
         state: toProtoState(record.state),

@@ -1,0 +1,146 @@
+import type pg from "pg";
+import pino, { type Logger } from "pino";
+import { PolicyCache } from "../policy/cache.js";
+import { poolDb, sqlState, transactionDb, type Queryable } from "../registry/db.js";
+import { loadPolicies } from "../registry/policy-store.js";
+import { Registry } from "../registry/registry.js";
+import type { Actor } from "../registry/types.js";
+import { toCoordinatorError } from "./errors.js";
+import type { CompleteResult, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+
+export interface ColocatedRegistryOptions {
+  /**
+   * A pool on the registry's database, where the service's own tables live
+   * too (a schema of their own is fine: the registry's tables must be on the
+   * connections' search_path).
+   */
+  pool: pg.Pool;
+  /** The name this service writes into the registry's event log. */
+  caller: string;
+  /** Tenants this service may complete for (default: all). */
+  tenants?: readonly string[] | "*";
+  /** Operations this service may complete (default: all). */
+  operations?: readonly string[] | "*";
+  /** How often the policies are re-read (default 2000 ms, like the coordinator). */
+  policyRefreshMs?: number;
+  logger?: Logger;
+}
+
+/** The outcome of a COMMIT is unknown (the connection died during it): re-read before acting. */
+export class CommitUnknownError extends Error {
+  override readonly name = "CommitUnknownError";
+}
+
+/**
+ * Co-located mode: the registry's state machine in this process, on the
+ * service's own connections, so that Complete runs inside the service's
+ * business transaction (transactionDb) and the business rows, their outbox
+ * rows and the operation's terminal state commit together. Reserve, leases
+ * and effects still go through the coordinator; only completion moves in.
+ * Every rule (fencing by generation, unresolved effects, snapshot filtering
+ * by the policy's allowlist) is the same code the coordinator runs.
+ */
+export class ColocatedRegistry {
+  readonly pool: pg.Pool;
+  private readonly registry: Registry;
+  private readonly actor: Actor;
+
+  private constructor(
+    pool: pg.Pool,
+    private readonly policies: PolicyCache,
+    actor: Actor,
+  ) {
+    this.pool = pool;
+    this.registry = new Registry(policies);
+    this.actor = actor;
+  }
+
+  /** Loads the published policies (and keeps them fresh) and returns the registry. */
+  static async open(options: ColocatedRegistryOptions): Promise<ColocatedRegistry> {
+    const logger = options.logger ?? pino({ level: "silent" });
+    const policies = new PolicyCache({ load: () => loadPolicies(poolDb(options.pool, logger)), refreshMs: options.policyRefreshMs ?? 2000, logger });
+    await policies.start();
+    const tenants = options.tenants ?? "*";
+    const operations = options.operations ?? "*";
+    return new ColocatedRegistry(options.pool, policies, {
+      caller: options.caller,
+      isOperator: false,
+      mayUseTenant: (tenant) => tenants === "*" || tenants.includes(tenant),
+      mayOperate: (operation) => operations === "*" || operations.includes(operation),
+    });
+  }
+
+  /**
+   * Complete inside the caller's open transaction `tx`: nothing is committed
+   * here; the caller's COMMIT makes the terminal state durable together with
+   * its own rows, and its ROLLBACK undoes both. Refusals are thrown as
+   * CoordinatorError with the same reasons as over RPC.
+   */
+  async complete(tx: Queryable, ref: OperationRef, generation: number, outcome: Outcome, snapshot: ResponseSnapshot): Promise<CompleteResult> {
+    try {
+      const record = await this.registry.complete(
+        transactionDb(tx),
+        {
+          ref,
+          generation,
+          outcome,
+          snapshot: {
+            statusCode: snapshot.statusCode,
+            mediaType: snapshot.mediaType,
+            location: snapshot.location,
+            businessVersion: snapshot.businessVersion,
+            headers: snapshot.headers,
+            body: snapshot.body,
+          },
+        },
+        this.actor,
+      );
+      return { state: record.state, snapshotDigest: record.snapshot?.digest ?? new Uint8Array(), ...(record.completedAt ? { completedAt: record.completedAt } : {}) };
+    } catch (error) {
+      throw toCoordinatorError(error);
+    }
+  }
+
+  /**
+   * Runs `work` in one transaction on a connection of the pool (BEGIN,
+   * work, COMMIT; ROLLBACK on any error). A connection lost during COMMIT
+   * leaves its outcome unknown: CommitUnknownError.
+   */
+  async transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+    const client = await this.pool.connect();
+    // A checked-out client has no error listener of the pool's: without one,
+    // a connection killed mid-transaction would crash the process.
+    const onError = () => undefined;
+    client.on("error", onError);
+    let broken = false;
+    try {
+      await client.query("BEGIN");
+      let result: T;
+      try {
+        result = await work(client);
+      } catch (error) {
+        await client.query("ROLLBACK").catch(() => (broken = true));
+        throw error;
+      }
+      try {
+        await client.query("COMMIT");
+      } catch (error) {
+        const state = sqlState(error);
+        // A PostgreSQL error at COMMIT (a deferred constraint, a serialization
+        // failure) means it rolled back; a lost connection leaves it unknown.
+        if (state !== undefined && !state.startsWith("08") && !state.startsWith("57P")) throw error;
+        broken = true;
+        throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
+      }
+      return result;
+    } finally {
+      client.removeListener("error", onError);
+      client.release(broken);
+    }
+  }
+
+  /** Stops refreshing policies (the pool is the caller's to end). */
+  stop(): void {
+    this.policies.stop();
+  }
+}

@@ -1,0 +1,517 @@
+import { createHash, randomUUID } from "node:crypto";
+import { downstreamKey } from "../contract/effects.js";
+import { isNeverStored } from "../contract/snapshot.js";
+import type { CoordinatorClient } from "./client.js";
+import type { ColocatedRegistry } from "./colocated.js";
+import { CoordinatorError, toCoordinatorError } from "./errors.js";
+import {
+  KEY_HEADER,
+  outcomeForStatus,
+  problemResponse,
+  readKeyHeader,
+  responseOfSnapshot,
+  retryAfterSeconds,
+  sameStatusAndBody,
+  snapshotOf,
+  type Problem,
+} from "./http.js";
+import { LeaseKeeper } from "./lease.js";
+import { defaultIsDefinite, OwnedOperation, type OwnedOperationInit } from "./operation.js";
+import { silentLogger, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
+
+export interface GatewayOptions {
+  /** The coordinator (gateway-role token). */
+  client: CoordinatorClient;
+  /** Co-located mode: complete inside the service's own transactions (`ctx.transaction`). */
+  colocated?: ColocatedRegistry;
+  /** The writer epoch this deployment was built with (rollback fence; default 0). */
+  writerEpoch?: number;
+  /**
+   * Where a client can watch an operation that is still in progress; sent as
+   * `Location` and `Link: <…>; rel="monitor"` with 409. Default
+   * `/operations/<operation id>` (mount a status route there, e.g. with `Lookup`).
+   */
+  statusUrl?: (operationId: string) => string;
+  /** Prefix of problem `type` URIs (default `urn:problem-type:idempotency:`). */
+  problemTypeBase?: string;
+  /**
+   * Request headers forwarded to the coordinator for the fingerprint (only
+   * those the policy names count). Default: every header except credentials,
+   * cookies, hop-by-hop and per-delivery ones, and the key itself.
+   */
+  forwardHeaders?: readonly string[];
+  /** Largest request body read, in bytes (default 1 MiB); larger ones get 413. */
+  maxBodyBytes?: number;
+  /** Whether an effect's error means "definitely nothing happened" (default: `DefiniteFailure`). */
+  isDefinite?: (error: unknown) => boolean;
+  logger?: GatewayLogger;
+}
+
+/** One idempotent route. */
+export interface IdempotentRoute {
+  /** The operation, e.g. `payments.create`, as published in its policy. */
+  operation: string;
+  /** The API major revision of the route. */
+  apiRevision: number;
+  /** The lease to ask for (default: the policy's). */
+  leaseMs?: number;
+  /** Overrides the gateway's `statusUrl` for this route. */
+  statusUrl?: (operationId: string) => string;
+  /**
+   * A request without Idempotency-Key: `reject` (400, the default) or `run`
+   * (unguarded, e.g. while clients adopt keys during a shadow rollout).
+   */
+  missingKey?: "reject" | "run";
+}
+
+/** A request as the gateway sees it, whatever the framework. */
+export interface GatewayRequest {
+  method: string;
+  /** The path without the query. */
+  path: string;
+  /** The raw query string without `?`. */
+  query: string;
+  /** Headers with lower-case names (Node's `IncomingHttpHeaders` fits). */
+  headers: Record<string, string | readonly string[] | undefined>;
+  body: Uint8Array;
+}
+
+/** What to do with a request: answer it now, or run the handler with a context. */
+export type Admission = { run: false; response: HttpResponse; decision?: Decision } | { run: true; context: IdempotencyContext };
+
+/** How a handler ended: with a response (captured from the framework), or by throwing. */
+export type HandlerResult = { response: HttpResponse } | { error: unknown };
+
+const DEFAULT_PROBLEM_BASE = "urn:problem-type:idempotency:";
+/** Request headers never forwarded: the key travels on its own, the rest is per delivery. */
+const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encoding", "user-agent"]);
+
+/**
+ * The framework-agnostic core of the HTTP middleware. `admit` reserves the
+ * request and either answers it (replay, conflict, in progress, refusals,
+ * coordinator unreachable: never running the handler) or hands back a
+ * context to run the handler with; `finish` turns the handler's response (or
+ * its exception) into Complete, Release or nothing, and returns what to send.
+ */
+export class IdempotencyGateway {
+  readonly client: CoordinatorClient;
+  readonly colocated: ColocatedRegistry | undefined;
+  readonly logger: GatewayLogger;
+  readonly maxBodyBytes: number;
+  private readonly writerEpoch: number;
+  private readonly statusUrl: (operationId: string) => string;
+  private readonly problemBase: string;
+  private readonly forwardHeaders: ReadonlySet<string> | undefined;
+  private readonly isDefinite: (error: unknown) => boolean;
+
+  constructor(options: GatewayOptions) {
+    this.client = options.client;
+    this.colocated = options.colocated;
+    this.logger = options.logger ?? silentLogger;
+    this.maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
+    this.writerEpoch = options.writerEpoch ?? 0;
+    this.statusUrl = options.statusUrl ?? ((id) => `/operations/${encodeURIComponent(id)}`);
+    this.problemBase = options.problemTypeBase ?? DEFAULT_PROBLEM_BASE;
+    this.forwardHeaders = options.forwardHeaders ? new Set(options.forwardHeaders.map((h) => h.toLowerCase())) : undefined;
+    this.isDefinite = options.isDefinite ?? defaultIsDefinite;
+  }
+
+  /** A problem+json response with this gateway's type URIs. */
+  problem(problem: Problem): HttpResponse {
+    return problemResponse(problem, this.problemBase);
+  }
+
+  /**
+   * Reserve (with claim) and decide. Fails closed: when the coordinator
+   * cannot be reached the answer is 503 and the handler does not run.
+   */
+  async admit(route: IdempotentRoute, subject: Subject | undefined, request: GatewayRequest): Promise<Admission> {
+    const key = readKeyHeader(request.headers[KEY_HEADER]);
+    if (key === undefined || key === "") {
+      if (key === undefined && route.missingKey === "run") {
+        return { run: true, context: this.unguardedContext(route, subject, "", undefined, request) };
+      }
+      return {
+        run: false,
+        response: this.problem(
+          key === undefined
+            ? { status: 400, slug: "idempotency-key-missing", title: "Idempotency-Key is required", detail: "Send an Idempotency-Key header with a new random value (e.g. a UUIDv4) for each logical request, and the same value on its retries." }
+            : { status: 400, slug: "idempotency-key-invalid", title: "Idempotency-Key is malformed", detail: "Send exactly one Idempotency-Key header." },
+        ),
+      };
+    }
+    if (!subject) {
+      return { run: false, response: this.problem({ status: 401, slug: "unauthenticated", title: "Not authenticated", detail: "The request carries no identity this service accepts." }) };
+    }
+
+    let reserved: ReserveResult;
+    try {
+      reserved = await this.client.reserve({
+        subject,
+        operation: route.operation,
+        apiRevision: route.apiRevision,
+        idempotencyKey: key,
+        parts: {
+          method: request.method.toUpperCase(),
+          path: request.path,
+          query: request.query,
+          mediaType: headerText(request.headers["content-type"]),
+          headers: this.forwardedHeaders(request.headers),
+          body: request.body,
+        },
+        claim: true,
+        ...(route.leaseMs !== undefined ? { leaseMs: route.leaseMs } : {}),
+        writerEpoch: this.writerEpoch,
+      });
+    } catch (error) {
+      return { run: false, response: this.refusal(toCoordinatorError(error), route) };
+    }
+
+    if (!reserved.enforced) {
+      // Shadow mode: the decision was recorded; the request runs as before.
+      // Only an ACCEPTED request owns the record (and completes it).
+      return { run: true, context: this.unguardedContext(route, subject, key, reserved, request) };
+    }
+    switch (reserved.decision) {
+      case "ACCEPTED":
+        return { run: true, context: this.ownerContext(route, subject, key, reserved, request) };
+      case "REPLAY":
+        if (!reserved.snapshot) break;
+        return { run: false, decision: "REPLAY", response: responseOfSnapshot(reserved.snapshot, true) };
+      case "IN_PROGRESS": {
+        const url = (route.statusUrl ?? this.statusUrl)(reserved.operationId);
+        return {
+          run: false,
+          decision: "IN_PROGRESS",
+          response: this.problem({
+            status: 409,
+            slug: "request-in-progress",
+            title: "A request with this Idempotency-Key is in progress",
+            detail: "The first request with this key has not finished. Retry after the time in Retry-After, with the same key, to get its result.",
+            retryAfterSeconds: retryAfterSeconds(reserved.retryAfterMs),
+            headers: [
+              ["location", url],
+              ["link", `<${url}>; rel="monitor"`],
+            ],
+            extensions: { operationId: reserved.operationId },
+          }),
+        };
+      }
+      case "PAYLOAD_CONFLICT":
+        return {
+          run: false,
+          decision: "PAYLOAD_CONFLICT",
+          response: this.problem({
+            status: 422,
+            slug: "payload-conflict",
+            title: "Idempotency-Key reused with a different request",
+            detail: "This key was already used for a different request. Use a new key for a new request.",
+          }),
+        };
+      case "EXPIRED":
+        return {
+          run: false,
+          decision: "EXPIRED",
+          response: this.problem({
+            status: 410,
+            slug: "result-expired",
+            title: "The result of this request is no longer available",
+            detail: "The request with this key finished long ago and its response was not kept. It will not run again; use a new key for a new request.",
+          }),
+        };
+    }
+    this.logger.error({ decision: reserved.decision }, "the coordinator answered a decision without what it needs");
+    return { run: false, response: this.unavailable() };
+  }
+
+  /**
+   * What to send after the handler, and what to record:
+   * - returned 2xx/3xx: Complete SUCCEEDED; 4xx: REJECTED, or FAILED_FINAL
+   *   after an effect; 5xx: FAILED_FINAL after an effect, otherwise Release
+   *   (retryable, nothing happened);
+   * - an effect still unresolved (INDETERMINATE): no Complete (the registry
+   *   refuses it); the lease ends, the record becomes UNKNOWN and the
+   *   recovery worker settles it;
+   * - threw before any effect: Release, 503; threw after an effect became
+   *   possible: no Complete, 500;
+   * - completed inside a co-located transaction: nothing left to record.
+   * A Complete that fails leaves the outcome unrecorded: 503, retry later.
+   */
+  async finish(context: IdempotencyContext, result: HandlerResult): Promise<HttpResponse> {
+    context.stopLease();
+    if (!context.owned) {
+      return "response" in result ? result.response : this.handlerFailed(context, result.error, true);
+    }
+    if (context.completedWithin) {
+      const stored = context.completedWithin.snapshot;
+      if ("response" in result && sameStatusAndBody(result.response, stored)) return result.response;
+      // The transaction stored one response and the handler sent another (or
+      // threw after committing): the stored one is the truth every retry gets.
+      this.logger.warn({ operationId: context.operationId }, "the handler's response differs from the one completed in its transaction; sending the stored one");
+      return responseOfSnapshot(stored, false);
+    }
+    if ("error" in result) return this.handlerFailed(context, result.error, false);
+
+    const response = result.response;
+    if (context.effectsUnresolved) {
+      this.logger.warn({ operationId: context.operationId, status: response.status }, "an effect's outcome is unknown: not completing; the recovery worker settles the operation");
+      return response.status >= 500 ? response : this.outcomePending(context);
+    }
+    const outcome = outcomeForStatus(response.status, context.effectPossible);
+    if (outcome === "release") {
+      await this.releaseQuietly(context);
+      return response;
+    }
+    try {
+      await context.complete(outcome, snapshotOf(response));
+      return response;
+    } catch (error) {
+      const failure = toCoordinatorError(error);
+      this.logger.warn({ operationId: context.operationId, outcome, reason: failure.reason, error: failure.message }, "Complete failed");
+      if (failure.reason === "SNAPSHOT_TOO_LARGE" && !context.effectPossible) {
+        await this.releaseQuietly(context);
+        return this.problem({ status: 500, slug: "outcome-not-recorded", title: "The response could not be recorded", detail: "The response is larger than this operation may store. Nothing was done." });
+      }
+      return this.problem({
+        status: 503,
+        slug: "outcome-not-recorded",
+        title: "The outcome could not be recorded yet",
+        detail: "The request was processed but its outcome is not recorded yet. Retry with the same Idempotency-Key to get the result.",
+        retryAfterSeconds: 1,
+      });
+    }
+  }
+
+  /** Convenience: admit, run `handler`, finish. */
+  async execute(
+    route: IdempotentRoute,
+    subject: Subject | undefined,
+    request: GatewayRequest,
+    handler: (context: IdempotencyContext) => Promise<HttpResponse>,
+  ): Promise<HttpResponse> {
+    const admission = await this.admit(route, subject, request);
+    if (!admission.run) return admission.response;
+    let result: HandlerResult;
+    try {
+      result = { response: await handler(admission.context) };
+    } catch (error) {
+      result = { error };
+    }
+    return this.finish(admission.context, result);
+  }
+
+  /** 503 for a coordinator that cannot be reached: fail closed. */
+  unavailable(): HttpResponse {
+    return this.problem({
+      status: 503,
+      slug: "coordinator-unavailable",
+      title: "Service temporarily unavailable",
+      detail: "The request was not processed. Retry later with the same Idempotency-Key.",
+      retryAfterSeconds: 1,
+    });
+  }
+
+  /** The HTTP answer to a refused or failed Reserve (contract section 8). */
+  private refusal(failure: CoordinatorError, route: IdempotentRoute): HttpResponse {
+    switch (failure.reason) {
+      case "INVALID_KEY":
+        // The coordinator's message says what is wrong with the key (it is the client's own input).
+        return this.problem({ status: 400, slug: "idempotency-key-invalid", title: "Idempotency-Key is not acceptable", detail: failure.message });
+      case "INVALID_PAYLOAD":
+        return this.problem({ status: 400, slug: "invalid-payload", title: "The request body is not acceptable", detail: failure.message });
+      case "QUOTA_EXCEEDED":
+        return this.problem({
+          status: 429,
+          slug: "too-many-pending-requests",
+          title: "Too many unfinished requests",
+          detail: "You have too many requests of this kind still in progress. Retry when some have finished.",
+          retryAfterSeconds: 1,
+        });
+      case "OPERATION_DRAINING":
+        return this.problem({
+          status: 503,
+          slug: "operation-draining",
+          title: "This operation is not accepting new requests",
+          detail: "The service is draining this operation. The request was not processed; retry later.",
+          retryAfterSeconds: 5,
+        });
+      case "STALE_WRITER_EPOCH":
+        this.logger.error({ operation: route.operation, reason: failure.reason }, "this deployment's writer epoch was fenced out (rollback): refusing writes");
+        return this.unavailable();
+      case "UNKNOWN_OPERATION":
+      case "PERMISSION_DENIED":
+      case "UNAUTHENTICATED":
+      case "INVALID_REQUEST":
+      case "UNKNOWN_FIELD":
+        // The gateway's configuration is wrong; the client cannot fix it. Log, say nothing specific.
+        this.logger.error({ operation: route.operation, reason: failure.reason, error: failure.message }, "the coordinator refused this gateway's request");
+        return this.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." });
+      default:
+        this.logger.warn({ operation: route.operation, code: failure.code, reason: failure.reason, error: failure.message }, "coordinator unavailable: failing closed");
+        return this.unavailable();
+    }
+  }
+
+  private async handlerFailed(context: IdempotencyContext, error: unknown, unowned: boolean): Promise<HttpResponse> {
+    this.logger.error({ operationId: context.operationId, error: error instanceof Error ? error.message : String(error) }, "the handler threw");
+    if (unowned) {
+      return this.problem({ status: 500, slug: "outcome-pending", title: "Internal error", detail: "The request failed." });
+    }
+    if (!context.effectPossible) {
+      // Nothing happened downstream: hand the reservation back; the retry runs it anew.
+      await this.releaseQuietly(context);
+      return this.problem({
+        status: 503,
+        slug: "retryable-failure",
+        title: "The request failed before doing anything",
+        detail: "Nothing was done. Retry with the same Idempotency-Key.",
+        retryAfterSeconds: 1,
+      });
+    }
+    return this.outcomePending(context);
+  }
+
+  private outcomePending(context: IdempotencyContext): HttpResponse {
+    return this.problem({
+      status: 500,
+      slug: "outcome-pending",
+      title: "The outcome of the request is not known yet",
+      detail: "The request may have taken effect. It will be settled; retry later with the same Idempotency-Key to get its result. It will not run twice.",
+      extensions: { operationId: context.operationId },
+    });
+  }
+
+  private async releaseQuietly(context: IdempotencyContext): Promise<void> {
+    try {
+      await context.release();
+    } catch (error) {
+      // Unreleased, the record waits for its lease to end; then the next retry takes it over.
+      this.logger.warn({ operationId: context.operationId, error: (error as Error).message }, "Release failed; the lease will end on its own");
+    }
+  }
+
+  private forwardedHeaders(headers: GatewayRequest["headers"]): Array<{ name: string; value: string }> {
+    const out: Array<{ name: string; value: string }> = [];
+    for (const [rawName, value] of Object.entries(headers)) {
+      const name = rawName.toLowerCase();
+      if (value === undefined) continue;
+      const wanted = this.forwardHeaders ? this.forwardHeaders.has(name) : !NOT_FORWARDED.has(name) && !isNeverStored(name);
+      if (!wanted) continue;
+      for (const v of typeof value === "string" ? [value] : value) out.push({ name, value: v });
+    }
+    return out;
+  }
+
+  private ownerContext(route: IdempotentRoute, subject: Subject, key: string, reserved: ReserveResult, request: GatewayRequest, enforced = true): IdempotencyContext {
+    const context = new IdempotencyContext(
+      {
+        client: this.client,
+        colocated: this.colocated,
+        ref: { tenant: subject.tenant, operationId: reserved.operationId },
+        generation: reserved.generation,
+        owned: true,
+        isDefinite: this.isDefinite,
+        logger: this.logger,
+      },
+      { route, subject, key, decision: reserved.decision, enforced, body: request.body },
+    );
+    context.keepLease(
+      new LeaseKeeper({
+        client: this.client,
+        ref: context.ref,
+        generation: reserved.generation,
+        leaseMs: route.leaseMs,
+        expiresAt: reserved.leaseExpiresAt,
+        onLost: (reason) => context.markLost(reason),
+        logger: this.logger,
+      }),
+    );
+    return context;
+  }
+
+  /** A context that does not own the record: shadow mode (owning only when ACCEPTED), or no key. */
+  private unguardedContext(route: IdempotentRoute, subject: Subject | undefined, key: string, reserved: ReserveResult | undefined, request: GatewayRequest): IdempotencyContext {
+    if (reserved?.decision === "ACCEPTED" && subject) return this.ownerContext(route, subject, key, reserved, request, false);
+    const tenant = subject?.tenant ?? "";
+    const operationId = reserved?.operationId ?? "";
+    return new IdempotencyContext(
+      {
+        client: this.client,
+        colocated: this.colocated,
+        ref: { tenant, operationId },
+        generation: 0,
+        owned: false,
+        isDefinite: this.isDefinite,
+        logger: this.logger,
+        // The key the coordinator would give for this operation's effect, so
+        // that shadow-mode retries still deduplicate downstream; without an
+        // operation (no key, or a conflict) a fresh one: nothing to deduplicate with.
+        unownedKey: (effect) => (operationId ? downstreamKey(tenant, operationId, effect) : shortKey(randomUUID(), effect)),
+      },
+      { route, subject, key, decision: reserved?.decision, enforced: false, body: request.body },
+    );
+  }
+}
+
+interface ContextFacts {
+  route: IdempotentRoute;
+  subject: Subject | undefined;
+  key: string;
+  decision: Decision | undefined;
+  enforced: boolean;
+  body: Uint8Array;
+}
+
+/**
+ * What a business handler gets for one request: who it is for, the
+ * operation it owns (id and generation), the request body, and the helpers
+ * that keep the contract: `effect()` around every downstream call and, in
+ * co-located mode, `transaction()` to commit the business rows with the
+ * terminal state.
+ */
+export class IdempotencyContext extends OwnedOperation {
+  /** The Idempotency-Key ("" when the route runs without one). */
+  readonly idempotencyKey: string;
+  /** The end user (from the service's authentication). */
+  readonly subject: Subject | undefined;
+  readonly operation: string;
+  readonly apiRevision: number;
+  /** Reserve's decision; ACCEPTED unless in shadow mode. */
+  readonly decision: Decision | undefined;
+  /** False in shadow mode (or without a key): the handler runs whatever the decision. */
+  readonly enforced: boolean;
+  /** The request body as received (the bytes that were fingerprinted). */
+  readonly body: Buffer;
+
+  constructor(init: OwnedOperationInit, facts: ContextFacts) {
+    super(init);
+    this.idempotencyKey = facts.key;
+    this.subject = facts.subject;
+    this.operation = facts.route.operation;
+    this.apiRevision = facts.route.apiRevision;
+    this.decision = facts.decision;
+    this.enforced = facts.enforced;
+    this.body = Buffer.from(facts.body.buffer, facts.body.byteOffset, facts.body.byteLength);
+  }
+
+  /** The body parsed as JSON. */
+  json<T = unknown>(): T {
+    return JSON.parse(this.body.toString("utf8")) as T;
+  }
+
+  /** @internal Starts renewing the lease with `keeper`. */
+  keepLease(keeper: LeaseKeeper): void {
+    this.keeper?.stop();
+    this.keeper = keeper;
+    keeper.start();
+  }
+}
+
+function headerText(value: string | readonly string[] | undefined): string {
+  if (value === undefined) return "";
+  return typeof value === "string" ? value : value.join(", ");
+}
+
+function shortKey(seed: string, effect: string): string {
+  return createHash("sha256").update(`${seed}\0${effect}`).digest("base64url");
+}

@@ -1,0 +1,136 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+import { IdempotencyError } from "../contract/errors.js";
+import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
+
+/** The ErrorInfo domain of the coordinator's refusals. */
+export const ERROR_DOMAIN = "idempotency.v1";
+
+/** Reasons that say "nothing was decided, the registry was momentarily out of reach": retried. */
+const TRANSIENT_REASONS: ReadonlySet<string> = new Set(["REGISTRY_UNAVAILABLE", "REGISTRY_BUSY"]);
+
+/**
+ * A failed coordinator call: either a refusal with a stable `reason` (see
+ * proto/idempotency/v1/errors.proto), or a transport failure (`reason`
+ * undefined). Switch on `reason`, never on the message.
+ */
+export class CoordinatorError extends Error {
+  override readonly name = "CoordinatorError";
+
+  constructor(
+    message: string,
+    /** The gRPC/Connect code. */
+    readonly code: Code,
+    /** The ErrorInfo reason, e.g. `STALE_GENERATION`; undefined for transport failures. */
+    readonly reason: string | undefined,
+    /** Safe facts of the refusal (ErrorInfo metadata). */
+    readonly metadata: Record<string, string> = {},
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+
+  /**
+   * True when nothing was decided and the call may simply be repeated:
+   * UNAVAILABLE without a reason (the transport failed), or with
+   * REGISTRY_UNAVAILABLE / REGISTRY_BUSY. Never OPERATION_DRAINING nor any
+   * other refusal: those are answers.
+   */
+  get retryable(): boolean {
+    return this.code === Code.Unavailable && (this.reason === undefined || TRANSIENT_REASONS.has(this.reason));
+  }
+
+  /**
+   * True when the coordinator could not give an answer (transport failure,
+   * deadline, registry out of reach, internal error): a gateway fails closed.
+   */
+  get unreachable(): boolean {
+    return this.reason === undefined || TRANSIENT_REASONS.has(this.reason) || this.reason === "INTERNAL";
+  }
+}
+
+/** Turns whatever a coordinator call threw (Connect error, in-process refusal, anything) into a CoordinatorError. */
+export function toCoordinatorError(error: unknown): CoordinatorError {
+  if (error instanceof CoordinatorError) return error;
+  if (error instanceof IdempotencyError) {
+    // In-process (co-located) refusals carry the same reasons as the wire.
+    return new CoordinatorError(error.message, codeOfReason(error.reason), error.reason, error.metadata, { cause: error });
+  }
+  const connectError = ConnectError.from(error);
+  const info = connectError.findDetails(ErrorInfoSchema).find((d) => d.domain === ERROR_DOMAIN || d.domain === "");
+  return new CoordinatorError(connectError.rawMessage || connectError.message, connectError.code, info?.reason || undefined, info ? { ...info.metadata } : {}, {
+    cause: error,
+  });
+}
+
+/** The reason of a coordinator failure, if it is a refusal. */
+export function reasonOf(error: unknown): string | undefined {
+  return error instanceof CoordinatorError ? error.reason : undefined;
+}
+
+function codeOfReason(reason: string): Code {
+  switch (reason) {
+    case "OPERATION_DRAINING":
+    case "REGISTRY_UNAVAILABLE":
+    case "REGISTRY_BUSY":
+      return Code.Unavailable;
+    case "NOT_FOUND":
+    case "ATTEMPT_NOT_FOUND":
+      return Code.NotFound;
+    case "QUOTA_EXCEEDED":
+    case "SNAPSHOT_TOO_LARGE":
+      return Code.ResourceExhausted;
+    case "PERMISSION_DENIED":
+      return Code.PermissionDenied;
+    case "UNAUTHENTICATED":
+      return Code.Unauthenticated;
+    case "INTERNAL":
+      return Code.Internal;
+    case "INVALID_REQUEST":
+    case "UNKNOWN_FIELD":
+    case "INVALID_KEY":
+    case "INVALID_PAYLOAD":
+    case "UNKNOWN_OPERATION":
+    case "SCHEMA_REVISION_MISMATCH":
+    case "UNSUPPORTED_FINGERPRINT_SCHEME":
+    case "INVALID_POLICY":
+      return Code.InvalidArgument;
+    default:
+      return Code.FailedPrecondition;
+  }
+}
+
+/**
+ * Thrown by an effect's function when the downstream system definitely did
+ * nothing (a card declined, a validation refusal): the attempt is resolved
+ * NO_EFFECT, so the operation may still be rejected or released. Any other
+ * error is INDETERMINATE (the call may have happened).
+ */
+export class DefiniteFailure extends Error {
+  override readonly name: string = "DefiniteFailure";
+
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+  }
+}
+
+/** True for a DefiniteFailure (also across copies of this module). */
+export function isDefiniteFailure(error: unknown): boolean {
+  return error instanceof DefiniteFailure || (error instanceof Error && (error as { definiteFailure?: unknown }).definiteFailure === true);
+}
+
+/**
+ * Thrown by `effect()` when this owner may no longer start effects: its lease
+ * was lost (another owner took over, or the record became UNKNOWN). Nothing
+ * was started downstream.
+ */
+export class LeaseLostError extends Error {
+  override readonly name = "LeaseLostError";
+
+  constructor(
+    message: string,
+    /** The refusal that showed the loss (STALE_GENERATION, LEASE_EXPIRED, …). */
+    readonly reason: string | undefined,
+  ) {
+    super(message);
+  }
+}

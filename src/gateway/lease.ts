@@ -1,0 +1,92 @@
+import type { CoordinatorClient } from "./client.js";
+import { toCoordinatorError } from "./errors.js";
+import type { GatewayLogger, OperationRef } from "./types.js";
+
+/** Refusals that mean this owner's lease is gone for good: stop renewing, start no new effect. */
+const LOST_REASONS: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_EXPIRED", "INVALID_TRANSITION", "NOT_FOUND"]);
+
+/** The shortest pause between renewals, so that a tiny lease does not turn into a busy loop. */
+const MIN_INTERVAL_MS = 100;
+
+export interface LeaseKeeperOptions {
+  client: CoordinatorClient;
+  ref: OperationRef;
+  generation: number;
+  /** The lease asked for on each renewal (undefined: the policy's default). */
+  leaseMs: number | undefined;
+  /** When the current lease ends, as granted. */
+  expiresAt: Date | undefined;
+  /** Called once when a renewal shows the lease is lost (with the refusal's reason). */
+  onLost: (reason: string) => void;
+  logger: GatewayLogger;
+}
+
+/**
+ * Keeps an owner's lease alive while its handler runs long: renews at about
+ * half the lease (the granted expiry minus now, halved, so that one failed
+ * renewal still leaves time for another), and stops on `stop()` or when a
+ * renewal is refused with STALE_GENERATION / LEASE_EXPIRED (someone took
+ * over, or the record became UNKNOWN). A renewal that fails in transit is
+ * tried again sooner; the lease only says who may act now, so missing one
+ * costs at most a takeover or an UNKNOWN record, never a second effect.
+ */
+export class LeaseKeeper {
+  private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private expiresAt: Date | undefined;
+  /** Renewals that succeeded (observability and tests). */
+  renewals = 0;
+
+  constructor(private readonly options: LeaseKeeperOptions) {
+    this.expiresAt = options.expiresAt;
+  }
+
+  start(): void {
+    this.schedule(this.halfLease());
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearTimeout(this.timer);
+  }
+
+  /** When the lease ends, as last granted. */
+  get leaseExpiresAt(): Date | undefined {
+    return this.expiresAt;
+  }
+
+  private halfLease(): number {
+    const remaining = this.options.leaseMs ?? (this.expiresAt ? this.expiresAt.getTime() - Date.now() : 0);
+    return Math.max(MIN_INTERVAL_MS, Math.floor(remaining / 2));
+  }
+
+  private schedule(delayMs: number): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(() => void this.renew(), delayMs);
+    // A pending renewal never keeps the process alive on its own.
+    this.timer.unref();
+  }
+
+  private async renew(): Promise<void> {
+    if (this.stopped) return;
+    const { client, ref, generation, leaseMs, logger } = this.options;
+    try {
+      const expiresAt = await client.renewLease(ref, generation, leaseMs);
+      if (this.stopped) return;
+      this.expiresAt = expiresAt ?? this.expiresAt;
+      this.renewals++;
+      this.schedule(this.halfLease());
+    } catch (error) {
+      if (this.stopped) return;
+      const failure = toCoordinatorError(error);
+      if (failure.reason !== undefined && LOST_REASONS.has(failure.reason)) {
+        logger.warn({ operationId: ref.operationId, generation, reason: failure.reason }, "lease lost: no new effect will start");
+        this.stop();
+        this.options.onLost(failure.reason);
+        return;
+      }
+      logger.warn({ operationId: ref.operationId, generation, reason: failure.reason, error: failure.message }, "lease renewal failed; trying again");
+      this.schedule(Math.max(MIN_INTERVAL_MS, Math.floor(this.halfLease() / 2)));
+    }
+  }
+}

@@ -1,0 +1,274 @@
+import type pg from "pg";
+import type { CoordinatorClient } from "./client.js";
+import type { ColocatedRegistry } from "./colocated.js";
+import { CoordinatorError, isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
+import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
+import type { LeaseKeeper } from "./lease.js";
+import type { EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+
+/** How `effect()` learns what a call's result and failures mean. */
+export interface EffectOptions<T> {
+  /** The downstream system's reference (e.g. a charge id) in the result, stored with the attempt. */
+  handle?: (result: T) => string | undefined;
+  /**
+   * Whether an error of the call means the downstream system definitely did
+   * nothing (the attempt becomes NO_EFFECT). Default: `isDefiniteFailure`
+   * (a `DefiniteFailure`); anything else is INDETERMINATE.
+   */
+  isDefinite?: (error: unknown) => boolean;
+}
+
+/** Refusals of RecordEffectAttempt that mean this owner may start no new effect. */
+const LOST_REASONS: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_EXPIRED"]);
+
+/**
+ * What this owner knows of its effects: the latest status of each effect
+ * (every attempt of one effect shares one downstream key, so the latest
+ * speaks for all), and whether a registration's outcome is unknown.
+ */
+class EffectLedger {
+  private readonly latest = new Map<string, { attemptNumber: number; status: EffectStatus }>();
+  private registrationUnknown = false;
+
+  constructor(attempts: readonly EffectAttempt[] = []) {
+    for (const a of attempts) this.set(a.effect, a.attemptNumber, a.status);
+  }
+
+  set(effect: string, attemptNumber: number, status: EffectStatus): void {
+    const seen = this.latest.get(effect);
+    if (!seen || seen.attemptNumber <= attemptNumber) this.latest.set(effect, { attemptNumber, status });
+  }
+
+  markRegistrationUnknown(): void {
+    this.registrationUnknown = true;
+  }
+
+  /** Some effect may have happened (a registration whose outcome is unknown counts). */
+  get possible(): boolean {
+    return this.registrationUnknown || [...this.latest.values()].some((e) => e.status !== "NO_EFFECT");
+  }
+
+  /** Some effect's latest attempt is not resolved: Complete would be refused (UNRESOLVED_EFFECTS). */
+  get unresolved(): boolean {
+    return this.registrationUnknown || [...this.latest.values()].some((e) => e.status === "PENDING" || e.status === "INDETERMINATE");
+  }
+
+  get attempted(): boolean {
+    return this.registrationUnknown || this.latest.size > 0;
+  }
+}
+
+export interface OwnedOperationInit {
+  client: CoordinatorClient;
+  colocated: ColocatedRegistry | undefined;
+  ref: OperationRef;
+  generation: number;
+  /** False when this process does not own the record (shadow mode without ACCEPTED, or no key). */
+  owned: boolean;
+  attempts?: readonly EffectAttempt[];
+  isDefinite: (error: unknown) => boolean;
+  logger: GatewayLogger;
+  /** Key for effects of an operation this process does not own (shadow mode). */
+  unownedKey?: (effect: string) => string;
+}
+
+/**
+ * The owner of one operation at one generation: registers effects before
+ * their downstream calls, resolves them after, keeps the lease, and knows
+ * whether anything may have happened. The handler context and the recovery
+ * context are both one.
+ */
+export abstract class OwnedOperation {
+  readonly ref: OperationRef;
+  readonly generation: number;
+  readonly owned: boolean;
+  protected readonly client: CoordinatorClient;
+  protected readonly colocated: ColocatedRegistry | undefined;
+  protected readonly logger: GatewayLogger;
+  protected readonly ledger: EffectLedger;
+  protected keeper: LeaseKeeper | undefined;
+  private readonly isDefinite: (error: unknown) => boolean;
+  private readonly unownedKey: ((effect: string) => string) | undefined;
+  private readonly abort = new AbortController();
+  private lostReason: string | undefined;
+  /** Set once a co-located transaction committed the terminal state. */
+  completedWithin: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
+
+  constructor(init: OwnedOperationInit) {
+    this.client = init.client;
+    this.colocated = init.colocated;
+    this.ref = init.ref;
+    this.generation = init.generation;
+    this.owned = init.owned;
+    this.ledger = new EffectLedger(init.attempts);
+    this.isDefinite = init.isDefinite;
+    this.logger = init.logger;
+    this.unownedKey = init.unownedKey;
+  }
+
+  /** The operation id the coordinator minted (empty when there is none). */
+  get operationId(): string {
+    return this.ref.operationId;
+  }
+
+  /** True once this owner may start no new effect: its lease was lost. */
+  get lost(): boolean {
+    return this.lostReason !== undefined;
+  }
+
+  /** Aborted when the lease is lost: pass it to long downstream work. */
+  get signal(): AbortSignal {
+    return this.abort.signal;
+  }
+
+  /** True when an effect may have happened (an attempt was registered and not resolved NO_EFFECT). */
+  get effectPossible(): boolean {
+    return this.ledger.possible;
+  }
+
+  /** True when some effect's outcome is still unknown (PENDING or INDETERMINATE). */
+  get effectsUnresolved(): boolean {
+    return this.ledger.unresolved;
+  }
+
+  /** Lease renewals so far. */
+  get leaseRenewals(): number {
+    return this.keeper?.renewals ?? 0;
+  }
+
+  /** Marks the lease lost: effect() refuses from now on, and `signal` aborts. */
+  markLost(reason: string): void {
+    if (this.lostReason !== undefined) return;
+    this.lostReason = reason;
+    this.keeper?.stop();
+    this.abort.abort(new LeaseLostError(`the lease of operation ${this.ref.operationId} was lost (${reason})`, reason));
+  }
+
+  /** Stops renewing the lease (the owner is done, one way or another). */
+  stopLease(): void {
+    this.keeper?.stop();
+  }
+
+  /**
+   * Runs one downstream call as a registered effect: RecordEffectAttempt
+   * first (which returns the stable downstream key), then `fn(downstreamKey)`
+   * (send the key to the downstream system as its idempotency key), then
+   * ResolveEffectAttempt: CONFIRMED with the handle `options.handle` extracts,
+   * or, when `fn` throws, NO_EFFECT if the error is definite and
+   * INDETERMINATE otherwise; the error is rethrown. Refuses with
+   * LeaseLostError, before calling anything, once the lease is lost.
+   */
+  async effect<T>(name: string, provider: string, fn: (downstreamKey: string) => Promise<T>, options: EffectOptions<T> = {}): Promise<T> {
+    if (!this.owned) {
+      // Shadow mode without ownership: nothing to register; the service runs as it did before.
+      return fn(this.unownedKey?.(name) ?? name);
+    }
+    if (this.lostReason !== undefined) {
+      throw new LeaseLostError(`operation ${this.ref.operationId} lost its lease (${this.lostReason}); no new effect may start`, this.lostReason);
+    }
+    let attempt: EffectAttempt;
+    try {
+      attempt = await this.client.recordEffectAttempt(this.ref, this.generation, name, provider);
+    } catch (error) {
+      const failure = toCoordinatorError(error);
+      if (failure.reason !== undefined && LOST_REASONS.has(failure.reason)) {
+        this.markLost(failure.reason);
+        throw new LeaseLostError(`operation ${this.ref.operationId} may start no new effect: ${failure.message}`, failure.reason);
+      }
+      // Lost in transit: the attempt may have been written. Count it as a
+      // possible effect, so that nothing releases the record as if nothing happened.
+      if (failure.unreachable) this.ledger.markRegistrationUnknown();
+      throw failure;
+    }
+    this.ledger.set(name, attempt.attemptNumber, "PENDING");
+    return this.callRegistered(attempt, fn, options);
+  }
+
+  /** Calls `fn` for a registered attempt and resolves the attempt with what happened. */
+  protected async callRegistered<T>(attempt: EffectAttempt, fn: (downstreamKey: string) => Promise<T>, options: EffectOptions<T>): Promise<T> {
+    let result: T;
+    try {
+      result = await fn(attempt.downstreamKey);
+    } catch (error) {
+      const definite = (options.isDefinite ?? this.isDefinite)(error);
+      await this.resolveQuietly(attempt, definite ? "NO_EFFECT" : "INDETERMINATE", "");
+      throw error;
+    }
+    await this.resolveQuietly(attempt, "CONFIRMED", options.handle?.(result) ?? "");
+    return result;
+  }
+
+  /**
+   * Resolves an attempt; a failure is logged, not thrown: the downstream call
+   * already happened (or not) whatever the registry heard, and an attempt
+   * left PENDING only means the operation cannot complete until someone
+   * resolves it (the recovery worker).
+   */
+  private async resolveQuietly(attempt: EffectAttempt, status: Exclude<EffectStatus, "PENDING">, handle: string): Promise<void> {
+    try {
+      await this.resolve(attempt.attemptNumber, status, handle, attempt.effect);
+    } catch (error) {
+      this.logger.warn(
+        { operationId: this.ref.operationId, attempt: attempt.attemptNumber, status, error: (error as Error).message },
+        "could not resolve an effect attempt; the operation is left to recovery",
+      );
+    }
+  }
+
+  /** ResolveEffectAttempt for one of this operation's attempts. */
+  async resolve(attemptNumber: number, status: Exclude<EffectStatus, "PENDING">, providerHandle = "", effect?: string): Promise<EffectAttempt> {
+    const resolved = await this.client.resolveEffectAttempt(this.ref, this.generation, attemptNumber, status, providerHandle);
+    this.ledger.set(effect ?? resolved.effect, attemptNumber, resolved.status);
+    return resolved;
+  }
+
+  /**
+   * Co-located mode: runs `work` in one transaction of the service's own
+   * database (the registry's), and completes the operation inside that same
+   * transaction with the response `work` returns: the business rows, their
+   * outbox rows and the terminal state commit together or not at all.
+   * The outcome follows the response's status (2xx/3xx SUCCEEDED; 4xx
+   * REJECTED, or FAILED_FINAL after an effect; 5xx FAILED_FINAL after an
+   * effect, otherwise no completion, and the gateway releases) unless
+   * `options.outcome` says otherwise. Send the returned response as is.
+   */
+  async transaction<R extends HandlerResponse>(work: (tx: pg.PoolClient) => Promise<R>, options: { outcome?: Outcome } = {}): Promise<R> {
+    const colocated = this.colocated;
+    if (!colocated) throw new Error("transaction() needs co-located mode: give the gateway (or worker) a `colocated` ColocatedRegistry");
+    let completed: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
+    const response = await colocated.transaction(async (tx) => {
+      const result = await work(tx);
+      if (!this.owned) return result;
+      const http = toHttpResponse(result);
+      const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
+      if (outcome === "release") return result;
+      const snapshot = snapshotOf(http);
+      await colocated.complete(tx, this.ref, this.generation, outcome, snapshot);
+      completed = { outcome, snapshot };
+      return result;
+    });
+    if (completed) {
+      this.completedWithin = completed;
+      this.stopLease();
+    }
+    return response;
+  }
+
+  /** Complete over RPC (idempotent: an identical repeat succeeds). */
+  async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
+    await this.client.complete(this.ref, this.generation, outcome, snapshot);
+  }
+
+  /** Release over RPC: back to RESERVED, the next identical retry takes it over. */
+  async release(): Promise<void> {
+    await this.client.release(this.ref, this.generation);
+  }
+}
+
+/** True for a refusal that says someone else now owns or finished the record. */
+export function supersededBy(error: unknown): boolean {
+  const reason = error instanceof CoordinatorError ? error.reason : undefined;
+  return reason === "STALE_GENERATION" || reason === "ALREADY_COMPLETED" || reason === "INVALID_TRANSITION" || reason === "LEASE_HELD";
+}
+
+export const defaultIsDefinite = isDefiniteFailure;

@@ -1,0 +1,198 @@
+/**
+ * The SDK's own vocabulary: plain objects, no protobuf messages, so that a
+ * service never depends on the wire format. Names follow the contract
+ * (`http.idempotency.v1`, proto/idempotency/v1/*.proto).
+ */
+
+/** The end user a gateway acts for, from the service's own authentication (never the request body). */
+export interface Subject {
+  tenant: string;
+  principal: string;
+}
+
+/** Identifies an accepted operation for every write after Reserve. */
+export interface OperationRef {
+  tenant: string;
+  operationId: string;
+}
+
+export type Decision = "ACCEPTED" | "REPLAY" | "IN_PROGRESS" | "PAYLOAD_CONFLICT" | "EXPIRED";
+export type RecordState = "RESERVED" | "EXECUTING" | "SUCCEEDED" | "FAILED_FINAL" | "REJECTED" | "UNKNOWN";
+export type Outcome = "SUCCEEDED" | "FAILED_FINAL" | "REJECTED";
+export type EffectStatus = "PENDING" | "CONFIRMED" | "NO_EFFECT" | "INDETERMINATE";
+export type ClaimMode = "OWNER" | "TAKEOVER" | "RECOVER";
+
+/** The raw parts of an HTTP request, forwarded so that the coordinator computes the fingerprint itself. */
+export interface RequestParts {
+  method: string;
+  /** The path as received, starting with `/`, without the query. */
+  path: string;
+  /** The raw query string without `?`. */
+  query: string;
+  /** The Content-Type header value. */
+  mediaType: string;
+  headers: ReadonlyArray<{ name: string; value: string }>;
+  body: Uint8Array;
+}
+
+/** A response as stored by Complete and replayed to every retry. */
+export interface ResponseSnapshot {
+  statusCode: number;
+  mediaType: string;
+  location: string;
+  businessVersion: string;
+  /** [lower-case name, value] pairs (the policy's allowlist, never Date, trace ids, Set-Cookie, …). */
+  headers: Array<[string, string]>;
+  body: Uint8Array;
+  /** SHA-256 of the stored snapshot (set by the coordinator; empty on input). */
+  digest?: Uint8Array;
+}
+
+/** A downstream call registered before it was made. */
+export interface EffectAttempt {
+  attemptNumber: number;
+  effect: string;
+  provider: string;
+  /** The idempotency key to send downstream: the same for every attempt and generation of this effect. */
+  downstreamKey: string;
+  status: EffectStatus;
+  providerHandle: string;
+  generation: number;
+  createdAt?: Date;
+  resolvedAt?: Date;
+}
+
+/** What Reserve decided. */
+export interface ReserveResult {
+  decision: Decision;
+  /** Empty on PAYLOAD_CONFLICT, which reveals nothing of the first request. */
+  operationId: string;
+  state?: RecordState;
+  /** The owner generation (fencing token) on ACCEPTED; 0 otherwise. */
+  generation: number;
+  leaseExpiresAt?: Date;
+  /** On IN_PROGRESS: how long the client should wait. */
+  retryAfterMs?: number;
+  /** On REPLAY: the stored response. */
+  snapshot?: ResponseSnapshot;
+  /** False in shadow mode: the decision is recorded, not enforced. */
+  enforced: boolean;
+  schemaRevision: number;
+  contractVersion: string;
+}
+
+export interface ReserveInput {
+  subject: Subject;
+  operation: string;
+  apiRevision: number;
+  idempotencyKey: string;
+  parts: RequestParts;
+  /** Start executing at once (EXECUTING when ACCEPTED). */
+  claim?: boolean;
+  /** Requested lease; the policy's default when unset. */
+  leaseMs?: number;
+  writerEpoch?: number;
+}
+
+export interface ClaimInput {
+  ref: OperationRef;
+  mode: ClaimMode;
+  /** OWNER: the generation held. TAKEOVER and RECOVER: the generation observed. */
+  generation: number;
+  leaseMs?: number;
+  writerEpoch?: number;
+}
+
+export interface ClaimResult {
+  generation: number;
+  state: RecordState;
+  leaseExpiresAt?: Date;
+  recovering: boolean;
+  effectAttempts: EffectAttempt[];
+}
+
+export interface CompleteResult {
+  state: RecordState;
+  snapshotDigest: Uint8Array;
+  completedAt?: Date;
+}
+
+/** An operation as Lookup and ListRecoverable return it. */
+export interface OperationRecord {
+  operationId: string;
+  subject: Subject;
+  operation: string;
+  apiRevision: number;
+  schemaRevision: number;
+  state: RecordState;
+  generation: number;
+  recovering: boolean;
+  leaseExpiresAt?: Date;
+  createdAt?: Date;
+  updatedAt?: Date;
+  completedAt?: Date;
+  snapshot?: ResponseSnapshot;
+  effectAttempts: EffectAttempt[];
+  contractVersion: string;
+}
+
+export type LookupInput =
+  | { ref: OperationRef; subject?: Subject }
+  | { scope: { subject: Subject; operation: string; apiRevision: number; idempotencyKey: string } };
+
+export interface ListRecoverableInput {
+  tenant?: string;
+  operations?: readonly string[];
+  pageSize?: number;
+  pageToken?: string;
+}
+
+export interface RecoverableRecord {
+  record: OperationRecord;
+  /** Claim with this mode and `record.generation`. */
+  claimMode: ClaimMode;
+}
+
+export interface ListRecoverableResult {
+  records: RecoverableRecord[];
+  nextPageToken: string;
+}
+
+/** Header values as a handler may give them. */
+export type HeaderValue = string | number | readonly string[];
+
+/**
+ * A response as a handler describes it (co-located completion, recovery,
+ * `writeResponse`). `json` wins over `body` and defaults the media type to
+ * `application/json`.
+ */
+export interface HandlerResponse {
+  status: number;
+  headers?: Record<string, HeaderValue | undefined>;
+  body?: Uint8Array | string;
+  json?: unknown;
+}
+
+/** A concrete HTTP response: what a gateway writes, or what it captured from a handler. */
+export interface HttpResponse {
+  status: number;
+  /** [name, value] pairs; a name may repeat (Set-Cookie). */
+  headers: Array<[string, string]>;
+  body: Uint8Array;
+}
+
+/** The logging a gateway does; a pino logger fits. */
+export interface GatewayLogger {
+  debug(obj: object, msg?: string): void;
+  info(obj: object, msg?: string): void;
+  warn(obj: object, msg?: string): void;
+  error(obj: object, msg?: string): void;
+}
+
+/** A logger that drops everything. */
+export const silentLogger: GatewayLogger = {
+  debug: () => undefined,
+  info: () => undefined,
+  warn: () => undefined,
+  error: () => undefined,
+};

@@ -1,0 +1,50 @@
+import { hostname } from "node:os";
+import { randomBytes } from "node:crypto";
+import type { Logger } from "pino";
+import type { Db } from "../registry/db.js";
+import { holdJobLease, releaseJobLease } from "../registry/maintenance.js";
+
+/** This process's name on job leases: which replica runs a job is visible in idem_job_lease. */
+export const JOB_HOLDER = `${hostname()}:${process.pid}:${randomBytes(3).toString("hex")}`;
+
+/**
+ * A background job that one replica at a time runs every `intervalMs`: each
+ * tick renews (or takes) the job's lease row, and only its holder runs. When
+ * the holder dies, its lease ends after three intervals and another replica
+ * takes over. Nothing here touches the request path.
+ */
+export class BackgroundJob {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> = Promise.resolve();
+  private stopped = false;
+
+  constructor(
+    private readonly options: { name: string; intervalMs: number; db: Db; logger: Logger; run: () => Promise<void> },
+  ) {}
+
+  start(): void {
+    this.timer = setInterval(() => {
+      // One tick at a time: a slow pass delays the next instead of overlapping it.
+      this.running = this.running.then(() => this.tick());
+    }, this.options.intervalMs);
+    this.timer.unref();
+  }
+
+  /** Stops ticking, waits for the pass under way, and hands the lease over at once. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearInterval(this.timer);
+    await this.running;
+    await releaseJobLease(this.options.db, this.options.name, JOB_HOLDER).catch(() => undefined);
+  }
+
+  private async tick(): Promise<void> {
+    if (this.stopped) return;
+    const { name, intervalMs, db, logger, run } = this.options;
+    try {
+      if (await holdJobLease(db, name, JOB_HOLDER, intervalMs * 3)) await run();
+    } catch (error) {
+      logger.warn({ job: name, error: (error as Error).message }, "background job pass failed; it runs again next interval");
+    }
+  }
+}

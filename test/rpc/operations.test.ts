@@ -1,0 +1,243 @@
+import { create } from "@bufbuild/protobuf";
+import { ConnectError, createClient, type Client } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
+import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
+import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { useTestDatabase } from "../support/database.js";
+import { newKey, testDocument } from "../support/fixtures.js";
+import { startTestServer, type TestServer } from "../support/server.js";
+
+const t = useTestDatabase();
+let server: TestServer;
+let admin: Client<typeof AdminService>;
+let coordinator: Client<typeof CoordinatorService>;
+
+// Retention can be short here: no window is declared longer than a second.
+const windows = { keep: "1s", clientRetryWindow: "0s", queueBacklogWindow: "0s", reconciliationWindow: "0s", backupRestoreWindow: "0s" };
+
+beforeAll(async () => {
+  server = await startTestServer(t, {
+    operations: [
+      testDocument(),
+      testDocument({ operation: "refunds.create", retention: windows }),
+      testDocument({ operation: "holds.create", retention: { ...windows, tombstoneReuse: { allowed: true, horizon: "1s" } } }),
+      testDocument({ operation: "payouts.create" }),
+    ],
+    config: { recovererIntervalMs: 100, sweepIntervalMs: 3_600_000 },
+  });
+  const transport = createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" });
+  admin = createClient(AdminService, transport);
+  coordinator = createClient(CoordinatorService, transport);
+});
+afterAll(async () => {
+  await server?.stop();
+});
+
+const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });
+const reasonOf = (error: unknown) => ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason;
+const refusedWith = (call: Promise<unknown>) => call.then(() => "no refusal", reasonOf);
+const operatorCalls = () => as(server.tokens.operator);
+const workerCalls = () => as(server.tokens.worker);
+
+function reserve(key: string, body: string, options: { operation?: string; claim?: boolean; writerEpoch?: bigint } = {}) {
+  return coordinator.reserve(
+    {
+      subject: { tenant: "acme", principal: "alice" },
+      operation: options.operation ?? "payments.create",
+      apiRevision: 1,
+      idempotencyKey: key,
+      claim: options.claim ?? false,
+      writerEpoch: options.writerEpoch ?? 0n,
+      request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/x", mediaType: "application/json", body: new TextEncoder().encode(body) }) },
+    },
+    workerCalls(),
+  );
+}
+
+async function stateOf(operationId: string) {
+  const { rows } = await t.pool.query("SELECT state, generation::int, lease_expires_at, tombstoned_at FROM idem_record WHERE operation_id = $1", [operationId]);
+  return rows[0];
+}
+
+const endLease = (operationId: string) =>
+  t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [operationId]);
+
+describe("the recoverer", () => {
+  it("turns an ended lease with a possible effect into UNKNOWN, and one without into a claimable record", async () => {
+    const withEffect = await reserve(newKey(), "{}", { claim: true });
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: withEffect.operationId });
+    await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, workerCalls());
+    const key = newKey();
+    const withoutEffect = await reserve(key, "{}", { claim: true });
+    await endLease(withEffect.operationId);
+    await endLease(withoutEffect.operationId);
+
+    await vi.waitFor(async () => expect((await stateOf(withEffect.operationId)).state).toBe("UNKNOWN"));
+    await vi.waitFor(async () => expect((await stateOf(withoutEffect.operationId)).lease_expires_at).toBeNull());
+    expect(await stateOf(withoutEffect.operationId)).toMatchObject({ state: "EXECUTING", generation: 1 });
+    const { rows } = await t.pool.query("SELECT kind, caller FROM idem_event WHERE operation_id = ANY($1) AND caller = 'recoverer' ORDER BY event_id", [
+      [withEffect.operationId, withoutEffect.operationId],
+    ]);
+    expect(rows.map((r) => r.kind).sort()).toEqual(["LEASE_EXPIRED", "UNKNOWN"]);
+
+    // The retry of the claimable one takes it over; the UNKNOWN one is never executed again.
+    expect(await reserve(key, "{}")).toMatchObject({ decision: Decision.ACCEPTED, generation: 2n });
+    expect((await coordinator.listRecoverable({ tenant: "acme" }, workerCalls())).records.map((r) => r.record?.operationId)).toContain(withEffect.operationId);
+  });
+});
+
+describe("reconciliation", () => {
+  it("settles only UNKNOWN records, with evidence and the operator's name, at the next generation", async () => {
+    const key = newKey();
+    const accepted = await reserve(key, "{}", { claim: true });
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
+    const snapshot = { statusCode: 201, mediaType: "application/json", body: new TextEncoder().encode('{"id":"p_7"}') };
+    const early = await refusedWith(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "provider says charged", operator: "dana" }, operatorCalls()));
+    expect(early).toBe("INVALID_TRANSITION");
+
+    await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, workerCalls());
+    await endLease(accepted.operationId);
+    await vi.waitFor(async () => expect((await stateOf(accepted.operationId)).state).toBe("UNKNOWN"));
+
+    const queue = await admin.listRecords({ states: [RecordState.UNKNOWN], tenant: "acme" }, operatorCalls());
+    expect(queue.records.map((r) => r.operationId)).toContain(accepted.operationId);
+    expect(await refusedWith(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "x", operator: "dana" }, workerCalls()))).toBe("PERMISSION_DENIED");
+    const { record } = await admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "provider charge ch_123 captured", operator: "dana" }, operatorCalls());
+    expect(record).toMatchObject({ state: RecordState.SUCCEEDED, generation: 2n });
+    const again = await refusedWith(admin.reconcile({ ref, outcome: Outcome.FAILED_FINAL, snapshot, evidence: "x", operator: "dana" }, operatorCalls()));
+    expect(again).toBe("INVALID_TRANSITION");
+
+    const replay = await reserve(key, "{}");
+    expect(replay.decision).toBe(Decision.REPLAY);
+    expect(new TextDecoder().decode(replay.snapshot!.body)).toBe('{"id":"p_7"}');
+    const { rows } = await t.pool.query("SELECT caller, detail FROM idem_event WHERE operation_id = $1 AND kind = 'RECONCILED'", [accepted.operationId]);
+    expect(rows).toEqual([{ caller: "operator", detail: { outcome: "SUCCEEDED", evidence: "provider charge ch_123 captured", operator: "dana" } }]);
+  });
+});
+
+describe("retention", () => {
+  async function finished(operation: string, body: string) {
+    const key = newKey();
+    const accepted = await reserve(key, body, { operation, claim: true });
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
+    await coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([1, 2]) } }, workerCalls());
+    await t.pool.query("UPDATE idem_record SET retain_until = now() - interval '1 second' WHERE operation_id = $1", [accepted.operationId]);
+    return { key, operationId: accepted.operationId };
+  }
+
+  it("turns finished records past retention into tombstones that answer EXPIRED or PAYLOAD_CONFLICT", async () => {
+    const { key, operationId } = await finished("refunds.create", '{"a":1}');
+    const swept = await admin.runRetentionSweep({}, operatorCalls());
+    expect(swept.tombstoned).toBeGreaterThanOrEqual(1n);
+    const { rows } = await t.pool.query("SELECT state, snapshot_body, snapshot_digest IS NOT NULL AS has_digest, tombstoned_at IS NOT NULL AS tombstoned FROM idem_record WHERE operation_id = $1", [operationId]);
+    expect(rows[0]).toEqual({ state: "SUCCEEDED", snapshot_body: null, has_digest: true, tombstoned: true });
+    expect((await reserve(key, '{"a":1}', { operation: "refunds.create" })).decision).toBe(Decision.EXPIRED);
+    expect((await reserve(key, '{"a":2}', { operation: "refunds.create" })).decision).toBe(Decision.PAYLOAD_CONFLICT);
+  });
+
+  it("lets exactly one of 50 concurrent reservations reuse a tombstone once the policy's horizon passed", async () => {
+    const { key, operationId } = await finished("holds.create", '{"n":0}');
+    await admin.runRetentionSweep({}, operatorCalls());
+    expect((await reserve(key, '{"n":0}', { operation: "holds.create" })).decision).toBe(Decision.EXPIRED);
+    await t.pool.query("UPDATE idem_record SET tombstoned_at = now() - interval '2 seconds' WHERE operation_id = $1", [operationId]);
+
+    const racers = await Promise.all(Array.from({ length: 50 }, (_, i) => reserve(key, `{"n":${i % 5}}`, { operation: "holds.create" })));
+    const winners = racers.filter((r) => r.decision === Decision.ACCEPTED);
+    expect(winners).toHaveLength(1);
+    expect(winners[0]!.operationId).not.toBe(operationId);
+    expect(racers.every((r) => r.decision === Decision.ACCEPTED || r.decision === Decision.IN_PROGRESS || r.decision === Decision.PAYLOAD_CONFLICT)).toBe(true);
+    const { rows } = await t.pool.query("SELECT generation::int, tombstoned_at FROM idem_record WHERE operation_id = $1", [winners[0]!.operationId]);
+    expect(rows).toEqual([{ generation: 2, tombstoned_at: null }]);
+  });
+});
+
+describe("rollout and rollback", () => {
+  it("in shadow mode decides and records, but says enforced=false, and counts the would-be decisions", async () => {
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.SHADOW }, operatorCalls());
+    const key = newKey();
+    expect(await reserve(key, "{}", { operation: "payouts.create" })).toMatchObject({ decision: Decision.ACCEPTED, enforced: false });
+    expect(await reserve(key, "{}", { operation: "payouts.create" })).toMatchObject({ decision: Decision.IN_PROGRESS, enforced: false });
+    expect(await reserve(key, '{"x":1}', { operation: "payouts.create" })).toMatchObject({ decision: Decision.PAYLOAD_CONFLICT, enforced: false });
+    const metrics = await (await fetch(`${server.adminUrl}/metrics`)).text();
+    expect(metrics).toMatch(/idem_decisions_total\{operation="payouts.create",decision="IN_PROGRESS",enforced="false"\} 1/);
+    expect(metrics).toMatch(/idem_decisions_total\{operation="payouts.create",decision="PAYLOAD_CONFLICT",enforced="false"\} 1/);
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, operatorCalls());
+  });
+
+  it("while draining refuses new operations but lets accepted ones finish", async () => {
+    const inFlight = await reserve(newKey(), "{}", { operation: "payouts.create", claim: true });
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.DRAINING }, operatorCalls());
+    expect(await refusedWith(reserve(newKey(), "{}", { operation: "payouts.create" }))).toBe("OPERATION_DRAINING");
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: inFlight.operationId });
+    const done = await coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, workerCalls());
+    expect(done.state).toBe(RecordState.SUCCEEDED);
+    const controls = await admin.listOperationControls({}, operatorCalls());
+    expect(controls.controls.find((c) => c.operation === "payouts.create")).toMatchObject({ mode: OperationMode.DRAINING, updatedBy: "operator" });
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, operatorCalls());
+  });
+
+  it("fences writers deployed with an older epoch once the epoch is raised; it never goes back", async () => {
+    await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 5n }, operatorCalls());
+    expect(await refusedWith(reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 4n }))).toBe("STALE_WRITER_EPOCH");
+    expect((await reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 5n })).decision).toBe(Decision.ACCEPTED);
+    const lowered = await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 2n }, operatorCalls());
+    expect(lowered.control?.writerEpoch).toBe(5n);
+    expect(await refusedWith(admin.setOperationMode({ operation: "ledger.post", apiRevision: 1, mode: OperationMode.DRAINING }, operatorCalls()))).toBe("NOT_FOUND");
+  });
+});
+
+describe("the event log", () => {
+  it("streams from a cursor and follows new events, without payloads", async () => {
+    const abort = new AbortController();
+    const seen: string[] = [];
+    let after = "";
+    const ids: bigint[] = [];
+    for await (const event of admin.streamEvents({}, operatorCalls())) {
+      ids.push(event.eventId);
+      after = event.cursor;
+    }
+    const { rows: all } = await t.pool.query("SELECT event_id::text AS id FROM idem_event ORDER BY event_id");
+    expect(ids.map(String).sort()).toEqual(all.map((r) => r.id).sort());
+
+    const following = (async () => {
+      for await (const event of admin.streamEvents({ after, follow: true, tenant: "acme" }, { ...operatorCalls(), signal: abort.signal })) {
+        seen.push(event.kind);
+        if (event.kind === "CONFLICT") abort.abort();
+      }
+    })().catch((error: unknown) => {
+      if (!abort.signal.aborted) throw error;
+    });
+    const key = newKey();
+    await reserve(key, '{"secret":"4242"}');
+    await reserve(key, '{"secret":"9999"}');
+    await following;
+    expect(seen).toEqual(["ACCEPTED", "CONFLICT"]);
+    const { rows } = await t.pool.query("SELECT detail::text FROM idem_event WHERE kind = 'CONFLICT'");
+    expect(rows.map((r) => r.detail).join()).not.toMatch(/4242|9999/);
+  });
+});
+
+describe("metrics", () => {
+  it("expose every family on the admin port", async () => {
+    const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
+    for (const family of [
+      "idem_rpc_duration_seconds_bucket",
+      "idem_decisions_total",
+      "idem_refusals_total",
+      "idem_takeovers_total",
+      "idem_recoverer_transitions_total",
+      "idem_records{state=\"UNKNOWN\"}",
+      "idem_unknown_oldest_age_seconds",
+      "idem_unknown_recovery_slo_seconds 3600",
+      "idem_db_pool_connections{state=\"total\"}",
+      "idem_db_retries_total",
+      "idem_tombstoned_total",
+      "idem_process_cpu_user_seconds_total",
+    ]) {
+      expect(text, family).toContain(family);
+    }
+  });
+});
