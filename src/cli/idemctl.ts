@@ -1,5 +1,4 @@
 import { randomBytes } from "node:crypto";
-import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { ConnectError } from "@connectrpc/connect";
@@ -10,7 +9,9 @@ import { openPool } from "../registry/db.js";
 import { startEmbeddedPostgres } from "../registry/embedded-postgres.js";
 import { loadMigrations, migrate } from "../registry/migrate.js";
 import { tokenHash } from "../server/callers.js";
-import { applyPolicies, getPolicy, listPolicies, type Connection } from "./policy-command.js";
+import { CONNECTION_HELP, CONNECTION_OPTIONS, resolveConnection, UsageError } from "./connection.js";
+import { applyPolicies, getPolicy, listPolicies } from "./policy-command.js";
+import { bodyOf, epochCommand, eventsCommand, listCommand, lookupCommand, modeCommand, reconcileCommand, sweepCommand } from "./records-command.js";
 import { serve } from "./serve.js";
 
 interface Command {
@@ -18,26 +19,6 @@ interface Command {
   usage: string;
   help: string;
   run(args: string[]): Promise<void>;
-}
-
-class UsageError extends Error {}
-
-const CONNECTION_OPTIONS = {
-  url: { type: "string" },
-  token: { type: "string" },
-} as const;
-
-const CONNECTION_HELP = `Connection: --url (or IDEM_URL; default http://127.0.0.1:7070) and --token (or IDEM_TOKEN;
-default: the development token under IDEM_STATE_DIR, when npm start made one).`;
-
-/** Where and as whom a client command calls the coordinator. */
-async function connection(values: { url?: string | undefined; token?: string | undefined }): Promise<Connection> {
-  const url = values.url ?? process.env.IDEM_URL ?? "http://127.0.0.1:7070";
-  const stateDir = process.env.IDEM_STATE_DIR ?? ".idem";
-  const token =
-    values.token ?? process.env.IDEM_TOKEN ?? (await readFile(join(stateDir, "dev-token"), "utf8").then((t) => t.trim(), () => undefined));
-  if (!token) throw new UsageError("no token: pass --token or set IDEM_TOKEN (a caller with the operator role)");
-  return { url, token };
 }
 
 const COMMANDS: Record<string, Command> = {
@@ -112,12 +93,11 @@ list [OP]    the newest revision of every operation, or every revision of OP.
 ${CONNECTION_HELP}`,
     async run(args) {
       const [action, ...rest] = args;
-      const out = (line: string) => process.stdout.write(`${line}\n`);
       switch (action) {
         case "apply": {
           const { values, positionals } = parseArgs({ args: rest, options: CONNECTION_OPTIONS, allowPositionals: true });
           if (positionals.length !== 1) throw new UsageError("apply takes one FILE");
-          await applyPolicies(positionals[0]!, await connection(values), out);
+          await applyPolicies(positionals[0]!, await resolveConnection(values), print);
           return;
         }
         case "get": {
@@ -130,19 +110,162 @@ ${CONNECTION_HELP}`,
           await getPolicy(
             positionals[0]!,
             { apiRevision: wholeNumber(values["api-revision"], "--api-revision"), schemaRevision: wholeNumber(values.revision, "--revision"), json: values.json },
-            await connection(values),
-            out,
+            await resolveConnection(values),
+            print,
           );
           return;
         }
         case "list": {
           const { values, positionals } = parseArgs({ args: rest, options: { ...CONNECTION_OPTIONS, json: { type: "boolean", default: false } }, allowPositionals: true });
-          await listPolicies(positionals[0], values.json, await connection(values), out);
+          await listPolicies(positionals[0], values.json, await resolveConnection(values), print);
           return;
         }
         default:
           throw new UsageError(action ? `unknown action '${action}'` : "an action is required: apply, get or list");
       }
+    },
+  },
+  lookup: {
+    summary: "show one record: state, generation, lease, snapshot, effect attempts",
+    usage: "idemctl lookup --tenant T --operation-id ID [--json]",
+    help: `Reads a record by its operation id (as an operator: any principal of the tenants you are granted).
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, tenant: { type: "string" }, "operation-id": { type: "string" }, json: { type: "boolean", default: false } } });
+      if (!values.tenant || !values["operation-id"]) throw new UsageError("--tenant and --operation-id are required");
+      await lookupCommand(values.tenant, values["operation-id"], values.json, await resolveConnection(values), print);
+    },
+  },
+  list: {
+    summary: "list records by state, tenant, operation and age (the UNKNOWN queue)",
+    usage: "idemctl list [--state UNKNOWN]… [--tenant T] [--operation OP]… [--older-than 1h] [--limit 100] [--json]",
+    help: `Lists records oldest first. With --state UNKNOWN: the records waiting for recovery or
+reconciliation (see README, "Operating it"). --state and --operation may repeat.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values } = parseArgs({
+        args,
+        options: {
+          ...CONNECTION_OPTIONS,
+          state: { type: "string", multiple: true, default: [] },
+          tenant: { type: "string", default: "" },
+          operation: { type: "string", multiple: true, default: [] },
+          "older-than": { type: "string" },
+          limit: { type: "string", default: "100" },
+          json: { type: "boolean", default: false },
+        },
+      });
+      const limit = wholeNumber(values.limit, "--limit");
+      if (limit < 1) throw new UsageError("--limit must be at least 1");
+      await listCommand(
+        { states: values.state, tenant: values.tenant, operations: values.operation, olderThan: values["older-than"], limit },
+        values.json,
+        await resolveConnection(values),
+        print,
+      );
+    },
+  },
+  reconcile: {
+    summary: "settle an UNKNOWN record as SUCCEEDED or FAILED_FINAL, with evidence",
+    usage:
+      "idemctl reconcile --tenant T --operation-id ID --outcome SUCCEEDED|FAILED_FINAL --status CODE [--media-type T] [--body TEXT | --body-file F] --evidence TEXT --operator NAME",
+    help: `Only UNKNOWN records are reconciled: an effect may have happened and no machine could tell.
+Look at the downstream system first (the record's attempts name each effect's downstream key
+and handle), then record what you found. Retries of the request replay the snapshot given here.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values } = parseArgs({
+        args,
+        options: {
+          ...CONNECTION_OPTIONS,
+          tenant: { type: "string" },
+          "operation-id": { type: "string" },
+          outcome: { type: "string" },
+          status: { type: "string" },
+          "media-type": { type: "string", default: "application/json" },
+          body: { type: "string" },
+          "body-file": { type: "string" },
+          evidence: { type: "string" },
+          operator: { type: "string" },
+          json: { type: "boolean", default: false },
+        },
+      });
+      for (const required of ["tenant", "operation-id", "outcome", "status", "evidence", "operator"] as const) {
+        if (!values[required]) throw new UsageError(`--${required} is required`);
+      }
+      await reconcileCommand(
+        {
+          tenant: values.tenant!,
+          operationId: values["operation-id"]!,
+          outcome: values.outcome!,
+          status: wholeNumber(values.status!, "--status"),
+          mediaType: values["media-type"],
+          body: await bodyOf(values),
+          evidence: values.evidence!,
+          operator: values.operator!,
+        },
+        values.json,
+        await resolveConnection(values),
+        print,
+      );
+    },
+  },
+  sweep: {
+    summary: "run the retention sweep now (finished records past retention become tombstones)",
+    usage: "idemctl sweep [--batch-size 500] [--max-batches N]",
+    help: `The sweep also runs on its own every IDEM_SWEEP_INTERVAL_MS on one replica.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, "batch-size": { type: "string", default: "500" }, "max-batches": { type: "string", default: "0" } } });
+      await sweepCommand(wholeNumber(values["batch-size"], "--batch-size"), wholeNumber(values["max-batches"], "--max-batches"), await resolveConnection(values), print);
+    },
+  },
+  mode: {
+    summary: "set an operation's mode (ENFORCE, SHADOW, DRAINING), or list every operation's",
+    usage: "idemctl mode [OPERATION ENFORCE|SHADOW|DRAINING] [--api-revision 1] [--json]",
+    help: `SHADOW decides and records without enforcing (responses say enforced=false); DRAINING accepts
+nothing new while accepted operations finish; ENFORCE is normal service. Every replica applies a
+change within IDEM_POLICY_REFRESH_MS. Without arguments: every operation's mode and epoch.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values, positionals } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, json: { type: "boolean", default: false } }, allowPositionals: true });
+      if (positionals.length !== 0 && positionals.length !== 2) throw new UsageError("give OPERATION and MODE, or nothing to list");
+      await modeCommand(positionals[0], positionals[1], wholeNumber(values["api-revision"], "--api-revision"), values.json, await resolveConnection(values), print);
+    },
+  },
+  epoch: {
+    summary: "raise an operation's writer epoch (writers deployed with an older one are refused)",
+    usage: "idemctl epoch OPERATION EPOCH [--api-revision 1] [--json]",
+    help: `The first step of a rollback: deploy the old writers' successors with the new epoch, then raise
+it here; writers still running with an older epoch get STALE_WRITER_EPOCH. The epoch only grows.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values, positionals } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, json: { type: "boolean", default: false } }, allowPositionals: true });
+      if (positionals.length !== 2) throw new UsageError("give OPERATION and EPOCH");
+      await epochCommand(positionals[0]!, BigInt(wholeNumber(positionals[1]!, "EPOCH")), wholeNumber(values["api-revision"], "--api-revision"), values.json, await resolveConnection(values), print);
+    },
+  },
+  events: {
+    summary: "print the event log from a cursor; --follow keeps printing new events",
+    usage: "idemctl events [--after CURSOR] [--follow] [--tenant T] [--operation OP] [--json]",
+    help: `Events come in commit order. With --json each line carries its cursor: pass the last one to
+--after to resume. Ctrl-C stops following.
+${CONNECTION_HELP}`,
+    async run(args) {
+      const { values } = parseArgs({
+        args,
+        options: {
+          ...CONNECTION_OPTIONS,
+          after: { type: "string", default: "" },
+          follow: { type: "boolean", default: false },
+          tenant: { type: "string", default: "" },
+          operation: { type: "string", default: "" },
+          json: { type: "boolean", default: false },
+        },
+      });
+      const stop = new AbortController();
+      process.once("SIGINT", () => stop.abort());
+      await eventsCommand({ after: values.after, follow: values.follow, tenant: values.tenant, operation: values.operation, json: values.json }, await resolveConnection(values), print, stop.signal);
     },
   },
   token: {
@@ -177,6 +300,8 @@ tenants, all operations, the gateway role.`,
   },
 };
 
+
+const print = (text: string) => process.stdout.write(`${text}\n`);
 
 function wholeNumber(text: string, option: string): number {
   const n = Number(text);
@@ -222,7 +347,8 @@ async function main(argv: string[]): Promise<number> {
       process.stderr.write(`${error.message}\n`);
       return 2;
     }
-    if (error instanceof UsageError || (error as { code?: string }).code?.startsWith("ERR_PARSE_ARGS")) {
+    const code = (error as { code?: unknown }).code;
+    if (error instanceof UsageError || (typeof code === "string" && code.startsWith("ERR_PARSE_ARGS"))) {
       process.stderr.write(`idemctl ${name}: ${(error as Error).message}\nusage: ${command.usage}\n`);
       return 2;
     }

@@ -1,26 +1,11 @@
 import { readFile } from "node:fs/promises";
-import { createClient, type Client } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import { parse as parseYaml, stringify as toYaml } from "yaml";
 import { IdempotencyError } from "../contract/errors.js";
 import { toHex } from "../contract/frame.js";
-import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import type { PublishedPolicy } from "../gen/idempotency/v1/policy_pb.js";
 import { parsePolicyDocument } from "../policy/document.js";
 import { policyFromProto, policyToProto } from "../server/policy-convert.js";
-
-/** Where a command reaches the coordinator, and as whom. */
-export interface Connection {
-  url: string;
-  token: string;
-}
-
-function adminClient(connection: Connection): { client: Client<typeof AdminService>; headers: Record<string, string> } {
-  return {
-    client: createClient(AdminService, createConnectTransport({ baseUrl: connection.url, httpVersion: "1.1" })),
-    headers: { authorization: `Bearer ${connection.token}` },
-  };
-}
+import { clientsOf, table, type Connection } from "./connection.js";
 
 /**
  * `idemctl policy apply FILE`: validates every revision in the file (YAML or
@@ -44,7 +29,7 @@ export async function applyPolicies(file: string, connection: Connection, out: (
       throw error;
     }
   });
-  const { client, headers } = adminClient(connection);
+  const { admin: client, call: { headers } } = clientsOf(connection);
   for (const [i, document] of documents.entries()) {
     out(`publishing ${describe(document.operation, document.apiRevision, document.schemaRevision)} (${i + 1}/${documents.length})…`);
     const { published, created } = await client.publishPolicy({ policy: policyToProto(document) }, { headers });
@@ -59,23 +44,21 @@ export async function getPolicy(
   connection: Connection,
   out: (text: string) => void,
 ): Promise<void> {
-  const { client, headers } = adminClient(connection);
+  const { admin: client, call: { headers } } = clientsOf(connection);
   const { published } = await client.getPolicy({ operation, apiRevision: options.apiRevision, schemaRevision: options.schemaRevision }, { headers });
   out(render(published!, options.json));
 }
 
 /** `idemctl policy list [OPERATION]`: the newest revision of each operation, or every revision of one. */
 export async function listPolicies(operation: string | undefined, json: boolean, connection: Connection, out: (text: string) => void): Promise<void> {
-  const { client, headers } = adminClient(connection);
+  const { admin: client, call: { headers } } = clientsOf(connection);
   const { policies } = await client.listPolicies({ operation: operation ?? "" }, { headers });
   if (json) {
     out(JSON.stringify(policies.map((p) => facts(p)), null, 2));
     return;
   }
   const rows = policies.map((p) => facts(p));
-  const table = [["OPERATION", "API", "REVISION", "MODE", "PUBLISHED", "BY"], ...rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy])];
-  const widths = table[0]!.map((_, c) => Math.max(...table.map((row) => row[c]!.length)));
-  out(table.map((row) => row.map((cell, c) => cell.padEnd(widths[c]!)).join("  ").trimEnd()).join("\n"));
+  out(table(["OPERATION", "API", "REVISION", "MODE", "PUBLISHED", "BY"], rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy])));
 }
 
 function facts(published: PublishedPolicy) {

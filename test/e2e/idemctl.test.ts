@@ -1,0 +1,103 @@
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
+import { useTestDatabase } from "../support/database.js";
+import { newKey } from "../support/fixtures.js";
+import { startTestServer, type TestServer } from "../support/server.js";
+
+const run = promisify(execFile);
+const t = useTestDatabase();
+let server: TestServer;
+
+beforeAll(async () => {
+  server = await startTestServer(t, { config: { recovererIntervalMs: 100 } });
+});
+afterAll(async () => {
+  await server?.stop();
+});
+
+async function idemctl(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
+  const env = { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator };
+  return run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", ...args], { env }).then(
+    ({ stdout, stderr }) => ({ stdout, stderr, code: 0 }),
+    (error: { stdout: string; stderr: string; code: number }) => ({ stdout: error.stdout, stderr: error.stderr, code: error.code }),
+  );
+}
+
+describe("idemctl", () => {
+  it("explains every command with --help", async () => {
+    const overview = await idemctl("--help");
+    expect(overview.code).toBe(0);
+    const commands = [...overview.stdout.matchAll(/^ {2}([a-z]+) {2,}/gm)].map((m) => m[1]!);
+    expect(commands).toEqual(["serve", "migrate", "policy", "lookup", "list", "reconcile", "sweep", "mode", "epoch", "events", "token"]);
+    const helps = await Promise.all(commands.map((command) => idemctl(command, "--help")));
+    for (const [i, help] of helps.entries()) {
+      expect(help.code, commands[i]).toBe(0);
+      expect(help.stdout, commands[i]).toMatch(new RegExp(`^usage: idemctl ${commands[i]}`));
+    }
+    const unknown = await idemctl("frobnicate");
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toContain("unknown command 'frobnicate'");
+  });
+
+  it("walks the UNKNOWN runbook: list the queue, look a record up, reconcile it, read the log", async () => {
+    const coordinator = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+    const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+    const accepted = await coordinator.reserve(
+      {
+        subject: { tenant: "acme", principal: "alice" },
+        operation: "payments.create",
+        apiRevision: 1,
+        idempotencyKey: newKey(),
+        claim: true,
+        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode("{}") }) },
+      },
+      call,
+    );
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
+    await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
+    await t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [accepted.operationId]);
+    await vi.waitFor(async () => {
+      const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [accepted.operationId]);
+      expect(rows[0].state).toBe("UNKNOWN");
+    });
+
+    const queue = await idemctl("list", "--state", "UNKNOWN", "--json");
+    expect(queue.code).toBe(0);
+    expect((JSON.parse(queue.stdout) as Array<{ operationId: string }>).map((r) => r.operationId)).toEqual([accepted.operationId]);
+    const shown = await idemctl("lookup", "--tenant", "acme", "--operation-id", accepted.operationId);
+    expect(shown.stdout).toContain("state       UNKNOWN, generation 1");
+    expect(shown.stdout).toMatch(/attempt 1 {3}card\.charge via card-provider: PENDING, key [A-Za-z0-9_-]{43}/);
+
+    const missingEvidence = await idemctl("reconcile", "--tenant", "acme", "--operation-id", accepted.operationId, "--outcome", "SUCCEEDED", "--status", "201", "--operator", "dana");
+    expect(missingEvidence.code).toBe(2);
+    expect(missingEvidence.stderr).toContain("--evidence is required");
+    const reconciled = await idemctl(
+      "reconcile", "--tenant", "acme", "--operation-id", accepted.operationId, "--outcome", "SUCCEEDED", "--status", "201",
+      "--body", '{"id":"p_1"}', "--evidence", "charge ch_1 in the provider dashboard", "--operator", "dana",
+    );
+    expect(reconciled.stderr).toBe("");
+    expect(reconciled.stdout).toContain(`reconciled: ${accepted.operationId} is SUCCEEDED at generation 2`);
+    const again = await idemctl("reconcile", "--tenant", "acme", "--operation-id", accepted.operationId, "--outcome", "SUCCEEDED", "--status", "201", "--evidence", "x", "--operator", "dana");
+    expect(again.code).toBe(1);
+    expect(again.stderr).toContain("(INVALID_TRANSITION)");
+
+    const events = await idemctl("events", "--tenant", "acme", "--json");
+    const kinds = events.stdout.trim().split("\n").map((line) => JSON.parse(line) as { kind: string; operationId: string }).filter((e) => e.operationId === accepted.operationId).map((e) => e.kind);
+    expect(kinds).toEqual(["ACCEPTED", "EFFECT_RECORDED", "UNKNOWN", "RECONCILED"]);
+  });
+
+  it("sets modes and epochs and lists them", async () => {
+    expect((await idemctl("mode", "payments.create", "SHADOW")).stdout).toMatch(/payments\.create\s+1\s+SHADOW\s+0\s+operator/);
+    expect((await idemctl("epoch", "payments.create", "3")).stdout).toMatch(/payments\.create\s+1\s+SHADOW\s+3\s+operator/);
+    const listed = JSON.parse((await idemctl("mode", "--json")).stdout) as Array<{ operation: string; mode: string; writerEpoch: string }>;
+    expect(listed).toEqual([{ operation: "payments.create", apiRevision: 1, mode: "SHADOW", writerEpoch: "3", updatedBy: "operator" }]);
+    const bad = await idemctl("mode", "payments.create", "LOUD");
+    expect(bad.code).toBe(2);
+  });
+});
