@@ -52,6 +52,7 @@ export async function serve(
   res: ServerResponse,
   body: Uint8Array,
   run: (ctx: IdempotencyContext) => unknown,
+  url = req.url ?? "/",
 ): Promise<void> {
   let subject: Subject | undefined;
   try {
@@ -60,7 +61,7 @@ export async function serve(
     gateway.logger.warn({ error: (error as Error).message }, "the subject resolver failed");
     subject = undefined;
   }
-  const admission = await gateway.admit(route, subject, requestOf(req, body));
+  const admission = await gateway.admit(route, subject, requestOf(req, body, url));
   if (!admission.run) {
     sendResponse(res, admission.response);
     return;

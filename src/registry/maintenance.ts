@@ -228,9 +228,24 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
       [filter.after?.txid ?? null, filter.after?.eventId ?? null, filter.tenant ?? null, filter.operation ?? null, filter.limit],
     ),
   );
-  return rows.map((r) => ({
+  return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string } }));
+}
+
+/** The newest events of the given kinds, newest first (the console's "recent conflicts"). */
+export async function recentEvents(db: Db, kinds: readonly string[], limit: number): Promise<Array<Omit<LoggedEvent, "cursor">>> {
+  const { rows } = await db.run((q) =>
+    q.query(
+      `SELECT event_id::text AS event_id_text, tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail, at
+         FROM idem_event WHERE kind = ANY($1) ORDER BY at DESC, event_id DESC LIMIT $2`,
+      [kinds, limit],
+    ),
+  );
+  return rows.map(toEvent);
+}
+
+function toEvent(r: Record<string, unknown>): Omit<LoggedEvent, "cursor"> {
+  return {
     eventId: r.event_id_text as string,
-    cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string },
     tenant: r.tenant_id as string,
     operationId: r.operation_id as string | null,
     operation: r.operation as string | null,
@@ -241,7 +256,7 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
     caller: r.caller as string,
     detail: r.detail as Record<string, unknown>,
     at: r.at as Date,
-  }));
+  };
 }
 
 /** Logs an event about an operation as a whole (a mode or epoch change). */

@@ -13,6 +13,7 @@ import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
 import { adminService } from "./admin-service.js";
 import { Callers } from "./callers.js";
+import { consoleRoutes } from "./console.js";
 import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
 import { HealthStatus } from "./health.js";
@@ -157,7 +158,7 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
           ),
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
-      [],
+      [consoleRoutes({ db, registry, callers })],
       config.host,
       config.adminPort,
       logger,

@@ -41,6 +41,11 @@ const CODES: Record<Reason, Code> = {
   INTERNAL: Code.Internal,
 };
 
+/** The gRPC/Connect code of a refusal's reason. */
+export function codeOf(reason: Reason): Code {
+  return CODES[reason];
+}
+
 /** The Connect error for a refusal, with its ErrorInfo detail. */
 export function refusalToConnectError(error: IdempotencyError): ConnectError {
   return new ConnectError(error.message, CODES[error.reason], undefined, [

@@ -1,0 +1,74 @@
+import type { IncomingMessage } from "node:http";
+import type { NextFunction, Request, RequestHandler, Response } from "express";
+import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute } from "./core.js";
+import { BodyTooLarge, readBody, sendResponse, serve, type SubjectResolver } from "./node.js";
+
+export interface ExpressRouteOptions extends IdempotentRoute {
+  subject: SubjectResolver<Request>;
+}
+
+/** An Express handler behind the gateway: `req.body` is set (parsed JSON for JSON bodies), `ctx` is the idempotency context. */
+export type ExpressIdempotentHandler = (req: Request, res: Response, ctx: IdempotencyContext) => unknown;
+
+/**
+ * `express.json({ verify: captureRawBody })` keeps the exact body bytes for
+ * the fingerprint when a body parser runs before the gateway.
+ */
+export function captureRawBody(req: IncomingMessage, _res: unknown, buffer: Buffer): void {
+  (req as IncomingMessage & { rawBody?: Buffer }).rawBody = buffer;
+}
+
+/**
+ * Express 5 middleware for one idempotent route: reserves the request,
+ * answers replays, conflicts and refusals itself, and otherwise runs
+ * `handler` with the context, capturing what it sends (`res.json`,
+ * `res.send`, `res.end`) to record it before sending it.
+ *
+ * ```ts
+ * app.post("/v1/payments", expressIdempotency(gateway, { operation: "payments.create", apiRevision: 1, subject }, async (req, res, ctx) => {
+ *   res.status(201).json(await createPayment(req.body, ctx));
+ * }));
+ * ```
+ * The body is read by the middleware (no body parser needed); when a parser
+ * ran first it must keep the raw bytes (`captureRawBody`).
+ */
+export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRouteOptions, handler: ExpressIdempotentHandler): RequestHandler {
+  return async (req: Request, res: Response, next: NextFunction) => {
+    let body: Buffer;
+    const raw = (req as Request & { rawBody?: unknown }).rawBody;
+    if (Buffer.isBuffer(raw)) {
+      body = raw;
+    } else if (req.body !== undefined || req.readableEnded) {
+      gateway.logger.error({ path: req.path }, "a body parser consumed the request without keeping its bytes: use express.json({ verify: captureRawBody })");
+      sendResponse(res, gateway.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." }));
+      return;
+    } else {
+      try {
+        body = await readBody(req, gateway.maxBodyBytes);
+      } catch (error) {
+        if (error instanceof BodyTooLarge) {
+          sendResponse(res, gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }));
+          return;
+        }
+        next(error);
+        return;
+      }
+      req.body = parsedBody(req, body);
+    }
+    // originalUrl: the path as the client sent it, also under a mounted router.
+    await serve(gateway, route, req, res, body, (ctx) => handler(req, res, ctx), req.originalUrl);
+  };
+}
+
+function parsedBody(req: Request, body: Buffer): unknown {
+  if (body.byteLength === 0) return undefined;
+  if (/^application\/([a-z0-9.+-]+\+)?json\b/i.test(req.headers["content-type"] ?? "")) {
+    try {
+      return JSON.parse(body.toString("utf8"));
+    } catch {
+      // The coordinator refuses malformed JSON under a JSON policy; under a raw one the handler judges the bytes.
+      return body;
+    }
+  }
+  return body;
+}

@@ -1,0 +1,317 @@
+import type pg from "pg";
+import type { CoordinatorClient } from "./client.js";
+import type { ColocatedRegistry } from "./colocated.js";
+import { LeaseLostError, toCoordinatorError } from "./errors.js";
+import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
+import { LeaseKeeper } from "./lease.js";
+import { defaultIsDefinite, OwnedOperation, type EffectOptions } from "./operation.js";
+import { silentLogger, type ClaimMode, type EffectAttempt, type EffectStatus, type GatewayLogger, type HandlerResponse, type OperationRecord, type Outcome, type ResponseSnapshot } from "./types.js";
+
+/**
+ * Settles one operation whose owner went away with a possible effect. It
+ * may query the downstream system (by provider handle or downstream key),
+ * replay an effect already registered with its ORIGINAL downstream key,
+ * resolve attempts, and complete with the response retries will get. It may
+ * not start a new kind of effect. Returning without completing leaves the
+ * record to a later pass.
+ */
+export type RecoveryResolver = (ctx: RecoveryContext) => Promise<void>;
+
+/** What happened to one record in a pass. */
+export type RecoveryEvent =
+  | { kind: "claimed"; operationId: string; operation: string; mode: ClaimMode; generation: number }
+  | { kind: "completed"; operationId: string; operation: string; outcome: Outcome }
+  | { kind: "released"; operationId: string; operation: string }
+  | { kind: "skipped"; operationId: string; operation: string; reason: string }
+  | { kind: "left"; operationId: string; operation: string; reason: string }
+  | { kind: "failed"; operationId: string; operation: string; error: string };
+
+export interface RecoverySummary {
+  listed: number;
+  claimed: number;
+  completed: number;
+  released: number;
+  skipped: number;
+  /** Claimed but not settled (the resolver returned without completing, or its effect is still unknown). */
+  left: number;
+  failed: number;
+}
+
+export interface RecoveryWorkerOptions {
+  /** A coordinator client with a worker-role token. */
+  client: CoordinatorClient;
+  /** One resolver per operation this worker settles; it lists only these operations. */
+  resolvers: Record<string, RecoveryResolver>;
+  /** Only this tenant (default: every tenant the token is granted). */
+  tenant?: string;
+  /** Co-located mode: `ctx.transaction()` completes inside the service's transaction. */
+  colocated?: ColocatedRegistry;
+  /** Pause between passes of `start()` (default 5000 ms). */
+  pollIntervalMs?: number;
+  /** Records per ListRecoverable page (default 50). */
+  pageSize?: number;
+  /** Lease to hold while resolving (default: the policy's). */
+  leaseMs?: number;
+  writerEpoch?: number;
+  isDefinite?: (error: unknown) => boolean;
+  logger?: GatewayLogger;
+  /** Called for every record's progress. */
+  onProgress?: (event: RecoveryEvent) => void;
+}
+
+/** Refusals of Claim meaning another worker (or the owner, or a client's retry) got there first. */
+const SOMEONE_ELSE: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_HELD", "INVALID_TRANSITION", "NOT_FOUND"]);
+
+/**
+ * The recovery worker: polls ListRecoverable for its operations, claims
+ * each record with the mode the coordinator says (RECOVER for UNKNOWN records
+ * or ended leases with a possible effect; TAKEOVER when nothing can have
+ * happened) at the record's generation, and then:
+ * - TAKEOVER: releases it (nothing happened; the client's retry runs it);
+ * - RECOVER: calls the operation's resolver with the record, its effect
+ *   attempts and helpers, renewing the lease while it runs.
+ * Several workers may run: a claim lost to another (STALE_GENERATION,
+ * LEASE_HELD) is skipped.
+ */
+export class RecoveryWorker {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<RecoverySummary> | undefined;
+  private stopped = true;
+  /** Set by stop(): a pass in progress ends after its current record. */
+  private stopRequested = false;
+  private readonly logger: GatewayLogger;
+
+  constructor(private readonly options: RecoveryWorkerOptions) {
+    this.logger = options.logger ?? silentLogger;
+  }
+
+  /** Polls every `pollIntervalMs` until `stop()`. */
+  start(): void {
+    if (!this.stopped) return;
+    this.stopped = false;
+    this.stopRequested = false;
+    const tick = async () => {
+      if (this.stopped) return;
+      await this.runOnce().catch((error: unknown) => this.logger.warn({ error: (error as Error).message }, "recovery pass failed"));
+      if (!this.stopped) {
+        this.timer = setTimeout(() => void tick(), this.options.pollIntervalMs ?? 5000);
+        this.timer.unref();
+      }
+    };
+    void tick();
+  }
+
+  /** Stops polling and waits for the pass in progress. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.stopRequested = true;
+    clearTimeout(this.timer);
+    await this.running?.catch(() => undefined);
+  }
+
+  /** One pass over every page of recoverable records (passes never overlap). */
+  runOnce(): Promise<RecoverySummary> {
+    this.running ??= this.pass().finally(() => (this.running = undefined));
+    return this.running;
+  }
+
+  private async pass(): Promise<RecoverySummary> {
+    const summary: RecoverySummary = { listed: 0, claimed: 0, completed: 0, released: 0, skipped: 0, left: 0, failed: 0 };
+    const operations = Object.keys(this.options.resolvers);
+    if (operations.length === 0) return summary;
+    let pageToken = "";
+    do {
+      const page = await this.options.client.listRecoverable({
+        ...(this.options.tenant ? { tenant: this.options.tenant } : {}),
+        operations,
+        pageSize: this.options.pageSize ?? 50,
+        pageToken,
+      });
+      summary.listed += page.records.length;
+      for (const { record, claimMode } of page.records) {
+        if (this.stopRequested) break;
+        await this.recover(record, claimMode, summary);
+      }
+      pageToken = page.nextPageToken;
+    } while (pageToken !== "" && !this.stopRequested);
+    return summary;
+  }
+
+  private async recover(record: OperationRecord, mode: ClaimMode, summary: RecoverySummary): Promise<void> {
+    const { client } = this.options;
+    const base = { operationId: record.operationId, operation: record.operation };
+    const resolver = this.options.resolvers[record.operation];
+    if (!resolver) {
+      summary.skipped++;
+      return this.progress({ kind: "skipped", ...base, reason: "no resolver for this operation" });
+    }
+    const ref = { tenant: record.subject.tenant, operationId: record.operationId };
+    let claimed;
+    try {
+      claimed = await client.claim({
+        ref,
+        mode,
+        generation: record.generation,
+        ...(this.options.leaseMs !== undefined ? { leaseMs: this.options.leaseMs } : {}),
+        writerEpoch: this.options.writerEpoch ?? 0,
+      });
+    } catch (error) {
+      const failure = toCoordinatorError(error);
+      if (failure.reason !== undefined && SOMEONE_ELSE.has(failure.reason)) {
+        summary.skipped++;
+        return this.progress({ kind: "skipped", ...base, reason: failure.reason });
+      }
+      summary.failed++;
+      return this.progress({ kind: "failed", ...base, error: failure.message });
+    }
+    summary.claimed++;
+    this.progress({ kind: "claimed", ...base, mode, generation: claimed.generation });
+
+    const ctx = new RecoveryContext(
+      {
+        client,
+        colocated: this.options.colocated,
+        ref,
+        generation: claimed.generation,
+        owned: true,
+        attempts: claimed.effectAttempts,
+        isDefinite: this.options.isDefinite ?? defaultIsDefinite,
+        logger: this.logger,
+      },
+      { ...record, generation: claimed.generation, recovering: claimed.recovering, effectAttempts: claimed.effectAttempts },
+      mode,
+    );
+    const keeper = new LeaseKeeper({
+      client,
+      ref,
+      generation: claimed.generation,
+      leaseMs: this.options.leaseMs,
+      expiresAt: claimed.leaseExpiresAt,
+      onLost: (reason) => ctx.markLost(reason),
+      logger: this.logger,
+    });
+    ctx.startLease(keeper);
+    try {
+      if (mode === "TAKEOVER") {
+        // Nothing can have happened downstream: hand it back for the client's retry to run.
+        await ctx.release();
+      } else {
+        await resolver(ctx);
+      }
+    } catch (error) {
+      summary.failed++;
+      this.logger.warn({ ...base, error: (error as Error).message }, "recovery of an operation failed; a later pass retries it");
+      return this.progress({ kind: "failed", ...base, error: (error as Error).message });
+    } finally {
+      ctx.stopLease();
+    }
+    if (ctx.outcome) {
+      summary.completed++;
+      this.progress({ kind: "completed", ...base, outcome: ctx.outcome });
+    } else if (ctx.released) {
+      summary.released++;
+      this.progress({ kind: "released", ...base });
+    } else {
+      summary.left++;
+      this.progress({ kind: "left", ...base, reason: ctx.effectsUnresolved ? "an effect is still unresolved" : "the resolver did not complete" });
+    }
+  }
+
+  private progress(event: RecoveryEvent): void {
+    this.logger.info({ ...event }, `recovery: ${event.kind}`);
+    try {
+      this.options.onProgress?.(event);
+    } catch {
+      // A progress callback never breaks recovery.
+    }
+  }
+}
+
+/**
+ * What a resolver gets: the record (with its effect attempts, downstream keys
+ * and handles), the recovery ownership (generation, lease) and the helpers.
+ */
+export class RecoveryContext extends OwnedOperation {
+  /** How the record was claimed (a resolver only sees RECOVER). */
+  outcome: Outcome | undefined;
+  released = false;
+
+  constructor(
+    init: ConstructorParameters<typeof OwnedOperation>[0],
+    /** The record as claimed: its generation is this worker's. */
+    readonly record: OperationRecord,
+    readonly claimMode: ClaimMode,
+  ) {
+    super(init);
+  }
+
+  /** Every effect attempt so far, in registration order. */
+  get attempts(): EffectAttempt[] {
+    return this.record.effectAttempts;
+  }
+
+  /** The latest attempt of an effect (every attempt of it carries the same downstream key). */
+  latestAttempt(effect: string): EffectAttempt | undefined {
+    return this.record.effectAttempts.filter((a) => a.effect === effect).at(-1);
+  }
+
+  /**
+   * Calls the downstream system again for an effect that was already
+   * registered, with its ORIGINAL downstream key (RecordEffectAttempt with the
+   * same effect name gives the same key; a new effect name is refused with
+   * NEW_EFFECT_IN_RECOVERY), then resolves the new attempt like `effect()`.
+   */
+  async replay<T>(effect: string, fn: (downstreamKey: string) => Promise<T>, options: EffectOptions<T> = {}): Promise<T> {
+    const registered = this.latestAttempt(effect);
+    if (!registered) throw new Error(`effect ${effect} was never registered on operation ${this.operationId}; recovery may only replay registered effects`);
+    return this.effect(effect, registered.provider, fn, options);
+  }
+
+  /** Resolves an attempt after querying the downstream system (e.g. by handle or downstream key). */
+  override async resolve(attemptNumber: number, status: Exclude<EffectStatus, "PENDING">, providerHandle = "", effect?: string): Promise<EffectAttempt> {
+    const resolved = await super.resolve(attemptNumber, status, providerHandle, effect);
+    this.record.effectAttempts = this.record.effectAttempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
+    return resolved;
+  }
+
+  /**
+   * Completes with the response every retry will get (build it as the
+   * handler would have). The outcome follows the status unless given.
+   */
+  async completeWith(response: HandlerResponse, outcome?: Outcome): Promise<void> {
+    const http = toHttpResponse(response);
+    const chosen = outcome ?? outcomeForStatus(http.status, this.effectPossible);
+    if (chosen === "release") {
+      await this.release();
+      return;
+    }
+    await this.complete(chosen, snapshotOf(http));
+  }
+
+  override async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
+    await super.complete(outcome, snapshot);
+    this.outcome = outcome;
+  }
+
+  override async release(): Promise<void> {
+    await super.release();
+    this.released = true;
+  }
+
+  override async transaction<R extends HandlerResponse>(work: (tx: pg.PoolClient) => Promise<R>, options?: { outcome?: Outcome }): Promise<R> {
+    const response = await super.transaction(work, options);
+    if (this.completedWithin) this.outcome = this.completedWithin.outcome;
+    return response;
+  }
+
+  /** @internal */
+  startLease(keeper: LeaseKeeper): void {
+    this.keeper = keeper;
+    keeper.start();
+  }
+
+  /** Throws LeaseLostError when the lease is gone (check before long work). */
+  ensureOwned(): void {
+    if (this.lost) throw new LeaseLostError(`recovery of ${this.operationId} lost its lease`, undefined);
+  }
+}
