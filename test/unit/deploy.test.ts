@@ -1,0 +1,102 @@
+import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type pg from "pg";
+import pino from "pino";
+import { describe, expect, it } from "vitest";
+import { parse as parseYaml } from "yaml";
+import { ENVIRONMENT, loadConfig } from "../../src/config.js";
+import { parsePolicyDocuments } from "../../src/policy/operations.js";
+import type { Db } from "../../src/registry/db.js";
+import { listenAdmin } from "../../src/server/admin-http.js";
+import { Metrics } from "../../src/server/metrics.js";
+
+// The deployment files must name the ports, variables, probes and metrics the
+// code actually has: a renamed variable or port would otherwise only show in production.
+
+const root = new URL("../../", import.meta.url);
+const text = (path: string) => readFile(new URL(path, root), "utf8");
+// Compose files share settings with YAML merge keys (<<).
+const yaml = async (path: string) => parseYaml(await text(path), { merge: true }) as Record<string, any>;
+const known = new Set(ENVIRONMENT.map((v) => v.name));
+const defaults = loadConfig({});
+
+describe("deploy/kubernetes", () => {
+  it("configures only variables the coordinator reads, with values it accepts", async () => {
+    const configMap = await yaml("deploy/kubernetes/configmap.yaml");
+    const secret = await yaml("deploy/kubernetes/secret.yaml");
+    const { "operations.yaml": operations, ...variables } = configMap.data as Record<string, string>;
+    for (const name of [...Object.keys(variables), ...Object.keys(secret.stringData)]) expect(known, name).toContain(name);
+
+    const dir = await mkdtemp(join(tmpdir(), "idem-deploy-"));
+    await writeFile(join(dir, "operations.yaml"), operations!);
+    const config = loadConfig({ ...variables, ...secret.stringData, IDEM_OPERATIONS_FILE: join(dir, "operations.yaml") });
+    expect(config.operations.map((o) => o.operation)).toEqual(["payments.create"]);
+    expect(config.migrateOnBoot).toBe(false);
+  });
+
+  it("exposes the coordinator's ports and probes the endpoints it serves", async () => {
+    const deployment = await yaml("deploy/kubernetes/deployment.yaml");
+    const service = await yaml("deploy/kubernetes/service.yaml");
+    const container = deployment.spec.template.spec.containers[0];
+    const ports = Object.fromEntries(container.ports.map((p: { name: string; containerPort: number }) => [p.name, p.containerPort]));
+    expect(ports).toEqual({ rpc: defaults.rpcPort, admin: defaults.adminPort });
+    expect(container.readinessProbe.grpc).toEqual({ port: defaults.rpcPort, service: "" });
+    expect(service.spec.ports.map((p: { targetPort: string; port: number }) => [p.targetPort, p.port])).toEqual([
+      ["rpc", defaults.rpcPort],
+      ["admin", defaults.adminPort],
+    ]);
+    expect(service.spec.ports[0].appProtocol).toBe("kubernetes.io/h2c");
+    expect(deployment.spec.template.metadata.annotations["prometheus.io/port"]).toBe(String(defaults.adminPort));
+
+    const paths = [container.livenessProbe.httpGet.path, container.startupProbe.httpGet.path, deployment.spec.template.metadata.annotations["prometheus.io/path"]];
+    const admin = await listenAdmin(
+      { serving: () => true, databaseReachable: async () => true, metrics: async () => ({ contentType: "text/plain", body: "" }) },
+      [],
+      "127.0.0.1",
+      0,
+      pino({ level: "silent" }),
+    );
+    try {
+      for (const path of paths) expect((await fetch(`http://127.0.0.1:${admin.port}${path}`)).status, path).toBe(200);
+    } finally {
+      await admin.close();
+    }
+  });
+
+  it("lists every manifest in the kustomization", async () => {
+    const kustomization = await yaml("deploy/kubernetes/kustomization.yaml");
+    expect(kustomization.resources.sort()).toEqual(["configmap.yaml", "deployment.yaml", "migrate-job.yaml", "pdb.yaml", "secret.yaml", "service.yaml"]);
+    const job = await yaml("deploy/kubernetes/migrate-job.yaml");
+    expect(job.spec.template.spec.containers[0].command).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
+  });
+});
+
+describe("deploy/compose.yaml and the Dockerfile", () => {
+  it("use the coordinator's variables, ports and entry points", async () => {
+    const compose = await yaml("deploy/compose.yaml");
+    const coordinator = compose.services["coordinator-a"];
+    for (const name of Object.keys(coordinator.environment)) expect(known, name).toContain(name);
+    expect(coordinator.ports).toEqual([`${defaults.rpcPort}:${defaults.rpcPort}`, `${defaults.adminPort}:${defaults.adminPort}`]);
+    expect(compose.services.migrate.entrypoint).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
+    expect(parsePolicyDocuments(parseYaml(await text("deploy/operations.example.yaml")))).toHaveLength(1);
+
+    const dockerfile = await text("deploy/Dockerfile");
+    expect(dockerfile).toContain(`EXPOSE ${defaults.rpcPort} ${defaults.adminPort}`);
+    expect(dockerfile).toContain('ENTRYPOINT ["node", "dist/main.js"]');
+    const build = JSON.parse(await text("tsconfig.build.json")) as { compilerOptions: { rootDir: string; outDir: string } };
+    expect([build.compilerOptions.rootDir, build.compilerOptions.outDir]).toEqual(["src", "dist"]);
+  });
+});
+
+describe("deploy/monitoring", () => {
+  it("alerts and charts only on metrics the coordinator exposes", async () => {
+    const pool = { totalCount: 0, idleCount: 0, waitingCount: 0 } as unknown as pg.Pool;
+    // Nothing is collected here (the database is not asked): only which metrics are registered.
+    const metrics = new Metrics({ pool, db: {} as Db, unknownSloSeconds: 60 });
+    const used = (await text("deploy/monitoring/alerts.yaml")) + (await text("deploy/monitoring/grafana-dashboard.json"));
+    const names = new Set([...used.matchAll(/\bidem_[a-z_]+/g)].map((m) => m[0].replace(/_(bucket|sum|count)$/, "")));
+    expect(names.size).toBeGreaterThan(5);
+    for (const name of names) expect(metrics.registry.getSingleMetric(name), name).toBeDefined();
+  });
+});
