@@ -17,7 +17,7 @@ import { consoleRoutes } from "./console.js";
 import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
 import { HealthStatus } from "./health.js";
-import { authentication, InFlight, unknownFieldsRefused } from "./interceptors.js";
+import { accessLog, authentication, InFlight, unknownFieldsRefused } from "./interceptors.js";
 import { BackgroundJob } from "./jobs.js";
 import { listenRpc, type RpcListener } from "./listener.js";
 import { Metrics } from "./metrics.js";
@@ -137,8 +137,8 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
         router.service(AdminService, adminService({ db, registry, policies: policyCache, policyRefreshMs: config.policyRefreshMs }));
         router.service(Health, health.service());
       },
-      // Outermost first: count and time the RPC, map any error, then authenticate and check the message.
-      interceptors: [inFlight.interceptor, metrics.interceptor(), errorMapping(logger), authentication(callers), unknownFieldsRefused()],
+      // Outermost first: count, time and log the RPC, map any error, then authenticate and check the message.
+      interceptors: [inFlight.interceptor, metrics.interceptor(), accessLog(logger), errorMapping(logger), authentication(callers), unknownFieldsRefused()],
       // Unknown JSON members are refused like unknown binary fields (see unknownFieldsRefused).
       jsonOptions: { ignoreUnknownFields: false },
       readMaxBytes: config.maxRequestBytes,

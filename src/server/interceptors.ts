@@ -1,4 +1,5 @@
-import { createContextKey, type Interceptor } from "@connectrpc/connect";
+import { Code, ConnectError, createContextKey, type Interceptor } from "@connectrpc/connect";
+import type { Logger } from "pino";
 import { refuse } from "../contract/errors.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import type { Caller, Callers } from "./callers.js";
@@ -91,4 +92,33 @@ export class InFlight {
       });
     });
   }
+}
+
+/**
+ * One debug log line per RPC: method, caller, code, duration, and the
+ * operation id when the request or response names one. Never a key, a body
+ * or a token: those stay out of logs.
+ */
+export function accessLog(logger: Logger): Interceptor {
+  return (next) => async (req) => {
+    const started = performance.now();
+    const caller = () => req.contextValues.get(callerKey)?.caller;
+    const requested = operationIdOf(req.message);
+    try {
+      const res = await next(req);
+      logger.debug({ rpc: req.method.name, caller: caller(), code: "ok", ms: Math.round(performance.now() - started), operationId: requested ?? operationIdOf(res.message) }, "rpc");
+      return res;
+    } catch (error) {
+      const code = error instanceof ConnectError ? Code[error.code] : "unknown";
+      logger.debug({ rpc: req.method.name, caller: caller(), code, ms: Math.round(performance.now() - started), operationId: requested }, "rpc refused");
+      throw error;
+    }
+  };
+}
+
+function operationIdOf(message: unknown): string | undefined {
+  if (typeof message !== "object" || message === null) return undefined;
+  const m = message as { operationId?: unknown; ref?: { operationId?: unknown } };
+  const id = m.operationId ?? m.ref?.operationId;
+  return typeof id === "string" && id !== "" ? id : undefined;
 }
