@@ -2,6 +2,7 @@ import { readFileSync } from "node:fs";
 import { parse as parseYaml } from "yaml";
 import type { PolicyDocument } from "./policy/document.js";
 import { parsePolicyDocuments } from "./policy/operations.js";
+import { parseKeyring, type SnapshotKeyring } from "./registry/sealing.js";
 
 /**
  * The coordinator's whole configuration, read from the environment once at
@@ -36,6 +37,8 @@ export interface Config {
   sweepIntervalMs: number;
   /** How long a record may stay UNKNOWN before it breaches the recovery SLO (metrics and alerts). */
   unknownSloSeconds: number;
+  /** Seals stored response bodies at rest (AES-256-GCM); undefined stores them as they are. */
+  snapshotKeys: SnapshotKeyring | undefined;
   /** Largest RPC request accepted, in bytes. */
   maxRequestBytes: number;
   /** Upper bound of any deadline a client asks for. */
@@ -69,6 +72,8 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_RECOVERER_INTERVAL_MS", default: "1000", meaning: "how often ended leases become UNKNOWN or claimable" },
   { name: "IDEM_SWEEP_INTERVAL_MS", default: "60000", meaning: "how often finished records past retention become tombstones" },
   { name: "IDEM_UNKNOWN_SLO_SECONDS", default: "3600", meaning: "recovery SLO of UNKNOWN records (metrics, alerts)" },
+  { name: "IDEM_SNAPSHOT_KEYS", default: "(embedded: generated)", meaning: "key ring sealing stored response bodies (AES-256-GCM)" },
+  { name: "IDEM_SNAPSHOT_KEYS_FILE", default: "(none)", meaning: "path of a file holding that key ring instead" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -186,6 +191,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (env.IDEM_OPERATIONS && env.IDEM_OPERATIONS_FILE) problems.push("IDEM_OPERATIONS and IDEM_OPERATIONS_FILE: set only one");
   const declared = operationsInline ?? operationsFile;
 
+  const keysInline = read("IDEM_SNAPSHOT_KEYS", (raw) => parseKeyring(parseJson(raw)), undefined as SnapshotKeyring | undefined);
+  const keysFile = read("IDEM_SNAPSHOT_KEYS_FILE", (path) => parseKeyring(parseJson(readFileSync(path, "utf8"))), undefined as SnapshotKeyring | undefined);
+  if (env.IDEM_SNAPSHOT_KEYS && env.IDEM_SNAPSHOT_KEYS_FILE) problems.push("IDEM_SNAPSHOT_KEYS and IDEM_SNAPSHOT_KEYS_FILE: set only one");
+
   const logLevel = read("LOG_LEVEL", (raw) => {
     if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(raw)) {
       throw new Error(`must be one of fatal, error, warn, info, debug, trace, silent, got '${raw}'`);
@@ -213,6 +222,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     recovererIntervalMs: read("IDEM_RECOVERER_INTERVAL_MS", integer(50, 3_600_000), 1000),
     sweepIntervalMs: read("IDEM_SWEEP_INTERVAL_MS", integer(50, 86_400_000), 60_000),
     unknownSloSeconds: read("IDEM_UNKNOWN_SLO_SECONDS", integer(1, 30 * 86_400), 3600),
+    snapshotKeys: keysInline ?? keysFile,
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),

@@ -268,6 +268,18 @@ ${CONNECTION_HELP}`,
       await eventsCommand({ after: values.after, follow: values.follow, tenant: values.tenant, operation: values.operation, json: values.json }, await resolveConnection(values), print, stop.signal);
     },
   },
+  keygen: {
+    summary: "make a snapshot key (AES-256) and print the key ring entry to configure",
+    usage: "idemctl keygen --id KEY_ID",
+    help: `Prints a new random 32-byte key as the entry to add to IDEM_SNAPSHOT_KEYS
+({"active": "<id>", "keys": {"<id>": "<base64>", …}}). To rotate: add the new key, make it
+active, deploy; keep the old keys in the ring while bodies sealed with them exist.`,
+    async run(args) {
+      const { values } = parseArgs({ args, options: { id: { type: "string" } } });
+      if (!values.id || !/^[A-Za-z0-9._-]{1,64}$/.test(values.id)) throw new UsageError("--id is required: 1 to 64 characters of A-Z a-z 0-9 . _ -, e.g. --id 2026-11");
+      print(`key ring entry (keep it secret; add it to IDEM_SNAPSHOT_KEYS and make it "active" to seal new bodies with it):\n  ${JSON.stringify({ [values.id]: randomBytes(32).toString("base64") })}`);
+    },
+  },
   token: {
     summary: "mint a caller token and print the caller entry to configure",
     usage: "idemctl token --name NAME [--tenants a,b|*] [--operations x,y|*] [--roles gateway,worker,operator]",

@@ -4,6 +4,7 @@ import { join, resolve } from "node:path";
 import pino from "pino";
 import type { CallerGrant, Config } from "../config.js";
 import { startEmbeddedPostgres, type EmbeddedPostgres } from "../registry/embedded-postgres.js";
+import { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
 import { startCoordinator } from "../server/app.js";
 import { tokenHash } from "../server/callers.js";
 
@@ -20,6 +21,10 @@ export async function serve(config: Config): Promise<void> {
     logger.info("DATABASE_URL is unset: starting the embedded PostgreSQL (development default)");
     embedded = await startEmbeddedPostgres({ stateDir: join(config.stateDir, "postgres"), port: config.embeddedPostgresPort, logger });
     databaseUrl = embedded.url;
+  }
+
+  if (embedded && !config.snapshotKeys) {
+    config = { ...config, snapshotKeys: await developmentKeyring(config.stateDir) };
   }
 
   let developmentToken: string | undefined;
@@ -66,6 +71,17 @@ async function developmentTokenOf(stateDir: string): Promise<string> {
   await mkdir(stateDir, { recursive: true });
   await writeFile(file, `${token}\n`, { mode: 0o600 });
   return token;
+}
+
+/** A key ring for the embedded default, kept under the state folder so that stored bodies stay readable across restarts. */
+async function developmentKeyring(stateDir: string): Promise<SnapshotKeyring> {
+  const file = join(stateDir, "snapshot-keys.json");
+  const existing = await readFile(file, "utf8").catch(() => undefined);
+  if (existing) return parseKeyring(JSON.parse(existing));
+  const ring = { active: "development", keys: { development: randomBytes(32).toString("base64") } };
+  await mkdir(stateDir, { recursive: true });
+  await writeFile(file, `${JSON.stringify(ring)}\n`, { mode: 0o600 });
+  return parseKeyring(ring);
 }
 
 function developmentCaller(token: string): CallerGrant {

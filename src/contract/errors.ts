@@ -36,6 +36,7 @@ export const REASONS = [
   "REGISTRY_UNAVAILABLE",
   "REGISTRY_BUSY",
   "INTERNAL",
+  "SNAPSHOT_UNREADABLE",
 ] as const;
 
 export type Reason = (typeof REASONS)[number];

@@ -93,7 +93,8 @@ export async function tombstoneBatch(db: Db, batchSize: number, caller: string):
        ), swept AS (
          UPDATE idem_record r
             SET tombstoned_at = now(), snapshot_status = NULL, snapshot_media_type = NULL, snapshot_location = NULL,
-                snapshot_business_version = NULL, snapshot_headers = NULL, snapshot_body = NULL, updated_at = now()
+                snapshot_business_version = NULL, snapshot_headers = NULL, snapshot_body = NULL, snapshot_key_id = NULL,
+                updated_at = now()
            FROM due
           WHERE r.tenant_id = due.tenant_id AND r.operation_id = due.operation_id
          RETURNING r.tenant_id, r.operation_id, r.operation, r.api_revision, r.generation, r.state

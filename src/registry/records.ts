@@ -5,7 +5,7 @@ import type { EffectStatus, RecordView, StoredAttempt, StoredRecord } from "./ty
 export const RECORD_COLUMNS = `tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
   fingerprint, state, generation, recovering, lease_expires_at, acquisition_id, writer_epoch, effect_possible,
   snapshot_status, snapshot_media_type, snapshot_location, snapshot_business_version, snapshot_headers,
-  snapshot_body, snapshot_digest, created_at, updated_at, completed_at, retain_until, tombstoned_at`;
+  snapshot_body, snapshot_digest, snapshot_key_id, created_at, updated_at, completed_at, retain_until, tombstoned_at`;
 
 export const ATTEMPT_COLUMNS = `attempt_number, effect, provider, downstream_key, status, provider_handle, generation,
   created_at, resolved_at`;
@@ -83,6 +83,7 @@ export function toRecord(row: Row): StoredRecord {
             headers: (row.snapshot_headers as Array<[string, string]> | null) ?? [],
             body: (row.snapshot_body as Buffer | null) ?? new Uint8Array(),
             digest,
+            keyId: row.snapshot_key_id as string | null,
           },
     createdAt: row.created_at as Date,
     updatedAt: row.updated_at as Date,

@@ -15,6 +15,7 @@ import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snaps
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
 import type { Db, Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
+import { openBody, sealBody, type SnapshotKeyring } from "./sealing.js";
 import { ATTEMPT_COLUMNS, plusMs, readView, readViews, RECORD_COLUMNS, toAttempt, toRecord } from "./records.js";
 import {
   checkRecordEffect,
@@ -51,7 +52,22 @@ const RESERVE_ROUNDS = 5;
  * a transaction of an embedding business service (co-located mode).
  */
 export class Registry {
-  constructor(private readonly policies: PolicySource) {}
+  constructor(
+    private readonly policies: PolicySource,
+    /** Seals stored response bodies at rest; without one they are stored as they are. */
+    private readonly keyring?: SnapshotKeyring,
+  ) {}
+
+  /** A record with its response body opened (plaintext), for answers that show it. */
+  opened<T extends { record: StoredRecord }>(view: T): T;
+  opened(record: StoredRecord): StoredRecord;
+  opened(subject: StoredRecord | { record: StoredRecord }): StoredRecord | { record: StoredRecord } {
+    if ("record" in subject) return { ...subject, record: this.opened(subject.record) };
+    const { snapshot } = subject;
+    if (!snapshot?.keyId || subject.tombstonedAt !== null) return subject;
+    const body = openBody(snapshot.body, snapshot.keyId, this.keyring, subject.tenant, subject.operationId);
+    return { ...subject, snapshot: { ...snapshot, body, keyId: null } };
+  }
 
   /** The newest revision of an operation's policy, or UNKNOWN_OPERATION. */
   async policy(operation: string, apiRevision: number): Promise<OperationPolicy> {
@@ -121,7 +137,7 @@ export class Registry {
     const state = input.claim ? "EXECUTING" : "RESERVED";
     const answer = (decision: ReserveResult["decision"], record?: StoredRecord, retryAfterMs?: number): ReserveResult => ({
       decision,
-      ...(record ? { record } : {}),
+      ...(record ? { record: this.opened(record) } : {}),
       ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
       enforced,
       schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
@@ -361,9 +377,11 @@ export class Registry {
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
       const digest = snapshotDigest(snapshot);
       const attempts = await loadAttempts(q, input.ref);
-      if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return record;
-      return fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
-        FINISH, [input.outcome, policy.retention.keepMs, ...snapshotValues(snapshot, digest)]);
+      if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
+      return this.opened(
+        await fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
+          FINISH, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]),
+      );
     });
   }
 
@@ -406,7 +424,7 @@ export class Registry {
         record,
         { caller: actor.caller, kind: "RECONCILED", detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
         `${FINISH}, generation = generation + 1`,
-        [input.outcome, policy.retention.keepMs, ...snapshotValues(snapshot)],
+        [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot)],
       );
     });
   }
@@ -420,7 +438,7 @@ export class Registry {
     validateRef(ref);
     requireTenant(actor, ref.tenant);
     const view = await db.run((q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]));
-    return visibleTo(view, principal, actor);
+    return this.opened(visibleTo(view, principal, actor));
   }
 
   /** Reads the record a request with this scope would meet. */
@@ -430,7 +448,7 @@ export class Registry {
     validateApiRevision(input.apiRevision);
     requireTenant(actor, subject.tenant);
     const view = await db.run((q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]));
-    return visibleTo(view, subject.principal, actor);
+    return this.opened(visibleTo(view, subject.principal, actor));
   }
 
   /**
@@ -466,6 +484,21 @@ export class Registry {
     };
   }
 
+  /** A stored snapshot's column values, in the order FINISH binds them; the body sealed when a key ring is configured. */
+  private snapshotValues(record: StoredRecord, snapshot: Snapshot, digest = snapshotDigest(snapshot)): unknown[] {
+    const sealed = this.keyring ? sealBody(snapshot.body, this.keyring, record.tenant, record.operationId) : undefined;
+    return [
+      snapshot.statusCode,
+      snapshot.mediaType,
+      snapshot.location,
+      snapshot.businessVersion,
+      JSON.stringify(snapshot.headers),
+      sealed?.sealed ?? Buffer.from(snapshot.body),
+      Buffer.from(digest),
+      sealed?.keyId ?? null,
+    ];
+  }
+
   /** Locks the record for the rest of the transaction, or NOT_FOUND. */
   private async lockRecord(q: Queryable, ref: OperationRef, actor: Actor): Promise<StoredRecord> {
     requireTenant(actor, ref.tenant);
@@ -482,15 +515,10 @@ export class Registry {
   }
 }
 
-/** The terminal state: $7 the outcome, $8 the retention in ms, $9… the snapshot (snapshotValues). */
+/** The terminal state: $7 the outcome, $8 the retention in ms, $9 to $16 the snapshot (Registry.snapshotValues). */
 const FINISH = `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
   retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
-  snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15`;
-
-/** A stored snapshot's column values, in the order FINISH binds them. */
-function snapshotValues(snapshot: Snapshot, digest = snapshotDigest(snapshot)): unknown[] {
-  return [snapshot.statusCode, snapshot.mediaType, snapshot.location, snapshot.businessVersion, JSON.stringify(snapshot.headers), Buffer.from(snapshot.body), Buffer.from(digest)];
-}
+  snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15, snapshot_key_id = $16`;
 
 function refuseNotFound(): never {
   refuse("NOT_FOUND", "no such operation for this subject");
@@ -649,7 +677,7 @@ async function recycleByScope(
           SET operation_id = $4, schema_revision = $5, fingerprint = $6, state = $7, generation = generation + 1,
               recovering = false, lease_expires_at = ${plusMs("$8")}, acquisition_id = $9, writer_epoch = $10,
               effect_possible = false, snapshot_status = NULL, snapshot_media_type = NULL, snapshot_location = NULL,
-              snapshot_business_version = NULL, snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL,
+              snapshot_business_version = NULL, snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL, snapshot_key_id = NULL,
               created_at = now(), updated_at = now(), completed_at = NULL, retain_until = NULL, tombstoned_at = NULL
         WHERE tenant_id = $1 AND scope = $2 AND generation = $3 AND tombstoned_at IS NOT NULL
         RETURNING ${RECORD_COLUMNS}

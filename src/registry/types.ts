@@ -25,7 +25,8 @@ export interface StoredRecord {
   acquisitionId: string;
   writerEpoch: number;
   effectPossible: boolean;
-  snapshot: (Snapshot & { digest: Uint8Array }) | null;
+  /** The stored response; `keyId` names the key its body is sealed with (null: the body is plaintext). */
+  snapshot: (Snapshot & { digest: Uint8Array; keyId: string | null }) | null;
   createdAt: Date;
   updatedAt: Date;
   completedAt: Date | null;

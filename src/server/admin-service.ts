@@ -137,7 +137,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       });
       const last = views.at(-1);
       return create(ListRecordsResponseSchema, {
-        records: views.map(toProtoRecord),
+        records: views.map((view) => toProtoRecord(registry.opened(view))),
         nextPageToken: last && views.length === pageSize ? encodePageToken([last.createdAtText, last.record.tenant, last.record.operationId]) : "",
       });
     },
@@ -154,7 +154,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
         caller,
       );
       const view = await registry.lookupById(db, ref, undefined, caller);
-      return create(ReconcileResponseSchema, { record: toProtoRecord({ ...view, record }) });
+      return create(ReconcileResponseSchema, { record: toProtoRecord({ ...view, record: registry.opened(record) }) });
     },
 
     async *streamEvents(req, ctx) {

@@ -128,7 +128,10 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
     policies = new PolicyCache({ load: () => loadPolicies(db), refreshMs: config.policyRefreshMs, logger });
     await policies.start();
     const policyCache = policies;
-    const registry = new Registry(policyCache);
+    if (!config.snapshotKeys) {
+      logger.warn("no snapshot key ring (IDEM_SNAPSHOT_KEYS): response bodies are stored unencrypted; see SECURITY.md");
+    }
+    const registry = new Registry(policyCache, config.snapshotKeys);
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({

@@ -39,6 +39,7 @@ const CODES: Record<Reason, Code> = {
   REGISTRY_UNAVAILABLE: Code.Unavailable,
   REGISTRY_BUSY: Code.Unavailable,
   INTERNAL: Code.Internal,
+  SNAPSHOT_UNREADABLE: Code.Internal,
 };
 
 /** The gRPC/Connect code of a refusal's reason. */

@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
+import { parseKeyring } from "../../src/registry/sealing.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import type { TestDatabase } from "./database.js";
@@ -54,6 +55,8 @@ export async function startTestServer(
     adminPort: 0,
     callers,
     operations: options.operations ?? [testDocument()],
+    // Every test server seals stored bodies, as a production one should.
+    snapshotKeys: parseKeyring({ active: "test", keys: { test: randomBytes(32).toString("base64") } }),
     shutdownGraceMs: 5000,
     ...options.config,
   };
