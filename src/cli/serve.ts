@@ -7,6 +7,7 @@ import { startEmbeddedPostgres, type EmbeddedPostgres } from "../registry/embedd
 import { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
 import { startCoordinator } from "../server/app.js";
 import { tokenHash } from "../server/callers.js";
+import { startTracing } from "../server/tracing.js";
 
 /**
  * Runs the coordinator until SIGTERM or SIGINT. With DATABASE_URL unset it
@@ -33,9 +34,11 @@ export async function serve(config: Config): Promise<void> {
     config = { ...config, callers: [developmentCaller(developmentToken)] };
   }
 
+  const tracing = startTracing(process.env);
+  if (tracing) logger.info("tracing RPCs to the OpenTelemetry collector (OTEL_EXPORTER_OTLP_ENDPOINT)");
   let coordinator;
   try {
-    coordinator = await startCoordinator({ config, databaseUrl, logger });
+    coordinator = await startCoordinator({ config, databaseUrl, logger, ...(tracing ? { tracer: tracing.tracer } : {}) });
   } catch (error) {
     await embedded?.stop();
     throw error;
@@ -54,6 +57,7 @@ export async function serve(config: Config): Promise<void> {
     stoppingSince = Date.now();
     logger.info({ signal }, "stopping: no new RPCs, draining in-flight ones");
     await coordinator.stop();
+    await tracing?.shutdown();
     await embedded?.stop();
     logger.info("stopped");
     process.exit(0);

@@ -1,4 +1,5 @@
 import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import type { Config } from "../config.js";
 import { Health, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc/health/v1/health_pb.js";
@@ -21,6 +22,7 @@ import { accessLog, authentication, InFlight, unknownFieldsRefused } from "./int
 import { BackgroundJob } from "./jobs.js";
 import { listenRpc, type RpcListener } from "./listener.js";
 import { Metrics } from "./metrics.js";
+import { tracingInterceptor } from "./tracing.js";
 
 /** How long a stop waits for written responses to leave before closing connections. */
 const RESPONSE_FLUSH_MS = 2000;
@@ -77,6 +79,8 @@ export interface StartOptions {
   databaseOptions?: string;
   /** How the registry's connections name themselves in pg_stat_activity. */
   applicationName?: string;
+  /** Traces every RPC (startTracing gives one when a collector is configured). */
+  tracer?: Tracer;
 }
 
 export interface RunningCoordinator {
@@ -88,7 +92,7 @@ export interface RunningCoordinator {
 }
 
 /** Opens the pool, migrates, and serves both ports. */
-export async function startCoordinator({ config, databaseUrl, logger, databaseOptions, applicationName }: StartOptions): Promise<RunningCoordinator> {
+export async function startCoordinator({ config, databaseUrl, logger, databaseOptions, applicationName, tracer }: StartOptions): Promise<RunningCoordinator> {
   const pool = openPool(
     {
       connectionString: databaseUrl,
@@ -140,8 +144,16 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
         router.service(AdminService, adminService({ db, registry, policies: policyCache, policyRefreshMs: config.policyRefreshMs }));
         router.service(Health, health.service());
       },
-      // Outermost first: count, time and log the RPC, map any error, then authenticate and check the message.
-      interceptors: [inFlight.interceptor, metrics.interceptor(), accessLog(logger), errorMapping(logger), authentication(callers), unknownFieldsRefused()],
+      // Outermost first: count, trace, time and log the RPC, map any error, then authenticate and check the message.
+      interceptors: [
+        inFlight.interceptor,
+        ...(tracer ? [tracingInterceptor(tracer)] : []),
+        metrics.interceptor(),
+        accessLog(logger),
+        errorMapping(logger),
+        authentication(callers),
+        unknownFieldsRefused(),
+      ],
       // Unknown JSON members are refused like unknown binary fields (see unknownFieldsRefused).
       jsonOptions: { ignoreUnknownFields: false },
       readMaxBytes: config.maxRequestBytes,

@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import type { Tracer } from "@opentelemetry/api";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
 import { parseKeyring } from "../../src/registry/sealing.js";
@@ -34,7 +35,7 @@ export interface TestServer {
 /** A real coordinator on ephemeral ports, over the test file's schema. */
 export async function startTestServer(
   t: TestDatabase,
-  options: { operations?: PolicyDocument[]; config?: Partial<Config> } = {},
+  options: { operations?: PolicyDocument[]; config?: Partial<Config>; tracer?: Tracer } = {},
 ): Promise<TestServer> {
   const tokens: TestTokens = {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
@@ -67,6 +68,7 @@ export async function startTestServer(
     logger: silentLogger,
     databaseOptions: `-c search_path=${t.schema}`,
     applicationName,
+    ...(options.tracer ? { tracer: options.tracer } : {}),
   });
   return {
     coordinator,
