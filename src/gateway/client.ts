@@ -1,6 +1,6 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { createClient, type Client, type Transport } from "@connectrpc/connect";
+import { Code, createClient, type Client, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import {
   ClaimMode as ProtoClaimMode,
@@ -205,7 +205,7 @@ export class CoordinatorClient {
     const res = await this.call("RecordEffectAttempt", call, (client, options) =>
       client.recordEffectAttempt({ ref, generation: BigInt(generation), effect, provider }, options),
     );
-    if (!res.attempt) throw new CoordinatorError("RecordEffectAttempt answered without an attempt", 13, "INTERNAL");
+    if (!res.attempt) throw new CoordinatorError("RecordEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
     return fromAttempt(res.attempt);
   }
 
@@ -221,7 +221,7 @@ export class CoordinatorClient {
     const res = await this.call("ResolveEffectAttempt", call, (client, options) =>
       client.resolveEffectAttempt({ ref, generation: BigInt(generation), attemptNumber, status: toEffectStatus(status), providerHandle }, options),
     );
-    if (!res.attempt) throw new CoordinatorError("ResolveEffectAttempt answered without an attempt", 13, "INTERNAL");
+    if (!res.attempt) throw new CoordinatorError("ResolveEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
     return fromAttempt(res.attempt);
   }
 
@@ -260,7 +260,7 @@ export class CoordinatorClient {
       "ref" in input ? { case: "ref", value: { tenant: input.ref.tenant, operationId: input.ref.operationId } } : { case: "scope", value: input.scope };
     const subject = "ref" in input ? input.subject : undefined;
     const res = await this.call("Lookup", call, (client, options) => client.lookup({ by, ...(subject ? { subject } : {}) }, options));
-    if (!res.record) throw new CoordinatorError("Lookup answered without a record", 13, "INTERNAL");
+    if (!res.record) throw new CoordinatorError("Lookup answered without a record", Code.Internal, "INTERNAL");
     return fromRecord(res.record);
   }
 
@@ -325,7 +325,7 @@ const DECISIONS: Record<number, Decision> = {
 
 function fromDecision(decision: ProtoDecision): Decision {
   const known = DECISIONS[decision];
-  if (!known) throw new CoordinatorError(`the coordinator answered an unknown decision ${decision}`, 13, "INTERNAL");
+  if (!known) throw new CoordinatorError(`the coordinator answered an unknown decision ${decision}`, Code.Internal, "INTERNAL");
   return known;
 }
 

@@ -165,5 +165,7 @@ export function readKeyHeader(value: string | readonly string[] | undefined): st
   if (Array.isArray(value)) return value.length === 1 ? readKeyHeader(value[0]) : "";
   const text = (value as string).trim();
   const quoted = /^"([^"\\]*)"$/.exec(text);
-  return quoted ? quoted[1]! : text;
+  if (quoted) return quoted[1]!;
+  // Node joins repeated headers with ", "; a key never contains a comma.
+  return text.includes(",") ? "" : text;
 }

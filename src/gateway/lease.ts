@@ -55,8 +55,16 @@ export class LeaseKeeper {
     return this.expiresAt;
   }
 
+  /**
+   * Half of what is left of the lease: the granted expiry (database time)
+   * minus now, bounded by the lease asked for, since the policy may grant
+   * less than asked. Clocks of the gateway and the database should agree to
+   * well within half a lease; NTP does much better.
+   */
   private halfLease(): number {
-    const remaining = this.options.leaseMs ?? (this.expiresAt ? this.expiresAt.getTime() - Date.now() : 0);
+    const granted = this.expiresAt ? this.expiresAt.getTime() - Date.now() : undefined;
+    const asked = this.options.leaseMs;
+    const remaining = granted !== undefined && asked !== undefined ? Math.min(granted, asked) : (granted ?? asked ?? 0);
     return Math.max(MIN_INTERVAL_MS, Math.floor(remaining / 2));
   }
 

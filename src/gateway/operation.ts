@@ -1,7 +1,7 @@
 import type pg from "pg";
 import type { CoordinatorClient } from "./client.js";
 import type { ColocatedRegistry } from "./colocated.js";
-import { CoordinatorError, isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
+import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import type { LeaseKeeper } from "./lease.js";
 import type { EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
@@ -265,10 +265,5 @@ export abstract class OwnedOperation {
   }
 }
 
-/** True for a refusal that says someone else now owns or finished the record. */
-export function supersededBy(error: unknown): boolean {
-  const reason = error instanceof CoordinatorError ? error.reason : undefined;
-  return reason === "STALE_GENERATION" || reason === "ALREADY_COMPLETED" || reason === "INVALID_TRANSITION" || reason === "LEASE_HELD";
-}
-
+/** The default test of `effect()` errors: a DefiniteFailure means nothing happened downstream. */
 export const defaultIsDefinite = isDefiniteFailure;

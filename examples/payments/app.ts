@@ -1,0 +1,97 @@
+import type pg from "pg";
+import {
+  ColocatedRegistry,
+  CoordinatorClient,
+  IdempotencyGateway,
+  RecoveryWorker,
+  type GatewayLogger,
+  type RecoveryEvent,
+  type Subject,
+} from "../../src/gateway/index.js";
+import { PAYMENTS_OPERATION } from "./policy.js";
+import { CardProviderClient, startCardProvider, type CardProvider } from "./provider.js";
+import { paymentsResolver } from "./recovery.js";
+import { startPaymentsService, type PaymentsService } from "./service.js";
+import { PaymentsStore } from "./store.js";
+
+export interface PaymentsAppOptions {
+  /** The coordinator's RPC address. */
+  coordinatorUrl: string;
+  /** A gateway-role token (tenant acme, payments.create). */
+  gatewayToken: string;
+  /** A worker-role token, for the recovery worker. */
+  workerToken: string;
+  /** The service's database; with `colocated`, the registry's database. */
+  pool: pg.Pool;
+  /** Schema of the service's tables (default: the connections' search_path). */
+  schema?: string;
+  /** Complete inside the service's own transactions (default true). */
+  colocated?: boolean;
+  /** How long the service waits for the card provider (default 2000 ms). */
+  providerTimeoutMs?: number;
+  /** Coordinator call deadline (default 2000 ms). */
+  coordinatorTimeoutMs?: number;
+  users?: Record<string, Subject>;
+  deliveryHeaders?: () => Record<string, string>;
+  logger?: GatewayLogger;
+  onRecovery?: (event: RecoveryEvent) => void;
+}
+
+export interface PaymentsApp {
+  service: PaymentsService;
+  provider: CardProvider;
+  store: PaymentsStore;
+  gateway: IdempotencyGateway;
+  worker: RecoveryWorker;
+  client: CoordinatorClient;
+  colocated: ColocatedRegistry | undefined;
+  close(): Promise<void>;
+}
+
+/** The card provider, the payments service behind the gateway, and its recovery worker, wired together. */
+export async function startPaymentsApp(options: PaymentsAppOptions): Promise<PaymentsApp> {
+  const colocatedMode = options.colocated ?? true;
+  const store = new PaymentsStore(options.schema);
+  await store.migrate(options.pool);
+  const provider = await startCardProvider();
+  const providerClient = new CardProviderClient(provider.url, options.providerTimeoutMs ?? 2000);
+  const client = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.gatewayToken, timeoutMs: options.coordinatorTimeoutMs ?? 2000, ...(options.logger ? { logger: options.logger } : {}) });
+  const workerClient = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.workerToken, ...(options.logger ? { logger: options.logger } : {}) });
+  const colocated = colocatedMode
+    ? await ColocatedRegistry.open({ pool: options.pool, caller: "payments-service", tenants: ["acme"], operations: [PAYMENTS_OPERATION.operation] })
+    : undefined;
+  const gateway = new IdempotencyGateway({ client, ...(colocated ? { colocated } : {}), ...(options.logger ? { logger: options.logger } : {}) });
+  const service = await startPaymentsService({
+    gateway,
+    pool: options.pool,
+    store,
+    provider: providerClient,
+    ...(options.users ? { users: options.users } : {}),
+    ...(options.deliveryHeaders ? { deliveryHeaders: options.deliveryHeaders } : {}),
+  });
+  const worker = new RecoveryWorker({
+    client: workerClient,
+    resolvers: { [PAYMENTS_OPERATION.operation]: paymentsResolver({ pool: options.pool, store, provider: providerClient, colocated: colocatedMode }) },
+    ...(colocated ? { colocated } : {}),
+    pollIntervalMs: 1000,
+    ...(options.logger ? { logger: options.logger } : {}),
+    ...(options.onRecovery ? { onProgress: options.onRecovery } : {}),
+  });
+  return {
+    service,
+    provider,
+    store,
+    gateway,
+    worker,
+    client,
+    colocated,
+    async close() {
+      await worker.stop();
+      await service.close();
+      await provider.close();
+      colocated?.stop();
+      client.close();
+      workerClient.close();
+    },
+  };
+}

@@ -1,0 +1,125 @@
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startPaymentsApp, type PaymentsApp } from "../../examples/payments/app.js";
+import { paymentsPolicy } from "../../examples/payments/policy.js";
+import type { RecoveryEvent } from "../../src/gateway/index.js";
+import { useTestDatabase } from "../support/database.js";
+import { expireLease } from "../support/registry-helpers.js";
+import { startTestServer, type TestServer } from "../support/server.js";
+import { post } from "../gateway/helpers.js";
+
+const t = useTestDatabase();
+let server: TestServer;
+const apps: Record<"co-located" | "remote", PaymentsApp> = {} as never;
+const events: RecoveryEvent[] = [];
+const REMOTE_SCHEMA = () => `${t.schema}_svc`;
+const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
+const alice = { tenant: "acme", principal: "alice" };
+
+beforeAll(async () => {
+  server = await startTestServer(t, { operations: [paymentsPolicy()] });
+  const common = {
+    coordinatorUrl: server.baseUrl,
+    gatewayToken: server.tokens.gateway,
+    workerToken: server.tokens.worker,
+    // The service gives up on the provider quickly: its timeout is the ambiguity under test.
+    providerTimeoutMs: 300,
+    onRecovery: (event: RecoveryEvent) => events.push(event),
+  };
+  apps["co-located"] = await startPaymentsApp({ ...common, pool: t.openPool(), colocated: true });
+  apps.remote = await startPaymentsApp({ ...common, pool: t.openPool(), schema: REMOTE_SCHEMA(), colocated: false });
+});
+
+afterAll(async () => {
+  await apps["co-located"]?.close();
+  await apps.remote?.close();
+  await server?.stop();
+  await t.pool?.query(`DROP SCHEMA IF EXISTS "${REMOTE_SCHEMA()}" CASCADE`);
+});
+
+/**
+ * Runs one POST into a provider failure, then walks the record to UNKNOWN:
+ * the service answers 502 without completing, the lease ends (in database
+ * time, deterministically), and the client's retry finds the record UNKNOWN
+ * (409, it is never executed again).
+ */
+async function failAndGoUnknown(app: PaymentsApp, key: string, body: unknown) {
+  const first = await post(`${app.service.url}/v1/payments`, key, body, ALICE);
+  expect(first.status).toBe(502);
+  const executing = await app.client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
+  expect(executing.state).toBe("EXECUTING");
+  expect(executing.effectAttempts).toHaveLength(1);
+  expect(executing.effectAttempts[0]).toMatchObject({ effect: "card.charge", status: "INDETERMINATE" });
+  const downstreamKey = executing.effectAttempts[0]!.downstreamKey;
+
+  await expireLease(t.pool, executing.operationId);
+  const retry = await post(`${app.service.url}/v1/payments`, key, body, ALICE);
+  expect(retry.status).toBe(409);
+  expect(retry.json.operationId).toBe(executing.operationId);
+  const unknown = await app.client.lookup({ ref: { tenant: "acme", operationId: executing.operationId }, subject: alice });
+  expect(unknown.state).toBe("UNKNOWN");
+  return { operationId: executing.operationId, downstreamKey };
+}
+
+describe.each(["co-located", "remote"] as const)("recovering payments whose charge outcome was unknown (%s)", (mode) => {
+  const app = () => apps[mode];
+
+  it("settles a charge whose provider timed out after charging: one charge, found by the original key, and the retry gets the result", async () => {
+    const key = randomUUID();
+    const body = { amount: 2500, currency: "EUR", card: "tok_visa" };
+    app().provider.faults.timeoutAfterCharge = 1;
+    const runs = app().service.stats.handlerRuns;
+
+    const { operationId, downstreamKey } = await failAndGoUnknown(app(), key, body);
+    // The provider did charge, under the coordinator's downstream key.
+    expect(app().provider.charges().filter((c) => c.idempotencyKey === downstreamKey)).toHaveLength(1);
+
+    const seen = events.length;
+    const summary = await app().worker.runOnce();
+
+    expect(summary).toMatchObject({ claimed: 1, completed: 1, failed: 0 });
+    expect(events.slice(seen).filter((e) => e.operationId === operationId).map((e) => e.kind)).toEqual(["claimed", "completed"]);
+    const charge = app().provider.charges().find((c) => c.idempotencyKey === downstreamKey)!;
+    expect(app().provider.charges().filter((c) => c.amount === 2500)).toHaveLength(1);
+    const settled = await app().client.lookup({ ref: { tenant: "acme", operationId }, subject: alice });
+    expect(settled.state).toBe("SUCCEEDED");
+    expect(settled.generation).toBe(2); // the recovery owner's
+    // Every attempt of the effect carries the one downstream key; the last is confirmed with the charge id.
+    expect(new Set(settled.effectAttempts.map((a) => a.downstreamKey))).toEqual(new Set([downstreamKey]));
+    expect(settled.effectAttempts.at(-1)).toMatchObject({ status: "CONFIRMED", providerHandle: charge.id });
+
+    const after = await post(`${app().service.url}/v1/payments`, key, body, ALICE);
+    expect(after.status).toBe(201);
+    expect(after.headers.get("idempotent-replayed")).toBe("true");
+    expect(after.json).toMatchObject({ status: "captured", amount: 2500, chargeId: charge.id, operationId });
+    expect(app().service.stats.handlerRuns).toBe(runs + 1);
+    const rows = await t.pool.query(`SELECT count(*)::int AS n FROM ${mode === "remote" ? `"${REMOTE_SCHEMA()}".` : ""}payments WHERE operation_id = $1`, [operationId]);
+    expect(rows.rows[0].n).toBe(1);
+  });
+
+  it("replays a charge that failed ambiguously with its original key: the provider charges once", async () => {
+    const key = randomUUID();
+    const body = { amount: 3100, currency: "EUR", card: "tok_mastercard" };
+    app().provider.faults.failAmbiguously = 1;
+    app().provider.faults.ambiguousCharges = false;
+
+    const { operationId, downstreamKey } = await failAndGoUnknown(app(), key, body);
+    expect(app().provider.charges().filter((c) => c.idempotencyKey === downstreamKey)).toHaveLength(0);
+
+    const summary = await app().worker.runOnce();
+    expect(summary).toMatchObject({ claimed: 1, completed: 1, failed: 0 });
+
+    // The worker charged with the very key the first attempt used, and only once.
+    expect(app().provider.chargeRequests().filter((k) => k === downstreamKey)).toHaveLength(2);
+    const charges = app().provider.charges().filter((c) => c.idempotencyKey === downstreamKey);
+    expect(charges).toHaveLength(1);
+    const after = await post(`${app().service.url}/v1/payments`, key, body, ALICE);
+    expect(after.status).toBe(201);
+    expect(after.headers.get("idempotent-replayed")).toBe("true");
+    expect(after.json).toMatchObject({ status: "captured", chargeId: charges[0]!.id, operationId });
+
+    // Nothing is left to recover.
+    const again = await app().worker.runOnce();
+    expect(again.listed).toBe(0);
+  });
+});

@@ -1,0 +1,144 @@
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  ColocatedRegistry,
+  CoordinatorClient,
+  IdempotencyGateway,
+  toHttpResponse,
+  type GatewayRequest,
+  type HttpResponse,
+  type IdempotencyContext,
+} from "../../src/gateway/index.js";
+import { useTestDatabase } from "../support/database.js";
+import { testDocument } from "../support/fixtures.js";
+import { startTestServer, type TestServer } from "../support/server.js";
+
+const t = useTestDatabase();
+let coordinator: TestServer;
+let client: CoordinatorClient;
+let colocated: ColocatedRegistry;
+let gateway: IdempotencyGateway;
+const alice = { tenant: "acme", principal: "alice" };
+const route = { operation: "payments.create", apiRevision: 1 };
+
+beforeAll(async () => {
+  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
+  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
+  // The service's pool reaches the registry's tables (the same schema here).
+  colocated = await ColocatedRegistry.open({ pool: t.openPool(), caller: "orders-service", tenants: ["acme"], operations: ["payments.create"] });
+  gateway = new IdempotencyGateway({ client, colocated });
+  await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
+});
+
+afterAll(async () => {
+  colocated?.stop();
+  client?.close();
+  await coordinator?.stop();
+});
+
+const request = (key: string, amount = 10): GatewayRequest => ({
+  method: "POST",
+  path: "/v1/orders",
+  query: "",
+  headers: { "idempotency-key": key, "content-type": "application/json" },
+  body: new TextEncoder().encode(JSON.stringify({ amount })),
+});
+
+const orderRows = async (operationId: string) => (await t.pool.query("SELECT * FROM orders WHERE operation_id = $1", [operationId])).rows;
+const recordOf = (key: string) => client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
+
+/** The core without any framework: admit, run, finish. */
+const run = (key: string, handler: (ctx: IdempotencyContext) => Promise<HttpResponse>, amount = 10) => gateway.execute(route, alice, request(key, amount), handler);
+
+describe("co-located completion", () => {
+  it("commits the business row and the terminal state in one transaction", async () => {
+    const key = randomUUID();
+    let operationId = "";
+    const first = await run(key, async (ctx) => {
+      operationId = ctx.operationId;
+      const response = await ctx.transaction(async (tx) => {
+        const { rows } = await tx.query("INSERT INTO orders (operation_id, amount) VALUES ($1, $2) RETURNING id", [ctx.operationId, ctx.json<{ amount: number }>().amount]);
+        // Inside the transaction the record is still EXECUTING for everyone else.
+        expect((await recordOf(key)).state).toBe("EXECUTING");
+        return { status: 201, headers: { location: `/v1/orders/${rows[0].id}` }, json: { id: rows[0].id } };
+      });
+      expect(ctx.completedWithin?.outcome).toBe("SUCCEEDED");
+      return toHttpResponse(response);
+    });
+
+    expect(first.status).toBe(201);
+    expect(await orderRows(operationId)).toHaveLength(1);
+    const record = await recordOf(key);
+    expect(record.state).toBe("SUCCEEDED");
+    expect(Buffer.from(record.snapshot!.body).toString()).toBe(Buffer.from(first.body).toString());
+    const replay = await run(key, async () => {
+      throw new Error("a replay never runs the handler");
+    });
+    expect(replay.status).toBe(201);
+    expect(replay.headers).toContainEqual(["idempotent-replayed", "true"]);
+  });
+
+  it("rolls the business row back with the completion when the registry refuses it", async () => {
+    const key = randomUUID();
+    let operationId = "";
+    let refusal: unknown;
+    const answer = await run(key, async (ctx) => {
+      operationId = ctx.operationId;
+      // A charge whose outcome is unknown: the operation cannot complete yet.
+      await ctx.effect("card.charge", "cards", async () => {
+        throw new Error("timeout");
+      }).catch(() => undefined);
+      try {
+        await ctx.transaction(async (tx) => {
+          await tx.query("INSERT INTO orders (operation_id, amount) VALUES ($1, 10)", [ctx.operationId]);
+          return { status: 201, json: { ok: true } };
+        });
+      } catch (error) {
+        refusal = error;
+        throw error;
+      }
+      return toHttpResponse({ status: 201, json: { ok: true } });
+    });
+
+    expect((refusal as { reason?: string }).reason).toBe("UNRESOLVED_EFFECTS");
+    expect(answer.status).toBe(500);
+    expect(await orderRows(operationId)).toHaveLength(0);
+    const record = await recordOf(key);
+    expect(record.state).toBe("EXECUTING");
+    expect(record.effectAttempts).toMatchObject([{ status: "INDETERMINATE" }]);
+  });
+
+  it("releases when the transaction fails before any effect, so the retry runs and commits once", async () => {
+    const key = randomUUID();
+    let attempts = 0;
+    let operationId = "";
+    const handler = async (ctx: IdempotencyContext) => {
+      operationId = ctx.operationId;
+      const response = await ctx.transaction(async (tx) => {
+        await tx.query("INSERT INTO orders (operation_id, amount) VALUES ($1, 10)", [ctx.operationId]);
+        if (++attempts === 1) throw new Error("deadlock detected");
+        return { status: 201, json: { attempt: attempts } };
+      });
+      return toHttpResponse(response);
+    };
+    const failed = await run(key, handler);
+    expect(failed.status).toBe(503);
+    expect((await recordOf(key)).state).toBe("RESERVED");
+    expect(await orderRows(operationId)).toHaveLength(0);
+
+    const retried = await run(key, handler);
+    expect(retried.status).toBe(201);
+    expect(await orderRows(operationId)).toHaveLength(1);
+    expect((await recordOf(key)).state).toBe("SUCCEEDED");
+  });
+
+  it("sends the stored response when the handler answers something else than it committed", async () => {
+    const key = randomUUID();
+    const answer = await run(key, async (ctx) => {
+      await ctx.transaction(async () => ({ status: 201, json: { stored: true } }));
+      return toHttpResponse({ status: 200, json: { stored: false } });
+    });
+    expect(answer.status).toBe(201);
+    expect(JSON.parse(Buffer.from(answer.body).toString())).toEqual({ stored: true });
+  });
+});
