@@ -37,9 +37,9 @@ export interface PaymentsAppOptions {
   onRecovery?: (event: RecoveryEvent) => void;
 }
 
-export interface PaymentsApp {
+/** The payments service, its gateway and its recovery worker, calling a card provider that runs elsewhere. */
+export interface PaymentsBackend {
   service: PaymentsService;
-  provider: CardProvider;
   store: PaymentsStore;
   gateway: IdempotencyGateway;
   worker: RecoveryWorker;
@@ -48,13 +48,36 @@ export interface PaymentsApp {
   close(): Promise<void>;
 }
 
+/** The backend with a card provider of its own. */
+export interface PaymentsApp extends PaymentsBackend {
+  provider: CardProvider;
+}
+
 /** The card provider, the payments service behind the gateway, and its recovery worker, wired together. */
 export async function startPaymentsApp(options: PaymentsAppOptions): Promise<PaymentsApp> {
+  const provider = await startCardProvider();
+  try {
+    const backend = await startPaymentsBackend({ ...options, providerUrl: provider.url });
+    return {
+      ...backend,
+      provider,
+      async close() {
+        await backend.close();
+        await provider.close();
+      },
+    };
+  } catch (error) {
+    await provider.close();
+    throw error;
+  }
+}
+
+/** The payments service behind the gateway and its recovery worker, calling the provider at `providerUrl` (another process, say). */
+export async function startPaymentsBackend(options: PaymentsAppOptions & { providerUrl: string; port?: number }): Promise<PaymentsBackend> {
   const colocatedMode = options.colocated ?? true;
   const store = new PaymentsStore(options.schema);
   await store.migrate(options.pool);
-  const provider = await startCardProvider();
-  const providerClient = new CardProviderClient(provider.url, options.providerTimeoutMs ?? 2000);
+  const providerClient = new CardProviderClient(options.providerUrl, options.providerTimeoutMs ?? 2000);
   const client = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.gatewayToken, timeoutMs: options.coordinatorTimeoutMs ?? 2000, ...(options.logger ? { logger: options.logger } : {}) });
   const workerClient = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.workerToken, ...(options.logger ? { logger: options.logger } : {}) });
   const colocated = colocatedMode
@@ -68,6 +91,7 @@ export async function startPaymentsApp(options: PaymentsAppOptions): Promise<Pay
     provider: providerClient,
     ...(options.users ? { users: options.users } : {}),
     ...(options.deliveryHeaders ? { deliveryHeaders: options.deliveryHeaders } : {}),
+    ...(options.port !== undefined ? { port: options.port } : {}),
   });
   const worker = new RecoveryWorker({
     client: workerClient,
@@ -79,7 +103,6 @@ export async function startPaymentsApp(options: PaymentsAppOptions): Promise<Pay
   });
   return {
     service,
-    provider,
     store,
     gateway,
     worker,
@@ -88,7 +111,6 @@ export async function startPaymentsApp(options: PaymentsAppOptions): Promise<Pay
     async close() {
       await worker.stop();
       await service.close();
-      await provider.close();
       colocated?.stop();
       client.close();
       workerClient.close();

@@ -119,6 +119,16 @@ export async function startCardProvider(options: { port?: number; host?: string 
       const found = byId.get(byPath[1]!);
       return found ? json(res, 200, found) : json(res, 404, { error: "no_such_charge" });
     }
+    // Test and demo controls, for a provider running as a process of its own.
+    if (req.method === "GET" && url.pathname === "/_admin/state") {
+      return json(res, 200, { charges: [...byId.values()], chargeRequests: requests });
+    }
+    if (req.method === "POST" && url.pathname === "/_admin/faults") {
+      const chunks: Buffer[] = [];
+      for await (const chunk of req) chunks.push(chunk as Buffer);
+      Object.assign(faults, JSON.parse(Buffer.concat(chunks).toString("utf8")) as Partial<ProviderFaults>);
+      return json(res, 200, faults);
+    }
     return json(res, 404, { error: "not_found" });
   };
 

@@ -7,6 +7,7 @@ import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
 import { toCoordinatorError } from "./errors.js";
 import type { CompleteResult, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+import { failpoint } from "../failpoints.js";
 
 export interface ColocatedRegistryOptions {
   /**
@@ -122,6 +123,7 @@ export class ColocatedRegistry {
         await client.query("ROLLBACK").catch(() => (broken = true));
         throw error;
       }
+      await failpoint("gateway.business.before-commit");
       try {
         await client.query("COMMIT");
       } catch (error) {
@@ -132,6 +134,7 @@ export class ColocatedRegistry {
         broken = true;
         throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
       }
+      await failpoint("gateway.business.after-commit");
       return result;
     } finally {
       client.removeListener("error", onError);

@@ -5,6 +5,7 @@ import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import type { LeaseKeeper } from "./lease.js";
 import type { EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+import { failpoint } from "../failpoints.js";
 
 /** How `effect()` learns what a call's result and failures mean. */
 export interface EffectOptions<T> {
@@ -194,6 +195,7 @@ export abstract class OwnedOperation {
       await this.resolveQuietly(attempt, definite ? "NO_EFFECT" : "INDETERMINATE", "");
       throw error;
     }
+    await failpoint("gateway.effect.after-call");
     await this.resolveQuietly(attempt, "CONFIRMED", options.handle?.(result) ?? "");
     return result;
   }

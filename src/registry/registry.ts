@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { IdempotencyError, refuse, type Reason } from "../contract/errors.js";
+import { failpoint } from "../failpoints.js";
 import { downstreamKey, validateEffectName } from "../contract/effects.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
 import { validateKey } from "../contract/keys.js";
@@ -179,7 +180,10 @@ export class Registry {
           );
         }
         const { record, inserted } = found;
-        if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
+        if (inserted || record.acquisitionId === acquisitionId) {
+          await failpoint("registry.reserve.after-commit");
+          return answer("ACCEPTED", record);
+        }
 
         if (record.tombstonedAt !== null && (await this.reusable(record))) {
           // The policy says old effects cannot reappear and the horizon passed:
@@ -371,18 +375,20 @@ export class Registry {
   /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
   async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
-    return db.transaction(async (q) => {
+    const completed = await db.transaction(async (q) => {
       const record = await this.lockRecord(q, input.ref, actor);
       const policy = await this.policyOf(record);
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
       const digest = snapshotDigest(snapshot);
       const attempts = await loadAttempts(q, input.ref);
       if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
-      return this.opened(
-        await fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
-          FINISH, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]),
-      );
+      const finished = await fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
+        FINISH, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]);
+      await failpoint("registry.complete.before-commit");
+      return this.opened(finished);
     });
+    await failpoint("registry.complete.after-commit");
+    return completed;
   }
 
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */

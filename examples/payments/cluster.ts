@@ -1,0 +1,157 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { createServer } from "node:net";
+import { fileURLToPath } from "node:url";
+import type { Charge, ProviderFaults } from "./provider.js";
+import { paymentsPolicy } from "./policy.js";
+import { tokenHash } from "../../src/server/callers.js";
+
+/**
+ * The coordinator, the card provider and the payments service as three
+ * processes, each of which can be killed (SIGKILL: a crash) and started again
+ * on the same port: what the fault suite and the launch gate drive.
+ */
+export interface ClusterOptions {
+  /** The registry's (and, co-located, the service's) PostgreSQL. */
+  databaseUrl: string;
+  /** A schema for everything (PGOPTIONS search_path); default: the connection's. */
+  schema?: string;
+  colocated?: boolean;
+  /** Extra environment of the coordinator and the service (IDEM_FAILPOINTS, short leases, …). */
+  coordinatorEnv?: Record<string, string>;
+  serviceEnv?: Record<string, string>;
+  /** Print the processes' output (for debugging). */
+  verbose?: boolean;
+}
+
+/** One child process that can die and be started again. */
+export interface Member {
+  url: string;
+  /** Kills the process (default SIGKILL) and waits for it to be gone. */
+  kill(signal?: NodeJS.Signals): Promise<void>;
+  /** Starts it again on the same port, with extra environment for this start. */
+  restart(env?: Record<string, string>): Promise<void>;
+  /** Whether the process is running. */
+  alive(): boolean;
+  /** Everything it printed. */
+  output(): string;
+}
+
+export interface Cluster {
+  coordinator: Member;
+  provider: Member;
+  service: Member;
+  tokens: { gateway: string; worker: string; operator: string };
+  /** The provider's charges and the keys of every charge request it received. */
+  providerState(): Promise<{ charges: Charge[]; chargeRequests: string[] }>;
+  setProviderFaults(faults: Partial<ProviderFaults>): Promise<void>;
+  stop(): Promise<void>;
+}
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+
+export async function startCluster(options: ClusterOptions): Promise<Cluster> {
+  const tokens = {
+    gateway: `gw_${randomBytes(16).toString("hex")}`,
+    worker: `wk_${randomBytes(16).toString("hex")}`,
+    operator: `op_${randomBytes(16).toString("hex")}`,
+  };
+  const base: Record<string, string> = {
+    DATABASE_URL: options.databaseUrl,
+    ...(options.schema ? { PGOPTIONS: `-c search_path=${options.schema}` } : {}),
+    LOG_LEVEL: options.verbose ? "info" : "warn",
+  };
+  const [rpcPort, adminPort, providerPort, servicePort] = await Promise.all([freePort(), freePort(), freePort(), freePort()]);
+
+  const coordinator = await member(["src/main.ts"], {
+    ...base,
+    IDEM_RPC_PORT: String(rpcPort),
+    IDEM_ADMIN_PORT: String(adminPort),
+    IDEM_HOST: "127.0.0.1",
+    IDEM_CALLERS: JSON.stringify([
+      { name: "payments-gateway", tokenSha256: tokenHash(tokens.gateway), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] },
+      { name: "payments-recovery", tokenSha256: tokenHash(tokens.worker), tenants: ["acme"], operations: ["payments.create"], roles: ["worker"] },
+      { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
+    ]),
+    IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
+    IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } }),
+    IDEM_SHUTDOWN_GRACE_MS: "2000",
+    ...options.coordinatorEnv,
+  }, `http://127.0.0.1:${rpcPort}`, options.verbose);
+  const provider = await member(["examples/payments/main.ts", "provider", "--port", String(providerPort)], base, `http://127.0.0.1:${providerPort}`, options.verbose);
+  const service = await member(["examples/payments/main.ts", "service", "--port", String(servicePort)], {
+    ...base,
+    COORDINATOR_URL: coordinator.url,
+    GATEWAY_TOKEN: tokens.gateway,
+    WORKER_TOKEN: tokens.worker,
+    PROVIDER_URL: provider.url,
+    PAYMENTS_COLOCATED: String(options.colocated ?? true),
+    ...options.serviceEnv,
+  }, `http://127.0.0.1:${servicePort}`, options.verbose);
+
+  return {
+    coordinator,
+    provider,
+    service,
+    tokens,
+    async providerState() {
+      return (await (await fetch(`${provider.url}/_admin/state`)).json()) as { charges: Charge[]; chargeRequests: string[] };
+    },
+    async setProviderFaults(faults) {
+      await fetch(`${provider.url}/_admin/faults`, { method: "POST", body: JSON.stringify(faults) });
+    },
+    async stop() {
+      await Promise.all([service.kill("SIGTERM"), provider.kill("SIGTERM")]);
+      await coordinator.kill("SIGTERM");
+    },
+  };
+}
+
+/** A process started with `node --import tsx`, ready once it prints its ready line. */
+async function member(args: string[], env: Record<string, string>, url: string, verbose = false): Promise<Member> {
+  let child: ChildProcess | undefined;
+  let output = "";
+  const start = async (extra: Record<string, string> = {}) => {
+    const started = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: ROOT, env: { ...process.env, ...env, ...extra }, stdio: ["ignore", "pipe", "pipe"] });
+    child = started;
+    const ready = new Promise<void>((resolve, reject) => {
+      const onData = (chunk: Buffer) => {
+        output += chunk.toString();
+        if (verbose) process.stderr.write(chunk);
+        if (/^(ready |idempotency coordinator serving)/m.test(output.slice(-4096))) resolve();
+      };
+      started.stdout!.on("data", onData);
+      started.stderr!.on("data", onData);
+      started.once("exit", (code, signal) => reject(new Error(`${args.join(" ")} exited (${code ?? signal}) before it was ready:\n${output.slice(-3000)}`)));
+    });
+    // Only the output since this start decides readiness.
+    output = "";
+    await ready;
+  };
+  await start();
+  return {
+    url,
+    alive: () => child !== undefined && child.exitCode === null && child.signalCode === null,
+    output: () => output,
+    async kill(signal = "SIGKILL") {
+      const running = child;
+      if (!running || running.exitCode !== null || running.signalCode !== null) return;
+      await new Promise<void>((resolve) => {
+        running.once("exit", () => resolve());
+        running.kill(signal);
+      });
+    },
+    restart: (extra) => start(extra),
+  };
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
+}

@@ -1,0 +1,57 @@
+/**
+ * The example as processes of their own, for the fault suite and the launch
+ * gate, which kill and restart them:
+ *
+ *   tsx examples/payments/main.ts provider [--port P]
+ *   tsx examples/payments/main.ts service  [--port P]   (configured by the environment below)
+ *
+ * The service reads COORDINATOR_URL, GATEWAY_TOKEN, WORKER_TOKEN, PROVIDER_URL,
+ * DATABASE_URL (with PGOPTIONS for a schema), PAYMENTS_COLOCATED (default
+ * true) and PROVIDER_TIMEOUT_MS. Each prints `ready <url>` once it serves.
+ * IDEM_FAILPOINTS arms the gateway's failpoints in the service process.
+ */
+import { parseArgs } from "node:util";
+import pg from "pg";
+import { startPaymentsBackend } from "./app.js";
+import { startCardProvider } from "./provider.js";
+
+const USAGE = "usage: tsx examples/payments/main.ts provider|service [--port P]";
+
+function required(name: string): string {
+  const value = process.env[name];
+  if (!value) {
+    process.stderr.write(`${name} is required\n${USAGE}\n`);
+    process.exit(2);
+  }
+  return value;
+}
+
+const [role, ...args] = process.argv.slice(2);
+const { values } = parseArgs({ args, options: { port: { type: "string", default: "0" }, help: { type: "boolean", default: false } } });
+if (values.help || (role !== "provider" && role !== "service")) {
+  process.stdout.write(`${USAGE}\n`);
+  process.exit(values.help ? 0 : 2);
+}
+const port = Number(values.port);
+
+if (role === "provider") {
+  const provider = await startCardProvider({ port });
+  process.stdout.write(`ready ${provider.url}\n`);
+  process.on("SIGTERM", () => void provider.close().then(() => process.exit(0)));
+} else {
+  const pool = new pg.Pool({ connectionString: required("DATABASE_URL"), max: 20 });
+  pool.on("error", () => undefined);
+  const backend = await startPaymentsBackend({
+    coordinatorUrl: required("COORDINATOR_URL"),
+    gatewayToken: required("GATEWAY_TOKEN"),
+    workerToken: required("WORKER_TOKEN"),
+    providerUrl: required("PROVIDER_URL"),
+    pool,
+    colocated: process.env.PAYMENTS_COLOCATED !== "false",
+    providerTimeoutMs: Number(process.env.PROVIDER_TIMEOUT_MS ?? 2000),
+    port,
+  });
+  backend.worker.start();
+  process.stdout.write(`ready ${backend.service.url}\n`);
+  process.on("SIGTERM", () => void backend.close().then(() => pool.end()).then(() => process.exit(0)));
+}
