@@ -161,6 +161,14 @@ function isConnectionLoss(error: unknown): boolean {
 function classify(error: unknown): unknown {
   if (error instanceof IdempotencyError) return error;
   const state = sqlState(error);
+  if (state === "40001" || state === "40P01") {
+    return new IdempotencyError(
+      "REGISTRY_BUSY",
+      "the registry kept hitting conflicting writers (serialization failures or deadlocks); nothing was decided, retry with backoff",
+      { sqlstate: state },
+      { cause: error },
+    );
+  }
   if (state === "55P03") {
     return new IdempotencyError(
       "REGISTRY_BUSY",

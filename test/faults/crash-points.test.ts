@@ -1,0 +1,154 @@
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { startCluster, type Cluster, type Member } from "../../examples/payments/cluster.js";
+import type { FailpointName } from "../../src/failpoints.js";
+import { useTestDatabase } from "../support/database.js";
+
+// Kills a real process exactly at each failpoint in the middle of a request,
+// starts it again, lets the client retry and the recovery worker run, then
+// checks the invariants: one operation per key, one business row, one outbox
+// row and one provider charge per accepted operation, no UNKNOWN record
+// executed again, generations that only grew.
+
+const t = useTestDatabase();
+let cluster: Cluster;
+
+beforeAll(async () => {
+  cluster = await startCluster({
+    databaseUrl: t.url,
+    schema: t.schema,
+    coordinatorEnv: { IDEM_RECOVERER_INTERVAL_MS: "200" },
+    serviceEnv: { PROVIDER_TIMEOUT_MS: "1000" },
+  });
+}, 60_000);
+afterAll(async () => {
+  await cluster?.stop();
+});
+
+const ALICE = "Bearer alice-token-7f3a9c2e";
+
+async function post(key: string, body: unknown): Promise<{ status: number; text: string } | { error: string }> {
+  try {
+    const res = await fetch(`${cluster.service.url}/v1/payments`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "idempotency-key": key, authorization: ALICE },
+      body: JSON.stringify(body),
+      signal: AbortSignal.timeout(10_000),
+    });
+    return { status: res.status, text: await res.text() };
+  } catch (error) {
+    return { error: (error as Error).message };
+  }
+}
+
+/** Ends every live lease, as if their owners had gone silent (so the test need not wait for them). */
+const endLeases = () => t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE state IN ('RESERVED', 'EXECUTING') AND lease_expires_at > now()");
+
+/** Retries like a client: until a final answer; 409 and 503 and lost connections mean try again. */
+async function retryUntilFinal(key: string, body: unknown): Promise<{ status: number; text: string }> {
+  for (let attempt = 0; attempt < 120; attempt++) {
+    const answer = await post(key, body);
+    if ("status" in answer && answer.status !== 409 && answer.status !== 503) return answer;
+    await endLeases();
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  throw new Error(`no final answer for ${key}`);
+}
+
+async function crashAt(target: Member, point: FailpointName, extra: Record<string, string> = {}): Promise<void> {
+  await target.kill();
+  await target.restart({ IDEM_FAILPOINTS: `${point}=kill`, ...extra });
+}
+
+async function invariants(key: string, first: { status: number; text: string }) {
+  const payment = JSON.parse(first.text) as { operationId: string; chargeId: string };
+  const { rows: records } = await t.pool.query("SELECT state, generation::int FROM idem_record WHERE operation_id = $1", [payment.operationId]);
+  expect(records).toEqual([{ state: "SUCCEEDED", generation: expect.any(Number) }]);
+  const { rows: rowCounts } = await t.pool.query(
+    `SELECT (SELECT count(*)::int FROM payments WHERE operation_id = $1) AS payments,
+            (SELECT count(*)::int FROM payment_outbox o JOIN payments p ON p.id = o.payment_id WHERE p.operation_id = $1) AS outbox`,
+    [payment.operationId],
+  );
+  expect(rowCounts[0]).toEqual({ payments: 1, outbox: 1 });
+  const { rows: keys } = await t.pool.query("SELECT DISTINCT downstream_key FROM idem_effect_attempt WHERE operation_id = $1", [payment.operationId]);
+  expect(keys).toHaveLength(1);
+  const state = await cluster.providerState();
+  expect(state.charges.filter((c) => c.idempotencyKey === keys[0].downstream_key).map((c) => c.id)).toEqual([payment.chargeId]);
+  const { rows: events } = await t.pool.query("SELECT kind, generation::int FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [payment.operationId]);
+  const generations = events.map((e) => e.generation);
+  expect(generations).toEqual([...generations].sort((a, b) => a - b));
+  // The client's retries replay the same body, and a different amount under the key is refused.
+  const again = await post(key, { amount: 1500, currency: "EUR", card: "4242" });
+  expect(again).toEqual({ status: first.status, text: first.text });
+  expect(await post(key, { amount: 1501, currency: "EUR", card: "4242" })).toMatchObject({ status: 422 });
+  return { payment, events: events.map((e) => e.kind) };
+}
+
+const BODY = { amount: 1500, currency: "EUR", card: "4242" };
+
+describe("a process killed mid-request, at each failpoint", () => {
+  it("coordinator dies right after the reservation committed: the retry takes the record over and runs it once", async () => {
+    await crashAt(cluster.coordinator, "registry.reserve.after-commit");
+    const key = randomUUID();
+    const first = await post(key, BODY);
+    expect(first).toMatchObject({ status: 503 });
+    await vi.waitFor(() => expect(cluster.coordinator.alive()).toBe(false));
+    await cluster.coordinator.restart();
+    const final = await retryUntilFinal(key, BODY);
+    expect(final.status).toBe(201);
+    const { events } = await invariants(key, final);
+    expect(events).toContain("TAKEOVER");
+  }, 60_000);
+
+  it("service dies after the provider charged, before the attempt was resolved: recovered with the original key, one charge", async () => {
+    await crashAt(cluster.service, "gateway.effect.after-call");
+    const key = randomUUID();
+    expect(await post(key, BODY)).toHaveProperty("error");
+    await vi.waitFor(() => expect(cluster.service.alive()).toBe(false));
+    await cluster.service.restart();
+    const final = await retryUntilFinal(key, BODY);
+    expect(final.status).toBe(201);
+    const { events } = await invariants(key, final);
+    expect(events).toEqual(expect.arrayContaining(["UNKNOWN", "RECOVERY_CLAIMED"]));
+    // UNKNOWN was never executed again: no TAKEOVER of it.
+    expect(events).not.toContain("TAKEOVER");
+  }, 60_000);
+
+  it("service dies before the business commit: nothing of the business was kept, recovery settles the charge once", async () => {
+    await crashAt(cluster.service, "gateway.business.before-commit");
+    const key = randomUUID();
+    expect(await post(key, BODY)).toHaveProperty("error");
+    await cluster.service.restart();
+    const final = await retryUntilFinal(key, BODY);
+    expect(final.status).toBe(201);
+    await invariants(key, final);
+  }, 60_000);
+
+  it("service dies after the business commit, before answering: the retry gets the committed result", async () => {
+    await crashAt(cluster.service, "gateway.business.after-commit");
+    const key = randomUUID();
+    expect(await post(key, BODY)).toHaveProperty("error");
+    await cluster.service.restart();
+    const final = await retryUntilFinal(key, BODY);
+    expect(final.status).toBe(201);
+    expect((await invariants(key, final)).events).not.toContain("UNKNOWN");
+  }, 60_000);
+
+  for (const point of ["registry.complete.before-commit", "registry.complete.after-commit"] as const) {
+    it(`coordinator dies inside Complete (${point.endsWith("before-commit") ? "before" : "after"} its commit), the service completing over RPC: one charge, one row`, async () => {
+      await cluster.service.kill();
+      await cluster.service.restart({ PAYMENTS_COLOCATED: "false" });
+      await crashAt(cluster.coordinator, point);
+      const key = randomUUID();
+      const first = await post(key, BODY);
+      expect("error" in first || first.status === 503).toBe(true);
+      await vi.waitFor(() => expect(cluster.coordinator.alive()).toBe(false));
+      await cluster.coordinator.restart();
+      const final = await retryUntilFinal(key, BODY);
+      expect(final.status).toBe(201);
+      await invariants(key, final);
+      await cluster.service.kill();
+      await cluster.service.restart();
+    }, 90_000);
+  }
+});
