@@ -39,7 +39,9 @@ export interface PolicyCacheOptions {
  * every `refreshMs`, so that a revision published (or a mode changed) through
  * any replica applies on all of them within that bound, without a restart.
  * An operation not (yet) known triggers an immediate re-read, at most once
- * per `refreshMs / 4`, so that a just-published operation is served at once.
+ * per `refreshMs / 4`, so that a just-published operation is served at once;
+ * a revision of a stored record not known yet always does, so that the record
+ * is judged under it.
  */
 export class PolicyCache implements PolicySource {
   private index = new RevisionIndex([]);
@@ -86,10 +88,15 @@ export class PolicyCache implements PolicySource {
   }
 
   async revision(operation: string, apiRevision: number, schemaRevision: number): Promise<OperationPolicy | undefined> {
-    await this.refreshIfUnknown(operation, apiRevision);
+    // A stored record names a published revision: when it is missing here, this
+    // cache read before another replica published it, so read again at once.
+    const known = this.index.revision(operation, apiRevision, schemaRevision);
+    if (known) return known;
+    await this.refresh();
     return this.index.revision(operation, apiRevision, schemaRevision);
   }
 
+  /** Re-reads for an unknown operation, unless the last read is very recent (a flood of unknown names costs one read per quarter interval). */
   private async refreshIfUnknown(operation: string, apiRevision: number): Promise<void> {
     if (!this.index.has(operation, apiRevision) && Date.now() - this.loadedAt > this.options.refreshMs / 4) await this.refresh();
   }

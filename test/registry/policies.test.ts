@@ -90,6 +90,24 @@ describe("the policy cache", () => {
   });
 });
 
+describe("the policy cache and revisions published elsewhere", () => {
+  it("reads the registry at once for a record's revision it does not know yet, however recent its last read", async () => {
+    const op = operation("invoices.create");
+    await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "alice");
+    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 3_600_000, logger: silentLogger });
+    await cache.start();
+    try {
+      // Another replica publishes revision 2 and stores a record under it.
+      await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
+      expect((await cache.current(op.operation, 1))?.fingerprint.schemaRevision).toBe(1);
+      expect((await cache.revision(op.operation, 1, 2))?.fingerprint.schemaRevision).toBe(2);
+      expect(await cache.revision(op.operation, 1, 9)).toBeUndefined();
+    } finally {
+      cache.stop();
+    }
+  });
+});
+
 describe("a retry after a new revision is published", () => {
   // Revision 2 counts the x-api-version header and requires a body of at most 16 bytes.
   const rev1 = toOperationPolicy(testDocument({ schemaRevision: 1 }));

@@ -1,0 +1,204 @@
+import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { loadConfig } from "../../src/config.js";
+import { armFailpoint, disarmFailpoints } from "../../src/failpoints.js";
+import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
+import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { poolDb, type Db } from "../../src/registry/db.js";
+import { startEmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { startCoordinator } from "../../src/server/app.js";
+import { tokenHash } from "../../src/server/callers.js";
+import { silentLogger, useTestDatabase } from "../support/database.js";
+import { actor, newKey, reserveInput, testDocument, testRegistry } from "../support/fixtures.js";
+import { expectRefusal } from "../support/registry-helpers.js";
+import { startTestServer } from "../support/server.js";
+
+const t = useTestDatabase();
+afterEach(() => disarmFailpoints());
+
+const registry = testRegistry();
+const gateway = actor();
+
+/** A Db whose statements fail with `sqlstate` the first `times` times (all the time with Infinity). */
+function failing(db: Db, sqlstate: string, times: number): { db: Db; failures: () => number } {
+  let failures = 0;
+  const inject = <T>(work: (q: Parameters<Parameters<Db["run"]>[0]>[0]) => Promise<T>) => (q: Parameters<Parameters<Db["run"]>[0]>[0]) =>
+    work({
+      query: (text, values) => {
+        if (failures < times) {
+          failures++;
+          return Promise.reject(Object.assign(new Error(`injected ${sqlstate}`), { code: sqlstate }));
+        }
+        return q.query(text, values);
+      },
+    });
+  return { db: { run: (work) => db.run(inject(work)), transaction: (work) => db.transaction(inject(work)) }, failures: () => failures };
+}
+
+describe("injected serialization failures and deadlocks", () => {
+  for (const sqlstate of ["40001", "40P01"]) {
+    it(`retries ${sqlstate} and succeeds, or refuses clearly as REGISTRY_BUSY when it persists, writing nothing`, async () => {
+      const retried: string[] = [];
+      const base = poolDb(t.pool, silentLogger, (cause) => retried.push(cause));
+      const twice = failing(base, sqlstate, 2);
+      const key = newKey();
+      expect((await registry.reserve(twice.db, reserveInput(key), gateway)).decision).toBe("ACCEPTED");
+      expect(retried).toEqual([sqlstate, sqlstate]);
+
+      const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      const always = failing(base, sqlstate, Number.POSITIVE_INFINITY);
+      const refusal = await expectRefusal(registry.reserve(always.db, reserveInput(newKey()), gateway), "REGISTRY_BUSY");
+      expect(refusal.metadata).toEqual({ sqlstate });
+      expect(always.failures()).toBe(4);
+      const { rows: after } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      expect(after).toEqual(before);
+    });
+  }
+});
+
+describe("connections killed inside a transaction", () => {
+  it("re-runs a Complete whose connection was terminated before its COMMIT: one terminal state, one event", async () => {
+    const server = await startTestServer(t);
+    try {
+      const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+      const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+      const accepted = await client.reserve(
+        {
+          subject: { tenant: "acme", principal: "alice" },
+          operation: "payments.create",
+          apiRevision: 1,
+          idempotencyKey: newKey(),
+          claim: true,
+          request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p", body: new Uint8Array([1]) }) },
+        },
+        call,
+      );
+      const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
+      // Complete pauses with its terminal state written and not committed; its backend is killed meanwhile.
+      armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
+      const completing = client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
+      await vi.waitFor(async () => {
+        const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'", [server.applicationName]);
+        expect(rows[0].n).toBe(1);
+      });
+      const { rows: killed } = await t.pool.query(
+        "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'",
+        [server.applicationName],
+      );
+      expect(killed[0].n).toBe(1);
+      const done = await completing;
+      expect(done.state).toBe(RecordState.SUCCEEDED);
+      const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [accepted.operationId]);
+      expect(rows[0].n).toBe(1);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it("answers UNAVAILABLE with nothing half-written when the pool is exhausted", async () => {
+    const server = await startTestServer(t, { config: { db: { ...loadConfig({}).db, poolMax: 1, connectTimeoutMs: 300 } } });
+    try {
+      const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+      const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+      // Holds the server's only connection: a Complete paused inside its transaction.
+      const accepted = await client.reserve(
+        { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
+        call,
+      );
+      armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
+      const holding = client.complete({ ref: create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId }), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
+      await new Promise((r) => setTimeout(r, 300));
+      const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      const refused = await client
+        .reserve({ subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } }, call)
+        .then(() => undefined, (e: unknown) => ConnectError.from(e));
+      expect(refused?.code).toBe(Code.Unavailable);
+      expect(refused?.findDetails(ErrorInfoSchema)[0]?.reason).toBe("REGISTRY_UNAVAILABLE");
+      await holding;
+      const { rows: after } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      expect(after).toEqual(before);
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
+describe("PostgreSQL restarted under load", () => {
+  it("refuses as UNAVAILABLE while the database is down, never half-decides, and serves again once it is back", async () => {
+    const stateDir = await mkdtemp(join(tmpdir(), "idem-restart-"));
+    await chmod(stateDir, 0o755);
+    const port = await new Promise<number>((resolve) => {
+      const s = createServer().listen(0, "127.0.0.1", () => {
+        const p = (s.address() as { port: number }).port;
+        s.close(() => resolve(p));
+      });
+    });
+    const settings = { fsync: "off", synchronous_commit: "off" };
+    let database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
+    const token = "restart-test-token-0123456789abcdef";
+    const coordinator = await startCoordinator({
+      config: {
+        ...loadConfig({ DATABASE_URL: database.url }),
+        host: "127.0.0.1",
+        rpcPort: 0,
+        adminPort: 0,
+        callers: [{ name: "gw", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway"] }],
+        operations: [testDocument()],
+        db: { ...loadConfig({}).db, connectTimeoutMs: 500 },
+      },
+      databaseUrl: database.url,
+      logger: silentLogger,
+    });
+    const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: `http://127.0.0.1:${coordinator.rpcPort}`, httpVersion: "2" }));
+    const reserve = (key: string) =>
+      client.reserve(
+        { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: key, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
+        { headers: { authorization: `Bearer ${token}` }, timeoutMs: 10_000 },
+      );
+    const outcomes = new Map<string, number>();
+    const accepted: string[] = [];
+    let running = true;
+    const load = (async () => {
+      while (running) {
+        const key = newKey();
+        const outcome = await reserve(key).then(
+          (r) => {
+            if (r.decision === Decision.ACCEPTED) accepted.push(key);
+            return Decision[r.decision];
+          },
+          (e: unknown) => `${Code[ConnectError.from(e).code]}:${ConnectError.from(e).findDetails(ErrorInfoSchema)[0]?.reason ?? "none"}`,
+        );
+        outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+      }
+    })();
+    try {
+      await new Promise((r) => setTimeout(r, 500));
+      await database.stop();
+      await new Promise((r) => setTimeout(r, 1000));
+      const acceptedBeforeRestart = accepted.length;
+      database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
+      await vi.waitFor(() => expect(accepted.length).toBeGreaterThan(acceptedBeforeRestart + 5), { timeout: 15_000 });
+      running = false;
+      await load;
+      // Every refusal while the database was away said UNAVAILABLE; nothing else went wrong.
+      for (const outcome of outcomes.keys()) expect(["ACCEPTED", "Unavailable:REGISTRY_UNAVAILABLE"]).toContain(outcome);
+      expect(outcomes.get("Unavailable:REGISTRY_UNAVAILABLE") ?? 0).toBeGreaterThan(0);
+      // Every accepted key has its record, and a retry of each is IN_PROGRESS, not a second acceptance.
+      const retries = await Promise.all(accepted.slice(-20).map((key) => reserve(key)));
+      expect(retries.map((r) => Decision[r.decision])).toEqual(Array(retries.length).fill("IN_PROGRESS"));
+    } finally {
+      running = false;
+      await load;
+      await coordinator.stop();
+      await database.stop();
+      await rm(stateDir, { recursive: true, force: true });
+    }
+  }, 90_000);
+});
