@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { accessSync, constants as fsConstants, readFileSync } from "node:fs";
 import { parse as parseYaml } from "yaml";
 import type { PolicyDocument } from "./policy/document.js";
 import { parsePolicyDocuments } from "./policy/operations.js";
@@ -37,6 +37,8 @@ export interface Config {
   sweepIntervalMs: number;
   /** How long a record may stay UNKNOWN before it breaches the recovery SLO (metrics and alerts). */
   unknownSloSeconds: number;
+  /** TLS (and mutual TLS) on the RPC port; undefined serves cleartext (h2c and HTTP/1.1). */
+  tls: TlsConfig | undefined;
   /** Seals stored response bodies at rest (AES-256-GCM); undefined stores them as they are. */
   snapshotKeys: SnapshotKeyring | undefined;
   /** Largest RPC request accepted, in bytes. */
@@ -63,7 +65,7 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_DB_LOCK_TIMEOUT_MS", default: "2000", meaning: "upper bound of waiting for a record's row lock" },
   { name: "IDEM_DB_IDLE_TX_TIMEOUT_MS", default: "10000", meaning: "the database ends a transaction left idle this long" },
   { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock)" },
-  { name: "IDEM_CALLERS", default: "(none)", meaning: "JSON array of callers: name, tokenSha256, tenants, operations, roles" },
+  { name: "IDEM_CALLERS", default: "(none)", meaning: "JSON array of callers: name, tokenSha256 and/or certificate, tenants, operations, roles" },
   { name: "IDEM_CALLERS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
   { name: "IDEM_ALLOW_ANONYMOUS", default: "false", meaning: "development only: serve requests without a token" },
   { name: "IDEM_OPERATIONS", default: "(embedded: payments.create@1)", meaning: "JSON array of policy revisions to publish at boot" },
@@ -72,6 +74,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_RECOVERER_INTERVAL_MS", default: "1000", meaning: "how often ended leases become UNKNOWN or claimable" },
   { name: "IDEM_SWEEP_INTERVAL_MS", default: "60000", meaning: "how often finished records past retention become tombstones" },
   { name: "IDEM_UNKNOWN_SLO_SECONDS", default: "3600", meaning: "recovery SLO of UNKNOWN records (metrics, alerts)" },
+  { name: "IDEM_TLS_CERT_FILE", default: "(unset: cleartext)", meaning: "PEM certificate (chain) of the RPC port; with the key, serves TLS (ALPN h2 and http/1.1)" },
+  { name: "IDEM_TLS_KEY_FILE", default: "(unset)", meaning: "PEM private key of that certificate" },
+  { name: "IDEM_TLS_CLIENT_CA_FILE", default: "(unset)", meaning: "PEM CA of client certificates: mutual TLS" },
+  { name: "IDEM_TLS_REQUIRE_CLIENT_CERT", default: "true", meaning: "with a client CA: refuse connections without a valid client certificate" },
+  { name: "IDEM_TLS_RELOAD_MS", default: "10000", meaning: "how often changed certificate, key and CA files are reloaded" },
   { name: "IDEM_SNAPSHOT_KEYS", default: "(embedded: generated)", meaning: "key ring sealing stored response bodies (AES-256-GCM)" },
   { name: "IDEM_SNAPSHOT_KEYS_FILE", default: "(none)", meaning: "path of a file holding that key ring instead" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
@@ -97,7 +104,13 @@ const ROLES: readonly Role[] = ["gateway", "worker", "operator"];
 export interface CallerGrant {
   name: string;
   /** Lower-case hex SHA-256 of the bearer token (`idemctl token` prints one). */
-  tokenSha256: string;
+  tokenSha256?: string;
+  /**
+   * With mutual TLS: the client certificate identity that authenticates this
+   * caller, one of `URI:<uri>` (e.g. a SPIFFE id), `DNS:<name>` (a subject
+   * alternative name) or `CN:<common name>`.
+   */
+  certificate?: string;
   /** Tenants the caller may act for; `*` for all. */
   tenants: string[];
   /** Operations the caller may act on; `*` for all. */
@@ -105,30 +118,39 @@ export interface CallerGrant {
   roles: Role[];
 }
 
+const GRANT_SETTINGS = ["name", "tokenSha256", "certificate", "tenants", "operations", "roles"];
+
 /** Reads a JSON array of caller grants, refusing anything malformed with its path. */
 export function parseCallerGrants(input: unknown): CallerGrant[] {
   if (!Array.isArray(input)) throw new Error("must be a JSON array of callers");
   const names = new Set<string>();
-  const hashes = new Set<string>();
+  const credentials = new Set<string>();
   return input.map((entry: unknown, i) => {
     const path = `callers[${i}]`;
     if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw new Error(`${path} must be an object`);
     const o = entry as Record<string, unknown>;
     for (const key of Object.keys(o)) {
-      if (!["name", "tokenSha256", "tenants", "operations", "roles"].includes(key)) {
-        throw new Error(`${path}.${key} is not a known setting (known: name, tokenSha256, tenants, operations, roles)`);
-      }
+      if (!GRANT_SETTINGS.includes(key)) throw new Error(`${path}.${key} is not a known setting (known: ${GRANT_SETTINGS.join(", ")})`);
     }
     if (typeof o.name !== "string" || !/^[A-Za-z0-9._-]{1,64}$/.test(o.name)) {
       throw new Error(`${path}.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -`);
     }
-    if (typeof o.tokenSha256 !== "string" || !/^[0-9a-f]{64}$/.test(o.tokenSha256)) {
+    if (o.tokenSha256 === undefined && o.certificate === undefined) {
+      throw new Error(`${path} needs tokenSha256 (a bearer token's hash) or certificate (a client certificate identity), or both`);
+    }
+    if (o.tokenSha256 !== undefined && (typeof o.tokenSha256 !== "string" || !/^[0-9a-f]{64}$/.test(o.tokenSha256))) {
       throw new Error(`${path}.tokenSha256 must be the 64 lower-case hex digits of the token's SHA-256 (idemctl token prints it)`);
     }
+    if (o.certificate !== undefined && (typeof o.certificate !== "string" || !/^(URI|DNS|CN):[^\s]{1,512}$/.test(o.certificate))) {
+      throw new Error(`${path}.certificate must be URI:<uri>, DNS:<name> or CN:<common name> of the client certificate`);
+    }
     if (names.has(o.name)) throw new Error(`${path}.name '${o.name}' is used twice`);
-    if (hashes.has(o.tokenSha256)) throw new Error(`${path}.tokenSha256 is shared with another caller`);
+    for (const credential of [o.tokenSha256, o.certificate]) {
+      if (typeof credential !== "string") continue;
+      if (credentials.has(credential)) throw new Error(`${path}: its ${credential === o.certificate ? "certificate" : "tokenSha256"} is shared with another caller`);
+      credentials.add(credential);
+    }
     names.add(o.name);
-    hashes.add(o.tokenSha256);
     const list = (value: unknown, field: string) => {
       if (!Array.isArray(value) || value.length === 0 || !value.every((v) => typeof v === "string" && v.length > 0)) {
         throw new Error(`${path}.${field} must be a non-empty array of strings ("*" for all)`);
@@ -141,12 +163,25 @@ export function parseCallerGrants(input: unknown): CallerGrant[] {
     }
     return {
       name: o.name,
-      tokenSha256: o.tokenSha256,
+      ...(typeof o.tokenSha256 === "string" ? { tokenSha256: o.tokenSha256 } : {}),
+      ...(typeof o.certificate === "string" ? { certificate: o.certificate } : {}),
       tenants: list(o.tenants, "tenants"),
       operations: list(o.operations, "operations"),
       roles: roles as Role[],
     };
   });
+}
+
+/** TLS on the RPC port. */
+export interface TlsConfig {
+  certFile: string;
+  keyFile: string;
+  /** Client certificates are requested and verified against this CA when set. */
+  clientCaFile: string | undefined;
+  /** With a client CA: refuse connections without a valid client certificate (default true). */
+  requireClientCertificate: boolean;
+  /** How often the certificate, key and CA files are checked for changes. */
+  reloadMs: number;
 }
 
 /** The operation published by default on the embedded database, so that a first call works. */
@@ -193,6 +228,22 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (env.IDEM_OPERATIONS && env.IDEM_OPERATIONS_FILE) problems.push("IDEM_OPERATIONS and IDEM_OPERATIONS_FILE: set only one");
   const declared = operationsInline ?? operationsFile;
 
+  const tlsCert = read("IDEM_TLS_CERT_FILE", readable, undefined as string | undefined);
+  const tlsKey = read("IDEM_TLS_KEY_FILE", readable, undefined as string | undefined);
+  const tlsClientCa = read("IDEM_TLS_CLIENT_CA_FILE", readable, undefined as string | undefined);
+  if ((tlsCert === undefined) !== (tlsKey === undefined)) problems.push("IDEM_TLS_CERT_FILE and IDEM_TLS_KEY_FILE: set both, or neither");
+  if (tlsClientCa !== undefined && tlsCert === undefined) problems.push("IDEM_TLS_CLIENT_CA_FILE: needs IDEM_TLS_CERT_FILE and IDEM_TLS_KEY_FILE");
+  const tls: TlsConfig | undefined =
+    tlsCert && tlsKey
+      ? {
+          certFile: tlsCert,
+          keyFile: tlsKey,
+          clientCaFile: tlsClientCa,
+          requireClientCertificate: read("IDEM_TLS_REQUIRE_CLIENT_CERT", boolean, true),
+          reloadMs: read("IDEM_TLS_RELOAD_MS", integer(100, 3_600_000), 10_000),
+        }
+      : undefined;
+
   const keysInline = read("IDEM_SNAPSHOT_KEYS", (raw) => parseKeyring(parseJson(raw)), undefined as SnapshotKeyring | undefined);
   const keysFile = read("IDEM_SNAPSHOT_KEYS_FILE", (path) => parseKeyring(parseJson(readFileSync(path, "utf8"))), undefined as SnapshotKeyring | undefined);
   if (env.IDEM_SNAPSHOT_KEYS && env.IDEM_SNAPSHOT_KEYS_FILE) problems.push("IDEM_SNAPSHOT_KEYS and IDEM_SNAPSHOT_KEYS_FILE: set only one");
@@ -224,6 +275,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     recovererIntervalMs: read("IDEM_RECOVERER_INTERVAL_MS", integer(50, 3_600_000), 1000),
     sweepIntervalMs: read("IDEM_SWEEP_INTERVAL_MS", integer(50, 86_400_000), 60_000),
     unknownSloSeconds: read("IDEM_UNKNOWN_SLO_SECONDS", integer(1, 30 * 86_400), 3600),
+    tls,
     snapshotKeys: keysInline ?? keysFile,
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
@@ -239,6 +291,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`the configuration cannot be used:\n  - ${problems.join("\n  - ")}\nSee README.md, "Configuration".`);
   }
   return config;
+}
+
+/** A path to a file this process can read. */
+function readable(path: string): string {
+  accessSync(path, fsConstants.R_OK);
+  return path;
 }
 
 function parseJson(raw: string): unknown {

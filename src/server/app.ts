@@ -1,3 +1,4 @@
+import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
@@ -18,9 +19,9 @@ import { consoleRoutes } from "./console.js";
 import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
 import { HealthStatus } from "./health.js";
-import { accessLog, authentication, InFlight, unknownFieldsRefused } from "./interceptors.js";
+import { accessLog, authentication, InFlight, peerKey, unknownFieldsRefused } from "./interceptors.js";
 import { BackgroundJob } from "./jobs.js";
-import { listenRpc, type RpcListener } from "./listener.js";
+import { listenRpc, peerCertificateOf, type RpcListener } from "./listener.js";
 import { Metrics } from "./metrics.js";
 import { tracingInterceptor } from "./tracing.js";
 
@@ -158,10 +159,11 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
       jsonOptions: { ignoreUnknownFields: false },
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
+      contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
     });
 
     jobs = backgroundJobs(db, metrics, config, logger);
-    rpc = await listenRpc(handler, config.host, config.rpcPort);
+    rpc = await listenRpc(handler, config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(
       {

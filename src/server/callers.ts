@@ -17,24 +17,48 @@ export function tokenHash(token: string): string {
   return createHash("sha256").update(token, "utf8").digest("hex");
 }
 
+/** What the TLS layer says of the client: whether its certificate verified, and the identities it names. */
+export interface PeerCertificate {
+  authorized: boolean;
+  /** `URI:…`, `DNS:…` (subject alternative names) and `CN:…` (subject common name). */
+  identities: string[];
+}
+
 /**
- * Maps `Authorization: Bearer <token>` to a configured caller. Only hashes of
- * tokens are held, and callers are found by the token's hash: how long that
- * lookup takes says nothing usable about any configured token.
+ * Maps a request to a configured caller: by its verified client certificate
+ * (mutual TLS) when it presents one, otherwise by `Authorization: Bearer
+ * <token>`. Only hashes of tokens are held, and callers are found by the
+ * token's hash: how long that lookup takes says nothing usable about any
+ * configured token.
  */
 export class Callers {
   private readonly byHash = new Map<string, Caller>();
+  private readonly byCertificate = new Map<string, Caller>();
   private readonly anonymous: Caller | undefined;
 
   constructor(grants: readonly CallerGrant[], allowAnonymous: boolean) {
-    for (const grant of grants) this.byHash.set(grant.tokenSha256, toCaller(grant));
+    for (const grant of grants) {
+      const caller = toCaller(grant);
+      if (grant.tokenSha256) this.byHash.set(grant.tokenSha256, caller);
+      if (grant.certificate) this.byCertificate.set(grant.certificate, caller);
+    }
     this.anonymous = allowAnonymous
-      ? toCaller({ name: "anonymous", tokenSha256: "", tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] })
+      ? toCaller({ name: "anonymous", tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] })
       : undefined;
   }
 
-  /** The caller behind an Authorization header, or UNAUTHENTICATED. */
-  authenticate(authorization: string | null): Caller {
+  /** The caller behind a request's client certificate or Authorization header, or UNAUTHENTICATED. */
+  authenticate(authorization: string | null, peer?: PeerCertificate): Caller {
+    if (peer && peer.identities.length > 0) {
+      if (!peer.authorized) refuse("UNAUTHENTICATED", "the client certificate does not verify against the coordinator's client CA");
+      for (const identity of peer.identities) {
+        const caller = this.byCertificate.get(identity);
+        if (caller) return caller;
+      }
+      if (!authorization) {
+        refuse("UNAUTHENTICATED", `no caller is configured for this client certificate (${peer.identities.join(", ")})`);
+      }
+    }
     if (!authorization) {
       if (this.anonymous) return this.anonymous;
       refuse("UNAUTHENTICATED", "send 'Authorization: Bearer <token>' with a token configured for this coordinator");
@@ -47,7 +71,7 @@ export class Callers {
   }
 
   get size(): number {
-    return this.byHash.size;
+    return this.byHash.size + this.byCertificate.size;
   }
 }
 

@@ -2,7 +2,10 @@ import { Code, ConnectError, createContextKey, type Interceptor } from "@connect
 import type { Logger } from "pino";
 import { refuse } from "../contract/errors.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
-import type { Caller, Callers } from "./callers.js";
+import type { Caller, Callers, PeerCertificate } from "./callers.js";
+
+/** What mutual TLS says of the client, set from the connection (contextValues of the adapter). */
+export const peerKey = createContextKey<PeerCertificate | undefined>(undefined, { description: "client certificate" });
 
 /** The authenticated caller of the current RPC. */
 export const callerKey = createContextKey<Caller | undefined>(undefined, { description: "authenticated caller" });
@@ -14,11 +17,11 @@ export function callerOf(values: { get<T>(key: { id: symbol; defaultValue: T }):
   return caller;
 }
 
-/** Authenticates every RPC except health checks, which probes call without credentials. */
+/** Authenticates every RPC except health checks (probes call them without credentials): by client certificate or bearer token. */
 export function authentication(callers: Callers): Interceptor {
   return (next) => async (req) => {
     if (req.service.typeName !== Health.typeName) {
-      req.contextValues.set(callerKey, callers.authenticate(req.header.get("authorization")));
+      req.contextValues.set(callerKey, callers.authenticate(req.header.get("authorization"), req.contextValues.get(peerKey)));
     }
     return next(req);
   };

@@ -1,7 +1,12 @@
 import http from "node:http";
 import http2 from "node:http2";
+import { readFileSync, statSync } from "node:fs";
 import net from "node:net";
+import tls from "node:tls";
+import type { Logger } from "pino";
+import type { TlsConfig } from "../config.js";
 import type { Duplex } from "node:stream";
+import type { PeerCertificate } from "./callers.js";
 
 /** A request handler usable by both http and http2 servers (connect-node's adapter is one). */
 export type DualHandler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
@@ -25,7 +30,7 @@ const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
  * each connection: the HTTP/2 client preface goes to the HTTP/2 server,
  * anything else to the HTTP/1.1 server, with those bytes put back unread.
  */
-export function listenRpc(handler: DualHandler, host: string, port: number): Promise<RpcListener> {
+export function listenRpc(handler: DualHandler, host: string, port: number, tlsOptions?: { config: TlsConfig; logger: Logger }): Promise<RpcListener> {
   const h1 = http.createServer(handler as http.RequestListener);
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
   const sockets = new Set<net.Socket>();
@@ -55,10 +60,31 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
     });
   });
 
-  const tcp = net.createServer((socket) => {
+  const track = (socket: net.Socket) => {
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
     socket.once("error", () => socket.destroy());
+  };
+  const toH1 = (socket: net.Socket) => {
+    h1Active.set(socket, 0);
+    socket.once("close", () => h1Active.delete(socket));
+    h1.emit("connection", socket as Duplex);
+  };
+  // With TLS, ALPN says which protocol the client speaks.
+  const tlsServer = tlsOptions ? tls.createServer(tlsServerOptions(tlsOptions.config)) : undefined;
+  tlsServer?.on("secureConnection", (socket) => {
+    track(socket);
+    if (socket.alpnProtocol === "h2") h2.emit("connection", socket);
+    else toH1(socket);
+  });
+  tlsServer?.on("tlsClientError", (error, socket) => {
+    tlsOptions!.logger.debug({ error: error.message }, "TLS handshake refused");
+    socket.destroy();
+  });
+  const stopReloading = tlsServer ? reloadOnChange(tlsServer, tlsOptions!.config, tlsOptions!.logger) : () => undefined;
+
+  const tcp = tlsServer ?? net.createServer((socket) => {
+    track(socket);
     let received = Buffer.alloc(0);
     const onData = (chunk: Buffer) => {
       received = Buffer.concat([received, chunk]);
@@ -69,11 +95,8 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
       socket.removeListener("data", onData);
       socket.pause();
       socket.unshift(received);
-      if (!isHttp2) {
-        h1Active.set(socket, 0);
-        socket.once("close", () => h1Active.delete(socket));
-      }
-      (isHttp2 ? h2 : h1).emit("connection", socket as Duplex);
+      if (isHttp2) h2.emit("connection", socket as Duplex);
+      else toH1(socket);
       process.nextTick(() => socket.resume());
     };
     socket.on("data", onData);
@@ -88,6 +111,7 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
         port: address.port,
         closeGracefully() {
           closing = true;
+          stopReloading();
           tcp.close();
           for (const session of sessions) session.close();
           for (const socket of h1Active.keys()) endIfIdle(socket);
@@ -103,4 +127,62 @@ export function listenRpc(handler: DualHandler, host: string, port: number): Pro
       });
     });
   });
+}
+
+function tlsServerOptions(config: TlsConfig): tls.TlsOptions {
+  return {
+    ...secureContextOptions(config),
+    ALPNProtocols: ["h2", "http/1.1"],
+    minVersion: "TLSv1.2",
+    requestCert: config.clientCaFile !== undefined,
+    rejectUnauthorized: config.clientCaFile !== undefined && config.requireClientCertificate,
+  };
+}
+
+function secureContextOptions(config: TlsConfig): tls.SecureContextOptions {
+  return {
+    cert: readFileSync(config.certFile),
+    key: readFileSync(config.keyFile),
+    ...(config.clientCaFile ? { ca: readFileSync(config.clientCaFile) } : {}),
+  };
+}
+
+/**
+ * Polls the certificate, key and CA files; when one changed, the next
+ * handshakes use the new ones (open connections keep theirs). A file caught
+ * half-written or a mismatched pair leaves the working context in place.
+ */
+function reloadOnChange(server: tls.Server, config: TlsConfig, logger: Logger): () => void {
+  const files = [config.certFile, config.keyFile, ...(config.clientCaFile ? [config.clientCaFile] : [])];
+  const stamp = () => files.map((file) => statSync(file, { throwIfNoEntry: false })?.mtimeMs ?? 0).join();
+  let last = stamp();
+  const timer = setInterval(() => {
+    const now = stamp();
+    if (now === last) return;
+    try {
+      const options = secureContextOptions(config);
+      tls.createSecureContext(options); // fails on a mismatched or half-written pair
+      server.setSecureContext(options);
+      last = now;
+      logger.info({ files }, "TLS certificate, key and CA reloaded");
+    } catch (error) {
+      logger.warn({ error: (error as Error).message }, "TLS files changed but do not load; keeping the previous ones");
+    }
+  }, config.reloadMs);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
+/** The verified identities of a request's client certificate, when it came over mutual TLS. */
+export function peerCertificateOf(socket: unknown): PeerCertificate | undefined {
+  const tlsSocket = socket as Partial<tls.TLSSocket> | undefined;
+  if (typeof tlsSocket?.getPeerCertificate !== "function") return undefined;
+  const certificate = tlsSocket.getPeerCertificate();
+  if (!certificate || Object.keys(certificate).length === 0) return undefined;
+  const identities = (certificate.subjectaltname ?? "")
+    .split(", ")
+    .filter((name) => name.startsWith("URI:") || name.startsWith("DNS:"));
+  const cn = certificate.subject?.CN;
+  if (typeof cn === "string" && cn.length > 0) identities.push(`CN:${cn}`);
+  return { authorized: tlsSocket.authorized === true, identities };
 }
