@@ -15,7 +15,11 @@ export interface Config {
   host: string;
   rpcPort: number;
   adminPort: number;
+  /** The owner's connection string for migrations, when it is not DATABASE_URL's login. */
+  migrationDatabaseUrl: string | undefined;
   db: {
+    /** The unprivileged role every serving connection acts as (undefined: the login's own). */
+    role: string | undefined;
     poolMax: number;
     connectTimeoutMs: number;
     statementTimeoutMs: number;
@@ -59,6 +63,8 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_HOST", default: "0.0.0.0", meaning: "address both ports listen on" },
   { name: "IDEM_RPC_PORT", default: "7070", meaning: "gRPC, gRPC-Web and Connect (HTTP/2 cleartext and HTTP/1.1)" },
   { name: "IDEM_ADMIN_PORT", default: "7071", meaning: "/healthz, /readyz, /metrics and the operator console" },
+  { name: "IDEM_MIGRATION_DATABASE_URL", default: "(DATABASE_URL)", meaning: "connection string of the tables' owner, for migrations" },
+  { name: "IDEM_DB_ROLE", default: "idem_server", meaning: "role the server acts as on its connections: owns nothing, row security applies; empty: the login's own" },
   { name: "IDEM_DB_POOL_MAX", default: "20", meaning: "most registry connections per process" },
   { name: "IDEM_DB_CONNECT_TIMEOUT_MS", default: "2000", meaning: "wait for a free connection before UNAVAILABLE" },
   { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
@@ -210,10 +216,20 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     if (/^(false|0|no)$/i.test(raw)) return false;
     throw new Error(`must be true or false, got '${raw}'`);
   };
-  const databaseUrl = read("DATABASE_URL", (raw) => {
+  const postgresUrl = (raw: string) => {
     if (!/^postgres(ql)?:\/\//.test(raw)) throw new Error("must be a postgres:// connection string");
     return raw;
-  }, undefined as string | undefined);
+  };
+  const sqlRole = (raw: string) => {
+    if (!/^[a-z_][a-z0-9_]*$/.test(raw)) throw new Error(`must be a plain lower-case SQL role name, got '${raw}'`);
+    return raw;
+  };
+  const databaseUrl = read("DATABASE_URL", postgresUrl, undefined as string | undefined);
+
+  const migrationDatabaseUrl = read("IDEM_MIGRATION_DATABASE_URL", postgresUrl, undefined as string | undefined);
+  if (migrationDatabaseUrl !== undefined && databaseUrl === undefined) {
+    problems.push("IDEM_MIGRATION_DATABASE_URL: needs DATABASE_URL (the embedded default migrates as its own superuser)");
+  }
 
   const callers = read("IDEM_CALLERS", (raw) => parseCallerGrants(parseJson(raw)), [] as CallerGrant[]);
   const callersFromFile = read("IDEM_CALLERS_FILE", (path) => parseCallerGrants(parseJson(readFileSync(path, "utf8"))), [] as CallerGrant[]);
@@ -260,7 +276,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     host: read("IDEM_HOST", (raw) => raw, "0.0.0.0"),
     rpcPort: read("IDEM_RPC_PORT", port, 7070),
     adminPort: read("IDEM_ADMIN_PORT", port, 7071),
+    migrationDatabaseUrl,
     db: {
+      // Set but empty: connect as the login itself (which must then be unprivileged).
+      role: env.IDEM_DB_ROLE?.trim() === "" ? undefined : read("IDEM_DB_ROLE", sqlRole, "idem_server"),
       poolMax: read("IDEM_DB_POOL_MAX", integer(1, 1000), 20),
       connectTimeoutMs: read("IDEM_DB_CONNECT_TIMEOUT_MS", integer(1, 600_000), 2000),
       statementTimeoutMs: read("IDEM_DB_STATEMENT_TIMEOUT_MS", integer(1, 600_000), 5000),

@@ -37,9 +37,10 @@ development token. Stops gracefully on SIGTERM or SIGINT.`,
   migrate: {
     summary: "apply pending registry migrations and exit",
     usage: "idemctl migrate [--status]",
-    help: `Applies the numbered migrations in migrations/ to DATABASE_URL (or to the embedded
-PostgreSQL when it is unset), each in its own transaction, under an advisory lock so that
-concurrent runs are safe. --status lists applied and pending versions without applying.`,
+    help: `Applies the numbered migrations in migrations/ as the owner of the tables:
+IDEM_MIGRATION_DATABASE_URL, else DATABASE_URL (or the embedded PostgreSQL when both are
+unset), each in its own transaction, under an advisory lock so that concurrent runs are
+safe. --status lists applied and pending versions without applying.`,
     async run(args) {
       const { values } = parseArgs({ args, options: { status: { type: "boolean", default: false } } });
       const config = loadConfig();
@@ -49,7 +50,7 @@ concurrent runs are safe. --status lists applied and pending versions without ap
         : await startEmbeddedPostgres({ stateDir: join(config.stateDir, "postgres"), port: config.embeddedPostgresPort, logger });
       const pool = openPool(
         {
-          connectionString: config.databaseUrl ?? embedded!.url,
+          connectionString: config.migrationDatabaseUrl ?? config.databaseUrl ?? embedded!.url,
           max: 2,
           connectionTimeoutMs: config.db.connectTimeoutMs,
           statementTimeoutMs: config.db.statementTimeoutMs,

@@ -1,4 +1,5 @@
 import pg from "pg";
+import { parseIntoClientConfig } from "pg-connection-string";
 import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
 
@@ -8,16 +9,57 @@ export interface Queryable {
 }
 
 /**
+ * Whose rows a unit of registry work may see and write. Row-level security on
+ * every tenant table (migrations/000007) shows a transaction only the rows of
+ * the tenant it is bound to, so that a query that forgets its tenant clause
+ * finds nothing instead of another tenant's records. Request paths bind the
+ * caller's tenant; operators' listings and the background jobs bind
+ * ALL_TENANTS explicitly.
+ */
+export type TenantBinding = string | typeof ALL_TENANTS;
+export const ALL_TENANTS: unique symbol = Symbol("all tenants");
+
+/**
+ * The binding of a listing over `tenants`: the one tenant when it names one;
+ * otherwise every tenant, narrowed by the listing's own tenant filter.
+ */
+export function bindingFor(tenants: readonly string[] | undefined): TenantBinding {
+  return tenants?.length === 1 ? tenants[0]! : ALL_TENANTS;
+}
+
+/**
  * How the registry reaches PostgreSQL. Either it owns its transactions (a pool,
  * with classified retries), or it runs inside a transaction its caller already
  * opened (co-located mode: a business service's own transaction), where the
  * caller owns commit, rollback and retry.
  */
 export interface Db {
-  /** Runs `work` as single autocommit statements (retried as a whole on transient failures). */
-  run<T>(work: (q: Queryable) => Promise<T>): Promise<T>;
-  /** Runs `work` inside one transaction (retried as a whole on transient failures). */
-  transaction<T>(work: (q: Queryable) => Promise<T>): Promise<T>;
+  /**
+   * Runs `work` inside one transaction bound to `tenant` (retried as a whole
+   * on transient failures).
+   */
+  transaction<T>(tenant: TenantBinding, work: (q: Queryable) => Promise<T>): Promise<T>;
+}
+
+/**
+ * The statement that binds a transaction to a tenant: transaction-local
+ * settings, so that they end with the transaction and a pooled connection
+ * carries nothing over to its next user.
+ */
+function bindingSettings(tenant: TenantBinding): [tenant: string, allTenants: "on" | "off"] {
+  return tenant === ALL_TENANTS ? ["", "on"] : [tenant, "off"];
+}
+
+const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config('idem.all_tenants', $2, true)";
+
+/**
+ * BEGIN and the binding in one simple-protocol message (one round trip). The
+ * tenant is a literal there: escaped, and never anything but a validated
+ * tenant id.
+ */
+function beginBound(tenant: TenantBinding): string {
+  const [id, all] = bindingSettings(tenant);
+  return `BEGIN; SELECT set_config('idem.tenant', ${pg.escapeLiteral(id)}, true), set_config('idem.all_tenants', '${all}', true)`;
 }
 
 /** Connection settings of the registry's pool. */
@@ -35,6 +77,12 @@ export interface PoolSettings {
   idleInTransactionTimeoutMs: number;
   /** Extra `-c` options (tests use it to pin a schema with `search_path`). */
   options?: string;
+  /**
+   * The role every connection acts as (`SET ROLE` at connection start): the
+   * registry's unprivileged role, so that even a login that may do more
+   * (the owner, in development) serves requests with least privilege.
+   */
+  role?: string;
   applicationName?: string;
 }
 
@@ -44,8 +92,12 @@ export interface PoolSettings {
  * pool emits `error`, and an unhandled `error` event would end the process.
  */
 export function openPool(settings: PoolSettings, logger: Logger): pg.Pool {
+  // Parsed here rather than by the driver, which would let the URL's own
+  // `options` replace the role added to them.
+  const { options: urlOptions, ...connection } = parseIntoClientConfig(settings.connectionString);
+  const options = connectionOptions(settings, urlOptions);
   const pool = new pg.Pool({
-    connectionString: settings.connectionString,
+    ...connection,
     max: settings.max,
     connectionTimeoutMillis: settings.connectionTimeoutMs,
     idleTimeoutMillis: 30_000,
@@ -53,13 +105,22 @@ export function openPool(settings: PoolSettings, logger: Logger): pg.Pool {
     lock_timeout: settings.lockTimeoutMs,
     idle_in_transaction_session_timeout: settings.idleInTransactionTimeoutMs,
     application_name: settings.applicationName ?? "idempotency-coordinator",
-    ...(settings.options ? { options: settings.options } : {}),
+    ...(options ? { options } : {}),
   });
   pool.on("error", (error) => {
     // Not the error object itself: the pool attaches the whole client to it.
     logger.warn({ sqlstate: sqlState(error), error: error.message }, "idle registry connection lost; the pool replaces it");
   });
   return pool;
+}
+
+/** The startup options: ours (or PGOPTIONS, as the driver would), the URL's (which win, as with the driver), then the role. */
+function connectionOptions(settings: PoolSettings, urlOptions: string | undefined): string | undefined {
+  if (settings.role !== undefined && !/^[a-z_][a-z0-9_]*$/.test(settings.role)) {
+    throw new Error(`database role ${JSON.stringify(settings.role)} is not a plain lower-case SQL identifier`);
+  }
+  const options = [settings.options ?? process.env.PGOPTIONS, urlOptions, settings.role && `-c role=${settings.role}`].filter(Boolean).join(" ");
+  return options || undefined;
 }
 
 /** Transient failures worth retrying with backoff, and how many times. */
@@ -89,8 +150,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, onRetry?: (cause: string) 
   }
 
   return {
-    run: (work) => withRetries(() => work(pool)),
-    transaction: (work) =>
+    transaction: (tenant, work) =>
       withRetries(async () => {
         const client = await pool.connect();
         // A checked-out client has no error listener of the pool's: without
@@ -100,7 +160,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, onRetry?: (cause: string) 
         client.on("error", onError);
         let broken = false;
         try {
-          await client.query("BEGIN");
+          await client.query(beginBound(tenant));
           const result = await work(client);
           await client.query("COMMIT");
           return result;
@@ -119,16 +179,19 @@ export function poolDb(pool: pg.Pool, logger: Logger, onRetry?: (cause: string) 
 /**
  * A Db inside a transaction the caller opened and will commit. Nothing is
  * retried here: only the caller can re-run its whole business transaction.
+ * Each unit of work binds the caller's transaction to its tenant first.
  */
 export function transactionDb(client: Queryable): Db {
-  const inside = async <T>(work: (q: Queryable) => Promise<T>) => {
-    try {
-      return await work(client);
-    } catch (error) {
-      throw classify(error);
-    }
+  return {
+    async transaction(tenant, work) {
+      try {
+        await client.query(BIND_SQL, bindingSettings(tenant));
+        return await work(client);
+      } catch (error) {
+        throw classify(error);
+      }
+    },
   };
-  return { run: inside, transaction: inside };
 }
 
 /** The SQLSTATE of a PostgreSQL error, if it has one. */

@@ -1,4 +1,4 @@
-import type { Db } from "./db.js";
+import { ALL_TENANTS, bindingFor, type Db } from "./db.js";
 import { readViews } from "./records.js";
 import type { RecordState, RecordView } from "./types.js";
 
@@ -16,7 +16,7 @@ import type { RecordState, RecordView } from "./types.js";
  * so that it also works on distributed PostgreSQL.
  */
 export async function holdJobLease(db: Db, job: string, holder: string, ttlMs: number): Promise<boolean> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query(
       `INSERT INTO idem_job_lease (job, holder, expires_at)
        VALUES ($1, $2, now() + make_interval(secs => $3::double precision / 1000))
@@ -32,7 +32,7 @@ export async function holdJobLease(db: Db, job: string, holder: string, ttlMs: n
 
 /** Gives a job's lease up at once (on shutdown), so that another replica takes over without waiting. */
 export async function releaseJobLease(db: Db, job: string, holder: string): Promise<void> {
-  await db.run((q) => q.query("DELETE FROM idem_job_lease WHERE job = $1 AND holder = $2", [job, holder]));
+  await db.transaction(ALL_TENANTS, (q) => q.query("DELETE FROM idem_job_lease WHERE job = $1 AND holder = $2", [job, holder]));
 }
 
 /**
@@ -44,7 +44,7 @@ export async function releaseJobLease(db: Db, job: string, holder: string): Prom
  * claimable.
  */
 export async function recoverExpiredLeases(db: Db, batchSize: number, caller: string): Promise<{ unknown: number; claimable: number }> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query<{ state: RecordState; n: number }>(
       `WITH due AS (
          SELECT tenant_id, operation_id, generation FROM idem_record
@@ -81,7 +81,7 @@ export async function recoverExpiredLeases(db: Db, batchSize: number, caller: st
  * or PAYLOAD_CONFLICT. Returns how many were tombstoned.
  */
 export async function tombstoneBatch(db: Db, batchSize: number, caller: string): Promise<number> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query<{ n: number }>(
       `WITH due AS (
          SELECT tenant_id, operation_id FROM idem_record
@@ -145,7 +145,7 @@ export interface RecordFilter {
 
 /** Records by state, tenant, operation and age, oldest first, with a resumable cursor. */
 export async function listRecords(db: Db, filter: RecordFilter): Promise<Array<RecordView & { createdAtText: string }>> {
-  const views = await db.run((q) =>
+  const views = await db.transaction(bindingFor(filter.tenants), (q) =>
     readViews(
       q,
       `($1::text[] IS NULL OR state = ANY($1))
@@ -171,7 +171,7 @@ export async function listRecords(db: Db, filter: RecordFilter): Promise<Array<R
 
 /** How many records are in each state, and the age of the oldest UNKNOWN one (for metrics). */
 export async function registryCensus(db: Db): Promise<{ byState: Map<RecordState, number>; oldestUnknownSeconds: number; overdue: number }> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query<{ state: RecordState; n: number; oldest_unknown: number | null; overdue: number }>(
       `SELECT state, count(*)::int AS n,
               extract(epoch FROM now() - min(updated_at) FILTER (WHERE state = 'UNKNOWN'))::float8 AS oldest_unknown,
@@ -217,7 +217,7 @@ export interface EventCursor {
  * transaction still comes after the cursor, never before it.
  */
 export async function readEvents(db: Db, filter: { after?: EventCursor; limit: number; tenant?: string; operation?: string }): Promise<LoggedEvent[]> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(filter.tenant ?? ALL_TENANTS, (q) =>
     q.query(
       `SELECT txid::text AS txid_text, event_id::text AS event_id_text, tenant_id, operation_id, operation, api_revision,
               kind, generation, state, caller, detail, at
@@ -234,7 +234,7 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
 
 /** The newest events of the given kinds, newest first (the console's "recent conflicts"). */
 export async function recentEvents(db: Db, kinds: readonly string[], limit: number): Promise<Array<Omit<LoggedEvent, "cursor">>> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query(
       `SELECT event_id::text AS event_id_text, tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail, at
          FROM idem_event WHERE kind = ANY($1) ORDER BY at DESC, event_id DESC LIMIT $2`,
@@ -265,7 +265,7 @@ export async function logOperationEvent(
   db: Db,
   event: { operation: string; apiRevision: number; kind: string; caller: string; detail: Record<string, unknown> },
 ): Promise<void> {
-  await db.run((q) =>
+  await db.transaction(ALL_TENANTS, (q) =>
     q.query("INSERT INTO idem_event (tenant_id, operation, api_revision, kind, caller, detail) VALUES ('', $1, $2, $3, $4, $5)", [
       event.operation,
       event.apiRevision,

@@ -2,7 +2,7 @@ import { refuse } from "../contract/errors.js";
 import { policyDigest, type PolicyDocument } from "../policy/document.js";
 import type { PolicySnapshot, StoredPolicy } from "../policy/cache.js";
 import { operationKey, type OperationControl, type OperationMode } from "../policy/operations.js";
-import type { Db } from "./db.js";
+import { ALL_TENANTS, type Db } from "./db.js";
 
 /**
  * Publishes a validated revision. The operation's switch row is locked first,
@@ -12,7 +12,7 @@ import type { Db } from "./db.js";
  */
 export async function publishPolicy(db: Db, document: PolicyDocument, publishedBy: string): Promise<{ stored: StoredPolicy; created: boolean }> {
   const digest = Buffer.from(policyDigest(document));
-  return db.transaction(async (q) => {
+  return db.transaction(ALL_TENANTS, async (q) => {
     await q.query(
       `INSERT INTO idem_operation (operation, api_revision, updated_by) VALUES ($1, $2, $3)
        ON CONFLICT (operation, api_revision) DO NOTHING`,
@@ -52,7 +52,7 @@ export async function publishPolicy(db: Db, document: PolicyDocument, publishedB
 
 /** Every published revision (of one operation, or of all), by operation, API revision, schema revision. */
 export async function listPolicies(db: Db, operation?: string): Promise<StoredPolicy[]> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query(
       `SELECT document, digest, published_at, published_by FROM idem_policy
         WHERE $1::text IS NULL OR operation = $1
@@ -67,7 +67,7 @@ export async function listPolicies(db: Db, operation?: string): Promise<StoredPo
 export async function loadPolicies(db: Db): Promise<PolicySnapshot> {
   const [policies, controls] = await Promise.all([
     listPolicies(db),
-    db.run((q) =>
+    db.transaction(ALL_TENANTS, (q) =>
       q.query<{ operation: string; api_revision: number; mode: OperationMode; writer_epoch: string }>(
         "SELECT operation, api_revision, mode, writer_epoch FROM idem_operation",
       ),
@@ -87,7 +87,7 @@ export async function setOperationControl(
   control: Partial<OperationControl>,
   updatedBy: string,
 ): Promise<ControlRow> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date }>(
       `INSERT INTO idem_operation (operation, api_revision, mode, writer_epoch, updated_by)
        VALUES ($1, $2, COALESCE($3, 'ENFORCE'), COALESCE($4, 0), $5)
@@ -122,7 +122,7 @@ export interface ControlRow extends OperationControl {
 
 /** Every operation's switches, by operation and API revision. */
 export async function listControls(db: Db): Promise<ControlRow[]> {
-  const { rows } = await db.run((q) =>
+  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
     q.query<{ operation: string; api_revision: number; mode: OperationMode; writer_epoch: string; updated_at: Date; updated_by: string }>(
       "SELECT operation, api_revision, mode, writer_epoch, updated_at, updated_by FROM idem_operation ORDER BY operation, api_revision",
     ),

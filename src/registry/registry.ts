@@ -14,7 +14,7 @@ import {
 } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import type { Db, Queryable } from "./db.js";
+import { bindingFor, type Db, type Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "./sealing.js";
 import { ATTEMPT_COLUMNS, plusMs, readView, readViews, RECORD_COLUMNS, toAttempt, toRecord } from "./records.js";
@@ -97,8 +97,10 @@ export class Registry {
    * needs a write (takeover, UNKNOWN) is a compare-and-set on the generation
    * it was read at, re-read and re-decided when it lost a race.
    *
-   * Round trips: new scope 1; replay, in progress, conflict 1; takeover 2; a
-   * scope committed concurrently after the statement's snapshot 2.
+   * Statements: new scope 1; replay, in progress 1; conflict 2 (the
+   * conflict is logged); takeover 2; a scope committed concurrently after the
+   * statement's snapshot 2. Each request is one transaction, two more round
+   * trips: BEGIN with the tenant binding, and COMMIT.
    */
   async reserve(db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> {
     const subject = validateSubject(input.subject);
@@ -144,7 +146,7 @@ export class Registry {
       schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
     });
 
-    return db.run(async (q) => {
+    const result = await db.transaction(subject.tenant, async (q): Promise<ReserveResult> => {
       for (let round = 0; round < RESERVE_ROUNDS; round++) {
         let found =
           policy.mode === "DRAINING" || fp === undefined
@@ -180,10 +182,7 @@ export class Registry {
           );
         }
         const { record, inserted } = found;
-        if (inserted || record.acquisitionId === acquisitionId) {
-          await failpoint("registry.reserve.after-commit");
-          return answer("ACCEPTED", record);
-        }
+        if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
 
         if (record.tombstonedAt !== null && (await this.reusable(record))) {
           // The policy says old effects cannot reappear and the horizon passed:
@@ -231,6 +230,8 @@ export class Registry {
       }
       refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
     });
+    if (result.decision === "ACCEPTED") await failpoint("registry.reserve.after-commit");
+    return result;
   }
 
   /** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
@@ -258,7 +259,7 @@ export class Registry {
   async claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
     validateRef(input.ref);
     const acquisitionId = randomUUID();
-    return db.transaction(async (q) => {
+    return db.transaction(input.ref.tenant, async (q) => {
       const record = await this.lockRecord(q, input.ref, actor);
       const attempts = await loadAttempts(q, input.ref);
       // A re-run after a lost COMMIT: the claim already happened.
@@ -301,7 +302,7 @@ export class Registry {
   /** Extends the lease of the generation the caller holds. */
   async renewLease(db: Db, ref: OperationRef, generation: number, leaseMs: number | undefined, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
-    return db.transaction(async (q) => {
+    return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       checkRenew(record, generation);
       const policy = await this.policyOf(record);
@@ -322,7 +323,7 @@ export class Registry {
     validateRef(ref);
     validateEffectName(effect);
     if (provider.length > 0) validateText(provider, "provider", 128);
-    return db.transaction(async (q) => {
+    return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       const attempts = await loadAttempts(q, ref);
       checkRecordEffect(record, attempts, generation, effect);
@@ -352,7 +353,7 @@ export class Registry {
     validateRef(ref);
     if (status === "PENDING") refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
     if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
-    return db.transaction(async (q) => {
+    return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       const attempts = await loadAttempts(q, ref);
       const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
@@ -375,7 +376,7 @@ export class Registry {
   /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
   async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
-    const completed = await db.transaction(async (q) => {
+    const completed = await db.transaction(input.ref.tenant, async (q) => {
       const record = await this.lockRecord(q, input.ref, actor);
       const policy = await this.policyOf(record);
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
@@ -394,7 +395,7 @@ export class Registry {
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
   async release(db: Db, ref: OperationRef, generation: number, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
-    return db.transaction(async (q) => {
+    return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       if (planRelease(record, generation) === "repeat") return record;
       return fencedUpdate(q, record, { caller: actor.caller, kind: "RELEASED" },
@@ -416,7 +417,7 @@ export class Registry {
     validateRef(input.ref);
     validateText(input.evidence, "evidence", 4096);
     validateText(input.operatorName, "operator", 256);
-    return db.transaction(async (q) => {
+    return db.transaction(input.ref.tenant, async (q) => {
       const record = await this.lockRecord(q, input.ref, actor);
       if (record.state !== "UNKNOWN") {
         refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
@@ -443,7 +444,7 @@ export class Registry {
   async lookupById(db: Db, ref: OperationRef, principal: string | undefined, actor: Actor): Promise<RecordView> {
     validateRef(ref);
     requireTenant(actor, ref.tenant);
-    const view = await db.run((q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]));
+    const view = await db.transaction(ref.tenant, (q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]));
     return this.opened(visibleTo(view, principal, actor));
   }
 
@@ -453,7 +454,7 @@ export class Registry {
     validateOperationName(input.operation);
     validateApiRevision(input.apiRevision);
     requireTenant(actor, subject.tenant);
-    const view = await db.run((q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]));
+    const view = await db.transaction(subject.tenant, (q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]));
     return this.opened(visibleTo(view, subject.principal, actor));
   }
 
@@ -472,7 +473,7 @@ export class Registry {
     if (!Number.isInteger(filter.pageSize) || filter.pageSize < 1 || filter.pageSize > 500) {
       refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
     }
-    const views = await db.run((q) =>
+    const views = await db.transaction(bindingFor(filter.tenants), (q) =>
       readViews(
         q,
         `state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') AND lease_expires_at <= now()

@@ -10,6 +10,7 @@ import { PolicyCache } from "../policy/cache.js";
 import { openPool, poolDb, type Db } from "../registry/db.js";
 import { recoverExpiredLeases, sweepRetention } from "../registry/maintenance.js";
 import { migrate } from "../registry/migrate.js";
+import { requireLeastPrivilege } from "../registry/privileges.js";
 import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
@@ -92,30 +93,34 @@ export interface RunningCoordinator {
   stop(): Promise<void>;
 }
 
-/** Opens the pool, migrates, and serves both ports. */
+/** Migrates (as the owner), opens the serving pool (as the unprivileged role), and serves both ports. */
 export async function startCoordinator({ config, databaseUrl, logger, databaseOptions, applicationName, tracer }: StartOptions): Promise<RunningCoordinator> {
-  const pool = openPool(
-    {
-      connectionString: databaseUrl,
-      max: config.db.poolMax,
-      connectionTimeoutMs: config.db.connectTimeoutMs,
-      statementTimeoutMs: config.db.statementTimeoutMs,
-      lockTimeoutMs: config.db.lockTimeoutMs,
-      idleInTransactionTimeoutMs: config.db.idleInTransactionTimeoutMs,
-      ...(databaseOptions ? { options: databaseOptions } : {}),
-      ...(applicationName ? { applicationName } : {}),
-    },
-    logger,
-  );
+  const poolSettings = (connectionString: string, max: number) => ({
+    connectionString,
+    max,
+    connectionTimeoutMs: config.db.connectTimeoutMs,
+    statementTimeoutMs: config.db.statementTimeoutMs,
+    lockTimeoutMs: config.db.lockTimeoutMs,
+    idleInTransactionTimeoutMs: config.db.idleInTransactionTimeoutMs,
+    ...(databaseOptions ? { options: databaseOptions } : {}),
+    ...(applicationName ? { applicationName } : {}),
+  });
+  if (config.migrateOnBoot) {
+    const owner = openPool(poolSettings(config.migrationDatabaseUrl ?? databaseUrl, 1), logger);
+    try {
+      const applied = await migrate(owner, logger);
+      if (applied.length > 0) logger.info({ applied }, "registry migrated");
+    } finally {
+      await owner.end();
+    }
+  }
+  const pool = openPool({ ...poolSettings(databaseUrl, config.db.poolMax), ...(config.db.role ? { role: config.db.role } : {}) }, logger);
   let rpc: RpcListener | undefined;
   let admin: AdminServer | undefined;
   let policies: PolicyCache | undefined;
   let jobs: BackgroundJob[] = [];
   try {
-    if (config.migrateOnBoot) {
-      const applied = await migrate(pool, logger);
-      if (applied.length > 0) logger.info({ applied }, "registry migrated");
-    }
+    await requireLeastPrivilege(pool);
 
     const callers = new Callers(config.callers, config.allowAnonymous);
     if (config.allowAnonymous) {

@@ -29,7 +29,8 @@ async function idemctl(...args: string[]): Promise<{ stdout: string; stderr: str
   );
 }
 
-describe("idemctl", () => {
+// Every step starts a fresh CLI process (TypeScript loaded by tsx): seconds each on a busy machine.
+describe("idemctl", { timeout: 120_000 }, () => {
   it("explains every command with --help", async () => {
     const overview = await idemctl("--help");
     expect(overview.code).toBe(0);

@@ -11,7 +11,7 @@ import { armFailpoint, disarmFailpoints } from "../../src/failpoints.js";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { poolDb, type Db } from "../../src/registry/db.js";
+import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
 import { startEmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
@@ -29,7 +29,7 @@ const gateway = actor();
 /** A Db whose statements fail with `sqlstate` the first `times` times (all the time with Infinity). */
 function failing(db: Db, sqlstate: string, times: number): { db: Db; failures: () => number } {
   let failures = 0;
-  const inject = <T>(work: (q: Parameters<Parameters<Db["run"]>[0]>[0]) => Promise<T>) => (q: Parameters<Parameters<Db["run"]>[0]>[0]) =>
+  const inject = <T>(work: (q: Queryable) => Promise<T>) => (q: Queryable) =>
     work({
       query: (text, values) => {
         if (failures < times) {
@@ -39,7 +39,7 @@ function failing(db: Db, sqlstate: string, times: number): { db: Db; failures: (
         return q.query(text, values);
       },
     });
-  return { db: { run: (work) => db.run(inject(work)), transaction: (work) => db.transaction(inject(work)) }, failures: () => failures };
+  return { db: { transaction: (tenant, work) => db.transaction(tenant, inject(work)) }, failures: () => failures };
 }
 
 describe("injected serialization failures and deadlocks", () => {

@@ -58,9 +58,8 @@ describe("connections", () => {
     const base = poolDb(t.pool, silentLogger, (cause) => retried.push(cause));
     let killed = false;
     const killing: Db = {
-      run: base.run,
-      transaction: (work) =>
-        base.transaction(async (q) => {
+      transaction: (tenant, work) =>
+        base.transaction(tenant, async (q) => {
           if (!killed) {
             killed = true;
             await q.query("SELECT pg_terminate_backend(pg_backend_pid())");

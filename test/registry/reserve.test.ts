@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
+import type pg from "pg";
+import { poolDb, type Db } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
@@ -201,29 +202,42 @@ describe("operation modes", () => {
 });
 
 describe("round trips per Reserve", () => {
-  function counting(db: Db): { db: Db; count: () => number } {
+  /** A Db whose every message to PostgreSQL is counted: BEGIN with the tenant binding, statements, COMMIT. */
+  function counting(): { db: Db; count: () => number } {
     let n = 0;
-    const wrap = (q: Queryable): Queryable => ({
-      query: (text, values) => {
-        n++;
-        return q.query(text, values);
+    const pool = t.openPool({ max: 1 });
+    const countingPool = {
+      connect: async () => {
+        const client = await pool.connect();
+        return new Proxy(client, {
+          get(target, property) {
+            const value = Reflect.get(target, property) as unknown;
+            if (property === "query") {
+              return (text: string, values?: unknown[]) => {
+                n++;
+                return target.query(text, values);
+              };
+            }
+            return typeof value === "function" ? value.bind(target) : value;
+          },
+        });
       },
-    });
-    return { db: { run: (work) => db.run((q) => work(wrap(q))), transaction: (work) => db.transaction((q) => work(wrap(q))) }, count: () => n };
+    } as unknown as pg.Pool;
+    return { db: poolDb(countingPool, silentLogger), count: () => n };
   }
 
-  it("uses one statement for a new scope, a replay or in progress, two for a conflict (logged) or a takeover", async () => {
+  it("takes three round trips (one statement) for a new scope, a replay or in progress, four for a conflict (logged) or a takeover", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
-      const c = counting(t.db);
+      const c = counting();
       const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
       return [result.decision, c.count()];
     };
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 1]);
-    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", 1]);
-    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", 2]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 3]);
+    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", 3]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", 4]);
     const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0].operation_id);
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 2]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 4]);
   });
 });

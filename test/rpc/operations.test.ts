@@ -241,3 +241,53 @@ describe("metrics", () => {
     }
   });
 });
+
+describe("tenants", () => {
+  const refusal = (call: Promise<unknown>) =>
+    call.then(
+      () => "no refusal",
+      (error: unknown) => {
+        const e = ConnectError.from(error);
+        return `${reasonOf(e)}: ${e.rawMessage}`;
+      },
+    );
+  const missing = "01a229d0-0f4c-7516-846e-0457ee592196";
+
+  it("keep a tenant's callers out of another tenant's records, answering exactly as for a missing one", async () => {
+    const acme = await reserve(newKey(), "{}");
+    const globex = await coordinator.reserve(
+      {
+        subject: { tenant: "globex", principal: "gus" },
+        operation: "payments.create",
+        apiRevision: 1,
+        idempotencyKey: newKey(),
+        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/x", mediaType: "application/json", body: new TextEncoder().encode("{}") }) },
+      },
+      as(server.tokens.globex),
+    );
+    const { rows: before } = await t.pool.query("SELECT count(*)::int AS n, max(updated_at) AS last FROM idem_record");
+
+    // globex's gateway looks for acme's operation, under either tenant.
+    const lookup = (tenant: string, operationId: string) =>
+      refusal(coordinator.lookup({ by: { case: "ref", value: { tenant, operationId } }, subject: { tenant, principal: "gus" } }, as(server.tokens.globex)));
+    expect(await lookup("acme", acme.operationId)).toBe(await lookup("acme", missing));
+    expect(await lookup("acme", acme.operationId)).toMatch(/^PERMISSION_DENIED/);
+    expect(await lookup("globex", acme.operationId)).toBe(await lookup("globex", missing));
+    expect(await lookup("globex", acme.operationId)).toMatch(/^NOT_FOUND/);
+
+    // acme's operator tries to settle globex's operation, under either tenant.
+    const snapshot = { statusCode: 201, mediaType: "application/json", body: new TextEncoder().encode("{}") };
+    const reconcile = (tenant: string, operationId: string) =>
+      refusal(admin.reconcile({ ref: { tenant, operationId }, outcome: Outcome.SUCCEEDED, snapshot, evidence: "x", operator: "dana" }, operatorCalls()));
+    expect(await reconcile("globex", globex.operationId)).toBe(await reconcile("globex", missing));
+    expect(await reconcile("globex", globex.operationId)).toMatch(/^PERMISSION_DENIED/);
+    expect(await reconcile("acme", globex.operationId)).toBe(await reconcile("acme", missing));
+    expect(await reconcile("acme", globex.operationId)).toMatch(/^NOT_FOUND/);
+
+    // Nor does acme's operator see globex in listings.
+    const listed = await admin.listRecords({}, operatorCalls());
+    expect(new Set(listed.records.map((r) => r.subject?.tenant))).toEqual(new Set(["acme"]));
+    const { rows: after } = await t.pool.query("SELECT count(*)::int AS n, max(updated_at) AS last FROM idem_record");
+    expect(after).toEqual(before);
+  });
+});

@@ -7,15 +7,20 @@ import { migrate } from "../../src/registry/migrate.js";
 
 export const silentLogger = pino({ level: "silent" });
 
+/** The role the coordinator serves as (migrations/000007). */
+export const SERVER_ROLE = "idem_server";
+
 /** A migrated schema of its own for one test file, on the run's PostgreSQL. */
 export interface TestDatabase {
   url: string;
   schema: string;
+  /** The owner's pool (a superuser here): sees every row, for setting up and checking. */
   pool: pg.Pool;
+  /** The registry as the server uses it: acting as idem_server, under row-level security. */
   db: Db;
   /** Pool settings that reach this schema, for servers started by the test. */
   settings: PoolSettings;
-  /** Opens another pool on the same schema. */
+  /** Opens another pool on the same schema (as the owner unless `role` is given). */
   openPool(overrides?: Partial<PoolSettings>): pg.Pool;
   /** Drops the schema and closes the pools. */
   drop(): Promise<void>;
@@ -51,7 +56,7 @@ export async function createTestDatabase(): Promise<TestDatabase> {
     url,
     schema,
     pool,
-    db: poolDb(pool, silentLogger),
+    db: poolDb(open({ role: SERVER_ROLE }), silentLogger),
     settings,
     openPool: open,
     async drop() {
