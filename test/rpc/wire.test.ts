@@ -345,6 +345,32 @@ describe("bad input over the wire", () => {
     expect(await countRows(t.pool)).toEqual(before);
   });
 
+  it("holds names and pages to their limits, refuses oversized headers, and keeps serving", async () => {
+    const before = await countRows(t.pool);
+    const tooLong: Array<[ReserveRequest, RegExp]> = [
+      [reserveRequest(newKey(), {}, { subject: { tenant: "t".repeat(129), principal: "alice" } }), /subject.tenant is longer than 128/],
+      [reserveRequest(newKey(), {}, { subject: { tenant: "acme", principal: "p".repeat(257) } }), /subject.principal is longer than 256/],
+      [reserveRequest(newKey(), {}, { operation: `payments.${"x".repeat(130)}` }), /at most 128 characters/],
+    ];
+    for (const [request, message] of tooLong) {
+      const result = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, request, server.tokens.gateway);
+      expect(result.reason).toBe("INVALID_REQUEST");
+      expect(result.error?.details).toMatch(message);
+    }
+    const page = await connectH2.listRecoverable({ pageSize: 501 }, { headers: bearer(server.tokens.worker) }).then(() => undefined, (e: unknown) => ConnectError.from(e));
+    expect([reasonOf(page), page?.rawMessage]).toEqual(["INVALID_REQUEST", "page_size must be from 1 to 500"]);
+
+    // Headers (gRPC metadata) beyond what the server reads are refused before any handler runs.
+    const padded = await fetch(`${server.baseUrl}${RESERVE}`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...bearer(server.tokens.gateway), "x-pad": "x".repeat(128 * 1024) },
+      body: "{}",
+    });
+    expect(padded.status).toBe(431);
+    expect(await countRows(t.pool)).toEqual(before);
+    expect((await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) })).decision).toBe(Decision.ACCEPTED);
+  });
+
   it("refuses a request larger than the server accepts", async () => {
     const huge = reserveRequest(newKey(), { pad: "x".repeat(5 * 1024 * 1024) });
     const result = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, huge, server.tokens.gateway);
