@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { useTestDatabase } from "../support/database.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { fuzzPolicyLoader, fuzzRpc } from "./harness.js";
+import { fuzzJsonParser, fuzzPolicyLoader, fuzzRpc } from "./harness.js";
 
 // A short run of the hostile-input suite (npm run fuzz runs 100,000 cases).
 const t = useTestDatabase();
@@ -31,5 +31,9 @@ describe("hostile input", () => {
 
   it("loads a policy or refuses it as INVALID_POLICY, whatever the input", () => {
     expect(fuzzPolicyLoader(2000)).toBe(2000);
+  });
+
+  it("parses JSON bodies or refuses them as INVALID_PAYLOAD, whatever the bytes", () => {
+    expect(fuzzJsonParser(2000)).toBe(2000);
   });
 });

@@ -6,6 +6,7 @@ import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { parsePolicyDocument } from "../../src/policy/document.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
+import { parseStrictJson } from "../../src/contract/json.js";
 
 /**
  * Hostile input over the real wire: every unary RPC of both services gets
@@ -153,6 +154,32 @@ export function fuzzPolicyLoader(runs: number): number {
       } catch (error) {
         if (!(error instanceof IdempotencyError) || error.reason !== "INVALID_POLICY") throw error;
       }
+    }),
+    { numRuns: runs },
+  );
+  return cases;
+}
+
+/**
+ * The strict JSON parser on random bytes and on mutations of valid documents:
+ * a tree or INVALID_PAYLOAD, nothing else, and nothing it accepts that
+ * JSON.parse would refuse.
+ */
+export function fuzzJsonParser(runs: number): number {
+  let cases = 0;
+  const documents = fc.json({ maxDepth: 6 }).map((text) => new TextEncoder().encode(text));
+  const edits = fc.array(fc.record({ at: fc.nat(), op: fc.integer({ min: 0, max: 2 }), value: fc.integer({ min: 0, max: 255 }) }), { minLength: 1, maxLength: 6 });
+  const input = fc.oneof(fc.uint8Array({ maxLength: 300 }), documents, fc.tuple(documents, edits).map(([bytes, e]) => mutate(bytes, e)));
+  fc.assert(
+    fc.property(input, (bytes) => {
+      cases++;
+      try {
+        parseStrictJson(bytes, { maxDepth: 32, maxBytes: 1 << 20 });
+      } catch (error) {
+        if (!(error instanceof IdempotencyError) || error.reason !== "INVALID_PAYLOAD") throw error;
+        return;
+      }
+      JSON.parse(new TextDecoder().decode(bytes));
     }),
     { numRuns: runs },
   );

@@ -1,9 +1,9 @@
 /**
  * `npm run fuzz`: the hostile-input suite at full size (default 100,000 RPC
- * cases and 100,000 policy documents) against a real coordinator on the
- * embedded PostgreSQL (or DATABASE_URL, in a schema of its own).
+ * cases, 100,000 policy documents and 100,000 JSON bodies) against a real
+ * coordinator on the embedded PostgreSQL (or DATABASE_URL, in a schema of its own).
  *
- *   npm run fuzz -- [--cases N] [--policy-cases N]
+ *   npm run fuzz -- [--cases N] [--policy-cases N] [--json-cases N]
  */
 import { randomBytes } from "node:crypto";
 import { mkdtemp } from "node:fs/promises";
@@ -19,11 +19,11 @@ import { startEmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { parsePolicyDocument } from "../../src/policy/document.js";
-import { fuzzPolicyLoader, fuzzRpc } from "./harness.js";
+import { fuzzJsonParser, fuzzPolicyLoader, fuzzRpc } from "./harness.js";
 
-const { values } = parseArgs({ options: { cases: { type: "string", default: "100000" }, "policy-cases": { type: "string", default: "100000" }, help: { type: "boolean", default: false } } });
+const { values } = parseArgs({ options: { cases: { type: "string", default: "100000" }, "policy-cases": { type: "string", default: "100000" }, "json-cases": { type: "string", default: "100000" }, help: { type: "boolean", default: false } } });
 if (values.help) {
-  process.stdout.write("usage: npm run fuzz -- [--cases N] [--policy-cases N]\n");
+  process.stdout.write("usage: npm run fuzz -- [--cases N] [--policy-cases N] [--json-cases N]\n");
   process.exit(0);
 }
 const logger = pino({ level: "silent" });
@@ -79,6 +79,8 @@ try {
   for (const [outcome, n] of Object.entries(report.outcomes).sort((a, b) => b[1] - a[1])) process.stdout.write(`  ${outcome.padEnd(20)} ${n}\n`);
   const policyCases = fuzzPolicyLoader(Number(values["policy-cases"]));
   process.stdout.write(`policy loader cases: ${policyCases}, every one a document or INVALID_POLICY\n`);
+  const jsonCases = fuzzJsonParser(Number(values["json-cases"]));
+  process.stdout.write(`JSON parser cases: ${jsonCases}, every one a tree JSON.parse agrees with, or INVALID_PAYLOAD\n`);
   process.stdout.write(`done in ${Math.round((Date.now() - started) / 1000)} s\n`);
 } catch (error) {
   // fast-check keeps the property's own error as the cause.
