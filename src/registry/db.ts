@@ -50,7 +50,7 @@ function bindingSettings(tenant: TenantBinding): [tenant: string, allTenants: "o
   return tenant === ALL_TENANTS ? ["", "on"] : [tenant, "off"];
 }
 
-const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config('idem.all_tenants', $2, true)";
+export const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config('idem.all_tenants', $2, true)";
 
 /**
  * BEGIN and the binding in one simple-protocol message (one round trip). The

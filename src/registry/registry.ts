@@ -384,7 +384,7 @@ export class Registry {
       const attempts = await loadAttempts(q, input.ref);
       if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
       const finished = await fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
-        FINISH, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]);
+        REQUEST_PATH_SQL.finish, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]);
       await failpoint("registry.complete.before-commit");
       return this.opened(finished);
     });
@@ -430,7 +430,7 @@ export class Registry {
         q,
         record,
         { caller: actor.caller, kind: "RECONCILED", detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
-        `${FINISH}, generation = generation + 1`,
+        `${REQUEST_PATH_SQL.finish}, generation = generation + 1`,
         [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot)],
       );
     });
@@ -491,7 +491,7 @@ export class Registry {
     };
   }
 
-  /** A stored snapshot's column values, in the order FINISH binds them; the body sealed when a key ring is configured. */
+  /** A stored snapshot's column values, in the order REQUEST_PATH_SQL.finish binds them; the body sealed when a key ring is configured. */
   private snapshotValues(record: StoredRecord, snapshot: Snapshot, digest = snapshotDigest(snapshot)): unknown[] {
     const sealed = this.keyring ? sealBody(snapshot.body, this.keyring, record.tenant, record.operationId) : undefined;
     return [
@@ -512,8 +512,7 @@ export class Registry {
     // FOR UPDATE serializes every write to one record; lock_timeout bounds the
     // wait so a stuck writer turns into REGISTRY_BUSY instead of a pile-up.
     const { rows } = await q.query(
-      `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
-        WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`,
+      REQUEST_PATH_SQL.lockRecord,
       [ref.tenant, ref.operationId],
     );
     const record = rows[0] ? toRecord(rows[0]) : undefined;
@@ -522,10 +521,53 @@ export class Registry {
   }
 }
 
-/** The terminal state: $7 the outcome, $8 the retention in ms, $9 to $16 the snapshot (Registry.snapshotValues). */
-const FINISH = `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
+/**
+ * The statements of the request path, by name: the benchmark's pgbench
+ * baseline (bench/sql.ts) runs exactly these.
+ */
+export const REQUEST_PATH_SQL = {
+  /** The whole of a Reserve of a new scope (insertOrFind). */
+  insertOrFind: `WITH active AS (
+       SELECT count(*) AS n FROM (
+         SELECT 1 FROM idem_record
+          WHERE tenant_id = $1 AND principal = $4 AND operation = $5 AND api_revision = $6
+            AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
+          LIMIT $14) capped
+     ), inserted AS (
+       INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                                fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
+       SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, 1, ${plusMs("$10")}, $11, $12
+         FROM active WHERE active.n < $14
+       ON CONFLICT (tenant_id, scope) DO NOTHING
+       RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
+       SELECT tenant_id, operation_id, operation, api_revision, 'ACCEPTED', generation, state, $13 FROM inserted
+     )
+     SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
+     UNION ALL
+     SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
+  /** Locks one record for the rest of the transaction (Registry.lockRecord). */
+  lockRecord: `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
+        WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`,
+  /** A record's effect attempts, read after its lock is held (loadAttempts). */
+  loadAttempts: `SELECT ${ATTEMPT_COLUMNS} FROM idem_effect_attempt
+      WHERE tenant_id = $1 AND operation_id = $2 ORDER BY attempt_number`,
+  /** An update fenced by generation, with its event (fencedUpdate); `set` may use $7 onwards. */
+  fencedUpdate: (set: string) => `WITH updated AS (
+       UPDATE idem_record SET ${set}, updated_at = now()
+        WHERE tenant_id = $1 AND operation_id = $2 AND generation = $3
+        RETURNING ${RECORD_COLUMNS}
+     ), logged AS (
+       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
+       SELECT tenant_id, operation_id, operation, api_revision, $4, generation, state, $5, $6 FROM updated
+     )
+     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+  /** The terminal state: $7 the outcome, $8 the retention in ms, $9 to $16 the snapshot (Registry.snapshotValues). */
+  finish: `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
   retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
-  snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15, snapshot_key_id = $16`;
+  snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15, snapshot_key_id = $16`,
+} as const;
 
 function refuseNotFound(): never {
   refuse("NOT_FOUND", "no such operation for this subject");
@@ -603,26 +645,7 @@ interface NewRecord {
  */
 async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean } | undefined> {
   const { rows } = await q.query(
-    `WITH active AS (
-       SELECT count(*) AS n FROM (
-         SELECT 1 FROM idem_record
-          WHERE tenant_id = $1 AND principal = $4 AND operation = $5 AND api_revision = $6
-            AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-          LIMIT $14) capped
-     ), inserted AS (
-       INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
-                                fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
-       SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, 1, ${plusMs("$10")}, $11, $12
-         FROM active WHERE active.n < $14
-       ON CONFLICT (tenant_id, scope) DO NOTHING
-       RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, operation, api_revision, 'ACCEPTED', generation, state, $13 FROM inserted
-     )
-     SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
-     UNION ALL
-     SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
+    REQUEST_PATH_SQL.insertOrFind,
     [r.tenant, Buffer.from(r.scope), r.operationId, r.principal, r.operation, r.apiRevision, r.schemaRevision,
      Buffer.from(r.fingerprint), r.state, r.leaseMs, r.acquisitionId, r.writerEpoch, r.caller, r.quota],
   );
@@ -730,15 +753,7 @@ interface EventFacts {
  */
 async function fencedUpdate(q: Queryable, record: StoredRecord, event: EventFacts, set: string, values: unknown[]): Promise<StoredRecord> {
   const { rows } = await q.query(
-    `WITH updated AS (
-       UPDATE idem_record SET ${set}, updated_at = now()
-        WHERE tenant_id = $1 AND operation_id = $2 AND generation = $3
-        RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
-       SELECT tenant_id, operation_id, operation, api_revision, $4, generation, state, $5, $6 FROM updated
-     )
-     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+    REQUEST_PATH_SQL.fencedUpdate(set),
     [record.tenant, record.operationId, record.generation, event.kind, event.caller, JSON.stringify(event.detail ?? {}), ...values],
   );
   if (rows.length !== 1) {
@@ -763,8 +778,7 @@ async function appendEvent(q: Queryable, record: StoredRecord, event: EventFacts
  */
 async function loadAttempts(q: Queryable, ref: OperationRef): Promise<StoredAttempt[]> {
   const { rows } = await q.query(
-    `SELECT ${ATTEMPT_COLUMNS} FROM idem_effect_attempt
-      WHERE tenant_id = $1 AND operation_id = $2 ORDER BY attempt_number`,
+    REQUEST_PATH_SQL.loadAttempts,
     [ref.tenant, ref.operationId],
   );
   return rows.map(toAttempt);

@@ -1,0 +1,281 @@
+/**
+ * The result of a run (also its JSON file) and how it is printed: an aligned
+ * table for the terminal, or Markdown for docs/benchmark.md.
+ */
+import type { Summary } from "./load.js";
+
+export interface Row {
+  mode: "closed" | "open";
+  /** Closed loop: concurrent callers. Open model: callers the arrivals are spread over (most in flight). */
+  concurrency: number;
+  /** Open model: the arrival rate asked for, and which fraction of the best closed-loop coordinator throughput it is. */
+  offeredPerSec?: number;
+  fraction?: number;
+  coordinator: Summary;
+  /** null when pgbench is not installed or its run failed before measuring. */
+  pgbench: Summary | null;
+  noop: Summary;
+  ratios: {
+    /** coordinator ops/s ÷ pgbench ops/s (1 = as fast as the bare SQL). */
+    throughputVsPgbench: number | null;
+    /** coordinator P99 ÷ pgbench P99 (1 = no added tail latency). */
+    p99VsPgbench: number | null;
+    throughputVsNoop: number;
+    p99VsNoop: number;
+  };
+}
+
+export interface StatementShare {
+  /** The step of an operation (reserve, begin, lock, attempts, finish, commit) or the statement's text. */
+  statement: string;
+  perCall: number;
+  /** Mean execution time in the database, ms. */
+  meanMs: number;
+}
+
+/** What one RPC (or one pgbench transaction) costs in the database, means over the counted calls. */
+export interface RpcCost {
+  calls: number;
+  /** Round trips on the wire (Query + Sync messages) per call. */
+  roundTrips?: number;
+  /** Top-level statements per call (pg_stat_statements). */
+  statements?: number;
+  /** Execution time of those statements per call, ms. */
+  databaseMs?: number;
+  statementList?: StatementShare[];
+  /** As the client saw it, sequential calls (concurrency 1), ms. */
+  clientMs: number;
+  /** Inside the server: the coordinator's own RPC timer (idem_rpc_duration_seconds), ms. */
+  handlerMs?: number;
+}
+
+export interface RoundTrips {
+  available: boolean;
+  method?: string;
+  reason?: string;
+  wireNote?: string;
+  reserve?: RpcCost;
+  complete?: RpcCost;
+  /** The pgbench transaction (Reserve's and Complete's SQL); null when pgbench did not run. */
+  pgbench?: (Omit<RpcCost, "calls" | "clientMs" | "handlerMs"> & { sameStatements?: boolean }) | null;
+}
+
+export interface BenchResult {
+  benchmark: "idempotency-coordinator";
+  version: 1;
+  startedAt: string;
+  finishedAt: string;
+  durationSec: number;
+  command: string;
+  options: Record<string, unknown>;
+  machine: Record<string, unknown>;
+  database: { embedded: boolean; version: string; settings: Record<string, string>; pgStatStatements: boolean };
+  server: { mode: string; environment: Record<string, string> };
+  loadGenerator: Record<string, unknown>;
+  pgbench: { path: string; version: string; command?: string; tenantBinding?: boolean; role?: string } | { skipped: string };
+  rows: Row[];
+  roundTrips: RoundTrips;
+  notes: string[];
+}
+
+const ms = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? "-" : v < 10 ? v.toFixed(2) : v < 100 ? v.toFixed(1) : v.toFixed(0));
+const rate = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? "-" : v.toFixed(0));
+const ratio = (v: number | null | undefined) => (v === null || v === undefined || !Number.isFinite(v) ? "-" : v.toFixed(2));
+
+const HEADERS = [
+  "mode", "conc", "offered/s",
+  "coord ops/s", "p50 ms", "p99 ms",
+  "pgbench ops/s", "p50 ms", "p99 ms",
+  "no-op ops/s", "p50 ms", "p99 ms",
+  "c/pgb ops", "c/pgb p99", "c/no-op ops", "c/no-op p99",
+];
+
+function cells(row: Row): string[] {
+  const mode = row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`;
+  const s = (x: Summary | null) => [rate(x?.opsPerSec), ms(x?.p50Ms), ms(x?.p99Ms)];
+  return [
+    mode, row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency), row.offeredPerSec ? rate(row.offeredPerSec) : "-",
+    ...s(row.coordinator), ...s(row.pgbench), ...s(row.noop),
+    ratio(row.ratios.throughputVsPgbench), ratio(row.ratios.p99VsPgbench), ratio(row.ratios.throughputVsNoop), ratio(row.ratios.p99VsNoop),
+  ];
+}
+
+/** Columns aligned (text left, numbers right), with a rule under the header. */
+export function aligned(headers: string[], rows: string[][]): string {
+  const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
+  const line = (r: string[]) =>
+    r.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  ").trimEnd();
+  return [line(headers), widths.map((w) => "-".repeat(w)).join("  "), ...rows.map(line)].join("\n");
+}
+
+function markdownTable(headers: string[], rows: string[][]): string {
+  const line = (r: string[]) => `| ${r.join(" | ")} |`;
+  return [line(headers), `|${headers.map((_, i) => (i === 0 ? "---" : "---:")).join("|")}|`, ...rows.map(line)].join("\n");
+}
+
+const CPU_HEADERS = ["mode", "conc", "coord: server", "postgres", "client", "pgbench: postgres", "pgbench", "no-op: server", "client", "max total"];
+
+/** Cores busy on average during each phase, by process (a sum near the core count: the phase was CPU-bound). */
+function cpuCells(row: Row): string[] | undefined {
+  const c = row.coordinator.cpu;
+  const p = row.pgbench?.cpu;
+  const n = row.noop.cpu;
+  if (!c && !p && !n) return undefined;
+  const f = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(2));
+  const sum = (u: typeof c) => (u ? (u.coordinator ?? 0) + (u.postgres ?? 0) + u.client : 0);
+  return [
+    row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`,
+    row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency),
+    f(c?.coordinator), f(c?.postgres), f(c?.client),
+    f(p?.postgres), f(p?.client),
+    f(n?.coordinator), f(n?.client),
+    Math.max(sum(c), sum(p), sum(n)).toFixed(2),
+  ];
+}
+
+function cpuRows(result: BenchResult): string[][] {
+  return result.rows.map(cpuCells).filter((r): r is string[] => r !== undefined);
+}
+
+const CPU_PER_OP_HEADERS = ["mode", "conc", "coord: server", "postgres", "client", "pgbench: postgres", "pgbench", "no-op: server", "client"];
+
+/** CPU milliseconds per operation, by process: cores busy over the phase ÷ operations per second. */
+function cpuPerOpRows(result: BenchResult): string[][] {
+  const per = (cores: number | undefined, s: Summary | null) => (cores === undefined || !s || s.opsPerSec <= 0 ? "-" : ((cores * 1000) / s.opsPerSec).toFixed(2));
+  return result.rows
+    .filter((row) => row.coordinator.cpu || row.noop.cpu)
+    .map((row) => [
+      row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`,
+      row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency),
+      per(row.coordinator.cpu?.coordinator, row.coordinator), per(row.coordinator.cpu?.postgres, row.coordinator), per(row.coordinator.cpu?.client, row.coordinator),
+      per(row.pgbench?.cpu?.postgres, row.pgbench), per(row.pgbench?.cpu?.client, row.pgbench),
+      per(row.noop.cpu?.coordinator, row.noop), per(row.noop.cpu?.client, row.noop),
+    ]);
+}
+
+function errorLines(result: BenchResult): string[] {
+  const lines: string[] = [];
+  for (const row of result.rows) {
+    const label = row.mode === "closed" ? `closed c=${row.concurrency}` : `open ${Math.round((row.fraction ?? 0) * 100)}%`;
+    for (const [side, s] of [["coordinator", row.coordinator], ["pgbench", row.pgbench], ["no-op", row.noop]] as const) {
+      if (s && s.errors > 0) lines.push(`${label} ${side}: ${s.errors} failed (${s.firstError ?? "?"})`);
+    }
+  }
+  return lines;
+}
+
+const n2 = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(2));
+
+/** The order a transaction sends its statements in: BEGIN, anything else (the tenant binding), the registry's statements, COMMIT. */
+export function statementRank(name: string): number {
+  return ["begin", "", "reserve", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
+}
+
+function roundTripLines(rt: RoundTrips): string[] {
+  if (!rt.available || !rt.reserve || !rt.complete) return [`round trips: unavailable (${rt.reason ?? "not measured"})`];
+  const one = (name: string, c: RpcCost | NonNullable<RoundTrips["pgbench"]>) => {
+    const list = (c.statementList ?? []).map((s) => `${s.statement} ${s.perCall.toFixed(2)}`).join(", ");
+    const times = "clientMs" in c ? `; client ${c.clientMs.toFixed(2)} ms${c.handlerMs !== undefined ? `, in the server ${c.handlerMs.toFixed(2)} ms` : ""}` : "";
+    return [
+      `  ${name.padEnd(9)} ${n2(c.roundTrips)} round trips, ${n2(c.statements)} statements, database execution ${c.databaseMs === undefined ? "-" : c.databaseMs.toFixed(3)} ms${times}`,
+      ...(list ? [`            ${list}`] : []),
+    ];
+  };
+  return [
+    `database round trips per RPC (${rt.method}):`,
+    ...one("Reserve", rt.reserve),
+    ...one("Complete", rt.complete),
+    ...(rt.pgbench
+      ? [
+          ...one("pgbench", rt.pgbench),
+          ...(rt.pgbench.sameStatements === undefined
+            ? []
+            : [`  pgbench ran ${rt.pgbench.sameStatements ? "the same statements as" : "NOT the same statements as"} Reserve + Complete`]),
+        ]
+      : []),
+    ...(rt.reason ? [`  ${rt.reason}`] : []),
+    ...(rt.wireNote ? [`  ${rt.wireNote}`] : []),
+  ];
+}
+
+function factLines(result: BenchResult): string[] {
+  const m = result.machine;
+  const settings = result.database.settings;
+  return [
+    `machine: ${m.cpus} × ${m.cpuModel}, ${m.memoryGb} GB, ${m.os}; load average ${(m.loadAverageBefore as number[]).map((n) => n.toFixed(2)).join(" ")} before, ${(m.loadAverageAfter as number[]).map((n) => n.toFixed(2)).join(" ")} after`,
+    `node ${m.node}; ${result.database.version.split(" on ")[0]} (${result.database.embedded ? "embedded, dedicated to this run" : "--database-url"}); ${
+      "version" in result.pgbench
+        ? `${result.pgbench.version}${result.pgbench.tenantBinding ? ", transactions bound to the tenant" : ""}${result.pgbench.role ? `, as role ${result.pgbench.role}` : ""}`
+        : `pgbench skipped: ${result.pgbench.skipped}`
+    }`,
+    `database: fsync=${settings.fsync} synchronous_commit=${settings.synchronous_commit} shared_buffers=${settings.shared_buffers} max_connections=${settings.max_connections} (the same server and settings for every side)`,
+    `coordinator: ${result.server.mode === "process" ? "separate process (node --import tsx src/main.ts)" : "in the benchmark's process"}, registry pool ${result.server.environment.IDEM_DB_POOL_MAX} connections; load generator: ${result.loadGenerator.description}`,
+  ];
+}
+
+export function renderText(result: BenchResult): string {
+  const reserve = result.rows
+    .filter((r) => r.mode === "closed")
+    .map((r) => [String(r.concurrency), ms(r.coordinator.reserveP50Ms), ms(r.coordinator.reserveP99Ms), ms(r.coordinator.p50Ms), ms(r.coordinator.p99Ms)]);
+  const errors = errorLines(result);
+  return [
+    aligned(HEADERS, result.rows.map(cells)),
+    "",
+    "ops = one Reserve(claim) + one Complete (coordinator), the same SQL in one pgbench transaction, two Health/Check RPCs (no-op).",
+    "c/pgb, c/no-op: coordinator ÷ baseline, measured side by side in this run (ops: <1 is slower; p99: >1 is slower).",
+    "",
+    aligned(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserve),
+    "",
+    ...(cpuRows(result).length
+      ? [
+          `cores busy on average per phase (${result.machine.cpus} cores; client = load generator or pgbench):`,
+          aligned(CPU_HEADERS, cpuRows(result)),
+          "",
+          "CPU ms per operation (cores busy ÷ ops/s):",
+          aligned(CPU_PER_OP_HEADERS, cpuPerOpRows(result)),
+          "",
+        ]
+      : []),
+    ...roundTripLines(result.roundTrips),
+    "",
+    ...factLines(result),
+    ...(errors.length ? ["", "errors:", ...errors.map((e) => `  ${e}`)] : []),
+  ].join("\n");
+}
+
+export function renderMarkdown(result: BenchResult): string {
+  const reserve = result.rows
+    .filter((r) => r.mode === "closed")
+    .map((r) => [String(r.concurrency), ms(r.coordinator.reserveP50Ms), ms(r.coordinator.reserveP99Ms), ms(r.coordinator.p50Ms), ms(r.coordinator.p99Ms)]);
+  const rt = result.roundTrips;
+  const costRow = (name: string, c: RpcCost | NonNullable<RoundTrips["pgbench"]> | undefined) =>
+    c
+      ? [name, n2(c.roundTrips), n2(c.statements), c.databaseMs === undefined ? "-" : c.databaseMs.toFixed(3), "clientMs" in c ? c.clientMs.toFixed(2) : "-", "handlerMs" in c ? ms(c.handlerMs) : "-"]
+      : undefined;
+  const costs = [costRow("Reserve", rt.reserve), costRow("Complete", rt.complete), costRow("pgbench transaction", rt.pgbench ?? undefined)].filter(
+    (r): r is string[] => r !== undefined,
+  );
+  const statementNames = [...new Set([...(rt.reserve?.statementList ?? []), ...(rt.complete?.statementList ?? []), ...(rt.pgbench?.statementList ?? [])].map((s) => s.statement))].sort(
+    (a, b) => statementRank(a) - statementRank(b),
+  );
+  const per = (c: { statementList?: StatementShare[] } | null | undefined, name: string) => {
+    const s = c?.statementList?.find((x) => x.statement === name);
+    return s ? `${s.perCall.toFixed(2)} (${s.meanMs.toFixed(3)} ms)` : "-";
+  };
+  const statementRows = statementNames.map((name) => [`\`${name}\``, per(rt.reserve, name), per(rt.complete, name), per(rt.pgbench, name)]);
+  return [
+    markdownTable(HEADERS, result.rows.map(cells)),
+    "",
+    markdownTable(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserve),
+    "",
+    ...(cpuRows(result).length ? [markdownTable(CPU_HEADERS, cpuRows(result)), "", markdownTable(CPU_PER_OP_HEADERS, cpuPerOpRows(result)), ""] : []),
+    ...(costs.length
+      ? [markdownTable(["per call", "round trips", "statements", "database ms", "client ms", "server ms"], costs), ""]
+      : [`round trips: unavailable (${rt.reason ?? "not measured"})`, ""]),
+    ...(statementRows.length
+      ? [markdownTable(["statement (pg_stat_statements)", "per Reserve (mean exec)", "per Complete (mean exec)", "per pgbench transaction (mean exec)"], statementRows), ""]
+      : []),
+    "",
+    ...factLines(result).map((l) => `- ${l}`),
+  ].join("\n");
+}

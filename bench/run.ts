@@ -1,0 +1,709 @@
+/**
+ * `npm run bench`: the coordinator's Reserve + Complete measured side by side
+ * with the same SQL driven by pgbench and with a no-op RPC on the same
+ * server, on one machine and one database in one run. docs/benchmark.md
+ * explains what is measured and how to read it; `--help` lists the options.
+ */
+import type { ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import { join, relative } from "node:path";
+import { performance } from "node:perf_hooks";
+import pg from "pg";
+import pino from "pino";
+import { parsePolicyDocument } from "../src/policy/document.js";
+import { toOperationPolicy } from "../src/policy/operations.js";
+import { migrate } from "../src/registry/migrate.js";
+import { openClients, type BenchClients, type Protocol, type Reserved } from "./client.js";
+import { CpuMeter } from "./cpu.js";
+import { databaseFacts, enableStatements, readStatements, resetStatements, settle, startDatabase, type BenchDatabase, type StatementCount } from "./database.js";
+import { closedLoop, openLoop, summarize, type Phase, type Sample, type Summary } from "./load.js";
+import { findPgbench, runPgbench, runPgbenchTransactions, type Pgbench } from "./pgbench.js";
+import { renderMarkdown, renderText, statementRank, type BenchResult, type RoundTrips, type Row, type RpcCost, type StatementShare } from "./report.js";
+import { CountingProxy } from "./roundtrips.js";
+import { ROOT, startServer, type BenchServer } from "./server.js";
+import { pgbenchScript, type OperationValues } from "./sql.js";
+
+const HELP = `npm run bench [-- options]
+
+Measures Reserve(claim) + Complete through the coordinator (gRPC over HTTP/2,
+coordinator in its own process) side by side with the same SQL driven by
+pgbench and with a no-op RPC (grpc.health.v1.Health/Check) on the same server:
+closed loop at several concurrencies, then open model (Poisson arrivals) at
+fractions of the best closed-loop throughput. Counts database round trips per
+RPC (on the wire, through a counting proxy) and statements (pg_stat_statements).
+Prints a table and writes JSON.
+
+  --quick                 under a minute: concurrency 1,16; 1 s warm-up, 2 s measured; open at 80%
+  --concurrency LIST      closed-loop concurrencies (default 1,8,32,64)
+  --duration S            measured seconds per phase (default 4; quick 2)
+  --warmup S              unmeasured seconds before each phase (default 2; quick 1)
+  --open LIST|none        open-model rates as fractions of the best closed-loop
+                          coordinator throughput (default 0.5,0.8; quick 0.8)
+  --durable               synchronous_commit=on (default off, fsync on): every
+                          COMMIT waits for the disk on both sides
+  --database-url URL      use this PostgreSQL instead of a dedicated embedded one
+                          (a scratch database: records are written; statements per
+                          RPC need pg_stat_statements preloaded there, round trips
+                          are counted on the wire regardless)
+  --pool-max N            the coordinator's registry pool (default 20, its default)
+  --connections N         HTTP/2 connections of the load generator (default 2)
+  --protocol grpc|connect gRPC, as the gateway SDK calls (default), or the Connect
+                          protocol (binary) over the same HTTP/2 connections
+  --in-process            run the coordinator in the benchmark's process
+  --round-trip-ops N      calls of each RPC counted for round trips (default 200; quick 50)
+  --out FILE              JSON output (default bench/results/latest.json)
+  --render FILE           print a saved JSON result again (add --markdown for Markdown)
+  --pgbench-script        print the generated pgbench script and exit
+  -h, --help              this text
+
+The default run takes about 3 minutes. pgbench is looked up in $PGBENCH,
+PATH and /usr/lib/postgresql/*/bin; without it the pgbench baseline is skipped.
+`;
+
+interface Options {
+  quick: boolean;
+  concurrency: number[];
+  warmupSec: number;
+  measureSec: number;
+  open: number[];
+  durable: boolean;
+  databaseUrl?: string;
+  poolMax: number;
+  connections: number;
+  protocol: "grpc" | "connect";
+  inProcess: boolean;
+  roundTripOps: number;
+  out: string;
+}
+
+
+class UsageError extends Error {}
+
+function parseArgs(argv: string[]): Options | { render: string; markdown: boolean } | "help" | "script" {
+  const quick = argv.includes("--quick");
+  const options: Options = {
+    quick,
+    concurrency: quick ? [1, 16] : [1, 8, 32, 64],
+    warmupSec: quick ? 1 : 2,
+    measureSec: quick ? 2 : 4,
+    open: quick ? [0.8] : [0.5, 0.8],
+    durable: false,
+    poolMax: 20,
+    connections: 2,
+    protocol: "grpc",
+    inProcess: false,
+    roundTripOps: quick ? 50 : 200,
+    out: join(ROOT, "bench", "results", "latest.json"),
+  };
+  let render: string | undefined;
+  let markdown = false;
+  const positive = (flag: string, raw: string | undefined, max: number) => {
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < 1 || n > max) throw new UsageError(`${flag} needs a whole number from 1 to ${max}, got '${raw ?? ""}'`);
+    return n;
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const value = () => {
+      const v = argv[++i];
+      if (v === undefined || v.startsWith("--")) throw new UsageError(`${arg} needs a value`);
+      return v;
+    };
+    switch (arg) {
+      case "-h":
+      case "--help":
+        return "help";
+      case "--pgbench-script":
+        return "script";
+      case "--quick":
+        break;
+      case "--concurrency":
+        options.concurrency = value().split(",").map((c) => positive("--concurrency", c, 1000));
+        break;
+      case "--duration":
+        options.measureSec = positive("--duration", value(), 3600);
+        break;
+      case "--warmup": {
+        const raw = value();
+        const n = Number(raw);
+        if (!Number.isInteger(n) || n < 0 || n > 600) throw new UsageError(`--warmup needs a whole number of seconds from 0 to 600, got '${raw}'`);
+        options.warmupSec = n;
+        break;
+      }
+      case "--open": {
+        const raw = value();
+        options.open =
+          raw === "none"
+            ? []
+            : raw.split(",").map((f) => {
+                const n = Number(f);
+                if (!(n > 0 && n <= 2)) throw new UsageError(`--open takes fractions above 0 (e.g. 0.5,0.8), got '${f}'`);
+                return n;
+              });
+        break;
+      }
+      case "--durable":
+        options.durable = true;
+        break;
+      case "--database-url": {
+        const url = value();
+        if (!/^postgres(ql)?:\/\//.test(url)) throw new UsageError("--database-url must be a postgres:// connection string");
+        options.databaseUrl = url;
+        break;
+      }
+      case "--pool-max":
+        options.poolMax = positive("--pool-max", value(), 1000);
+        break;
+      case "--connections":
+        options.connections = positive("--connections", value(), 64);
+        break;
+      case "--protocol": {
+        const protocol = value();
+        if (protocol !== "grpc" && protocol !== "connect") throw new UsageError(`--protocol is grpc or connect, got '${protocol}'`);
+        options.protocol = protocol;
+        break;
+      }
+      case "--in-process":
+        options.inProcess = true;
+        break;
+      case "--round-trip-ops":
+        options.roundTripOps = positive("--round-trip-ops", value(), 100_000);
+        break;
+      case "--out":
+        options.out = value();
+        break;
+      case "--render":
+        render = value();
+        break;
+      case "--markdown":
+        markdown = true;
+        break;
+      default:
+        throw new UsageError(`unknown option '${arg}' (see --help)`);
+    }
+  }
+  if (render) return { render, markdown };
+  return options;
+}
+
+// ---------------------------------------------------------------------------
+// Process lifetime: every child and the database are stopped on any exit.
+
+
+// ---------------------------------------------------------------------------
+// Process lifetime: every child and the database are stopped on any exit.
+
+const started = performance.now();
+const progress = (line: string) => process.stdout.write(`[${((performance.now() - started) / 1000).toFixed(0).padStart(4)}s] ${line}\n`);
+/** Run last-in first-out on any exit. */
+const cleanups: Array<{ name: string; run: () => Promise<void> }> = [];
+/** The running pgbench, if any (the coordinators and the database are stopped by their cleanups). */
+const children = new Set<ChildProcess>();
+const abort = new AbortController();
+let firstSignalAt: number | undefined;
+/**
+ * The load generator's HTTP/2 sessions, closed first on any stop: a session
+ * still open when a coordinator says GOAWAY fails with an error nobody
+ * listens for.
+ */
+const clientSets = new Set<BenchClients>();
+const closeClients = () => clientSets.forEach((c) => c.close());
+
+class Aborted extends Error {}
+const checkpoint = () => {
+  if (abort.signal.aborted) throw new Aborted("interrupted");
+};
+
+function onSignal(signal: NodeJS.Signals): void {
+  if (firstSignalAt === undefined) {
+    firstSignalAt = Date.now();
+    progress(`${signal}: stopping the run; cleaning up (pgbench, coordinator, database)…`);
+    abort.abort();
+    closeClients();
+    for (const child of children) child.kill("SIGINT");
+  } else if (Date.now() - firstSignalAt > 1000) {
+    progress("still cleaning up: the coordinator and the database are being stopped");
+  }
+}
+
+async function cleanup(): Promise<void> {
+  closeClients();
+  while (cleanups.length > 0) {
+    const { name, run } = cleanups.pop()!;
+    await run().catch((error: unknown) => progress(`cleanup of ${name} failed: ${(error as Error).message}`));
+  }
+  // Whatever is left (a pgbench interrupted mid-run): gone for good.
+  for (const child of children) child.kill("SIGKILL");
+}
+
+function trackChild(): (child: ChildProcess | undefined) => void {
+  let current: ChildProcess | undefined;
+  return (child) => {
+    if (current) children.delete(current);
+    if (child) children.add(child);
+    current = child;
+  };
+}
+
+// ---------------------------------------------------------------------------
+
+const TENANT = "bench";
+const OPERATION = "payments.create";
+
+function operationValues(): OperationValues {
+  // payments.create@1 with every default, as the coordinator publishes it (IDEM_OPERATIONS).
+  const policy = toOperationPolicy(parsePolicyDocument({ operation: OPERATION, apiRevision: 1 }));
+  return {
+    tenant: TENANT,
+    principal: "bench-user",
+    operation: OPERATION,
+    apiRevision: 1,
+    schemaRevision: policy.fingerprint.schemaRevision,
+    leaseMs: policy.lease.defaultMs,
+    keepMs: policy.retention.keepMs,
+    quota: policy.maxActivePerPrincipal,
+    caller: "bench-gateway",
+    keyId: "bench",
+    snapshot: {
+      statusCode: 201,
+      mediaType: "application/json",
+      body: new TextEncoder().encode(JSON.stringify({ id: "pay_000000000001", amount: 10, currency: "EUR", status: "succeeded" })),
+    },
+  };
+}
+
+/** Sum and count of the coordinator's own RPC timer (idem_rpc_duration_seconds on /metrics), by method. */
+async function handlerTimes(adminUrl: string): Promise<Map<string, { sum: number; count: number }>> {
+  const times = new Map<string, { sum: number; count: number }>();
+  const text = await fetch(`${adminUrl}/metrics`).then((r) => r.text(), () => "");
+  for (const m of text.matchAll(/^idem_rpc_duration_seconds_(sum|count)\{[^}]*method="(\w+)"[^}]*code="ok"[^}]*\} (\S+)$/gm)) {
+    const entry = times.get(m[2]!) ?? { sum: 0, count: 0 };
+    entry[m[1] as "sum" | "count"] += Number(m[3]);
+    times.set(m[2]!, entry);
+  }
+  return times;
+}
+
+/** Mean server-side time of a method between two scrapes, in ms (undefined without /metrics). */
+function handlerMean(before: Map<string, { sum: number; count: number }>, after: Map<string, { sum: number; count: number }>, method: string): number | undefined {
+  const a = after.get(method);
+  const b = before.get(method) ?? { sum: 0, count: 0 };
+  if (!a || a.count <= b.count) return undefined;
+  return ((a.sum - b.sum) / (a.count - b.count)) * 1000;
+}
+
+/** pg_stat_statements rows as statements per call, in the order a transaction sends them. */
+function shares(rows: StatementCount[], calls: number): StatementShare[] {
+  const byName = new Map<string, { calls: number; totalMs: number }>();
+  for (const r of rows) {
+    const entry = byName.get(r.name) ?? { calls: 0, totalMs: 0 };
+    entry.calls += r.calls;
+    entry.totalMs += r.totalMs;
+    byName.set(r.name, entry);
+  }
+  return [...byName]
+    .map(([statement, e]) => ({ statement, perCall: e.calls / calls, meanMs: e.calls ? e.totalMs / e.calls : 0 }))
+    .sort((a, b) => statementRank(a.statement) - statementRank(b.statement) || b.perCall - a.perCall);
+}
+
+function line(label: string, s: Summary | null): string {
+  if (!s) return `${label}: skipped`;
+  const errors = s.errors ? `, ${s.errors} failed (${s.firstError})` : "";
+  const cores = s.cpu
+    ? `; cores busy: ${[["coordinator", s.cpu.coordinator], ["postgres", s.cpu.postgres], ["client", s.cpu.client]]
+        .filter(([, v]) => v !== undefined && (v as number) >= 0.005)
+        .map(([name, v]) => `${name} ${(v as number).toFixed(2)}`)
+        .join(", ")}`
+    : "";
+  return `${label.padEnd(34)} ${s.opsPerSec.toFixed(0).padStart(6)} ops/s  p50 ${s.p50Ms.toFixed(2).padStart(7)} ms  p99 ${s.p99Ms.toFixed(2).padStart(7)} ms  (${s.count} ops${errors}${cores})`;
+}
+
+interface Context {
+  options: Options;
+  database: BenchDatabase;
+  statements: { available: true } | { available: false; reason: string };
+  values: OperationValues;
+  token: string;
+  pgbench: Pgbench | undefined;
+  scriptFile: string;
+  variables: Record<string, string>;
+  /** The role the coordinator's registry connections act as: pgbench acts as it too. */
+  role?: string;
+}
+
+/** A coordinator with its clients, stopped on any exit. */
+async function coordinator(ctx: Context, label: string, databaseUrl: string, extraEnvironment?: Record<string, string>): Promise<{ server: BenchServer; clients: BenchClients; stop(): Promise<void> }> {
+  const server = await startServer({
+    databaseUrl,
+    token: ctx.token,
+    callerName: ctx.values.caller,
+    tenant: TENANT,
+    operation: OPERATION,
+    apiRevision: ctx.values.apiRevision,
+    keyId: ctx.values.keyId,
+    poolMax: ctx.options.poolMax,
+    inProcess: ctx.options.inProcess,
+    ...(extraEnvironment ? { extraEnvironment } : {}),
+  });
+  const clients = openClients({ baseUrl: server.baseUrl, token: ctx.token, connections: ctx.options.connections, protocol: ctx.options.protocol as Protocol, values: ctx.values });
+  clientSets.add(clients);
+  const stop = async () => {
+    clients.close();
+    clientSets.delete(clients);
+    await server.stop();
+  };
+  cleanups.push({ name: label, run: stop });
+  return { server, clients, stop };
+}
+
+/**
+ * Round trips and statements per Reserve and per Complete, and per pgbench
+ * transaction: K sequential calls each, through a coordinator of their own
+ * whose database connections go through a counting proxy and whose
+ * background jobs are parked, so that everything counted is the RPCs'.
+ */
+async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<RoundTrips> {
+  const k = ctx.options.roundTripOps;
+  const target = new URL(ctx.database.url);
+  const proxy = await CountingProxy.start({ host: target.hostname, port: Number(target.port || 5432) });
+  cleanups.push({ name: "the counting proxy", run: () => proxy.close() });
+  const counting = await coordinator(ctx, "the counting coordinator", proxy.url(ctx.database.url), {
+    IDEM_RECOVERER_INTERVAL_MS: "3600000",
+    IDEM_SWEEP_INTERVAL_MS: "86400000",
+    IDEM_POLICY_REFRESH_MS: "600000",
+    IDEM_MIGRATE_ON_BOOT: "false",
+  });
+  const { clients, server } = counting;
+  for (let i = 0; i < 20; i++) await clients.operation(0); // opens the pool's connection, warms the paths
+  checkpoint();
+
+  const statementsOn = ctx.statements.available;
+  const measure = async <T>(method: string, work: () => Promise<T>): Promise<{ result: T; cost: Omit<RpcCost, "clientMs"> }> => {
+    const before = await handlerTimes(server.adminUrl);
+    if (statementsOn) await resetStatements(ctx.database.url);
+    proxy.reset();
+    const result = await work();
+    const wire = proxy.read();
+    const rows = statementsOn ? await readStatements(ctx.database.url) : [];
+    const after = await handlerTimes(server.adminUrl);
+    checkpoint();
+    const list = shares(rows, k);
+    const handlerMs = handlerMean(before, after, method);
+    return {
+      result,
+      cost: {
+        calls: k,
+        ...(wire.encrypted === 0 ? { roundTrips: wire.roundTrips / k } : {}),
+        ...(statementsOn
+          ? { statements: list.reduce((a, s) => a + s.perCall, 0), databaseMs: rows.reduce((a, r) => a + r.totalMs, 0) / k, statementList: list }
+          : {}),
+        ...(handlerMs !== undefined ? { handlerMs } : {}),
+      },
+    };
+  };
+
+  const reserved: Reserved[] = [];
+  const reserve = await measure("Reserve", async () => {
+    const t0 = performance.now();
+    for (let i = 0; i < k; i++) {
+      checkpoint();
+      reserved.push(await clients.reserve(0));
+    }
+    return (performance.now() - t0) / k;
+  });
+  const complete = await measure("Complete", async () => {
+    const t0 = performance.now();
+    for (const r of reserved) {
+      checkpoint();
+      await clients.complete(0, r);
+    }
+    return (performance.now() - t0) / k;
+  });
+  await counting.stop();
+
+  let pgbenchCost: RoundTrips["pgbench"] = null;
+  if (usePgbench) {
+    const pgb = await measure("-", async () =>
+      runPgbenchTransactions(
+        { bin: ctx.pgbench!.path, databaseUrl: proxy.url(ctx.database.url), ...(ctx.role ? { role: ctx.role } : {}) },
+        ctx.scriptFile,
+        ctx.variables,
+        k,
+        trackChild(),
+      ),
+    );
+    if (pgb.result.ok) {
+      const { calls: _calls, handlerMs: _handler, ...cost } = pgb.cost;
+      const coordinatorStatements = new Map<string, number>();
+      for (const s of [...(reserve.cost.statementList ?? []), ...(complete.cost.statementList ?? [])]) {
+        coordinatorStatements.set(s.statement, (coordinatorStatements.get(s.statement) ?? 0) + s.perCall);
+      }
+      const pgbenchStatements = new Map((cost.statementList ?? []).map((s) => [s.statement, s.perCall]));
+      const names = new Set([...coordinatorStatements.keys(), ...pgbenchStatements.keys()]);
+      pgbenchCost = {
+        ...cost,
+        ...(statementsOn
+          ? { sameStatements: [...names].every((n) => Math.abs((coordinatorStatements.get(n) ?? 0) - (pgbenchStatements.get(n) ?? 0)) < 0.02) }
+          : {}),
+      };
+    }
+  }
+  const wireOk = proxy.read().encrypted === 0;
+  await proxy.close();
+  return {
+    available: true,
+    method:
+      `${k} sequential calls of each RPC through a coordinator of their own (background jobs parked); round trips counted on the wire ` +
+      `(a proxy counting Query and Sync messages)${statementsOn ? ", statements and execution time by pg_stat_statements (top-level, BEGIN/COMMIT included)" : ""}`,
+    ...(statementsOn ? {} : { reason: `statements unavailable: ${(ctx.statements as { reason: string }).reason}` }),
+    ...(wireOk ? {} : { wireNote: "the database connection is encrypted: round trips could not be counted on the wire" }),
+    reserve: { ...reserve.cost, clientMs: reserve.result },
+    complete: { ...complete.cost, clientMs: complete.result },
+    pgbench: pgbenchCost,
+  };
+}
+
+async function run(options: Options, argv: string[]): Promise<BenchResult> {
+  const startedAt = new Date();
+  const loadBefore = os.loadavg();
+  const phases = options.concurrency.length * 3 + options.open.length * 3;
+  const estimate = phases * (options.warmupSec + options.measureSec + 1) + (options.concurrency.length + options.open.length) * 2 + 15 + options.roundTripOps * 0.06;
+  progress(`idempotency coordinator benchmark${options.quick ? " (quick)" : ""}: ${phases} phases of ${options.warmupSec} s warm-up + ${options.measureSec} s measured, about ${Math.round(estimate / 5) * 5} s`);
+  const logger = pino({ level: "warn" }, pino.destination(2));
+
+  const pgbench = await findPgbench();
+  let pgbenchSkipped = pgbench ? undefined : "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)";
+  progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgbenchSkipped}; the pgbench baseline is skipped`);
+
+  progress(options.databaseUrl ? "database: --database-url" : `starting a dedicated embedded PostgreSQL (synchronous_commit=${options.durable ? "on" : "off"}, fsync=on, pg_stat_statements)`);
+  const database = await startDatabase({ ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}), durable: options.durable, logger });
+  cleanups.push({ name: "the database", run: () => database.stop() });
+  checkpoint();
+  {
+    const pool = new pg.Pool({ connectionString: database.url, max: 1 });
+    pool.on("error", () => undefined);
+    try {
+      const applied = await migrate(pool, logger);
+      progress(`registry schema migrated (${applied.length ? `applied ${applied.join(", ")}` : "already current"})`);
+    } finally {
+      await pool.end();
+    }
+  }
+  const statements = await enableStatements(database.url);
+  if (!statements.available) progress(`statements per RPC will be reported as unavailable: ${statements.reason}`);
+  const facts = await databaseFacts(database.url);
+  progress(`${facts.version.split(" on ")[0]}: fsync=${facts.settings.fsync} synchronous_commit=${facts.settings.synchronous_commit}`);
+  checkpoint();
+
+  const values = operationValues();
+  const workDir = await mkdtemp(join(os.tmpdir(), "idem-bench-pgbench-"));
+  cleanups.push({ name: "pgbench's files", run: () => rm(workDir, { recursive: true, force: true }) });
+  const { script, variables } = pgbenchScript(values);
+  const scriptFile = join(workDir, "reserve-complete.sql");
+  await writeFile(scriptFile, script);
+  const ctx: Context = { options, database, statements, values, token: `bench_${randomBytes(24).toString("hex")}`, pgbench, scriptFile, variables };
+
+  const main = await coordinator(ctx, "the coordinator", database.url);
+  const { server, clients } = main;
+  if (server.databaseRole) ctx.role = server.databaseRole;
+  const pgbenchTarget = pgbench ? { bin: pgbench.path, databaseUrl: database.url, ...(ctx.role ? { role: ctx.role } : {}) } : undefined;
+  if (pgbench) {
+    progress(
+      "pgbench baseline: the registry's statements, each transaction bound to its tenant as src/registry/db.ts does" +
+        `${ctx.role ? `, acting as role ${ctx.role} like the coordinator` : ""}`,
+    );
+  }
+  progress(`coordinator serving on ${server.baseUrl} (${server.mode === "process" ? `separate process, pid ${server.pid}` : "in this process"}, registry pool ${options.poolMax})`);
+  await clients.operation(0);
+  await clients.noop(0);
+  checkpoint();
+
+  // pgbench runs the same statements in one transaction script, checked once before it is timed.
+  const onPgbench = trackChild();
+  if (pgbench) {
+    const check = await runPgbenchTransactions(pgbenchTarget!, scriptFile, variables, 3, onPgbench);
+    if (!check.ok) {
+      pgbenchSkipped = `the pgbench script failed: ${check.output.trim().split("\n").slice(-4).join(" | ")}`;
+      progress(`${pgbenchSkipped}; the pgbench baseline is skipped`);
+    }
+  }
+  const usePgbench = pgbench !== undefined && pgbenchSkipped === undefined;
+  checkpoint();
+
+  // Every path warmed up once (JIT, connection pools, caches) before anything is measured.
+  const warmSec = options.quick ? 1 : 2;
+  progress(`warming up: ${warmSec} s of coordinator and no-op calls${usePgbench ? ", 100 pgbench transactions" : ""} (not measured)`);
+  const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };
+  await closedLoop(4, warm, clients.operation);
+  await closedLoop(4, warm, clients.noop);
+  if (usePgbench) await runPgbenchTransactions(pgbenchTarget!, scriptFile, variables, 100, onPgbench);
+  checkpoint();
+
+  const phase = (): Phase => ({ warmupMs: options.warmupSec * 1000, measureMs: options.measureSec * 1000, signal: abort.signal });
+  let logRun = 0;
+  let pgbenchCommand: string | undefined;
+  const pgbenchPhase = async (clientCount: number, rate?: number): Promise<Summary | null> => {
+    if (!usePgbench) return null;
+    const result = await runPgbench({
+      ...pgbenchTarget!,
+      scriptFile,
+      variables,
+      clients: clientCount,
+      ...(rate !== undefined ? { rate } : {}),
+      warmupMs: options.warmupSec * 1000,
+      measureMs: options.measureSec * 1000,
+      logDir: workDir,
+      logPrefix: `run${++logRun}`,
+      onChild: onPgbench,
+    });
+    pgbenchCommand ??= result.command;
+    checkpoint();
+    return summarize(result);
+  };
+  const cpu = new CpuMeter(server.mode === "process" ? server.pid : undefined, database.postmasterPid);
+  const timed = async (label: string, work: () => Promise<Sample | Summary | null>): Promise<Summary | null> => {
+    // A quick run's tables stay small: it skips the vacuum and checkpoint between phases.
+    if (!options.quick) await settle(database.url);
+    checkpoint();
+    const before = cpu.snapshot();
+    const outcome = await work();
+    const use = CpuMeter.between(before, await cpu.settledSnapshot(performance.now()));
+    checkpoint();
+    const summary = outcome && "latencies" in outcome ? summarize(outcome) : outcome;
+    if (summary && use) summary.cpu = use;
+    progress(line(label, summary));
+    return summary;
+  };
+  const ratios = (coordinatorSide: Summary, pgb: Summary | null, noop: Summary): Row["ratios"] => ({
+    throughputVsPgbench: pgb && pgb.opsPerSec > 0 ? coordinatorSide.opsPerSec / pgb.opsPerSec : null,
+    p99VsPgbench: pgb && pgb.count > 0 ? coordinatorSide.p99Ms / pgb.p99Ms : null,
+    throughputVsNoop: coordinatorSide.opsPerSec / noop.opsPerSec,
+    p99VsNoop: coordinatorSide.p99Ms / noop.p99Ms,
+  });
+
+  const rows: Row[] = [];
+  for (const concurrency of options.concurrency) {
+    const coord = (await timed(`closed c=${concurrency} coordinator`, () => closedLoop(concurrency, phase(), clients.operation)))!;
+    const pgb = await timed(`closed c=${concurrency} pgbench`, () => pgbenchPhase(concurrency));
+    const noop = (await timed(`closed c=${concurrency} no-op`, () => closedLoop(concurrency, phase(), clients.noop)))!;
+    rows.push({ mode: "closed", concurrency, coordinator: coord, pgbench: pgb, noop, ratios: ratios(coord, pgb, noop) });
+  }
+  const best = Math.max(...rows.map((r) => r.coordinator.opsPerSec));
+  const callers = Math.max(...options.concurrency);
+  for (const fraction of options.open) {
+    const rate = Math.max(1, fraction * best);
+    const label = `open ${Math.round(fraction * 100)}% (${rate.toFixed(0)}/s, ≤${callers})`;
+    const coord = (await timed(`${label} coordinator`, () => openLoop(callers, rate, phase(), clients.operation)))!;
+    const pgb = await timed(`${label} pgbench`, () => pgbenchPhase(callers, rate));
+    const noop = (await timed(`${label} no-op`, () => openLoop(callers, rate, phase(), clients.noop)))!;
+    rows.push({ mode: "open", concurrency: callers, offeredPerSec: rate, fraction, coordinator: coord, pgbench: pgb, noop, ratios: ratios(coord, pgb, noop) });
+  }
+  await main.stop();
+
+  progress(`counting round trips: ${options.roundTripOps} Reserve and ${options.roundTripOps} Complete calls${usePgbench ? ", then the pgbench transaction" : ""}`);
+  await settle(database.url);
+  const roundTrips = await countRoundTrips(ctx, usePgbench);
+
+  const cpus = os.cpus();
+  const finishedAt = new Date();
+  return {
+    benchmark: "idempotency-coordinator",
+    version: 1,
+    startedAt: startedAt.toISOString(),
+    finishedAt: finishedAt.toISOString(),
+    durationSec: Math.round((finishedAt.getTime() - startedAt.getTime()) / 1000),
+    command: `npm run bench${argv.length ? ` -- ${argv.map((a, i) => (argv[i - 1] === "--database-url" ? "<url>" : a)).join(" ")}` : ""}`,
+    options: { ...options, databaseUrl: options.databaseUrl ? "<url>" : undefined, out: relative(ROOT, options.out).startsWith("..") ? options.out : relative(ROOT, options.out) },
+    machine: {
+      cpus: cpus.length,
+      cpuModel: cpus[0]?.model.trim() ?? "unknown",
+      memoryGb: Math.round(os.totalmem() / 2 ** 30),
+      os: `${os.type()} ${os.release()} ${os.arch()}`,
+      node: process.version,
+      loadAverageBefore: loadBefore,
+      loadAverageAfter: os.loadavg(),
+    },
+    database: { embedded: database.embedded, version: facts.version, settings: facts.settings, pgStatStatements: statements.available },
+    server: { mode: server.mode, environment: server.environment },
+    loadGenerator: {
+      description: `@connectrpc/connect-node ${options.protocol === "grpc" ? "gRPC" : "Connect (binary)"} client over ${options.connections} HTTP/2 connection(s), in the benchmark's process`,
+      protocol: options.protocol === "grpc" ? "gRPC (binary protobuf) over HTTP/2 cleartext, as the gateway SDK" : "Connect protocol (binary protobuf) over HTTP/2 cleartext",
+      connections: options.connections,
+      noop: "two grpc.health.v1.Health/Check RPCs per operation (Reserve + Complete are two RPCs)",
+      openModel: "Poisson arrivals spread over the callers like pgbench --rate; latency from the scheduled time",
+    },
+    pgbench:
+      pgbench && usePgbench
+        ? {
+            path: pgbench.path,
+            version: pgbench.version,
+            ...(pgbenchCommand ? { command: pgbenchCommand } : {}),
+            tenantBinding: true,
+            ...(ctx.role ? { role: ctx.role } : {}),
+          }
+        : { skipped: pgbenchSkipped ?? "unknown" },
+    rows,
+    roundTrips,
+    notes: [
+      "All sides ran one after the other on the same machine and database in this run; compare the ratios, not absolute figures across machines or runs.",
+      "The load generator, the coordinator and PostgreSQL (and pgbench) share the machine's cores.",
+      `pgbench opens one connection per client (up to ${Math.max(...options.concurrency)}); the coordinator uses at most ${options.poolMax} registry connections.`,
+    ],
+  };
+}
+
+async function main(): Promise<void> {
+  const argv = process.argv.slice(2);
+  let parsed: ReturnType<typeof parseArgs>;
+  try {
+    parsed = parseArgs(argv);
+  } catch (error) {
+    if (!(error instanceof UsageError)) throw error;
+    process.stderr.write(`${error.message}\n\n${HELP}`);
+    process.exit(2);
+  }
+  if (parsed === "help") {
+    process.stdout.write(HELP);
+    return;
+  }
+  if (parsed === "script") {
+    process.stdout.write(pgbenchScript(operationValues()).script);
+    return;
+  }
+  if ("render" in parsed) {
+    const result = JSON.parse(await readFile(parsed.render, "utf8")) as BenchResult;
+    process.stdout.write(`${parsed.markdown ? renderMarkdown(result) : renderText(result)}\n`);
+    return;
+  }
+  const options = parsed;
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
+  // Nothing may leave a coordinator or the database running: an unexpected error still cleans up.
+  process.on("uncaughtException", (error) => {
+    process.stderr.write(`benchmark failed: ${error.stack ?? error.message}\n`);
+    abort.abort();
+    void cleanup().finally(() => process.exit(1));
+  });
+  let exitCode = 0;
+  try {
+    const result = await run(options, argv);
+    await mkdir(join(options.out, ".."), { recursive: true });
+    await writeFile(options.out, `${JSON.stringify(result, null, 2)}\n`);
+    const shown = relative(process.cwd(), options.out);
+    process.stdout.write(`\n${renderText(result)}\n\nJSON: ${shown.startsWith("..") ? options.out : shown}\n`);
+  } catch (error) {
+    if (error instanceof Aborted || abort.signal.aborted) {
+      exitCode = 130;
+    } else {
+      process.stderr.write(`benchmark failed: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+      exitCode = 1;
+    }
+  } finally {
+    progress(`cleaning up: ${options.databaseUrl ? "" : "the embedded PostgreSQL, "}temporary files`);
+    await cleanup();
+  }
+  process.exit(exitCode);
+}
+
+await main();

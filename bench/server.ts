@@ -1,0 +1,141 @@
+/**
+ * The coordinator under test: by default a separate process
+ * (`node --import tsx src/main.ts`, configured through its environment as in
+ * production) so that the load generator does not share its event loop;
+ * `--in-process` runs startCoordinator in the benchmark's own process.
+ */
+import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { fileURLToPath } from "node:url";
+import pino from "pino";
+import { loadConfig } from "../src/config.js";
+import { startCoordinator } from "../src/server/app.js";
+import { tokenHash } from "../src/server/callers.js";
+import { freePort } from "./database.js";
+
+export const ROOT = fileURLToPath(new URL("..", import.meta.url));
+
+export interface BenchServer {
+  mode: "process" | "in-process";
+  baseUrl: string;
+  /** /healthz, /readyz, /metrics */
+  adminUrl: string;
+  pid: number;
+  /** What the coordinator was configured with (no secrets). */
+  environment: Record<string, string>;
+  /** The role its registry connections act as (`-c role=…`), when it has one. */
+  databaseRole?: string;
+  stop(): Promise<void>;
+}
+
+export interface ServerOptions {
+  databaseUrl: string;
+  token: string;
+  callerName: string;
+  tenant: string;
+  operation: string;
+  apiRevision: number;
+  keyId: string;
+  poolMax: number;
+  inProcess: boolean;
+  /** More settings (the round-trip count parks the background jobs). */
+  extraEnvironment?: Record<string, string>;
+}
+
+/** The coordinator's environment (README, "Configuration"). */
+function environmentOf(options: ServerOptions, rpcPort: number, adminPort: number): Record<string, string> {
+  return {
+    DATABASE_URL: options.databaseUrl,
+    IDEM_HOST: "127.0.0.1",
+    IDEM_RPC_PORT: String(rpcPort),
+    IDEM_ADMIN_PORT: String(adminPort),
+    IDEM_DB_POOL_MAX: String(options.poolMax),
+    IDEM_CALLERS: JSON.stringify([
+      { name: options.callerName, tokenSha256: tokenHash(options.token), tenants: [options.tenant], operations: [options.operation], roles: ["gateway"] },
+    ]),
+    // payments.create@1 with every default (raw fingerprint), as test/support/fixtures.ts testDocument().
+    IDEM_OPERATIONS: JSON.stringify([{ operation: options.operation, apiRevision: options.apiRevision }]),
+    // Bodies sealed at rest, as a production coordinator should run.
+    IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: options.keyId, keys: { [options.keyId]: randomBytes(32).toString("base64") } }),
+    IDEM_SHUTDOWN_GRACE_MS: "3000",
+    LOG_LEVEL: "warn",
+  };
+}
+
+const redacted = (env: Record<string, string>) => {
+  const { DATABASE_URL, IDEM_SNAPSHOT_KEYS, IDEM_CALLERS, ...rest } = env;
+  void DATABASE_URL;
+  void IDEM_SNAPSHOT_KEYS;
+  void IDEM_CALLERS;
+  return { ...rest, DATABASE_URL: "(the benchmark's database)", IDEM_SNAPSHOT_KEYS: "(generated)", IDEM_CALLERS: "(one gateway caller)" };
+};
+
+export async function startServer(options: ServerOptions): Promise<BenchServer> {
+  const rpcPort = await freePort();
+  const adminPort = await freePort();
+  const environment = { ...environmentOf(options, rpcPort, adminPort), ...options.extraEnvironment };
+  // Read loosely: whether the registry acts as a role of its own depends on the configuration's version.
+  const role = (loadConfig(environment).db as { role?: unknown }).role;
+  const databaseRole = typeof role === "string" && role !== "" ? { databaseRole: role } : {};
+  const baseUrl = `http://127.0.0.1:${rpcPort}`;
+  const adminUrl = `http://127.0.0.1:${adminPort}`;
+
+  if (options.inProcess) {
+    const config = loadConfig(environment);
+    const coordinator = await startCoordinator({
+      config,
+      databaseUrl: options.databaseUrl,
+      logger: pino({ level: "warn" }, pino.destination(2)),
+      applicationName: "idem-bench-coordinator",
+    });
+    return { mode: "in-process", baseUrl, adminUrl, pid: process.pid, environment: redacted(environment), ...databaseRole, stop: () => coordinator.stop() };
+  }
+
+  // Inherit nothing that would change the coordinator's behaviour (tracing, another database).
+  const inherited = Object.fromEntries(
+    Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/.test(name)),
+  ) as Record<string, string>;
+  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+    cwd: ROOT,
+    env: { ...inherited, ...environment },
+    stdio: ["ignore", "pipe", "pipe"],
+    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
+    detached: true,
+  });
+  let output = "";
+  const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-8000));
+  child.stdout!.on("data", keep);
+  child.stderr!.on("data", keep);
+  let exited = false;
+  child.on("exit", () => {
+    exited = true;
+  });
+
+  const stop = async () => {
+    if (exited) return;
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+      child.once("exit", () => {
+        clearTimeout(timer);
+        resolve();
+      });
+      child.kill("SIGTERM");
+    });
+  };
+
+  const deadline = Date.now() + 90_000;
+  for (;;) {
+    if (exited) throw new Error(`the coordinator exited before it was ready:\n${output.trim()}`);
+    if (Date.now() > deadline) {
+      await stop();
+      throw new Error(`the coordinator was not ready within 90 s:\n${output.trim()}`);
+    }
+    const ready = await fetch(`${adminUrl}/readyz`, { signal: AbortSignal.timeout(1000) }).then(
+      (r) => r.ok,
+      () => false,
+    );
+    if (ready) break;
+    await new Promise((r) => setTimeout(r, 150));
+  }
+  return { mode: "process", baseUrl, adminUrl, pid: child.pid!, environment: redacted(environment), ...databaseRole, stop };
+}

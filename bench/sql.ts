@@ -1,0 +1,136 @@
+/**
+ * The SQL of one Reserve (claim, new scope) and one Complete (SUCCEEDED), as
+ * src/registry/registry.ts sends it, for the pgbench baseline: the registry's
+ * own statements, imported, so that the baseline cannot drift from them.
+ */
+import { BIND_SQL } from "../src/registry/db.js";
+import { REQUEST_PATH_SQL } from "../src/registry/registry.js";
+
+/** The tenant binding each transaction starts with (sent with BEGIN in one message). */
+export const BINDING = BIND_SQL;
+
+/** The statements of one Reserve + Complete, in the order the coordinator sends them. */
+export const STATEMENTS = {
+  reserve: REQUEST_PATH_SQL.insertOrFind,
+  lock: REQUEST_PATH_SQL.lockRecord,
+  attempts: REQUEST_PATH_SQL.loadAttempts,
+  finish: REQUEST_PATH_SQL.fencedUpdate(REQUEST_PATH_SQL.finish),
+};
+
+const squash = (text: string) => text.replace(/\s+/g, " ").trim();
+
+/** What one benchmark operation writes: the same values on both sides. */
+export interface OperationValues {
+  tenant: string;
+  principal: string;
+  operation: string;
+  apiRevision: number;
+  schemaRevision: number;
+  leaseMs: number;
+  keepMs: number;
+  quota: number;
+  caller: string;
+  keyId: string;
+  /** The snapshot Complete stores; its body is sealed (nonce ‖ ciphertext ‖ tag) by the coordinator. */
+  snapshot: { statusCode: number; mediaType: string; body: Uint8Array };
+}
+
+/** AES-256-GCM framing of a sealed body (src/registry/sealing.ts): 12-byte nonce, 16-byte tag. */
+const SEAL_OVERHEAD = 12 + 16;
+
+const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
+
+/**
+ * A pgbench script whose one transaction is one Reserve and one Complete: the
+ * statements above with `$n` replaced by pgbench variables, quoted (pgbench's
+ * simple protocol sends them as literals, untyped until PostgreSQL resolves
+ * them from their context, like the coordinator's parameters). The values the
+ * coordinator mints per request are computed per transaction from a random
+ * seed: the scope (32 random bytes: a new scope every time), a time-ordered
+ * operation id like the coordinator's UUIDv7, a random acquisition id.
+ * Complete uses the operation id and generation Reserve returned (`\gset`).
+ *
+ * Every unit of work is a transaction bound to its tenant as
+ * src/registry/db.ts does it: BEGIN and the binding in one message, then the
+ * statements, then COMMIT.
+ */
+export function pgbenchScript(v: OperationValues): { script: string; variables: Record<string, string> } {
+  const scope = "sha256(convert_to('scope:' || ':seed', 'UTF8'))";
+  const operationId =
+    "(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || " +
+    "substr(md5(':seed'), 1, 3) || '8' || substr(md5(':seed'), 4, 15))::uuid";
+  const acquisitionId = "md5('acquisition:' || ':seed')::uuid";
+  const bind = (sql: string, params: string[]) =>
+    sql.replace(/\$(\d+)/g, (_, n: string) => {
+      const param = params[Number(n) - 1];
+      if (param === undefined) throw new Error(`no pgbench binding for $${n}`);
+      return param;
+    });
+  const q = (name: string) => `':${name}'`;
+  const reserve = bind(STATEMENTS.reserve, [
+    q("tenant"), scope, operationId, q("principal"), q("operation"), q("api_revision"), q("schema_revision"),
+    q("fingerprint"), q("state"), q("lease_ms"), acquisitionId, q("writer_epoch"), q("caller"), q("quota"),
+  ]);
+  const ref = [q("tenant"), q("r_operation_id")];
+  const finish = bind(STATEMENTS.finish, [
+    ...ref, q("r_generation"), q("event_kind"), q("caller"), q("event_detail"), q("outcome"), q("keep_ms"),
+    // pgbench cannot define an empty variable: the empty location and business version are written as such.
+    q("status_code"), q("media_type"), "''", "''", q("headers"), q("snapshot_body"), q("snapshot_digest"), q("key_id"),
+  ]);
+  const begin = `BEGIN \\; ${bind(BINDING, [q("tenant"), "'off'"])};`;
+  const script = [
+    "-- One Reserve (claim, new scope) and one Complete (SUCCEEDED) of the idempotency coordinator:",
+    "-- the statements of src/registry/registry.ts (bench/sql.ts), written by bench/run.ts.",
+    "\\set seed random(1, 9223372036854775806)",
+    begin,
+    `${reserve} \\gset r_`,
+    "COMMIT;",
+    begin,
+    `${bind(STATEMENTS.lock, ref)};`,
+    `${bind(STATEMENTS.attempts, ref)};`,
+    `${finish};`,
+    "COMMIT;",
+    "",
+  ].join("\n");
+  // Written into the statements between quotes: none may contain one.
+  const sealedBody = new Uint8Array(v.snapshot.body.byteLength + SEAL_OVERHEAD).map(() => Math.floor(Math.random() * 256));
+  const variables: Record<string, string> = {
+    tenant: v.tenant,
+    principal: v.principal,
+    operation: v.operation,
+    api_revision: String(v.apiRevision),
+    schema_revision: String(v.schemaRevision),
+    fingerprint: hex(new Uint8Array(32).fill(0xf1)),
+    state: "EXECUTING",
+    lease_ms: String(v.leaseMs),
+    writer_epoch: "0",
+    caller: v.caller,
+    quota: String(v.quota),
+    event_kind: "COMPLETED",
+    event_detail: JSON.stringify({ outcome: "SUCCEEDED" }),
+    outcome: "SUCCEEDED",
+    keep_ms: String(v.keepMs),
+    status_code: String(v.snapshot.statusCode),
+    media_type: v.snapshot.mediaType,
+    headers: "[]",
+    snapshot_body: hex(sealedBody),
+    snapshot_digest: hex(new Uint8Array(32).fill(0xd1)),
+    key_id: v.keyId,
+  };
+  for (const [name, value] of Object.entries(variables)) {
+    if (value.includes("'")) throw new Error(`pgbench variable ${name} cannot be quoted: ${value}`);
+  }
+  return { script, variables };
+}
+
+/** Which step of an operation a pg_stat_statements entry is, from its text. */
+export function classify(query: string): "reserve" | "begin" | "lock" | "attempts" | "finish" | "commit" | "other" {
+  const q = squash(query);
+  if (/^BEGIN\b/i.test(q)) return "begin";
+  if (/^COMMIT\b/i.test(q)) return "commit";
+  if (q.startsWith("WITH active AS (") && q.includes("INSERT INTO idem_record")) return "reserve";
+  if (q.startsWith("WITH updated AS ( UPDATE idem_record SET state =") && q.includes("snapshot_digest =")) return "finish";
+  if (q.includes("FROM idem_record") && /FOR UPDATE$/.test(q) && q.includes("operation_id =")) return "lock";
+  if (q.includes("FROM idem_effect_attempt") && q.endsWith("ORDER BY attempt_number")) return "attempts";
+  return "other";
+}
