@@ -41,21 +41,21 @@ export interface Db {
   transaction<T>(tenant: TenantBinding, work: (q: Queryable) => Promise<T>): Promise<T>;
 }
 
+/** The values of the two settings the row-level security policies read. */
+function bindingSettings(tenant: TenantBinding): [tenant: string, allTenants: "on" | "off"] {
+  return tenant === ALL_TENANTS ? ["", "on"] : [tenant, "off"];
+}
+
 /**
  * The statement that binds a transaction to a tenant: transaction-local
  * settings, so that they end with the transaction and a pooled connection
  * carries nothing over to its next user.
  */
-function bindingSettings(tenant: TenantBinding): [tenant: string, allTenants: "on" | "off"] {
-  return tenant === ALL_TENANTS ? ["", "on"] : [tenant, "off"];
-}
-
 export const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config('idem.all_tenants', $2, true)";
 
 /**
  * BEGIN and the binding in one simple-protocol message (one round trip). The
- * tenant is a literal there: escaped, and never anything but a validated
- * tenant id.
+ * simple protocol has no parameters: the tenant is an escaped literal there.
  */
 function beginBound(tenant: TenantBinding): string {
   const [id, all] = bindingSettings(tenant);
