@@ -32,6 +32,8 @@ export type FailpointAction = { kind: "kill" } | { kind: "fail" } | { kind: "pau
 interface Armed {
   action: FailpointAction;
   once: boolean;
+  /** Settles when the point is first reached, before its action runs. */
+  onReached: () => void;
 }
 
 const armed = new Map<FailpointName, Armed>();
@@ -42,6 +44,7 @@ export async function failpoint(name: FailpointName): Promise<void> {
   const point = armed.get(name);
   if (!point) return;
   if (point.once) armed.delete(name);
+  point.onReached();
   switch (point.action.kind) {
     case "kill":
       process.kill(process.pid, "SIGKILL");
@@ -55,9 +58,15 @@ export async function failpoint(name: FailpointName): Promise<void> {
   }
 }
 
-/** Arms a failpoint in this process (tests). */
-export function armFailpoint(name: FailpointName, action: FailpointAction, options: { once?: boolean } = {}): void {
-  armed.set(name, { action, once: options.once ?? false });
+/**
+ * Arms a failpoint in this process (tests). The returned promise settles when
+ * the point is first reached, so a test acts exactly while a pause lasts.
+ */
+export function armFailpoint(name: FailpointName, action: FailpointAction, options: { once?: boolean } = {}): Promise<void> {
+  let onReached = (): void => undefined;
+  const reached = new Promise<void>((resolve) => (onReached = resolve));
+  armed.set(name, { action, once: options.once ?? false, onReached });
+  return reached;
 }
 
 export function disarmFailpoints(): void {

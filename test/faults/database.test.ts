@@ -82,12 +82,9 @@ describe("connections killed inside a transaction", () => {
       );
       const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
       // Complete pauses with its terminal state written and not committed; its backend is killed meanwhile.
-      armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
+      const paused = armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const completing = client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
-      await vi.waitFor(async () => {
-        const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'", [server.applicationName]);
-        expect(rows[0].n).toBe(1);
-      });
+      await paused;
       const { rows: killed } = await t.pool.query(
         "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'",
         [server.applicationName],
@@ -102,6 +99,38 @@ describe("connections killed inside a transaction", () => {
     }
   });
 
+  it("re-runs a Complete whose connection was terminated during its COMMIT: one terminal state, one event", async () => {
+    const server = await startTestServer(t);
+    // A deferred trigger holds every COMMIT that updated a record inside PostgreSQL for a while.
+    await t.pool.query(`
+      CREATE FUNCTION ${t.schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
+      CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON ${t.schema}.idem_record
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ${t.schema}.slow_commit()`);
+    try {
+      const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+      const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+      const accepted = await client.reserve(
+        { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
+        call,
+      );
+      const completing = client.complete(
+        { ref: create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId }), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } },
+        call,
+      );
+      const committing = "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query = 'COMMIT'";
+      await vi.waitFor(async () => expect((await t.pool.query(committing, [server.applicationName])).rowCount).toBe(1), { timeout: 10_000 });
+      const { rows: killed } = await t.pool.query(`SELECT count(pg_terminate_backend(pid))::int AS n FROM (${committing}) AS c`, [server.applicationName]);
+      expect(killed[0].n).toBe(1);
+      const done = await completing;
+      expect(done.state).toBe(RecordState.SUCCEEDED);
+      const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [accepted.operationId]);
+      expect(rows[0].n).toBe(1);
+    } finally {
+      await t.pool.query(`DROP TRIGGER slow_commit ON ${t.schema}.idem_record; DROP FUNCTION ${t.schema}.slow_commit()`);
+      await server.stop();
+    }
+  });
+
   it("answers UNAVAILABLE with nothing half-written when the pool is exhausted", async () => {
     const server = await startTestServer(t, { config: { db: { ...loadConfig({}).db, poolMax: 1, connectTimeoutMs: 300 } } });
     try {
@@ -112,9 +141,9 @@ describe("connections killed inside a transaction", () => {
         { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
         call,
       );
-      armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
+      const paused = armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const holding = client.complete({ ref: create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId }), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
-      await new Promise((r) => setTimeout(r, 300));
+      await paused;
       const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
       const refused = await client
         .reserve({ subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } }, call)
