@@ -4,13 +4,13 @@
  * round trips of each RPC.
  */
 import { mkdtemp, readFile } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import type { Logger } from "pino";
 import { startEmbeddedPostgres } from "../src/registry/embedded-postgres.js";
 import { classify } from "./sql.js";
+import { freePort } from "../src/net.js";
 
 export interface BenchDatabase {
   url: string;
@@ -20,18 +20,6 @@ export interface BenchDatabase {
   stop(): Promise<void>;
 }
 
-/** A port nobody listens on right now. */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.unref();
-    server.on("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() => (typeof address === "object" && address ? resolve(address.port) : reject(new Error("no port"))));
-    });
-  });
-}
 
 /**
  * Server settings of the embedded cluster. Both sides use this one server,

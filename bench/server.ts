@@ -11,7 +11,7 @@ import pino from "pino";
 import { loadConfig } from "../src/config.js";
 import { startCoordinator } from "../src/server/app.js";
 import { tokenHash } from "../src/server/callers.js";
-import { freePort } from "./database.js";
+import { freePort } from "../src/net.js";
 
 export const ROOT = fileURLToPath(new URL("..", import.meta.url));
 

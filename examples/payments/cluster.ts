@@ -1,10 +1,10 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import type { Charge, ProviderFaults } from "./provider.js";
 import { paymentsPolicy } from "./policy.js";
 import { tokenHash } from "../../src/server/callers.js";
+import { freePort } from "../../src/net.js";
 
 /**
  * The coordinator, the card provider and the payments service as three
@@ -145,13 +145,3 @@ async function member(args: string[], env: Record<string, string>, url: string, 
   };
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}

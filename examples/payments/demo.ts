@@ -11,7 +11,6 @@
  */
 import { randomBytes, randomUUID } from "node:crypto";
 import { chmod, mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
@@ -22,6 +21,7 @@ import { startCoordinator, type RunningCoordinator } from "../../src/server/app.
 import { tokenHash } from "../../src/server/callers.js";
 import { startPaymentsApp, type PaymentsApp } from "./app.js";
 import { paymentsPolicy } from "./policy.js";
+import { freePort } from "../../src/net.js";
 
 const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 const logger = pino({ level: process.env.LOG_LEVEL ?? "silent" });
@@ -82,16 +82,6 @@ function tally(responses: Sent[]): string {
   return [...counts].map(([label, n]) => `      ${String(n).padStart(3)} × ${label}`).join("\n");
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 async function main(): Promise<void> {
   const started = Date.now();

@@ -1,5 +1,4 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { createServer } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
@@ -10,6 +9,7 @@ import { tokenHash } from "../../src/server/callers.js";
 import { transactionDb } from "../../src/registry/db.js";
 import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
+import { freePort } from "../../src/net.js";
 
 const t = useTestDatabase();
 let child: ChildProcess | undefined;
@@ -17,14 +17,6 @@ afterAll(() => {
   if (child?.exitCode === null) child.kill("SIGKILL");
 });
 
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const server = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 describe("SIGTERM", () => {
   it("stops taking new RPCs but finishes the ones in flight, then exits 0", async () => {

@@ -1,11 +1,11 @@
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { chmod, mkdtemp, readFile, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ENVIRONMENT } from "../../src/config.js";
+import { freePort } from "../../src/net.js";
 
 const run = promisify(execFile);
 const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
@@ -18,14 +18,6 @@ function readmeBlock(heading: string): string {
   return match[1]!;
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const server = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 let stateDir: string;
 let child: ChildProcess;

@@ -7,7 +7,6 @@
  */
 import { randomBytes } from "node:crypto";
 import { mkdtemp } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -20,6 +19,7 @@ import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { parsePolicyDocument } from "../../src/policy/document.js";
 import { fuzzJsonParser, fuzzPolicyLoader, fuzzRpc } from "./harness.js";
+import { freePort } from "../../src/net.js";
 
 const { values } = parseArgs({ options: { cases: { type: "string", default: "100000" }, "policy-cases": { type: "string", default: "100000" }, "json-cases": { type: "string", default: "100000" }, help: { type: "boolean", default: false } } });
 if (values.help) {
@@ -28,13 +28,6 @@ if (values.help) {
 }
 const logger = pino({ level: "silent" });
 const started = Date.now();
-const freePort = () =>
-  new Promise<number>((resolve) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
 
 const embedded = process.env.DATABASE_URL
   ? undefined

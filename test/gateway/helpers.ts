@@ -1,4 +1,7 @@
-import { createServer } from "node:net";
+import { freePort } from "../../src/net.js";
+
+/** A TCP port nothing listens on (bound, then closed). */
+export const closedPort = freePort;
 
 /** One HTTP exchange, read whole. */
 export interface Exchange {
@@ -33,17 +36,6 @@ async function read(response: Response): Promise<Exchange> {
   return { status: response.status, headers: response.headers, text, json };
 }
 
-/** A TCP port nothing listens on (bound, then closed). */
-export function closedPort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 /** Waits until `condition` holds (checked every 20 ms), failing after `timeoutMs`: for events, never for timing. */
 export async function until(condition: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {

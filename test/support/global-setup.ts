@@ -1,10 +1,10 @@
 import { mkdtemp } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import type { TestProject } from "vitest/node";
 import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { freePort } from "../../src/net.js";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -36,13 +36,3 @@ export async function teardown(): Promise<void> {
   await embedded?.stop();
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
