@@ -15,7 +15,11 @@ const SSL_REQUEST = 80877103;
 const GSSENC_REQUEST = 80877104;
 
 export interface WireCounts {
-  /** Query ('Q') + Sync ('S') messages. */
+  /**
+   * Times a client waited for the server: a Query ('Q') or Sync ('S') sent
+   * while none of its earlier ones was still unanswered (no ReadyForQuery
+   * pending). Pipelined messages share their round trip.
+   */
   roundTrips: number;
   simpleQueries: number;
   syncs: number;
@@ -83,6 +87,8 @@ export class CountingProxy {
     let typed = false; // after the startup message, every message starts with its type byte
     let awaitingSslAnswer = false;
     let encrypted = false;
+    // Query and Sync messages sent whose ReadyForQuery ('Z') has not come back yet.
+    let unanswered = 0;
     client.on("data", (chunk: Buffer) => {
       upstream.write(chunk);
       if (encrypted) return;
@@ -103,16 +109,17 @@ export class CountingProxy {
         if (buffer.length < 1 + length) break;
         const type = String.fromCharCode(buffer[0]!);
         buffer = buffer.subarray(1 + length);
-        if (type === "Q") {
-          this.counts.simpleQueries++;
-          this.counts.roundTrips++;
-        } else if (type === "S") {
-          this.counts.syncs++;
-          this.counts.roundTrips++;
+        if (type === "Q" || type === "S") {
+          if (type === "Q") this.counts.simpleQueries++;
+          else this.counts.syncs++;
+          if (unanswered === 0) this.counts.roundTrips++;
+          unanswered++;
         }
       }
     });
+    let answers: Buffer = Buffer.alloc(0);
     upstream.on("data", (chunk: Buffer) => {
+      client.write(chunk);
       if (awaitingSslAnswer) {
         awaitingSslAnswer = false;
         // 'S': the server accepted TLS (or GSS): what follows is encrypted.
@@ -120,8 +127,17 @@ export class CountingProxy {
           encrypted = true;
           this.counts.encrypted++;
         }
+        // 'N': refused, plain messages follow that one byte.
+        chunk = chunk.subarray(1);
       }
-      client.write(chunk);
+      if (encrypted) return;
+      answers = answers.length ? Buffer.concat([answers, chunk]) : chunk;
+      while (answers.length >= 5) {
+        const length = answers.readInt32BE(1);
+        if (answers.length < 1 + length) break;
+        if (answers[0] === 0x5a) unanswered = Math.max(0, unanswered - 1);
+        answers = answers.subarray(1 + length);
+      }
     });
     const end = () => {
       client.destroy();

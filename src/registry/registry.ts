@@ -229,7 +229,7 @@ export class Registry {
         }
       }
       refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
-    });
+    }, "reserve");
     if (result.decision === "ACCEPTED") await failpoint("registry.reserve.after-commit");
     return result;
   }
@@ -296,7 +296,7 @@ export class Registry {
           break;
       }
       return { record: updated, attempts };
-    });
+    }, "claim");
   }
 
   /** Extends the lease of the generation the caller holds. */
@@ -308,7 +308,7 @@ export class Registry {
       const policy = await this.policyOf(record);
       return fencedUpdate(q, record, { caller: actor.caller, kind: "LEASE_RENEWED" },
         `lease_expires_at = ${plusMs("$7")}`, [grantLease(policy, leaseMs)]);
-    });
+    }, "renew_lease");
   }
 
   /** Registers an effect attempt before its downstream call; returns it with the stable downstream key. */
@@ -337,7 +337,7 @@ export class Registry {
       await fencedUpdate(q, record, { caller: actor.caller, kind: "EFFECT_RECORDED", detail: { attempt: attemptNumber, effect } },
         "effect_possible = true", []);
       return toAttempt(rows[0]!);
-    });
+    }, "record_effect_attempt");
   }
 
   /** Records what a downstream call did. */
@@ -370,7 +370,7 @@ export class Registry {
       await fencedUpdate(q, record, { caller: actor.caller, kind: "EFFECT_RESOLVED", detail: { attempt: attemptNumber, status } },
         "effect_possible = $7", [effectFlags(after).possible]);
       return resolved;
-    });
+    }, "resolve_effect_attempt");
   }
 
   /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
@@ -387,7 +387,7 @@ export class Registry {
         REQUEST_PATH_SQL.finish, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]);
       await failpoint("registry.complete.before-commit");
       return this.opened(finished);
-    });
+    }, "complete");
     await failpoint("registry.complete.after-commit");
     return completed;
   }
@@ -400,7 +400,7 @@ export class Registry {
       if (planRelease(record, generation) === "repeat") return record;
       return fencedUpdate(q, record, { caller: actor.caller, kind: "RELEASED" },
         "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
-    });
+    }, "release");
   }
 
   /**
@@ -433,7 +433,7 @@ export class Registry {
         `${REQUEST_PATH_SQL.finish}, generation = generation + 1`,
         [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot)],
       );
-    });
+    }, "reconcile");
   }
 
   /**
@@ -444,7 +444,7 @@ export class Registry {
   async lookupById(db: Db, ref: OperationRef, principal: string | undefined, actor: Actor): Promise<RecordView> {
     validateRef(ref);
     requireTenant(actor, ref.tenant);
-    const view = await db.transaction(ref.tenant, (q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]));
+    const view = await db.transaction(ref.tenant, (q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]), "lookup");
     return this.opened(visibleTo(view, principal, actor));
   }
 
@@ -454,7 +454,7 @@ export class Registry {
     validateOperationName(input.operation);
     validateApiRevision(input.apiRevision);
     requireTenant(actor, subject.tenant);
-    const view = await db.transaction(subject.tenant, (q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]));
+    const view = await db.transaction(subject.tenant, (q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]), "lookup");
     return this.opened(visibleTo(view, subject.principal, actor));
   }
 
@@ -483,6 +483,7 @@ export class Registry {
          ORDER BY lease_expires_at, tenant_id, operation_id LIMIT $6`,
         [filter.tenants ?? null, filter.operations ?? null, filter.after?.leaseEnd ?? null, filter.after?.tenant ?? null, filter.after?.operationId ?? null, filter.pageSize],
       ),
+      "list_recoverable",
     );
     const last = views.at(-1);
     return {

@@ -129,7 +129,10 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
       logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
     }
     let metrics: Metrics | undefined;
-    const db = poolDb(pool, logger, (cause) => metrics?.retries.inc({ cause }));
+    const db = poolDb(pool, logger, {
+      retried: (cause) => metrics?.retries.inc({ cause }),
+      committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
+    });
     metrics = new Metrics({ pool, db, unknownSloSeconds: config.unknownSloSeconds });
     for (const document of config.operations) {
       const { created } = await publishPolicy(db, document, "configuration");

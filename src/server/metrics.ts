@@ -18,6 +18,14 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly transactionDuration = new Histogram({
+    name: "idem_registry_transaction_seconds",
+    help: "Committed registry transactions, from BEGIN sent to COMMIT acknowledged (no pool wait), by registry call",
+    labelNames: ["transaction"] as const,
+    buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    registers: [this.registry],
+  });
+
   readonly decisions = new Counter({
     name: "idem_decisions_total",
     help: "Reserve decisions by operation and decision; enforced=false counts what shadow mode would have done",

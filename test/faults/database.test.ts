@@ -1,5 +1,4 @@
 import { chmod, mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
@@ -13,6 +12,7 @@ import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
 import { startEmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { freePort } from "../../src/net.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
@@ -39,14 +39,14 @@ function failing(db: Db, sqlstate: string, times: number): { db: Db; failures: (
         return q.query(text, values);
       },
     });
-  return { db: { transaction: (tenant, work) => db.transaction(tenant, inject(work)) }, failures: () => failures };
+  return { db: { transaction: (tenant, work, name) => db.transaction(tenant, inject(work), name) }, failures: () => failures };
 }
 
 describe("injected serialization failures and deadlocks", () => {
   for (const sqlstate of ["40001", "40P01"]) {
     it(`retries ${sqlstate} and succeeds, or refuses clearly as REGISTRY_BUSY when it persists, writing nothing`, async () => {
       const retried: string[] = [];
-      const base = poolDb(t.pool, silentLogger, (cause) => retried.push(cause));
+      const base = poolDb(t.pool, silentLogger, { retried: (cause) => retried.push(cause) });
       const twice = failing(base, sqlstate, 2);
       const key = newKey();
       expect((await registry.reserve(twice.db, reserveInput(key), gateway)).decision).toBe("ACCEPTED");
@@ -163,12 +163,7 @@ describe("PostgreSQL restarted under load", () => {
   it("refuses as UNAVAILABLE while the database is down, never half-decides, and serves again once it is back", async () => {
     const stateDir = await mkdtemp(join(tmpdir(), "idem-restart-"));
     await chmod(stateDir, 0o755);
-    const port = await new Promise<number>((resolve) => {
-      const s = createServer().listen(0, "127.0.0.1", () => {
-        const p = (s.address() as { port: number }).port;
-        s.close(() => resolve(p));
-      });
-    });
+    const port = await freePort();
     const settings = { fsync: "off", synchronous_commit: "off" };
     let database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
     const token = "restart-test-token-0123456789abcdef";

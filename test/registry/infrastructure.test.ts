@@ -55,7 +55,7 @@ describe("connections", () => {
     const { record } = await registry.reserve(t.db, reserveInput(newKey()), gateway);
     const ref = { tenant: "acme", operationId: record!.operationId };
     const retried: string[] = [];
-    const base = poolDb(t.pool, silentLogger, (cause) => retried.push(cause));
+    const base = poolDb(t.pool, silentLogger, { retried: (cause) => retried.push(cause) });
     let killed = false;
     const killing: Db = {
       transaction: (tenant, work) =>

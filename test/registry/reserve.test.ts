@@ -202,9 +202,15 @@ describe("operation modes", () => {
 });
 
 describe("round trips per Reserve", () => {
-  /** A Db whose every message to PostgreSQL is counted: BEGIN with the tenant binding, statements, COMMIT. */
-  function counting(): { db: Db; count: () => number } {
-    let n = 0;
+  /**
+   * A Db that counts its messages to PostgreSQL (BEGIN with the tenant
+   * binding, statements, COMMIT) and its round trips: a message sent while an
+   * earlier one is still unanswered travels in the same round trip.
+   */
+  function counting(): { db: Db; counts: () => { roundTrips: number; messages: number } } {
+    let messages = 0;
+    let roundTrips = 0;
+    let unanswered = 0;
     const pool = t.openPool({ max: 1 });
     const countingPool = {
       connect: async () => {
@@ -214,8 +220,9 @@ describe("round trips per Reserve", () => {
             const value = Reflect.get(target, property) as unknown;
             if (property === "query") {
               return (text: string, values?: unknown[]) => {
-                n++;
-                return target.query(text, values);
+                messages++;
+                if (unanswered++ === 0) roundTrips++;
+                return target.query(text, values).finally(() => unanswered--);
               };
             }
             return typeof value === "function" ? value.bind(target) : value;
@@ -223,21 +230,21 @@ describe("round trips per Reserve", () => {
         });
       },
     } as unknown as pg.Pool;
-    return { db: poolDb(countingPool, silentLogger), count: () => n };
+    return { db: poolDb(countingPool, silentLogger), counts: () => ({ roundTrips, messages }) };
   }
 
-  it("takes three round trips (one statement) for a new scope, a replay or in progress, four for a conflict (logged) or a takeover", async () => {
+  it("takes two round trips (three messages, one statement) for a new scope, a replay or in progress, three for a conflict (logged) or a takeover", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
       const c = counting();
       const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
-      return [result.decision, c.count()];
+      return [result.decision, c.counts()];
     };
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 3]);
-    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", 3]);
-    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", 4]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 2, messages: 3 }]);
+    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 2, messages: 3 }]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 3, messages: 4 }]);
     const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0].operation_id);
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", 4]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 4 }]);
   });
 });

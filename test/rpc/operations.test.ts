@@ -225,6 +225,7 @@ describe("metrics", () => {
     const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
     for (const family of [
       "idem_rpc_duration_seconds_bucket",
+      "idem_registry_transaction_seconds_bucket{le=\"0.0005\",transaction=\"reserve\"}",
       "idem_decisions_total",
       "idem_refusals_total",
       "idem_takeovers_total",
