@@ -1,0 +1,417 @@
+/**
+ * The launch gate (`npm run gate`, CONTRACT.md section 9): drives HTTP
+ * requests through the payments example and the coordinator, with many
+ * concurrent and late replays per key and a share of conflicting payloads,
+ * kills (SIGKILL) and restarts the service and the coordinator during the
+ * run, then reads the database, the card provider and the coordinator's
+ * metrics and prints the gate's table:
+ *
+ *   duplicate logical effects                        = 0
+ *   false payload-conflict hits                      = 0
+ *   replay snapshot digest agreement                 = 100 %
+ *   UNKNOWN records older than the recovery SLO      < 0.01 %
+ *   P99 of the reservation transaction               <= 5 % of the API latency budget
+ *
+ * plus two supplementary lines (true conflicts are refused; registry,
+ * payments, outbox and provider agree). Writes gate-report/report.json and
+ * report.html (latency histograms as inline SVG). Exit code 0 when every line
+ * passes, 1 when one fails, 2 on bad usage. `--help` lists the options;
+ * docs/launch-gate.md explains each line and how it is measured.
+ *
+ * `runGate(options)` is the programmatic entry (the CLI below wraps it).
+ */
+import { execFileSync } from "node:child_process";
+import { setMaxListeners } from "node:events";
+import { readFileSync, rmSync } from "node:fs";
+import { cpus, freemem, loadavg, release, totalmem } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { startCluster, type Cluster } from "./cluster.js";
+import { chaosMonkey, planChaos, providerFaults, type ChaosMonkey } from "./gate/chaos.js";
+import { openGateDatabase, type GateDatabase } from "./gate/database.js";
+import { CLIENT_BOUNDS_MS } from "./gate/histogram.js";
+import { LoadGenerator, OUTCOME_CLASSES } from "./gate/load.js";
+import { cpuUsage, sampleCpu } from "./gate/machine.js";
+import { measure, unsettledCounts } from "./gate/measure.js";
+import { parseCli, resolveOptions, USAGE, UsageError, type GateInput, type GateOptions } from "./gate/options.js";
+import { Progress } from "./gate/progress.js";
+import { renderTable, writeReports, type GateReport } from "./gate/report.js";
+import { ReserveTracker } from "./gate/reserve.js";
+import { formatDuration, sleep } from "./gate/util.js";
+import { freePort } from "../../src/net.js";
+
+export type { GateInput, GateOptions } from "./gate/options.js";
+export type { GateReport } from "./gate/report.js";
+export type { Criterion } from "./gate/measure.js";
+export { UsageError } from "./gate/options.js";
+
+export interface GateResult {
+  passed: boolean;
+  report: GateReport;
+  /** The table as printed on stdout by the CLI. */
+  table: string;
+  files: { json: string; html: string };
+}
+
+/** The run was stopped (Ctrl-C, or `signal` aborted); processes and database were cleaned up. */
+export class GateAborted extends Error {
+  override readonly name = "GateAborted";
+}
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+
+/** Synchronous last-resort cleanups of the runs in progress (a second Ctrl-C, an exit with work pending). */
+const emergencyStops = new Set<() => void>();
+
+/**
+ * Runs the gate: starts PostgreSQL (or a schema in `databaseUrl`) and the
+ * cluster, sends the load with chaos, waits for UNKNOWN records to settle,
+ * measures, stops everything and writes the reports. Resolves with the
+ * verdict (a failing line is not an error); rejects when the run could not be
+ * completed, or with GateAborted.
+ */
+export async function runGate(input: GateInput = {}): Promise<GateResult> {
+  const options = resolveOptions(input);
+  const log = options.log;
+  const startedAt = Date.now();
+  const internal = new AbortController();
+  const signal = internal.signal;
+  // Every sleeping client listens to it.
+  setMaxListeners(0, signal);
+  const onAbort = () => internal.abort();
+  options.signal?.addEventListener("abort", onAbort, { once: true });
+  if (options.signal?.aborted) internal.abort();
+
+  const environment: Record<string, unknown> = {
+    node: process.version,
+    platform: `${process.platform} ${release()} ${process.arch}`,
+    cpus: cpus().length,
+    cpuModel: cpus()[0]?.model ?? "unknown",
+    memoryGiB: Number((totalmem() / 2 ** 30).toFixed(1)),
+    freeMemoryGiBAtStart: Number((freemem() / 2 ** 30).toFixed(1)),
+    loadAverageAtStart: loadavg().map((n) => Number(n.toFixed(2))),
+    code: codeVersion(),
+  };
+  const plan = planChaos(options.serviceKills, options.coordinatorKills);
+  log(
+    `launch gate: ${options.requests.toLocaleString("en-US")} requests, ${options.concurrency} in flight, ` +
+      `${options.serviceKills} service and ${options.coordinatorKills} coordinator kill(s), seed ${options.seed}; ` +
+      `database: ${options.databaseUrl ? "DATABASE_URL (a fresh schema)" : `embedded PostgreSQL${options.durable ? " (durable)" : " (fsync off)"}`}`,
+  );
+
+  let db: GateDatabase | undefined;
+  let cluster: Cluster | undefined;
+  let chaos: ChaosMonkey | undefined;
+  let progress: Progress | undefined;
+  const emergency = () => {
+    for (const member of cluster ? [cluster.service, cluster.provider, cluster.coordinator] : []) void member.kill("SIGKILL");
+    if (db?.kind === "embedded" && db.dataDir) {
+      try {
+        const pid = Number(readFileSync(join(db.dataDir, "postmaster.pid"), "utf8").split("\n")[0]);
+        if (pid > 0) process.kill(pid, "SIGQUIT");
+        if (!options.keep) rmSync(resolve(db.dataDir, ".."), { recursive: true, force: true });
+      } catch {
+        // best effort
+      }
+    }
+  };
+  emergencyStops.add(emergency);
+  const phases = { startupSeconds: 0, loadSeconds: 0, settleSeconds: 0, measureSeconds: 0 };
+  let aborted = false;
+  try {
+    // --- start ------------------------------------------------------------------
+    db = await openGateDatabase({ databaseUrl: options.databaseUrl, durable: options.durable, keep: options.keep });
+    environment.database = { kind: db.kind, version: db.version, settings: db.kind === "embedded" ? db.settings : "the server's own", schema: db.schema ?? "public (a fresh database)" };
+    if (signal.aborted) throw new GateAborted("aborted");
+    const adminPort = await freePort();
+    log(`starting the coordinator, the card provider and the payments service (${db.schema ? `schema ${db.schema}` : "a fresh database"})…`);
+    cluster = await startCluster({
+      databaseUrl: db.url,
+      ...(db.schema ? { schema: db.schema } : {}),
+      verbose: options.verbose,
+      coordinatorEnv: {
+        // cluster.ts does not expose the admin port it picks: choose it here (coordinatorEnv is applied last).
+        IDEM_ADMIN_PORT: String(adminPort),
+        IDEM_UNKNOWN_SLO_SECONDS: String(Math.max(1, Math.ceil(options.recoverySloMs / 1000))),
+        IDEM_RECOVERER_INTERVAL_MS: "1000",
+      },
+    });
+    const metricsUrl = `http://127.0.0.1:${adminPort}/metrics`;
+    const scrapeMetrics = async () => {
+      const res = await fetch(metricsUrl, { signal: AbortSignal.timeout(5000) });
+      if (!res.ok) throw new Error(`GET /metrics: ${res.status}`);
+      return res.text();
+    };
+    phases.startupSeconds = (Date.now() - startedAt) / 1000;
+    if (signal.aborted) throw new GateAborted("aborted");
+
+    // --- load and chaos -----------------------------------------------------------
+    const faults = providerFaults({ cluster, declineShare: options.declineShare, ambiguousShare: options.ambiguousShare, log });
+    const load = new LoadGenerator(options, cluster.service.url, { onKeyStarted: (n) => faults.onKeyStarted(n), signal });
+    const loadStarted = Date.now();
+    // The line is the reservation transaction's; the whole RPC (pool wait and queueing included) is reported beside it.
+    const reserveTracker = new ReserveTracker(scrapeMetrics, () => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } });
+    const reserveRpcTracker = new ReserveTracker(scrapeMetrics, () => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } });
+    const sampleReserve = async () => void (await Promise.all([reserveTracker.sample(), reserveRpcTracker.sample()]));
+    const endReserveLife = async () => void (await Promise.all([reserveTracker.endLife(), reserveRpcTracker.endLife()]));
+    const cpuAtStart = sampleCpu();
+    const generatorCpuAtStart = process.cpuUsage();
+    progress = new Progress(
+      () => ({
+        sent: load.stats.sent,
+        planned: options.requests,
+        inFlight: load.inFlight,
+        activeKeys: load.activeKeys,
+        keys: load.keys.length,
+        kills: {
+          service: chaos?.killsDone("service") ?? 0,
+          serviceTotal: options.serviceKills,
+          coordinator: chaos?.killsDone("coordinator") ?? 0,
+          coordinatorTotal: options.coordinatorKills,
+        },
+        errors: load.stats.byClass["connection-error"] + load.stats.byClass.unavailable + load.stats.byClass["server-error"],
+      }),
+      options.progress,
+      log,
+    );
+    const note = (line: string) => (progress ? progress.note(line) : log(line));
+    chaos = chaosMonkey({
+      cluster,
+      plan,
+      downtimeMs: options.downtimeMs,
+      progress: () => ({ sent: load.stats.sent, planned: options.requests }),
+      beforeCoordinatorKill: endReserveLife,
+      log: note,
+      signal,
+    });
+    let chaosFailure: Error | undefined;
+    const chaosRun = chaos.run().catch((error: unknown) => {
+      chaosFailure = error as Error;
+      load.stop();
+    });
+    progress.start();
+    const sampler = setInterval(() => void sampleReserve(), 5000);
+    try {
+      await load.run();
+    } finally {
+      clearInterval(sampler);
+      chaos.stop();
+      await chaosRun;
+      progress.stop();
+    }
+    phases.loadSeconds = (Date.now() - loadStarted) / 1000;
+    const cpu = cpuUsage(cpuAtStart, sampleCpu(), cpus().length);
+    const generatorCpu = process.cpuUsage(generatorCpuAtStart);
+    // The load generator's own process (this one): its share of the machine while it ran.
+    const generatorShare = (generatorCpu.user + generatorCpu.system) / 1e6 / Math.max(0.001, phases.loadSeconds) / cpus().length;
+    environment.cpuDuringLoad = cpu ? { ...cpu, generatorShare: Number(generatorShare.toFixed(3)) } : "unknown (no /proc)";
+    if (signal.aborted) throw new GateAborted("aborted");
+    if (chaosFailure) throw new Error(`a killed process could not be restarted: ${chaosFailure.message}`);
+    await faults.settled();
+
+    // --- settle -------------------------------------------------------------------
+    const settleStarted = Date.now();
+    let remaining = await unsettledCounts(db.pool);
+    let lastNote = 0;
+    while (remaining.unknown + remaining.leased > 0 && Date.now() - settleStarted < options.settleTimeoutMs && !signal.aborted) {
+      if (Date.now() - lastNote >= 5000) {
+        lastNote = Date.now();
+        log(`settling: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased (${remaining.recovering} recovering); waited ${formatDuration(Date.now() - settleStarted)} of at most ${formatDuration(options.settleTimeoutMs)}`);
+      }
+      await sleep(1000, signal);
+      remaining = await unsettledCounts(db.pool);
+    }
+    if (signal.aborted) throw new GateAborted("aborted");
+    phases.settleSeconds = (Date.now() - settleStarted) / 1000;
+    const settled = remaining.unknown + remaining.leased === 0;
+    log(settled ? `settled after ${formatDuration(Date.now() - settleStarted)}` : `not settled within ${formatDuration(options.settleTimeoutMs)}: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased`);
+
+    // --- measure ------------------------------------------------------------------
+    const measureStarted = Date.now();
+    await endReserveLife();
+    const reserve = reserveTracker.total();
+    const providerState = await cluster.providerState();
+    const measurement = await measure({ pool: db.pool, keys: load.keys, stats: load.stats, provider: providerState, reserve, reserveRpc: reserveRpcTracker.total(), options });
+    phases.measureSeconds = (Date.now() - measureStarted) / 1000;
+
+    environment.loadAverageAtEnd = loadavg().map((n) => Number(n.toFixed(2)));
+    const finishedAt = Date.now();
+    const loadSeconds = Math.max(0.001, (load.stats.finishedAt - load.stats.startedAt) / 1000);
+    const report: GateReport = {
+      gate: "payments launch gate",
+      contract: "http.idempotency.v1, section 9",
+      passed: measurement.criteria.every((c) => c.pass),
+      startedAt: new Date(startedAt).toISOString(),
+      finishedAt: new Date(finishedAt).toISOString(),
+      durationSeconds: (finishedAt - startedAt) / 1000,
+      phases,
+      options: publicOptions(options),
+      environment,
+      criteria: measurement.criteria,
+      facts: [
+        ...measurement.facts,
+        { name: "throughput", value: `${(load.stats.sent / loadSeconds).toFixed(0)} requests/s over ${formatDuration(loadSeconds * 1000)} of load` },
+        ...(cpu
+          ? [{ name: "machine during the load", value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}` }]
+          : []),
+        ...(chaos.unexpectedExits.length ? [{ name: "unexpected process exits", value: chaos.unexpectedExits.map((e) => `${e.target} at ${e.at}`).join(", ") }] : []),
+        ...(settled ? [] : [{ name: "not settled", value: `${remaining.unknown} UNKNOWN and ${remaining.leased} leased records after ${formatDuration(options.settleTimeoutMs)}` }]),
+      ],
+      load: {
+        httpRequests: load.stats.sent,
+        logicalRequests: load.keys.length,
+        requestsPerSecond: load.stats.sent / loadSeconds,
+        byStatus: load.stats.byStatus,
+        byOutcome: load.stats.byClass,
+        byVariant: load.stats.byVariant,
+        byKind: load.stats.byKind,
+        replayedAnswers: load.stats.replayedAnswers,
+        refusedConnections: load.stats.refused,
+        connectionErrors: load.stats.connectionErrors,
+        providerFaultsRequested: faults.injected,
+        timeline: load.stats.timeline,
+      },
+      chaos: { events: chaos.events, unexpectedExits: chaos.unexpectedExits, scrapeErrors: [...reserveTracker.errors, ...reserveRpcTracker.errors] },
+      settle: { waitedSeconds: phases.settleSeconds, settled, remaining },
+      registry: { ...measurement.registry, business: measurement.business, provider: measurement.provider },
+      latency: {
+        clientBoundsMs: CLIENT_BOUNDS_MS,
+        client: Object.fromEntries(OUTCOME_CLASSES.map((c) => [c, load.stats.latency[c].summary()])),
+        reserve: {
+          histogram: reserve.buckets.map((b) => ({ le: Number.isFinite(b.le) ? b.le : ("+Inf" as const), count: b.count })),
+          count: measurement.reserve.count,
+          sumSeconds: reserve.sumSeconds,
+          scrapes: reserveTracker.livesSeen,
+          series: reserveTracker.series,
+          p50Ms: measurement.reserve.p50Ms,
+          p90Ms: measurement.reserve.p90Ms,
+          p99Ms: measurement.reserve.p99Ms,
+          p999Ms: measurement.reserve.p999Ms,
+          limitMs: options.latencyBudgetMs * options.reserveBudgetShare,
+        },
+        reserveRpc: measurement.reserveRpc,
+      },
+      samples: measurement.samples,
+    };
+    const files = await writeReports(report, options.outDir);
+    return { passed: report.passed, report, table: renderTable(report), files };
+  } catch (error) {
+    if (error instanceof GateAborted || signal.aborted) {
+      aborted = true;
+      throw error instanceof GateAborted ? error : new GateAborted("aborted", { cause: error });
+    }
+    throw error;
+  } finally {
+    progress?.stop();
+    options.signal?.removeEventListener("abort", onAbort);
+    if (cluster) await stopCluster(cluster, aborted);
+    if (db) {
+      await db.close(options.keep).catch((error: unknown) => log(`database cleanup failed: ${(error as Error).message}`));
+      if (options.keep) log(db.kind === "embedded" ? `kept the embedded cluster's files in ${db.dataDir}` : `kept schema ${db.schema ?? "public"}`);
+    }
+    emergencyStops.delete(emergency);
+  }
+}
+
+/** Stops the cluster: SIGTERM (graceful), SIGKILL after 15 s or at once when aborting. */
+async function stopCluster(cluster: Cluster, fast: boolean): Promise<void> {
+  const killAll = () => Promise.all([cluster.service.kill("SIGKILL"), cluster.provider.kill("SIGKILL"), cluster.coordinator.kill("SIGKILL")]);
+  if (fast) {
+    await killAll();
+    return;
+  }
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    cluster.stop(),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(() => void killAll().then(() => resolve()), 15_000);
+    }),
+  ]);
+  clearTimeout(timer);
+  await killAll();
+}
+
+/** Which code ran: the commit and whether the working tree differed from it (read only). */
+function codeVersion(): Record<string, unknown> {
+  try {
+    const git = (...args: string[]) => execFileSync("git", args, { cwd: ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
+    const changed = git("status", "--porcelain", "--untracked-files=no").split("\n").filter(Boolean);
+    return { commit: git("rev-parse", "HEAD").trim(), modifiedFiles: changed.map((line) => line.slice(3)) };
+  } catch {
+    return { commit: "unknown" };
+  }
+}
+
+function publicOptions(options: GateOptions): Record<string, unknown> {
+  const { signal: _signal, log: _log, databaseUrl, ...rest } = options;
+  return { ...rest, databaseUrl: databaseUrl ? redact(databaseUrl) : undefined };
+}
+
+function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = "***";
+    return u.toString();
+  } catch {
+    return "(set)";
+  }
+}
+
+// --- CLI ---------------------------------------------------------------------------
+
+async function main(): Promise<void> {
+  let parsed: ReturnType<typeof parseCli>;
+  try {
+    parsed = parseCli(process.argv.slice(2));
+    if (!parsed.help) resolveOptions(parsed.input);
+  } catch (error) {
+    if (error instanceof UsageError) {
+      process.stderr.write(`${error.message}\n(npm run gate -- --help lists the options)\n`);
+      process.exitCode = 2;
+      return;
+    }
+    throw error;
+  }
+  if (parsed.help) {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+  const controller = new AbortController();
+  let interrupts = 0;
+  const onSignal = (name: string) => {
+    interrupts++;
+    if (interrupts === 1) {
+      process.stderr.write(`\n${name}: stopping the run, killing its processes and removing its database (again to force)…\n`);
+      controller.abort();
+      return;
+    }
+    for (const stop of emergencyStops) stop();
+    process.exit(130);
+  };
+  process.on("SIGINT", () => onSignal("SIGINT"));
+  process.on("SIGTERM", () => onSignal("SIGTERM"));
+  process.on("exit", () => {
+    for (const stop of emergencyStops) stop();
+  });
+  try {
+    const result = await runGate({ ...parsed.input, signal: controller.signal });
+    process.stdout.write(`\n${result.table}`);
+    process.stderr.write(`report: ${result.files.json}\n        ${result.files.html}\n`);
+    process.exitCode = result.passed ? 0 : 1;
+  } catch (error) {
+    if (error instanceof GateAborted) {
+      process.stderr.write("the run was stopped; nothing was measured\n");
+      process.exitCode = 130;
+      return;
+    }
+    process.stderr.write(`the gate could not complete its run: ${(error as Error).stack ?? String(error)}\n`);
+    process.exitCode = 1;
+  }
+}
+
+const invokedDirectly = process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href;
+if (invokedDirectly) {
+  await main();
+  // Keep-alive sockets or timers of a crashed child must not keep the gate alive.
+  process.exit(process.exitCode ?? 0);
+}

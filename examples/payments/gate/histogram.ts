@@ -1,0 +1,161 @@
+/**
+ * Latency distributions: the client's end-to-end samples (kept raw, so
+ * their percentiles are exact, and bucketed for the charts) and the
+ * coordinator's Prometheus histogram of Reserve (cumulative buckets, merged
+ * over the coordinator's lives, percentiles by interpolation).
+ */
+
+/** Upper bounds (ms) of the client histogram: 10 per decade from 0.1 ms to 100 s. */
+export const CLIENT_BOUNDS_MS: readonly number[] = Array.from({ length: 61 }, (_, i) => Number((0.1 * 10 ** (i / 10)).toPrecision(3)));
+
+export interface Distribution {
+  count: number;
+  minMs: number;
+  p50Ms: number;
+  p90Ms: number;
+  p99Ms: number;
+  p999Ms: number;
+  maxMs: number;
+  meanMs: number;
+  /** Counts per CLIENT_BOUNDS_MS bucket (value <= bound), the last one also holding everything above. */
+  buckets: number[];
+}
+
+/** Raw samples, in ms. */
+export class Samples {
+  private values: number[] = [];
+  add(ms: number): void {
+    this.values.push(ms);
+  }
+  get count(): number {
+    return this.values.length;
+  }
+  summary(): Distribution {
+    const sorted = Float64Array.from(this.values).sort();
+    const n = sorted.length;
+    const at = (q: number) => (n === 0 ? 0 : sorted[Math.min(n - 1, Math.max(0, Math.ceil(q * n) - 1))]!);
+    const buckets = new Array<number>(CLIENT_BOUNDS_MS.length).fill(0);
+    let b = 0;
+    let sum = 0;
+    for (const v of sorted) {
+      sum += v;
+      while (b < CLIENT_BOUNDS_MS.length - 1 && v > CLIENT_BOUNDS_MS[b]!) b++;
+      buckets[b]!++;
+    }
+    return {
+      count: n,
+      minMs: n ? sorted[0]! : 0,
+      p50Ms: at(0.5),
+      p90Ms: at(0.9),
+      p99Ms: at(0.99),
+      p999Ms: at(0.999),
+      maxMs: n ? sorted[n - 1]! : 0,
+      meanMs: n ? sum / n : 0,
+      buckets,
+    };
+  }
+}
+
+/** One cumulative bucket of a Prometheus histogram: count of observations <= le (seconds). */
+export interface PromBucket {
+  le: number;
+  count: number;
+}
+
+export interface PromHistogram {
+  /** Ascending, the last one +Inf. */
+  buckets: PromBucket[];
+  count: number;
+  sumSeconds: number;
+}
+
+/**
+ * The histogram `name` from a Prometheus text exposition, summed over the
+ * series whose labels match `match` (e.g. every result code of method Reserve).
+ */
+export function parsePromHistogram(text: string, name: string, match: Record<string, string>): PromHistogram {
+  const byLe = new Map<number, number>();
+  let count = 0;
+  let sum = 0;
+  const line = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)/;
+  for (const raw of text.split("\n")) {
+    if (raw.startsWith("#")) continue;
+    const m = line.exec(raw);
+    if (!m) continue;
+    const [, metric, labelText, valueText] = m;
+    if (metric !== `${name}_bucket` && metric !== `${name}_count` && metric !== `${name}_sum`) continue;
+    const labels = parseLabels(labelText ?? "");
+    if (!Object.entries(match).every(([k, v]) => labels[k] === v)) continue;
+    const value = Number(valueText);
+    if (metric === `${name}_bucket`) {
+      const le = labels.le === "+Inf" ? Number.POSITIVE_INFINITY : Number(labels.le);
+      byLe.set(le, (byLe.get(le) ?? 0) + value);
+    } else if (metric === `${name}_count`) count += value;
+    else sum += value;
+  }
+  const buckets = [...byLe.entries()].map(([le, c]) => ({ le, count: c })).sort((a, b) => a.le - b.le);
+  return { buckets, count, sumSeconds: sum };
+}
+
+function parseLabels(text: string): Record<string, string> {
+  const labels: Record<string, string> = {};
+  const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g;
+  for (let m = re.exec(text); m; m = re.exec(text)) labels[m[1]!] = m[2]!.replace(/\\(.)/g, "$1");
+  return labels;
+}
+
+/** Sums histograms of several process lives (each one's counters start at zero). */
+export function mergePromHistograms(parts: readonly PromHistogram[]): PromHistogram {
+  const byLe = new Map<number, number>();
+  let count = 0;
+  let sum = 0;
+  for (const part of parts) {
+    for (const b of part.buckets) byLe.set(b.le, (byLe.get(b.le) ?? 0) + b.count);
+    count += part.count;
+    sum += part.sumSeconds;
+  }
+  return { buckets: [...byLe.entries()].map(([le, c]) => ({ le, count: c })).sort((a, b) => a.le - b.le), count, sumSeconds: sum };
+}
+
+/**
+ * The q-quantile (seconds) by linear interpolation inside the bucket that
+ * holds it (as Prometheus' histogram_quantile does). `beyond` is true when it
+ * falls in the +Inf bucket: the value is then the largest finite bound, a
+ * lower bound of the truth.
+ */
+export function promQuantile(h: PromHistogram, q: number): { seconds: number; beyond: boolean } {
+  const total = h.buckets.at(-1)?.count ?? 0;
+  if (total === 0) return { seconds: Number.NaN, beyond: false };
+  const rank = q * total;
+  let prevLe = 0;
+  let prevCount = 0;
+  for (const b of h.buckets) {
+    if (b.count >= rank) {
+      if (!Number.isFinite(b.le)) return { seconds: prevLe, beyond: true };
+      const inBucket = b.count - prevCount;
+      const fraction = inBucket > 0 ? (rank - prevCount) / inBucket : 1;
+      return { seconds: prevLe + (b.le - prevLe) * fraction, beyond: false };
+    }
+    prevLe = b.le;
+    prevCount = b.count;
+  }
+  return { seconds: prevLe, beyond: true };
+}
+
+/** The share of observations at or below `seconds`, interpolated the same way. */
+export function promShareBelow(h: PromHistogram, seconds: number): number {
+  const total = h.buckets.at(-1)?.count ?? 0;
+  if (total === 0) return Number.NaN;
+  let prevLe = 0;
+  let prevCount = 0;
+  for (const b of h.buckets) {
+    if (seconds <= b.le) {
+      if (!Number.isFinite(b.le)) return prevCount / total;
+      const fraction = (seconds - prevLe) / (b.le - prevLe);
+      return (prevCount + (b.count - prevCount) * fraction) / total;
+    }
+    prevLe = b.le;
+    prevCount = b.count;
+  }
+  return 1;
+}
