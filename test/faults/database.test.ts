@@ -64,36 +64,25 @@ describe("injected serialization failures and deadlocks", () => {
 });
 
 describe("connections killed inside a transaction", () => {
+  const completedEvents = async (operationId: string) =>
+    (await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [operationId])).rows[0].n as number;
+
   it("re-runs a Complete whose connection was terminated before its COMMIT: one terminal state, one event", async () => {
     const server = await startTestServer(t);
     try {
-      const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-      const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
-      const accepted = await client.reserve(
-        {
-          subject: { tenant: "acme", principal: "alice" },
-          operation: "payments.create",
-          apiRevision: 1,
-          idempotencyKey: newKey(),
-          claim: true,
-          request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p", body: new Uint8Array([1]) }) },
-        },
-        call,
-      );
-      const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
+      const { client, call, reserve } = rpc(server);
+      const { operationId } = await reserve();
       // Complete pauses with its terminal state written and not committed; its backend is killed meanwhile.
       const paused = armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
-      const completing = client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
+      const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
       await paused;
       const { rows: killed } = await t.pool.query(
         "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'",
         [server.applicationName],
       );
       expect(killed[0].n).toBe(1);
-      const done = await completing;
-      expect(done.state).toBe(RecordState.SUCCEEDED);
-      const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [accepted.operationId]);
-      expect(rows[0].n).toBe(1);
+      expect((await completing).state).toBe(RecordState.SUCCEEDED);
+      expect(await completedEvents(operationId)).toBe(1);
     } finally {
       await server.stop();
     }
@@ -107,24 +96,15 @@ describe("connections killed inside a transaction", () => {
       CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON ${t.schema}.idem_record
         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ${t.schema}.slow_commit()`);
     try {
-      const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-      const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
-      const accepted = await client.reserve(
-        { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
-        call,
-      );
-      const completing = client.complete(
-        { ref: create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId }), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } },
-        call,
-      );
+      const { client, call, reserve } = rpc(server);
+      const { operationId } = await reserve();
+      const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } }, call);
       const committing = "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query = 'COMMIT'";
       await vi.waitFor(async () => expect((await t.pool.query(committing, [server.applicationName])).rowCount).toBe(1), { timeout: 10_000 });
       const { rows: killed } = await t.pool.query(`SELECT count(pg_terminate_backend(pid))::int AS n FROM (${committing}) AS c`, [server.applicationName]);
       expect(killed[0].n).toBe(1);
-      const done = await completing;
-      expect(done.state).toBe(RecordState.SUCCEEDED);
-      const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [accepted.operationId]);
-      expect(rows[0].n).toBe(1);
+      expect((await completing).state).toBe(RecordState.SUCCEEDED);
+      expect(await completedEvents(operationId)).toBe(1);
     } finally {
       await t.pool.query(`DROP TRIGGER slow_commit ON ${t.schema}.idem_record; DROP FUNCTION ${t.schema}.slow_commit()`);
       await server.stop();
@@ -134,20 +114,14 @@ describe("connections killed inside a transaction", () => {
   it("answers UNAVAILABLE with nothing half-written when the pool is exhausted", async () => {
     const server = await startTestServer(t, { config: { db: { ...loadConfig({}).db, poolMax: 1, connectTimeoutMs: 300 } } });
     try {
-      const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-      const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+      const { client, call, reserve } = rpc(server);
       // Holds the server's only connection: a Complete paused inside its transaction.
-      const accepted = await client.reserve(
-        { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
-        call,
-      );
+      const { operationId } = await reserve();
       const paused = armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
-      const holding = client.complete({ ref: create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId }), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
+      const holding = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
       await paused;
       const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
-      const refused = await client
-        .reserve({ subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } }, call)
-        .then(() => undefined, (e: unknown) => ConnectError.from(e));
+      const refused = await reserve().then(() => undefined, (e: unknown) => ConnectError.from(e));
       expect(refused?.code).toBe(Code.Unavailable);
       expect(refused?.findDetails(ErrorInfoSchema)[0]?.reason).toBe("REGISTRY_UNAVAILABLE");
       await holding;
@@ -158,6 +132,20 @@ describe("connections killed inside a transaction", () => {
     }
   });
 });
+
+/** A gRPC client of `server` acting as its gateway, and a Reserve (claimed) of a new key. */
+function rpc(server: { baseUrl: string; tokens: { gateway: string } }) {
+  const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+  const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+  const reserve = () =>
+    client.reserve(
+      { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
+      call,
+    );
+  return { client, call, reserve };
+}
+
+const refOf = (operationId: string) => create(OperationRefSchema, { tenant: "acme", operationId });
 
 describe("PostgreSQL restarted under load", () => {
   it("refuses as UNAVAILABLE while the database is down, never half-decides, and serves again once it is back", async () => {
