@@ -126,15 +126,39 @@ interface Bar {
   label?: string;
 }
 
+/** A chart's size and where its plot lies inside it. */
+interface Frame {
+  W: number;
+  H: number;
+  left: number;
+  top: number;
+  plotW: number;
+  plotH: number;
+}
+
+function frame(W: number, H: number, margins: { left: number; top: number; bottom: number }): Frame {
+  return { W, H, left: margins.left, top: margins.top, plotW: W - margins.left - 10, plotH: H - margins.top - margins.bottom };
+}
+
+/** Labels in seconds along a time axis, about a dozen of them. */
+function timeAxis(f: Frame, x: (second: number) => number, seconds: number): string[] {
+  const step = Math.max(1, Math.ceil(seconds / 12 / 10) * 10);
+  const labels: string[] = [];
+  for (let s = 0; s <= seconds; s += step) labels.push(`<text x="${x(s).toFixed(1)}" y="${f.H - 8}" class="ax" text-anchor="middle">${s}s</text>`);
+  return labels;
+}
+
+/** A dashed vertical line at each kill, labelled. */
+function killMarks(f: Frame, x: (second: number) => number, kills: Array<{ second: number; label: string }>): string[] {
+  return kills.flatMap((k) => [
+    `<line x1="${x(k.second).toFixed(1)}" y1="${f.top}" x2="${x(k.second).toFixed(1)}" y2="${f.top + f.plotH}" stroke="#000" stroke-dasharray="3 3"/>`,
+    `<text x="${(x(k.second) + 3).toFixed(1)}" y="${f.top + 10}" class="ax">${esc(k.label)}</text>`,
+  ]);
+}
+
 /** A histogram on a logarithmic latency axis, as inline SVG. */
 function svgHistogram(bars: Bar[], options: { color: string; markers?: Array<{ ms: number; label: string; color: string }>; minMs: number; maxMs: number; title: string }): string {
-  const W = 560;
-  const H = 170;
-  const left = 46;
-  const bottom = 28;
-  const top = 18;
-  const plotW = W - left - 10;
-  const plotH = H - top - bottom;
+  const { W, H, left, top, plotW, plotH } = frame(560, 170, { left: 46, top: 18, bottom: 28 });
   const lx = (ms: number) => left + ((Math.log10(Math.max(ms, options.minMs)) - Math.log10(options.minMs)) / (Math.log10(options.maxMs) - Math.log10(options.minMs))) * plotW;
   const maxCount = Math.max(1, ...bars.map((b) => b.count));
   const parts: string[] = [`<svg viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" role="img" aria-label="${esc(options.title)}">`];
@@ -169,13 +193,8 @@ function svgHistogram(bars: Bar[], options: { color: string; markers?: Array<{ m
 
 /** Requests per second over the run, with the kills marked. */
 function svgTimeline(timeline: Array<[number, number]>, kills: Array<{ second: number; label: string }>): string {
-  const W = 1140;
-  const H = 180;
-  const left = 46;
-  const top = 14;
-  const bottom = 26;
-  const plotW = W - left - 10;
-  const plotH = H - top - bottom;
+  const f = frame(1140, 180, { left: 46, top: 14, bottom: 26 });
+  const { W, H, left, top, plotW, plotH } = f;
   const n = Math.max(1, timeline.length);
   const max = Math.max(1, ...timeline.map(([ok, bad]) => ok + bad));
   const x = (s: number) => left + (s / n) * plotW;
@@ -184,27 +203,18 @@ function svgTimeline(timeline: Array<[number, number]>, kills: Array<{ second: n
   const parts = [`<svg viewBox="0 0 ${W} ${H}" width="100%" role="img" aria-label="requests per second">`];
   parts.push(`<line x1="${left}" y1="${top + plotH}" x2="${left + plotW}" y2="${top + plotH}" class="axis"/>`);
   parts.push(`<text x="${left - 4}" y="${top + 8}" class="ax" text-anchor="end">${max}/s</text>`);
-  const step = Math.max(1, Math.ceil(n / 12 / 10) * 10);
-  for (let s = 0; s <= n; s += step) parts.push(`<text x="${x(s).toFixed(1)}" y="${H - 8}" class="ax" text-anchor="middle">${s}s</text>`);
+  parts.push(...timeAxis(f, x, n));
   parts.push(`<path d="${path(([ok, bad]) => ok + bad)}" fill="none" stroke="#1565c0" stroke-width="1.2"><title>all answers per second</title></path>`);
   parts.push(`<path d="${path(([, bad]) => bad)}" fill="none" stroke="#c62828" stroke-width="1.2"><title>503, 5xx and connection errors per second</title></path>`);
-  for (const k of kills) {
-    parts.push(`<line x1="${x(k.second).toFixed(1)}" y1="${top}" x2="${x(k.second).toFixed(1)}" y2="${top + plotH}" stroke="#000" stroke-dasharray="3 3"/>`);
-    parts.push(`<text x="${(x(k.second) + 3).toFixed(1)}" y="${top + 10}" class="ax">${esc(k.label)}</text>`);
-  }
+  parts.push(...killMarks(f, x, kills));
   parts.push("</svg>");
   return parts.join("");
 }
 
 /** P50 and P99 of Reserve per scrape interval over the run (log scale), with the limit and the kills. */
 function svgReserveSeries(series: readonly ReserveInterval[], kills: Array<{ second: number; label: string }>, limitMs: number, seconds: number): string {
-  const W = 1140;
-  const H = 200;
-  const left = 52;
-  const top = 14;
-  const bottom = 26;
-  const plotW = W - left - 10;
-  const plotH = H - top - bottom;
+  const f = frame(1140, 200, { left: 52, top: 14, bottom: 26 });
+  const { W, H, left, top, plotW, plotH } = f;
   const minMs = 0.5;
   const maxMs = 10_000;
   const n = Math.max(1, seconds, ...series.map((p) => p.second));
@@ -215,18 +225,14 @@ function svgReserveSeries(series: readonly ReserveInterval[], kills: Array<{ sec
     parts.push(`<line x1="${left}" y1="${y(ms).toFixed(1)}" x2="${left + plotW}" y2="${y(ms).toFixed(1)}" class="grid"/>`);
     parts.push(`<text x="${left - 4}" y="${(y(ms) + 3).toFixed(1)}" class="ax" text-anchor="end">${esc(fmtMs(ms).replace(".0 ", " "))}</text>`);
   }
-  const step = Math.max(1, Math.ceil(n / 12 / 10) * 10);
-  for (let s = 0; s <= n; s += step) parts.push(`<text x="${x(s).toFixed(1)}" y="${H - 8}" class="ax" text-anchor="middle">${s}s</text>`);
+  parts.push(...timeAxis(f, x, n));
   parts.push(`<line x1="${left}" y1="${y(limitMs).toFixed(1)}" x2="${left + plotW}" y2="${y(limitMs).toFixed(1)}" stroke="#000" stroke-dasharray="6 3"><title>limit ${fmtMs(limitMs)}</title></line>`);
   const line = (pick: (p: ReserveInterval) => number, color: string, title: string) =>
     `<path d="${series.map((p, i) => `${i === 0 ? "M" : "L"}${x(p.second).toFixed(1)},${y(pick(p)).toFixed(1)}`).join("")}" fill="none" stroke="${color}" stroke-width="1.4"><title>${title}</title></path>` +
-    series.map((p) => `<circle cx="${x(p.second).toFixed(1)}" cy="${y(pick(p)).toFixed(1)}" r="2" fill="${color}"><title>${p.second}s: ${title} ${fmtMs(pick(p))} (${p.count} RPCs)</title></circle>`).join("");
+    series.map((p) => `<circle cx="${x(p.second).toFixed(1)}" cy="${y(pick(p)).toFixed(1)}" r="2" fill="${color}"><title>${p.second}s: ${title} ${fmtMs(pick(p))} (${p.count} transactions)</title></circle>`).join("");
   parts.push(line((p) => p.p50Ms, "#1565c0", "P50"));
   parts.push(line((p) => p.p99Ms, "#c62828", "P99"));
-  for (const k of kills) {
-    parts.push(`<line x1="${x(k.second).toFixed(1)}" y1="${top}" x2="${x(k.second).toFixed(1)}" y2="${top + plotH}" stroke="#000" stroke-dasharray="3 3"/>`);
-    parts.push(`<text x="${(x(k.second) + 3).toFixed(1)}" y="${top + 10}" class="ax">${esc(k.label)}</text>`);
-  }
+  parts.push(...killMarks(f, x, kills));
   parts.push("</svg>");
   return parts.join("");
 }
