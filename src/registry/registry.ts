@@ -260,8 +260,7 @@ export class Registry {
     validateRef(input.ref);
     const acquisitionId = randomUUID();
     return db.transaction(input.ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, input.ref, actor);
-      const attempts = await loadAttempts(q, input.ref);
+      const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
       // A re-run after a lost COMMIT: the claim already happened.
       if (record.acquisitionId === acquisitionId) return { record, attempts };
       const policy = await this.policyOf(record);
@@ -324,8 +323,7 @@ export class Registry {
     validateEffectName(effect);
     if (provider.length > 0) validateText(provider, "provider", 128);
     return db.transaction(ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, ref, actor);
-      const attempts = await loadAttempts(q, ref);
+      const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
       checkRecordEffect(record, attempts, generation, effect);
       const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
       const { rows } = await q.query(
@@ -354,8 +352,7 @@ export class Registry {
     if (status === "PENDING") refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
     if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
     return db.transaction(ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, ref, actor);
-      const attempts = await loadAttempts(q, ref);
+      const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
       const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
       if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
       const { rows } = await q.query(
@@ -377,11 +374,10 @@ export class Registry {
   async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
     const completed = await db.transaction(input.ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, input.ref, actor);
+      const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
       const policy = await this.policyOf(record);
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
       const digest = snapshotDigest(snapshot);
-      const attempts = await loadAttempts(q, input.ref);
       if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
       const finished = await fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
         REQUEST_PATH_SQL.finish, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]);
@@ -519,6 +515,17 @@ export class Registry {
     const record = rows[0] ? toRecord(rows[0]) : undefined;
     if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
     return record;
+  }
+
+  /**
+   * Locks the record and reads its effect attempts in one round trip: the read
+   * is pipelined behind the lock, and PostgreSQL runs it once the lock is held,
+   * so it sees the attempts as they stand under the lock.
+   */
+  private async lockWithAttempts(q: Queryable, ref: OperationRef, actor: Actor): Promise<{ record: StoredRecord; attempts: StoredAttempt[] }> {
+    requireTenant(actor, ref.tenant);
+    const [record, attempts] = await Promise.all([this.lockRecord(q, ref, actor), loadAttempts(q, ref)]);
+    return { record, attempts };
   }
 }
 

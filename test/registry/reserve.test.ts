@@ -201,7 +201,7 @@ describe("operation modes", () => {
   });
 });
 
-describe("round trips per Reserve", () => {
+describe("round trips per call", () => {
   /**
    * A Db that counts its messages to PostgreSQL (BEGIN with the tenant
    * binding, statements, COMMIT) and its round trips: a message sent while an
@@ -246,5 +246,14 @@ describe("round trips per Reserve", () => {
     const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0].operation_id);
     expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 4 }]);
+  });
+
+  it("takes three round trips (five messages) for a Complete: the lock and the attempts travel with BEGIN", async () => {
+    const accepted = await registry.reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
+    const c = counting();
+    const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
+    const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+    expect(done.state).toBe("SUCCEEDED");
+    expect(c.counts()).toEqual({ roundTrips: 3, messages: 5 });
   });
 });
