@@ -456,7 +456,7 @@ async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<Round
     available: true,
     method:
       `${k} sequential calls of each RPC through a coordinator of their own (background jobs parked); round trips counted on the wire ` +
-      `(a proxy counting Query and Sync messages)${statementsOn ? ", statements and execution time by pg_stat_statements (top-level, BEGIN/COMMIT included)" : ""}`,
+      `(a proxy counting the Query and Sync messages sent while none was waiting for its answer)${statementsOn ? ", statements and execution time by pg_stat_statements (top-level, BEGIN/COMMIT included)" : ""}`,
     ...(statementsOn ? {} : { reason: `statements unavailable: ${(ctx.statements as { reason: string }).reason}` }),
     ...(wireOk ? {} : { wireNote: "the database connection is encrypted: round trips could not be counted on the wire" }),
     reserve: { ...reserve.cost, clientMs: reserve.result },
