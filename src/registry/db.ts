@@ -218,7 +218,9 @@ export function transactionDb(client: Queryable): Db {
 
 /** The SQLSTATE of a PostgreSQL error, if it has one. */
 export function sqlState(error: unknown): string | undefined {
-  const code = (error as { code?: unknown } | null)?.code;
+  const { code, syscall } = (error ?? {}) as { code?: unknown; syscall?: unknown };
+  // Node's system errors carry codes too, and EPIPE has a SQLSTATE's shape: theirs name a syscall.
+  if (syscall !== undefined) return undefined;
   return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
 }
 

@@ -26,15 +26,18 @@ afterEach(() => disarmFailpoints());
 const registry = testRegistry();
 const gateway = actor();
 
-/** A Db whose statements fail with `sqlstate` the first `times` times (all the time with Infinity). */
-function failing(db: Db, sqlstate: string, times: number): { db: Db; failures: () => number } {
+/**
+ * A Db whose statements fail with `code` the first `times` times (all the time
+ * with Infinity): a SQLSTATE, or a system error's code with its `syscall`.
+ */
+function failing(db: Db, code: string, times: number, syscall?: string): { db: Db; failures: () => number } {
   let failures = 0;
   const inject = <T>(work: (q: Queryable) => Promise<T>) => (q: Queryable) =>
     work({
       query: (text, values) => {
         if (failures < times) {
           failures++;
-          return Promise.reject(Object.assign(new Error(`injected ${sqlstate}`), { code: sqlstate }));
+          return Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) }));
         }
         return q.query(text, values);
       },
@@ -61,6 +64,19 @@ describe("injected serialization failures and deadlocks", () => {
       expect(after).toEqual(before);
     });
   }
+});
+
+describe("a connection that breaks under a write", () => {
+  it("retries work whose socket failed with EPIPE, then refuses clearly as REGISTRY_UNAVAILABLE when it persists", async () => {
+    const retried: string[] = [];
+    const base = poolDb(t.pool, silentLogger, { retried: (cause) => retried.push(cause) });
+    const once = failing(base, "EPIPE", 1, "write");
+    expect((await registry.reserve(once.db, reserveInput(newKey()), gateway)).decision).toBe("ACCEPTED");
+    expect(retried).toEqual(["connection"]);
+    const always = failing(base, "EPIPE", Number.POSITIVE_INFINITY, "write");
+    await expectRefusal(registry.reserve(always.db, reserveInput(newKey()), gateway), "REGISTRY_UNAVAILABLE");
+    expect(always.failures()).toBe(4);
+  });
 });
 
 describe("connections killed inside a transaction", () => {
