@@ -36,7 +36,7 @@ import { measure, unsettledCounts } from "./gate/measure.js";
 import { parseCli, resolveOptions, USAGE, UsageError, type GateInput, type GateOptions } from "./gate/options.js";
 import { Progress } from "./gate/progress.js";
 import { renderTable, writeReports, type GateReport } from "./gate/report.js";
-import { ReserveTracker } from "./gate/reserve.js";
+import { MetricsScraper, ReserveTracker } from "./gate/reserve.js";
 import { formatDuration, sleep } from "./gate/util.js";
 import { freePort } from "../../src/net.js";
 
@@ -150,10 +150,9 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     const load = new LoadGenerator(options, cluster.service.url, { onKeyStarted: (n) => faults.onKeyStarted(n), signal });
     const loadStarted = Date.now();
     // The line is the reservation transaction's; the whole RPC (pool wait and queueing included) is reported beside it.
-    const reserveTracker = new ReserveTracker(scrapeMetrics, () => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } });
-    const reserveRpcTracker = new ReserveTracker(scrapeMetrics, () => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } });
-    const sampleReserve = async () => void (await Promise.all([reserveTracker.sample(), reserveRpcTracker.sample()]));
-    const endReserveLife = async () => void (await Promise.all([reserveTracker.endLife(), reserveRpcTracker.endLife()]));
+    const reserveTracker = new ReserveTracker(() => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } });
+    const reserveRpcTracker = new ReserveTracker(() => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } });
+    const scraper = new MetricsScraper(scrapeMetrics, [reserveTracker, reserveRpcTracker]);
     const cpuAtStart = sampleCpu();
     const generatorCpuAtStart = process.cpuUsage();
     progress = new Progress(
@@ -180,7 +179,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       plan,
       downtimeMs: options.downtimeMs,
       progress: () => ({ sent: load.stats.sent, planned: options.requests }),
-      beforeCoordinatorKill: endReserveLife,
+      beforeCoordinatorKill: () => scraper.endLife(),
       log: note,
       signal,
     });
@@ -190,7 +189,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       load.stop();
     });
     progress.start();
-    const sampler = setInterval(() => void sampleReserve(), 5000);
+    const sampler = setInterval(() => void scraper.sample(), 5000);
     try {
       await load.run();
     } finally {
@@ -228,7 +227,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
 
     // --- measure ------------------------------------------------------------------
     const measureStarted = Date.now();
-    await endReserveLife();
+    await scraper.endLife();
     const reserve = reserveTracker.total();
     const providerState = await cluster.providerState();
     const measurement = await measure({ pool: db.pool, keys: load.keys, stats: load.stats, provider: providerState, reserve, reserveRpc: reserveRpcTracker.total(), options });
@@ -271,7 +270,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
         providerFaultsRequested: faults.injected,
         timeline: load.stats.timeline,
       },
-      chaos: { events: chaos.events, unexpectedExits: chaos.unexpectedExits, scrapeErrors: [...reserveTracker.errors, ...reserveRpcTracker.errors] },
+      chaos: { events: chaos.events, unexpectedExits: chaos.unexpectedExits, scrapeErrors: scraper.errors },
       settle: { waitedSeconds: phases.settleSeconds, settled, remaining },
       registry: { ...measurement.registry, business: measurement.business, provider: measurement.provider },
       latency: {

@@ -16,24 +16,22 @@ export interface ReserveInterval {
   p99Ms: number;
 }
 
-export class ReserveTracker {
-  private readonly lives: PromHistogram[] = [];
-  private current: PromHistogram | undefined;
+/** Scrapes the coordinator's /metrics once for all its trackers; scrapes never overlap. */
+export class MetricsScraper {
   private chain: Promise<void> = Promise.resolve();
-  readonly series: ReserveInterval[] = [];
+  /** Failed scrapes, noted rather than thrown. */
   readonly errors: string[] = [];
 
   constructor(
     private readonly scrape: () => Promise<string>,
-    private readonly startedAt: () => number,
-    private readonly metric: { name: string; labels: Record<string, string> },
+    private readonly trackers: readonly ReserveTracker[],
   ) {}
 
-  /** Scrapes once (scrapes never overlap); a failure is noted, not thrown. */
   sample(): Promise<void> {
     this.chain = this.chain.then(async () => {
       try {
-        this.observe(parsePromHistogram(await this.scrape(), this.metric.name, this.metric.labels));
+        const text = await this.scrape();
+        for (const tracker of this.trackers) tracker.observe(text);
       } catch (error) {
         this.errors.push((error as Error).message);
       }
@@ -42,13 +40,34 @@ export class ReserveTracker {
   }
 
   /** Scrapes, then closes the coordinator's current life (call right before killing it, and at the end). */
-  async endLife(): Promise<void> {
-    await this.sample();
+  endLife(): Promise<void> {
+    void this.sample();
     this.chain = this.chain.then(() => {
-      if (this.current) this.lives.push(this.current);
-      this.current = undefined;
+      for (const tracker of this.trackers) tracker.endLife();
     });
-    await this.chain;
+    return this.chain;
+  }
+}
+
+export class ReserveTracker {
+  private readonly lives: PromHistogram[] = [];
+  private current: PromHistogram | undefined;
+  readonly series: ReserveInterval[] = [];
+
+  constructor(
+    private readonly startedAt: () => number,
+    private readonly metric: { name: string; labels: Record<string, string> },
+  ) {}
+
+  /** Reads the histogram from one scrape of /metrics. */
+  observe(text: string): void {
+    this.observeHistogram(parsePromHistogram(text, this.metric.name, this.metric.labels));
+  }
+
+  /** Closes the coordinator's current life: its next scrape starts from zero. */
+  endLife(): void {
+    if (this.current) this.lives.push(this.current);
+    this.current = undefined;
   }
 
   /** Every life so far, the current one included. */
@@ -60,7 +79,7 @@ export class ReserveTracker {
     return this.lives.length + (this.current ? 1 : 0);
   }
 
-  private observe(h: PromHistogram): void {
+  private observeHistogram(h: PromHistogram): void {
     const count = h.buckets.at(-1)?.count ?? 0;
     const previous = this.current;
     let delta: PromHistogram;
