@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo, Socket } from "node:net";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { DefiniteFailure } from "../../src/gateway/index.js";
+import { listen } from "./http.js";
 
 /**
  * A fake card provider, the kind of downstream system the coordinator's
@@ -54,7 +54,6 @@ export async function startCardProvider(options: { port?: number; host?: string 
   const byId = new Map<string, Charge>();
   const requests: string[] = [];
   const faults: ProviderFaults = { timeoutAfterCharge: 0, failAmbiguously: 0, ambiguousCharges: false, decline: 0 };
-  const sockets = new Set<Socket>();
 
   const json = (res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) => {
     res.writeHead(status, { "content-type": "application/json", ...headers });
@@ -132,27 +131,19 @@ export async function startCardProvider(options: { port?: number; host?: string 
     return json(res, 404, { error: "not_found" });
   };
 
-  const server = createServer((req, res) => {
-    handle(req, res).catch(() => {
-      if (!res.headersSent) json(res, 500, { error: "internal" });
-    });
-  });
-  server.on("connection", (socket) => {
-    sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
-  });
-  await new Promise<void>((resolve) => server.listen(options.port ?? 0, options.host ?? "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
+  const listening = await listen(
+    handle,
+    (_error, res) => {
+      if (res) json(res, 500, { error: "internal" });
+    },
+    options,
+  );
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: listening.url,
     faults,
     charges: () => [...byId.values()],
     chargeRequests: () => [...requests],
-    close: () =>
-      new Promise<void>((resolve) => {
-        for (const socket of sockets) socket.destroy();
-        server.close(() => resolve());
-      }),
+    close: () => listening.close(),
   };
 }
 

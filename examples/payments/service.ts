@@ -1,6 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo, Socket } from "node:net";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import type pg from "pg";
 import {
   withIdempotency,
@@ -10,6 +9,7 @@ import {
   type IdempotencyGateway,
   type Subject,
 } from "../../src/gateway/index.js";
+import { listen } from "./http.js";
 import { PAYMENTS_OPERATION } from "./policy.js";
 import { CardDeclined, ProviderUnavailable, type CardProviderClient } from "./provider.js";
 import { paymentJson, paymentResponse, type PaymentsStore, type Queryable } from "./store.js";
@@ -172,29 +172,15 @@ export async function startPaymentsService(options: PaymentsServiceOptions): Pro
     return writeResponse(res, { status: 404, json: { title: "Not found" } });
   };
 
-  const sockets = new Set<Socket>();
-  const server = createServer((req, res) => {
-    route(req, res).catch((error: unknown) => {
+  const listening = await listen(
+    route,
+    (error, res) => {
       gateway.logger.error({ error: (error as Error).message }, "request failed");
-      if (!res.headersSent) writeResponse(res, { status: 500, json: { title: "Internal error" } });
-    });
-  });
-  server.on("connection", (socket) => {
-    sockets.add(socket);
-    socket.on("close", () => sockets.delete(socket));
-  });
-  await new Promise<void>((resolve) => server.listen(options.port ?? 0, options.host ?? "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
-  return {
-    url: `http://127.0.0.1:${port}`,
-    stats,
-    faults,
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        for (const socket of sockets) socket.destroy();
-      }),
-  };
+      if (res) writeResponse(res, { status: 500, json: { title: "Internal error" } });
+    },
+    options,
+  );
+  return { url: listening.url, stats, faults, close: () => listening.close() };
 }
 
 function withDelivery(response: HandlerResponse, delivery: Record<string, string>): HandlerResponse {
