@@ -1,14 +1,11 @@
 import { existsSync } from "node:fs";
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import { chromium, type Browser } from "playwright-core";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
 
 // The operator console in a real browser: Debian's Chromium, driven by
 // playwright-core. CI installs it (.ci/run) and there a missing browser fails
@@ -35,8 +32,7 @@ afterAll(async () => {
 });
 
 async function unknownRecord(): Promise<string> {
-  const coordinator = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-  const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+  const { client: coordinator, call } = gatewayClient(server);
   const key = newKey();
   const reserve = (body: string, claim: boolean) =>
     coordinator.reserve(
@@ -52,13 +48,7 @@ async function unknownRecord(): Promise<string> {
     );
   const accepted = await reserve('{"amount":1}', true);
   await reserve('{"amount":2}', false); // a conflict, for the "recent conflicts" table
-  const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
-  await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
-  await t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [accepted.operationId]);
-  await vi.waitFor(async () => {
-    const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [accepted.operationId]);
-    expect(rows[0].state).toBe("UNKNOWN");
-  });
+  await driveToUnknown(t, server, accepted.operationId);
   return accepted.operationId;
 }
 

@@ -1,14 +1,11 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
 
 const run = promisify(execFile);
 const t = useTestDatabase();
@@ -47,8 +44,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
   });
 
   it("walks the UNKNOWN runbook: list the queue, look a record up, reconcile it, read the log", async () => {
-    const coordinator = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-    const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+    const { client: coordinator, call } = gatewayClient(server);
     const accepted = await coordinator.reserve(
       {
         subject: { tenant: "acme", principal: "alice" },
@@ -60,13 +56,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
       },
       call,
     );
-    const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
-    await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
-    await t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [accepted.operationId]);
-    await vi.waitFor(async () => {
-      const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [accepted.operationId]);
-      expect(rows[0].state).toBe("UNKNOWN");
-    });
+    await driveToUnknown(t, server, accepted.operationId);
 
     const queue = await idemctl("list", "--state", "UNKNOWN", "--json");
     expect(queue.code).toBe(0);

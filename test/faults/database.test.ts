@@ -18,7 +18,7 @@ import { tokenHash } from "../../src/server/callers.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testDocument, testRegistry } from "../support/fixtures.js";
 import { expectRefusal } from "../support/registry-helpers.js";
-import { startTestServer } from "../support/server.js";
+import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
 
 const t = useTestDatabase();
 afterEach(() => disarmFailpoints());
@@ -150,9 +150,8 @@ describe("connections killed inside a transaction", () => {
 });
 
 /** A gRPC client of `server` acting as its gateway, and a Reserve (claimed) of a new key. */
-function rpc(server: { baseUrl: string; tokens: { gateway: string } }) {
-  const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-  const call = { headers: { authorization: `Bearer ${server.tokens.gateway}` } };
+function rpc(server: TestServer) {
+  const { client, call } = gatewayClient(server);
   const reserve = () =>
     client.reserve(
       { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },

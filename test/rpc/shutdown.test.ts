@@ -1,19 +1,17 @@
-import { createClient } from "@connectrpc/connect";
-import { createConnectTransport } from "@connectrpc/connect-node";
 import { describe, expect, it } from "vitest";
 import { HealthCheckResponse_ServingStatus } from "../../src/gen/grpc/health/v1/health_pb.js";
-import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { transactionDb } from "../../src/registry/db.js";
 import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
-import { startTestServer } from "../support/server.js";
+import { gatewayClient, startTestServer } from "../support/server.js";
 
 const t = useTestDatabase();
 
 describe("graceful stop", () => {
   it("stops serving new work at once but lets in-flight RPCs finish before closing", async () => {
     const server = await startTestServer(t);
-    const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
+    const { client, call } = gatewayClient(server);
     const key = newKey();
     const body = new TextEncoder().encode(JSON.stringify({ amount: 10 }));
 
@@ -33,7 +31,7 @@ describe("graceful stop", () => {
           idempotencyKey: key,
           request: { case: "parts", value: { method: "POST", path: "/v1/payments", mediaType: "application/json", body } },
         },
-        { headers: { authorization: `Bearer ${server.tokens.gateway}` } },
+        call,
       ),
     );
     // Wait until all ten are blocked in the database.

@@ -1,6 +1,11 @@
 import { randomBytes } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { createClient, type Client } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
+import { expect, vi } from "vitest";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
+import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
 import { parseKeyring } from "../../src/registry/sealing.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
@@ -8,6 +13,7 @@ import { tokenHash } from "../../src/server/callers.js";
 import type { TestDatabase } from "./database.js";
 import { silentLogger } from "./database.js";
 import { testDocument } from "./fixtures.js";
+import { expireLease } from "./registry-helpers.js";
 
 /** Tokens of the callers every test server knows. */
 export interface TestTokens {
@@ -78,4 +84,31 @@ export async function startTestServer(
     applicationName,
     stop: () => coordinator.stop(),
   };
+}
+
+/** A Connect client of `server` over HTTP/2, and the call options that act as its gateway caller. */
+export function gatewayClient(server: Pick<TestServer, "baseUrl" | "tokens">): {
+  client: Client<typeof CoordinatorService>;
+  call: { headers: { authorization: string } };
+} {
+  return {
+    client: createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" })),
+    call: { headers: { authorization: `Bearer ${server.tokens.gateway}` } },
+  };
+}
+
+/**
+ * Takes an operation its gateway owns (generation 1, tenant acme) to UNKNOWN
+ * the way production does: an effect attempt is registered, the lease ends
+ * (in database time), and the server's recoverer finds it.
+ */
+export async function driveToUnknown(t: TestDatabase, server: TestServer, operationId: string): Promise<void> {
+  const { client, call } = gatewayClient(server);
+  const ref = create(OperationRefSchema, { tenant: "acme", operationId });
+  await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
+  await expireLease(t.pool, operationId);
+  await vi.waitFor(async () => {
+    const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
+    expect(rows[0].state).toBe("UNKNOWN");
+  });
 }
