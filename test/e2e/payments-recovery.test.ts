@@ -1,41 +1,21 @@
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startPaymentsApp, type PaymentsApp } from "../../examples/payments/app.js";
-import { paymentsPolicy } from "../../examples/payments/policy.js";
+import { describe, expect, it } from "vitest";
+import type { PaymentsApp } from "../../examples/payments/app.js";
 import type { RecoveryEvent } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
 import { expireLease } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
 import { post } from "../gateway/helpers.js";
+import { usePaymentsApps } from "./payments-apps.js";
 
 const t = useTestDatabase();
-let server: TestServer;
-const apps: Record<"co-located" | "remote", PaymentsApp> = {} as never;
 const events: RecoveryEvent[] = [];
-const REMOTE_SCHEMA = () => `${t.schema}_svc`;
+const { apps, remoteSchema } = usePaymentsApps(t, {
+  // The service gives up on the provider quickly: its timeout is the ambiguity under test.
+  providerTimeoutMs: 300,
+  onRecovery: (event: RecoveryEvent) => events.push(event),
+});
 const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 const alice = { tenant: "acme", principal: "alice" };
-
-beforeAll(async () => {
-  server = await startTestServer(t, { operations: [paymentsPolicy()] });
-  const common = {
-    coordinatorUrl: server.baseUrl,
-    gatewayToken: server.tokens.gateway,
-    workerToken: server.tokens.worker,
-    // The service gives up on the provider quickly: its timeout is the ambiguity under test.
-    providerTimeoutMs: 300,
-    onRecovery: (event: RecoveryEvent) => events.push(event),
-  };
-  apps["co-located"] = await startPaymentsApp({ ...common, pool: t.openPool(), colocated: true });
-  apps.remote = await startPaymentsApp({ ...common, pool: t.openPool(), schema: REMOTE_SCHEMA(), colocated: false });
-});
-
-afterAll(async () => {
-  await apps["co-located"]?.close();
-  await apps.remote?.close();
-  await server?.stop();
-  await t.pool?.query(`DROP SCHEMA IF EXISTS "${REMOTE_SCHEMA()}" CASCADE`);
-});
 
 /**
  * Runs one POST into a provider failure, then walks the record to UNKNOWN:
@@ -93,7 +73,7 @@ describe.each(["co-located", "remote"] as const)("recovering payments whose char
     expect(after.headers.get("idempotent-replayed")).toBe("true");
     expect(after.json).toMatchObject({ status: "captured", amount: 2500, chargeId: charge.id, operationId });
     expect(app().service.stats.handlerRuns).toBe(runs + 1);
-    const rows = await t.pool.query(`SELECT count(*)::int AS n FROM ${mode === "remote" ? `"${REMOTE_SCHEMA()}".` : ""}payments WHERE operation_id = $1`, [operationId]);
+    const rows = await t.pool.query(`SELECT count(*)::int AS n FROM ${mode === "remote" ? `"${remoteSchema()}".` : ""}payments WHERE operation_id = $1`, [operationId]);
     expect(rows.rows[0].n).toBe(1);
   });
 

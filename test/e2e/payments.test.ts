@@ -1,48 +1,25 @@
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startPaymentsApp, type PaymentsApp } from "../../examples/payments/app.js";
-import { paymentsPolicy } from "../../examples/payments/policy.js";
+import { describe, expect, it } from "vitest";
+import type { PaymentsApp } from "../../examples/payments/app.js";
 import { DEFAULT_USERS, startPaymentsService } from "../../examples/payments/service.js";
 import { CardProviderClient } from "../../examples/payments/provider.js";
 import { CoordinatorClient, IdempotencyGateway } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
-import { startTestServer, type TestServer } from "../support/server.js";
 import { closedPort, get, post, problemFields, type Exchange } from "../gateway/helpers.js";
+import { usePaymentsApps } from "./payments-apps.js";
 
 const t = useTestDatabase();
-let server: TestServer;
-const apps: Record<"co-located" | "remote", PaymentsApp> = {} as never;
-const REMOTE_SCHEMA = () => `${t.schema}_svc`;
-const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 const DELIVERY_DATE = "Mon, 01 Jan 2001 00:00:00 GMT";
-
-beforeAll(async () => {
-  server = await startTestServer(t, { operations: [paymentsPolicy()] });
-  const common = {
-    coordinatorUrl: server.baseUrl,
-    gatewayToken: server.tokens.gateway,
-    workerToken: server.tokens.worker,
-    // Headers of one delivery, set by the handler: never stored, never replayed.
-    deliveryHeaders: () => ({
-      "set-cookie": `session=${randomUUID()}; HttpOnly`,
-      traceparent: `00-${randomUUID().replaceAll("-", "")}-00f067aa0ba902b7-01`,
-      "x-request-id": randomUUID(),
-      date: DELIVERY_DATE,
-    }),
-  };
-  // Co-located: the service's tables share the registry's schema, and each
-  // payment's final state, outbox row and terminal state commit together.
-  apps["co-located"] = await startPaymentsApp({ ...common, pool: t.openPool(), colocated: true });
-  // Remote: the tables in a schema of their own; Complete over RPC.
-  apps.remote = await startPaymentsApp({ ...common, pool: t.openPool(), schema: REMOTE_SCHEMA(), colocated: false });
+const { apps, server } = usePaymentsApps(t, {
+  // Headers of one delivery, set by the handler: never stored, never replayed.
+  deliveryHeaders: () => ({
+    "set-cookie": `session=${randomUUID()}; HttpOnly`,
+    traceparent: `00-${randomUUID().replaceAll("-", "")}-00f067aa0ba902b7-01`,
+    "x-request-id": randomUUID(),
+    date: DELIVERY_DATE,
+  }),
 });
-
-afterAll(async () => {
-  await apps["co-located"]?.close();
-  await apps.remote?.close();
-  await server?.stop();
-  await t.pool?.query(`DROP SCHEMA IF EXISTS "${REMOTE_SCHEMA()}" CASCADE`);
-});
+const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 
 const payment = (amount = 1250) => ({ amount, currency: "EUR", card: "tok_visa" });
 
@@ -181,7 +158,7 @@ describe("failing closed", () => {
   it("answers 503 without running the handler when the coordinator cannot be reached", async () => {
     const port = await closedPort();
     const app = apps["co-located"];
-    const client = new CoordinatorClient({ baseUrl: `http://127.0.0.1:${port}`, token: server.tokens.gateway, timeoutMs: 500, retry: { attempts: 2, baseDelayMs: 5 } });
+    const client = new CoordinatorClient({ baseUrl: `http://127.0.0.1:${port}`, token: server().tokens.gateway, timeoutMs: 500, retry: { attempts: 2, baseDelayMs: 5 } });
     const cards = new CardProviderClient(app.provider.url);
     const orphan = await startPaymentsService({ gateway: new IdempotencyGateway({ client }), pool: t.pool, store: app.store, provider: cards, users: DEFAULT_USERS });
     const charges = app.provider.charges().length;
