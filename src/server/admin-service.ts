@@ -241,12 +241,22 @@ function grantedScope(caller: Caller, tenant: string, operations: readonly strin
   return { ...(tenants ? { tenants } : {}), ...(granted ? { operations: granted } : {}) };
 }
 
+/**
+ * Waits `ms`, or until the call ends. A follower sleeps on the same signal
+ * every poll for as long as it follows: each wait removes its own listener
+ * when its timer fires, so that listeners do not pile up on the signal.
+ */
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => {
+    if (signal.aborted) return reject(signal.reason);
+    const onAbort = () => {
       clearTimeout(timer);
       reject(signal.reason);
-    }, { once: true });
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener("abort", onAbort, { once: true });
   });
 }

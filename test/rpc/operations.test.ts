@@ -218,6 +218,29 @@ describe("the event log", () => {
     const { rows } = await t.pool.query("SELECT detail::text FROM idem_event WHERE kind = 'CONFLICT'");
     expect(rows.map((r) => r.detail).join()).not.toMatch(/4242|9999/);
   });
+
+  it("keeps following for many polls without piling listeners on the call's signal", async () => {
+    const warnings: string[] = [];
+    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`);
+    process.on("warning", onWarning);
+    const abort = new AbortController();
+    try {
+      const following = (async () => {
+        for await (const _ of admin.streamEvents({ follow: true, tenant: "acme", operation: "nothing.happens" }, { ...operatorCalls(), signal: abort.signal })) {
+          // No event of that operation: the stream only polls.
+        }
+      })().catch((error: unknown) => {
+        if (!abort.signal.aborted) throw error;
+      });
+      // The server polls every 500 ms: well over ten polls, Node's listener warning threshold.
+      await new Promise((r) => setTimeout(r, 8000));
+      abort.abort();
+      await following;
+    } finally {
+      process.off("warning", onWarning);
+    }
+    expect(warnings.filter((w) => w.startsWith("MaxListenersExceededWarning"))).toEqual([]);
+  }, 30_000);
 });
 
 describe("metrics", () => {
