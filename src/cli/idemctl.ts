@@ -8,9 +8,10 @@ import { ConnectError } from "@connectrpc/connect";
 import pino from "pino";
 import { ConfigError, loadConfig, parseCallerGrants } from "../config.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
-import { openPool } from "../registry/db.js";
+import { openPool, sqlState } from "../registry/db.js";
 import { startEmbeddedPostgres } from "../registry/embedded-postgres.js";
 import { loadMigrations, migrate } from "../registry/migrate.js";
+import { reportUnreachable } from "../registry/reachability.js";
 import { tokenHash } from "../server/callers.js";
 import { CONNECTION_HELP, CONNECTION_OPTIONS, resolveConnection, UsageError } from "./connection.js";
 import { applyPolicies, getPolicy, listPolicies } from "./policy-command.js";
@@ -54,9 +55,14 @@ safe. --status lists applied and pending versions without applying.`,
       const embedded = config.databaseUrl
         ? undefined
         : await startEmbeddedPostgres({ stateDir: join(config.stateDir, "postgres"), port: config.embeddedPostgresPort, logger });
+      const connectionString = config.migrationDatabaseUrl ?? config.databaseUrl ?? embedded!.url;
+      const unreachable = reportUnreachable(
+        connectionString,
+        config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : config.databaseUrl ? "DATABASE_URL" : "IDEM_EMBEDDED_PG_PORT",
+      );
       const pool = openPool(
         {
-          connectionString: config.migrationDatabaseUrl ?? config.databaseUrl ?? embedded!.url,
+          connectionString,
           max: 2,
           connectionTimeoutMs: config.db.connectTimeoutMs,
           statementTimeoutMs: config.db.statementTimeoutMs,
@@ -71,7 +77,8 @@ safe. --status lists applied and pending versions without applying.`,
         if (values.status) {
           const { rows } = await pool
             .query<{ version: number; applied_at: Date }>("SELECT version, applied_at FROM idem_schema_migrations ORDER BY version")
-            .catch(() => ({ rows: [] as Array<{ version: number; applied_at: Date }> }));
+            // No table yet (42P01): nothing is applied. Any other failure is reported, not shown as "pending".
+            .catch((error: unknown) => (sqlState(error) === "42P01" ? { rows: [] as Array<{ version: number; applied_at: Date }> } : unreachable(error)));
           const applied = new Map(rows.map((r) => [r.version, r.applied_at]));
           for (const m of known) {
             const at = applied.get(m.version);
@@ -80,7 +87,7 @@ safe. --status lists applied and pending versions without applying.`,
           return;
         }
         process.stdout.write(`checking ${known.length} migration(s)…\n`);
-        const done = await migrate(pool, logger);
+        const done = await migrate(pool, logger).catch(unreachable);
         process.stdout.write(done.length > 0 ? `applied: ${done.join(", ")}\n` : "nothing to apply: the registry is up to date\n");
       } finally {
         await pool.end();
@@ -397,6 +404,13 @@ async function main(argv: string[]): Promise<number> {
     return 1;
   }
 }
+
+// A reader that stops early (`idemctl events --json | head`) closes the pipe:
+// end quietly with status 0, as Unix tools do, instead of crashing on EPIPE.
+process.stdout.on("error", (error: NodeJS.ErrnoException) => {
+  if (error.code === "EPIPE") process.exit(0);
+  throw error;
+});
 
 const code = await main(process.argv.slice(2));
 // `serve` keeps running until a signal; every other command ends here.

@@ -1,10 +1,11 @@
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { promisify } from "node:util";
 import { create } from "@bufbuild/protobuf";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
+import { freePort } from "../../src/net.js";
 import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
 
 const run = promisify(execFile);
@@ -90,5 +91,61 @@ describe("idemctl", { timeout: 120_000 }, () => {
     expect(listed).toEqual([{ operation: "payments.create", apiRevision: 1, mode: "SHADOW", writerEpoch: "3", updatedBy: "operator" }]);
     const bad = await idemctl("mode", "payments.create", "LOUD");
     expect(bad.code).toBe(2);
+  });
+
+  it("exits quietly with status 0 when its reader goes away, as `idemctl events --json | head -1` does", async () => {
+    const { client, call } = gatewayClient(server);
+    const reserve = () =>
+      client.reserve(
+        {
+          subject: { tenant: "acme", principal: "alice" },
+          operation: "payments.create",
+          apiRevision: 1,
+          idempotencyKey: newKey(),
+          request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode("{}") }) },
+        },
+        call,
+      );
+    await reserve();
+    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "events", "--json", "--follow", "--tenant", "acme"], {
+      env: { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stderr = "";
+    child.stderr.on("data", (chunk) => (stderr += chunk));
+    const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+    try {
+      // Like head: read the first line, then close the pipe.
+      await new Promise<void>((resolve) => {
+        let out = "";
+        child.stdout.on("data", (chunk) => {
+          out += chunk;
+          if (out.includes("\n")) resolve();
+        });
+      });
+      child.stdout.destroy();
+      // The next event is written to the closed pipe.
+      await reserve();
+      expect(await exited).toBe(0);
+      expect(stderr).toBe("");
+    } finally {
+      child.kill("SIGKILL");
+    }
+  });
+
+  it("says in one line which database it cannot reach, naming the variable, without the password", async () => {
+    const closed = await freePort();
+    const env = { ...process.env, DATABASE_URL: `postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`, IDEM_MIGRATION_DATABASE_URL: "" };
+    for (const args of [["migrate"], ["migrate", "--status"]]) {
+      const result = await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", ...args], { env }).then(
+        ({ stdout, stderr }) => ({ stdout, stderr, code: 0 }),
+        (error: { stdout: string; stderr: string; code: number }) => error,
+      );
+      expect(result.code, args.join(" ")).not.toBe(0);
+      expect(result.stderr.trim().split("\n"), args.join(" ")).toEqual([
+        `idemctl migrate: cannot reach the registry database at 127.0.0.1:${closed} (DATABASE_URL): connection refused; start PostgreSQL there or correct DATABASE_URL`,
+      ]);
+      expect(result.stdout + result.stderr).not.toContain("s3cret-pw");
+    }
   });
 });

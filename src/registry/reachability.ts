@@ -1,0 +1,67 @@
+import { parseIntoClientConfig } from "pg-connection-string";
+import { OperatorError } from "../operator-error.js";
+import { sqlState } from "./db.js";
+
+/** What a failed connection attempt means, in words, by the socket error's code. */
+const NETWORK_REASONS: Record<string, string> = {
+  ECONNREFUSED: "connection refused",
+  ECONNRESET: "connection reset",
+  ENOTFOUND: "no such host",
+  EAI_AGAIN: "the host name could not be resolved",
+  ETIMEDOUT: "timed out",
+  EHOSTUNREACH: "host unreachable",
+  ENETUNREACH: "network unreachable",
+  ENOENT: "no socket there",
+};
+
+/**
+ * The one-line report of a failure to connect to the registry database at
+ * `connectionString`, configured by `setting` (e.g. DATABASE_URL), or
+ * undefined when `error` is not a connection failure. It names the host and
+ * port only: a connection string may carry a password.
+ */
+export function unreachableDatabase(error: unknown, connectionString: string, setting: string): OperatorError | undefined {
+  const { host, port } = addressOf(connectionString);
+  const where = `the registry database at ${host}:${port} (${setting})`;
+  // The driver's error may be wrapped (a refusal with its cause, an AggregateError of each address tried).
+  for (const cause of causes(error)) {
+    const code = (cause as { code?: unknown }).code;
+    const reason = typeof code === "string" ? NETWORK_REASONS[code] : undefined;
+    if (reason) return new OperatorError(`cannot reach ${where}: ${reason}; start PostgreSQL there or correct ${setting}`, { cause: error });
+    const message = cause instanceof Error ? cause.message : "";
+    if (/timeout exceeded when trying to connect|connection timeout/i.test(message)) {
+      return new OperatorError(`cannot reach ${where}: no answer in time; start PostgreSQL there or correct ${setting}`, { cause: error });
+    }
+    const state = sqlState(cause);
+    // 28xxx: the login was refused (password, pg_hba.conf); 3D000: no such database.
+    if (state !== undefined && (state.startsWith("28") || state === "3D000")) {
+      return new OperatorError(`${where} refused the login: ${message}; correct ${setting}`, { cause: error });
+    }
+    if (state === "57P03") return new OperatorError(`${where} is not accepting connections yet (${message}); retry once it has started`, { cause: error });
+  }
+  return undefined;
+}
+
+/** Rethrows a connection failure as its one-line report, anything else as it is. */
+export function reportUnreachable(connectionString: string, setting: string): (error: unknown) => never {
+  return (error) => {
+    throw unreachableDatabase(error, connectionString, setting) ?? error;
+  };
+}
+
+function addressOf(connectionString: string): { host: string; port: string } {
+  try {
+    const { host, port } = parseIntoClientConfig(connectionString);
+    return { host: host || "localhost", port: String(port || 5432) };
+  } catch {
+    return { host: "an unparsable address", port: "?" };
+  }
+}
+
+function* causes(error: unknown, depth = 0): Generator<unknown> {
+  if (error === null || typeof error !== "object" || depth > 4) return;
+  yield error;
+  const { cause, errors } = error as { cause?: unknown; errors?: unknown };
+  if (cause !== undefined) yield* causes(cause, depth + 1);
+  if (Array.isArray(errors)) for (const inner of errors) yield* causes(inner, depth + 1);
+}
