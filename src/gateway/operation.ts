@@ -28,7 +28,8 @@ const LOST_REASONS: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_EX
  * speaks for all), and whether a registration's outcome is unknown.
  */
 class EffectLedger {
-  private readonly latest = new Map<string, { attemptNumber: number; status: EffectStatus }>();
+  /** Every attempt this owner knows of, by attempt number (unique within an operation). */
+  private readonly attempts = new Map<number, { effect: string; status: EffectStatus }>();
   private registrationUnknown = false;
 
   constructor(attempts: readonly EffectAttempt[] = []) {
@@ -36,26 +37,31 @@ class EffectLedger {
   }
 
   set(effect: string, attemptNumber: number, status: EffectStatus): void {
-    const seen = this.latest.get(effect);
-    if (!seen || seen.attemptNumber <= attemptNumber) this.latest.set(effect, { attemptNumber, status });
+    this.attempts.set(attemptNumber, { effect, status });
   }
 
   markRegistrationUnknown(): void {
     this.registrationUnknown = true;
   }
 
-  /** Some effect may have happened (a registration whose outcome is unknown counts). */
+  /**
+   * Some effect may have happened: an attempt, any attempt, is not NO_EFFECT
+   * (a later attempt never takes back an earlier one), or a registration's
+   * outcome is unknown.
+   */
   get possible(): boolean {
-    return this.registrationUnknown || [...this.latest.values()].some((e) => e.status !== "NO_EFFECT");
+    return this.registrationUnknown || [...this.attempts.values()].some((a) => a.status !== "NO_EFFECT");
   }
 
   /** Some effect's latest attempt is not resolved: Complete would be refused (UNRESOLVED_EFFECTS). */
   get unresolved(): boolean {
-    return this.registrationUnknown || [...this.latest.values()].some((e) => e.status === "PENDING" || e.status === "INDETERMINATE");
+    const latest = new Map<string, EffectStatus>();
+    for (const [, a] of [...this.attempts].sort(([x], [y]) => x - y)) latest.set(a.effect, a.status);
+    return this.registrationUnknown || [...latest.values()].some((status) => status === "PENDING" || status === "INDETERMINATE");
   }
 
   get attempted(): boolean {
-    return this.registrationUnknown || this.latest.size > 0;
+    return this.registrationUnknown || this.attempts.size > 0;
   }
 }
 

@@ -19,24 +19,25 @@ export function leaseLive(record: StoredRecord): boolean {
 }
 
 /**
- * What the attempts say. Every attempt of one effect carries the same
- * downstream key, so the latest attempt of an effect speaks for all of them:
- * a definite answer to a retry with the same key is the answer for the key.
- * - possible: some effect may have happened (its latest attempt is not NO_EFFECT);
- * - unresolved: some effect's latest attempt is still PENDING or INDETERMINATE.
+ * What the attempts say.
+ * - possible: some effect may have happened: any attempt, of any effect, is
+ *   not NO_EFFECT. Every attempt counts, because a later attempt can never
+ *   take back what an earlier one may have done downstream (a NO_EFFECT
+ *   answer to attempt 2 says nothing about the request attempt 1 sent).
+ * - unresolved: some effect's latest attempt is still PENDING or
+ *   INDETERMINATE. Here the latest attempt does speak for the effect: every
+ *   attempt of one effect carries the same downstream key, so a definite
+ *   answer to a retry with that key settles what the key did.
  */
 export function effectFlags(attempts: readonly StoredAttempt[]): { possible: boolean; unresolved: boolean } {
   const latest = new Map<string, StoredAttempt>();
+  let possible = false;
   for (const attempt of attempts) {
+    if (attempt.status !== "NO_EFFECT") possible = true;
     const seen = latest.get(attempt.effect);
     if (!seen || seen.attemptNumber < attempt.attemptNumber) latest.set(attempt.effect, attempt);
   }
-  let possible = false;
-  let unresolved = false;
-  for (const attempt of latest.values()) {
-    if (attempt.status !== "NO_EFFECT") possible = true;
-    if (attempt.status === "PENDING" || attempt.status === "INDETERMINATE") unresolved = true;
-  }
+  const unresolved = [...latest.values()].some((a) => a.status === "PENDING" || a.status === "INDETERMINATE");
   return { possible, unresolved };
 }
 

@@ -1,8 +1,11 @@
-import { randomBytes } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
+import { copyFile, mkdtemp, readdir, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { once } from "node:events";
 import { describe, expect, it } from "vitest";
 import { openPool, poolDb, transactionDb, type Db } from "../../src/registry/db.js";
-import { loadMigrations, migrate } from "../../src/registry/migrate.js";
+import { loadMigrations, migrate, MIGRATIONS_DIR } from "../../src/registry/migrate.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { expectRefusal } from "../support/registry-helpers.js";
@@ -30,6 +33,50 @@ describe("migrations", () => {
     } finally {
       await Promise.all(pools.map((p) => p.end()));
       await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
+    }
+  });
+});
+
+describe("migration 8 (every attempt counts)", () => {
+  it("marks records whose earlier attempt may have had an effect, and sends one released in that state to recovery", async () => {
+    const schema = `m_${randomBytes(5).toString("hex")}`;
+    await t.pool.query(`CREATE SCHEMA ${schema}`);
+    const before = await mkdtemp(join(tmpdir(), "idem-migrations-"));
+    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => f < "000008")) await copyFile(join(MIGRATIONS_DIR, file), join(before, file));
+    const pool = openPool({ ...t.settings, options: `-c search_path=${schema}` }, silentLogger);
+    try {
+      await migrate(pool, silentLogger, before);
+      // Stored under the old rule: attempt 1 CONFIRMED, attempt 2 NO_EFFECT, flag cleared; one of them released.
+      const legacy = async (operationId: string, state: string, lease: string | null) => {
+        await pool.query(
+          `INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                                    fingerprint, state, generation, lease_expires_at, acquisition_id, effect_possible)
+           VALUES ('acme', $1, $2, 'alice', 'payments.create', 1, 1, $3, $4, 1, $5, gen_random_uuid(), false)`,
+          [randomBytes(32), operationId, randomBytes(32), state, lease],
+        );
+        await pool.query(
+          `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation)
+           VALUES ('acme', $1, 1, 'card.charge', 'cards', 'k', 'CONFIRMED', 1), ('acme', $1, 2, 'card.charge', 'cards', 'k', 'NO_EFFECT', 1)`,
+          [operationId],
+        );
+      };
+      const executing = randomUUID();
+      const released = randomUUID();
+      await legacy(executing, "EXECUTING", new Date(Date.now() + 60_000).toISOString());
+      await legacy(released, "RESERVED", null);
+
+      expect(await migrate(pool, silentLogger)).toEqual([8, ...(await loadMigrations()).map((m) => m.version).filter((v) => v > 8)]);
+      const { rows } = await pool.query("SELECT operation_id, state, effect_possible, lease_expires_at IS NOT NULL AS leased FROM idem_record ORDER BY state");
+      expect(rows).toEqual([
+        { operation_id: executing, state: "EXECUTING", effect_possible: true, leased: true },
+        { operation_id: released, state: "UNKNOWN", effect_possible: true, leased: true },
+      ]);
+      const events = await pool.query("SELECT operation_id, kind, state FROM idem_event");
+      expect(events.rows).toEqual([{ operation_id: released, kind: "UNKNOWN", state: "UNKNOWN" }]);
+    } finally {
+      await pool.end();
+      await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
+      await rm(before, { recursive: true, force: true });
     }
   });
 });

@@ -1,4 +1,6 @@
+import { ConnectError } from "@connectrpc/connect";
 import { expect } from "vitest";
+import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
 
 /** Asserts that `fn` throws a refusal with `reason` and a message, and returns it. */
@@ -29,4 +31,17 @@ function checked(caught: unknown, reason: Reason): IdempotencyError {
   expect(error.reason).toBe(reason);
   expect(error.message.length).toBeGreaterThan(0);
   return error;
+}
+
+/**
+ * The stable reason (the ErrorInfo detail) of an RPC refused over the wire, or
+ * undefined when the call succeeded.
+ */
+export async function wireReason(call: Promise<unknown>): Promise<string | undefined> {
+  try {
+    await call;
+    return undefined;
+  } catch (error) {
+    return ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason ?? `no reason (${ConnectError.from(error).message})`;
+  }
 }

@@ -1,0 +1,92 @@
+import { create } from "@bufbuild/protobuf";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ClaimMode, Decision, OperationRefSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { newKey } from "../support/fixtures.js";
+import { expireLease } from "../support/registry-helpers.js";
+import { wireReason } from "../support/refusals.js";
+import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+
+/**
+ * A later attempt of an effect never takes back what an earlier one may have
+ * done: attempt 1 of `card.charge` is PENDING, INDETERMINATE or CONFIRMED,
+ * attempt 2 of the same effect is resolved NO_EFFECT, and the operation must
+ * still count as possibly effected in every rule that depends on it.
+ */
+let t: TestDatabase;
+let server: TestServer;
+
+beforeAll(async () => {
+  t = await createTestDatabase();
+  server = await startTestServer(t);
+});
+afterAll(async () => {
+  await server?.stop();
+  await t?.drop();
+});
+
+const FIRST_STATUSES = [EffectStatus.PENDING, EffectStatus.INDETERMINATE, EffectStatus.CONFIRMED] as const;
+
+/** A claimed operation whose first attempt ended as `first` and whose second attempt of the same effect was resolved NO_EFFECT. */
+async function twoAttempts(first: EffectStatus, key = newKey()) {
+  const { client, call } = gatewayClient(server);
+  const reserved = await client.reserve(reserveRequest(key), call);
+  expect(reserved.decision).toBe(Decision.ACCEPTED);
+  const ref = create(OperationRefSchema, { tenant: "acme", operationId: reserved.operationId });
+  const one = await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "cards" }, call);
+  if (first !== EffectStatus.PENDING) {
+    await client.resolveEffectAttempt({ ref, generation: 1n, attemptNumber: one.attempt!.attemptNumber, status: first }, call);
+  }
+  const two = await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "cards" }, call);
+  expect(two.attempt!.attemptNumber).toBe(2);
+  expect(two.attempt!.downstreamKey).toBe(one.attempt!.downstreamKey);
+  await client.resolveEffectAttempt({ ref, generation: 1n, attemptNumber: 2, status: EffectStatus.NO_EFFECT }, call);
+  return { client, call, ref, key };
+}
+
+function reserveRequest(key: string) {
+  return create(ReserveRequestSchema, {
+    subject: { tenant: "acme", principal: "alice" },
+    operation: "payments.create",
+    apiRevision: 1,
+    idempotencyKey: key,
+    claim: true,
+    request: {
+      case: "parts",
+      value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
+    },
+  });
+}
+
+describe.each(FIRST_STATUSES.map((status) => [EffectStatus[status], status] as const))("attempt 1 %s, attempt 2 of the same effect NO_EFFECT", (_name, first) => {
+  it("refuses Release with EFFECT_POSSIBLE", async () => {
+    const { client, call, ref } = await twoAttempts(first);
+    expect(await wireReason(client.release({ ref, generation: 1n }, call))).toBe("EFFECT_POSSIBLE");
+  });
+
+  it("refuses Complete(REJECTED) with EFFECT_POSSIBLE", async () => {
+    const { client, call, ref } = await twoAttempts(first);
+    const rejected = client.complete({ ref, generation: 1n, outcome: Outcome.REJECTED, snapshot: { statusCode: 400 } }, call);
+    expect(await wireReason(rejected)).toBe("EFFECT_POSSIBLE");
+  });
+
+  it("becomes UNKNOWN when the lease ends: a retry is never ACCEPTED again", async () => {
+    const { client, call, ref, key } = await twoAttempts(first);
+    await expireLease(t.pool, ref.operationId);
+    const retry = await client.reserve(reserveRequest(key), call);
+    expect(retry.decision).toBe(Decision.IN_PROGRESS);
+    expect(retry.state).toBe(RecordState.UNKNOWN);
+    const { rows } = await t.pool.query("SELECT state, generation FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    expect(rows[0]).toEqual({ state: "UNKNOWN", generation: "1" });
+  });
+
+  it("refuses Claim(TAKEOVER) after the lease ended", async () => {
+    const { client, ref } = await twoAttempts(first);
+    await expireLease(t.pool, ref.operationId);
+    const worker = { headers: { authorization: `Bearer ${server.tokens.worker}` } };
+    expect(await wireReason(client.claim({ ref, generation: 1n, mode: ClaimMode.TAKEOVER }, worker))).toBe("INVALID_TRANSITION");
+    const { rows } = await t.pool.query("SELECT generation FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    expect(rows[0].generation).toBe("1");
+  });
+});
