@@ -38,7 +38,13 @@ export async function serve(config: Config): Promise<void> {
   if (tracing) logger.info("tracing RPCs to the OpenTelemetry collector (OTEL_EXPORTER_OTLP_ENDPOINT)");
   let coordinator;
   try {
-    coordinator = await startCoordinator({ config, databaseUrl, logger, ...(tracing ? { tracer: tracing.tracer } : {}) });
+    coordinator = await startCoordinator({
+      config,
+      databaseUrl,
+      ...(embedded ? { databaseSetting: "IDEM_EMBEDDED_PG_PORT" } : {}),
+      logger,
+      ...(tracing ? { tracer: tracing.tracer } : {}),
+    });
   } catch (error) {
     await embedded?.stop();
     throw error;

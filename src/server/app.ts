@@ -11,6 +11,7 @@ import { openPool, poolDb, type Db } from "../registry/db.js";
 import { recoverExpiredLeases, sweepRetention } from "../registry/maintenance.js";
 import { migrate } from "../registry/migrate.js";
 import { requireLeastPrivilege } from "../registry/privileges.js";
+import { reportUnreachable } from "../registry/reachability.js";
 import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
@@ -76,6 +77,8 @@ export interface StartOptions {
   config: Config;
   /** The registry's PostgreSQL (DATABASE_URL, or the embedded server's). */
   databaseUrl: string;
+  /** The setting that gives `databaseUrl`, named when it cannot be reached (default DATABASE_URL). */
+  databaseSetting?: string;
   logger: Logger;
   /** Extra `-c` connection options (tests pin a schema with `search_path`). */
   databaseOptions?: string;
@@ -94,7 +97,7 @@ export interface RunningCoordinator {
 }
 
 /** Migrates (as the owner), opens the serving pool (as the unprivileged role), and serves both ports. */
-export async function startCoordinator({ config, databaseUrl, logger, databaseOptions, applicationName, tracer }: StartOptions): Promise<RunningCoordinator> {
+export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer }: StartOptions): Promise<RunningCoordinator> {
   const poolSettings = (connectionString: string, max: number) => ({
     connectionString,
     max,
@@ -108,7 +111,10 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
   if (config.migrateOnBoot) {
     const owner = openPool(poolSettings(config.migrationDatabaseUrl ?? databaseUrl, 1), logger);
     try {
-      const applied = await migrate(owner, logger);
+      const migrationUrl = config.migrationDatabaseUrl ?? databaseUrl;
+      const applied = await migrate(owner, logger).catch(
+        reportUnreachable(migrationUrl, config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : databaseSetting),
+      );
       if (applied.length > 0) logger.info({ applied }, "registry migrated");
     } finally {
       await owner.end();
@@ -120,7 +126,7 @@ export async function startCoordinator({ config, databaseUrl, logger, databaseOp
   let policies: PolicyCache | undefined;
   let jobs: BackgroundJob[] = [];
   try {
-    await requireLeastPrivilege(pool);
+    await requireLeastPrivilege(pool).catch(reportUnreachable(databaseUrl, databaseSetting));
 
     const callers = new Callers(config.callers, config.allowAnonymous);
     if (config.allowAnonymous) {

@@ -81,6 +81,37 @@ describe("npm start on the embedded default", () => {
   }, 60_000);
 });
 
+/** The main entry (what `npm start` runs, without npm's own lines on a failure), to its exit. */
+function runMain(env: NodeJS.ProcessEnv): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const main = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    main.stdout.on("data", (chunk) => (stdout += chunk));
+    main.stderr.on("data", (chunk) => (stderr += chunk));
+    main.on("error", reject);
+    main.on("close", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+describe("npm start on a database it cannot reach", () => {
+  it("exits non-zero with one line naming DATABASE_URL and the address, without a stack or the password", async () => {
+    const closed = await freePort();
+    const result = await runMain({
+      ...process.env,
+      DATABASE_URL: `postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`,
+      IDEM_RPC_PORT: String(await freePort()),
+      IDEM_ADMIN_PORT: String(await freePort()),
+      LOG_LEVEL: "info",
+    });
+    expect(result.code).not.toBe(0);
+    expect(result.stderr.trim().split("\n")).toEqual([
+      `cannot reach the registry database at 127.0.0.1:${closed} (DATABASE_URL): connection refused; start PostgreSQL there or correct DATABASE_URL`,
+    ]);
+    expect(result.stdout + result.stderr).not.toContain("s3cret-pw");
+  }, 60_000);
+});
+
 describe("the README", () => {
   it("documents every configuration variable with its default and meaning", () => {
     const rows = new Map(
