@@ -53,7 +53,8 @@ export function openClients(options: { baseUrl: string; token: string; connectio
   const reserve = async (worker: number): Promise<Reserved> => {
     const reserved = await coordinators[worker % coordinators.length]!.reserve(
       create(ReserveRequestSchema, {
-        subject: { tenant: values.tenant, principal: values.principal },
+        // One principal per worker, as pgbench has one per client.
+        subject: { tenant: values.tenant, principal: `${values.principal}-${worker}` },
         operation: values.operation,
         apiRevision: values.apiRevision,
         idempotencyKey: randomUUID(),

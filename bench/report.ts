@@ -168,7 +168,7 @@ const n2 = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(2));
 
 /** The order a transaction sends its statements in: BEGIN, anything else (the tenant binding), the registry's statements, COMMIT. */
 export function statementRank(name: string): number {
-  return ["begin", "", "reserve", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
+  return ["begin", "", "reserve", "gate", "count", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
 }
 
 function roundTripLines(rt: RoundTrips): string[] {

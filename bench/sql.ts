@@ -12,6 +12,8 @@ export const BINDING = BIND_SQL;
 /** The statements of one Reserve + Complete, in the order the coordinator sends them. */
 export const STATEMENTS = {
   reserve: REQUEST_PATH_SQL.insertOrFind,
+  gate: REQUEST_PATH_SQL.holdQuotaGate,
+  count: REQUEST_PATH_SQL.countActive,
   lock: REQUEST_PATH_SQL.lockRecord,
   attempts: REQUEST_PATH_SQL.loadAttempts,
   finish: REQUEST_PATH_SQL.fencedUpdate(REQUEST_PATH_SQL.finish),
@@ -67,10 +69,15 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
       return param;
     });
   const q = (name: string) => `':${name}'`;
+  // One principal per client, as the coordinator's side has one per worker.
+  const principal = `(${q("principal")} || '-' || :client_id)`;
   const reserve = bind(STATEMENTS.reserve, [
-    q("tenant"), scope, operationId, q("principal"), q("operation"), q("api_revision"), q("schema_revision"),
-    q("fingerprint"), q("state"), q("lease_ms"), acquisitionId, q("writer_epoch"), q("caller"), q("quota"),
+    q("tenant"), scope, operationId, principal, q("operation"), q("api_revision"), q("schema_revision"),
+    q("fingerprint"), q("state"), q("lease_ms"), acquisitionId, q("writer_epoch"), q("caller"),
   ]);
+  const who = [q("tenant"), principal, q("operation"), q("api_revision")];
+  const gate = bind(STATEMENTS.gate, [...who, scope, acquisitionId]);
+  const count = bind(STATEMENTS.count, [...who, q("quota_limit"), scope, acquisitionId]);
   const ref = [q("tenant"), q("r_operation_id")];
   const finish = bind(STATEMENTS.finish, [
     ...ref, q("r_generation"), q("event_kind"), q("caller"), q("event_detail"), q("outcome"), q("keep_ms"),
@@ -84,6 +91,8 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     "\\set seed random(1, 9223372036854775806)",
     begin,
     `${reserve} \\gset r_`,
+    `${gate};`,
+    `${count};`,
     "COMMIT;",
     begin,
     `${bind(STATEMENTS.lock, ref)};`,
@@ -105,7 +114,7 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     lease_ms: String(v.leaseMs),
     writer_epoch: "0",
     caller: v.caller,
-    quota: String(v.quota),
+    quota_limit: String(v.quota + 1),
     event_kind: "COMPLETED",
     event_detail: JSON.stringify({ outcome: "SUCCEEDED" }),
     outcome: "SUCCEEDED",
@@ -124,11 +133,13 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
 }
 
 /** Which step of an operation a pg_stat_statements entry is, from its text. */
-export function classify(query: string): "reserve" | "begin" | "lock" | "attempts" | "finish" | "commit" | "other" {
+export function classify(query: string): "reserve" | "gate" | "count" | "begin" | "lock" | "attempts" | "finish" | "commit" | "other" {
   const q = squash(query);
   if (/^BEGIN\b/i.test(q)) return "begin";
   if (/^COMMIT\b/i.test(q)) return "commit";
-  if (q.startsWith("WITH active AS (") && q.includes("INSERT INTO idem_record")) return "reserve";
+  if (q.startsWith("WITH inserted AS (") && q.includes("INSERT INTO idem_record")) return "reserve";
+  if (q.startsWith("INSERT INTO idem_quota_gate")) return "gate";
+  if (q.startsWith("SELECT count(*)::int AS active")) return "count";
   if (q.startsWith("WITH updated AS ( UPDATE idem_record SET state =") && q.includes("snapshot_digest =")) return "finish";
   if (q.includes("FROM idem_record") && /FOR UPDATE$/.test(q) && q.includes("operation_id =")) return "lock";
   if (q.includes("FROM idem_effect_attempt") && q.endsWith("ORDER BY attempt_number")) return "attempts";

@@ -97,10 +97,13 @@ export class Registry {
    * needs a write (takeover, UNKNOWN) is a compare-and-set on the generation
    * it was read at, re-read and re-decided when it lost a race.
    *
-   * Statements: new scope 1; replay, in progress 1; conflict 2 (the
-   * conflict is logged); takeover 2; a scope committed concurrently after the
-   * statement's snapshot 2. Each request is one transaction, two more round
-   * trips: BEGIN with the tenant binding, and COMMIT.
+   * Statements: the guarded insert, and behind it the principal's quota gate
+   * and count (which do nothing unless the insert made a record), pipelined
+   * into one round trip; then a conflict logs itself (1 more), a takeover
+   * is 1 more, and a scope committed concurrently after the insert's
+   * snapshot is re-read (1 more). Each request is one transaction: BEGIN
+   * with the tenant binding travels with the first statements, and COMMIT is
+   * the second round trip.
    */
   async reserve(db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> {
     const subject = validateSubject(input.subject);
@@ -148,38 +151,34 @@ export class Registry {
 
     const result = await db.transaction(subject.tenant, async (q): Promise<ReserveResult> => {
       for (let round = 0; round < RESERVE_ROUNDS; round++) {
-        let found =
-          policy.mode === "DRAINING" || fp === undefined
-            ? undefined
-            : await insertOrFind(q, {
-                tenant: subject.tenant,
-                scope,
-                operationId,
-                principal: subject.principal,
-                operation: input.operation,
-                apiRevision: input.apiRevision,
-                schemaRevision: policy.fingerprint.schemaRevision,
-                fingerprint: fp,
-                state,
-                leaseMs,
-                acquisitionId,
-                writerEpoch: input.writerEpoch,
-                caller: actor.caller,
-                quota: policy.maxActivePerPrincipal,
-              });
+        let found: { record: StoredRecord; inserted: boolean } | undefined;
+        if (policy.mode !== "DRAINING" && fp !== undefined) {
+          const admitted = await insertOrFind(q, {
+            tenant: subject.tenant,
+            scope,
+            operationId,
+            principal: subject.principal,
+            operation: input.operation,
+            apiRevision: input.apiRevision,
+            schemaRevision: policy.fingerprint.schemaRevision,
+            fingerprint: fp,
+            state,
+            leaseMs,
+            acquisitionId,
+            writerEpoch: input.writerEpoch,
+            caller: actor.caller,
+            quota: policy.maxActivePerPrincipal,
+          });
+          // Refused before COMMIT: the new record and its event roll back.
+          if (admitted?.inserted && admitted.active > policy.maxActivePerPrincipal) refuseQuota(policy);
+          found = admitted;
+        }
         // The statement's snapshot predates a record committed concurrently
         // (the insert waited for it and found the conflict): read it anew.
         found ??= await findByScope(q, subject.tenant, scope);
         if (!found) {
           if (refusal) throw refusal;
-          if (policy.mode === "DRAINING") {
-            refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
-          }
-          refuse(
-            "QUOTA_EXCEEDED",
-            `this principal already has ${policy.maxActivePerPrincipal} unfinished ${input.operation} operations; finish some first`,
-            { limit: String(policy.maxActivePerPrincipal) },
-          );
+          refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
         }
         const { record, inserted } = found;
         if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
@@ -198,7 +197,12 @@ export class Registry {
             writerEpoch: input.writerEpoch,
             caller: actor.caller,
           });
-          if (recycled) return answer("ACCEPTED", recycled);
+          if (recycled) {
+            // The recycled scope is unfinished again: it counts against the quota like a new record.
+            const active = await countActiveUnderGate(q, { ...subject, operation: input.operation, apiRevision: input.apiRevision, scope, acquisitionId, quota: policy.maxActivePerPrincipal });
+            if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
+            return answer("ACCEPTED", recycled);
+          }
           continue;
         }
         const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
@@ -534,18 +538,11 @@ export class Registry {
  * baseline (bench/sql.ts) runs exactly these.
  */
 export const REQUEST_PATH_SQL = {
-  /** The whole of a Reserve of a new scope (insertOrFind). */
-  insertOrFind: `WITH active AS (
-       SELECT count(*) AS n FROM (
-         SELECT 1 FROM idem_record
-          WHERE tenant_id = $1 AND principal = $4 AND operation = $5 AND api_revision = $6
-            AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-          LIMIT $14) capped
-     ), inserted AS (
+  /** A Reserve's guarded insert of its scope, or the record already there (insertOrFind). */
+  insertOrFind: `WITH inserted AS (
        INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
                                 fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
-       SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, 1, ${plusMs("$10")}, $11, $12
-         FROM active WHERE active.n < $14
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, ${plusMs("$10")}, $11, $12)
        ON CONFLICT (tenant_id, scope) DO NOTHING
        RETURNING ${RECORD_COLUMNS}
      ), logged AS (
@@ -555,6 +552,28 @@ export const REQUEST_PATH_SQL = {
      SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
      UNION ALL
      SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
+  /**
+   * Locks the principal's quota gate for the rest of the transaction, only
+   * when this transaction made the scope's record ($5, $6: scope and
+   * acquisition id), creating the gate on first use. ON CONFLICT DO UPDATE
+   * locks the existing row even though WHERE false changes nothing, and it
+   * locks the latest version, also one committed after this statement began.
+   */
+  holdQuotaGate: `INSERT INTO idem_quota_gate (tenant_id, principal, operation, api_revision)
+     SELECT $1, $2, $3, $4 FROM idem_record WHERE tenant_id = $1 AND scope = $5 AND acquisition_id = $6
+     ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET principal = EXCLUDED.principal WHERE false`,
+  /**
+   * The principal's unfinished records, counted up to $5 (quota + 1), by a
+   * statement that starts once the gate is held, so that its snapshot shows
+   * every record that passed the gate before; 0 unless this transaction made
+   * the scope's record ($6, $7), so that a replay never counts.
+   */
+  countActive: `SELECT count(*)::int AS active FROM (
+       SELECT 1 FROM idem_record
+        WHERE tenant_id = $1 AND principal = $2 AND operation = $3 AND api_revision = $4
+          AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
+        LIMIT $5) capped
+     WHERE EXISTS (SELECT 1 FROM idem_record WHERE tenant_id = $1 AND scope = $6 AND acquisition_id = $7)`,
   /** Locks one record for the rest of the transaction (Registry.lockRecord). */
   lockRecord: `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
         WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`,
@@ -644,21 +663,54 @@ interface NewRecord {
 /**
  * The guarded insert: `INSERT … ON CONFLICT DO NOTHING` decides "new or not"
  * and takes the place in one step (a concurrent insert of the same scope waits
- * for ours and then conflicts). The quota is counted in the same statement, up
- * to the limit only; under concurrency it can be exceeded by the number of
- * reservations of one principal racing at that instant, which bounds the
- * registry without serializing a principal's requests.
- * Returns the new record, the existing one, or nothing (existing but committed
- * after this statement's snapshot, or quota reached).
+ * for ours and then conflicts). A new record is then counted against its
+ * principal's quota behind the principal's gate (countActiveUnderGate), in the
+ * same round trip: the statements are pipelined and PostgreSQL runs them in
+ * order. Returns the new record with the principal's unfinished records
+ * counting it, the existing one, or nothing (existing but committed after
+ * this statement's snapshot).
  */
-async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean } | undefined> {
-  const { rows } = await q.query(
-    REQUEST_PATH_SQL.insertOrFind,
-    [r.tenant, Buffer.from(r.scope), r.operationId, r.principal, r.operation, r.apiRevision, r.schemaRevision,
-     Buffer.from(r.fingerprint), r.state, r.leaseMs, r.acquisitionId, r.writerEpoch, r.caller, r.quota],
-  );
+async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean; active: number } | undefined> {
+  const [{ rows }, active] = await Promise.all([
+    q.query(
+      REQUEST_PATH_SQL.insertOrFind,
+      [r.tenant, Buffer.from(r.scope), r.operationId, r.principal, r.operation, r.apiRevision, r.schemaRevision,
+       Buffer.from(r.fingerprint), r.state, r.leaseMs, r.acquisitionId, r.writerEpoch, r.caller],
+    ),
+    countActiveUnderGate(q, r),
+  ]);
   const row = rows[0];
-  return row ? { record: toRecord(row), inserted: row.inserted === true } : undefined;
+  return row ? { record: toRecord(row), inserted: row.inserted === true, active } : undefined;
+}
+
+/**
+ * How many unfinished records the principal has, this transaction's new one
+ * included, counted while holding the principal's quota gate (0 when this
+ * transaction made no record of `scope`). Every transaction that adds an
+ * unfinished record takes the gate after adding it and holds it until it ends,
+ * so each one counts every record admitted before it: of any number of racing
+ * reservations, on any number of coordinators, no more than the quota commit.
+ * Only new records of one principal and operation wait for each other;
+ * replays and other principals never touch the gate.
+ */
+async function countActiveUnderGate(
+  q: Queryable,
+  r: { tenant: string; principal: string; operation: string; apiRevision: number; scope: Uint8Array; acquisitionId: string; quota: number },
+): Promise<number> {
+  const who = [r.tenant, r.principal, r.operation, r.apiRevision];
+  const [, { rows }] = await Promise.all([
+    q.query(REQUEST_PATH_SQL.holdQuotaGate, [...who, Buffer.from(r.scope), r.acquisitionId]),
+    q.query<{ active: number }>(REQUEST_PATH_SQL.countActive, [...who, r.quota + 1, Buffer.from(r.scope), r.acquisitionId]),
+  ]);
+  return rows[0]?.active ?? 0;
+}
+
+function refuseQuota(policy: OperationPolicy): never {
+  refuse(
+    "QUOTA_EXCEEDED",
+    `this principal already has ${policy.maxActivePerPrincipal} unfinished ${policy.operation} operations; finish some first`,
+    { limit: String(policy.maxActivePerPrincipal) },
+  );
 }
 
 async function findByScope(q: Queryable, tenant: string, scope: Uint8Array): Promise<{ record: StoredRecord; inserted: false } | undefined> {

@@ -14,6 +14,11 @@ const registry = testRegistry(
   testPolicy({ operation: "refunds.create", mode: "DRAINING" }),
   testPolicy({ operation: "payouts.create", mode: "SHADOW" }),
   testPolicy({ operation: "transfers.create", writerEpoch: 5 }),
+  testPolicy({
+    operation: "grants.create",
+    maxActivePerPrincipal: 1,
+    retention: { keep: "1s", clientRetryWindow: "0s", queueBacklogWindow: "0s", reconciliationWindow: "0s", backupRestoreWindow: "0s", tombstoneReuse: { allowed: true, horizon: "1s" } },
+  }),
 );
 const gateway = actor();
 
@@ -185,6 +190,21 @@ describe("bad input is refused and stores nothing", () => {
     const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [subject.principal]);
     expect(rows[0].n).toBe(3);
   });
+
+  it("counts a reused tombstone against the quota like a new record", async () => {
+    const subject = { tenant: "acme", principal: `quota-${newKey()}` };
+    const grant = (key: string) => reserveInput(key, undefined, { subject, operation: "grants.create", claim: true });
+    const oldKey = newKey();
+    const first = await registry.reserve(t.db, grant(oldKey), gateway);
+    const snapshot = { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array() };
+    await registry.complete(t.db, { ref: { tenant: "acme", operationId: first.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+    await t.pool.query("UPDATE idem_record SET tombstoned_at = now() - interval '2 seconds', snapshot_body = NULL WHERE operation_id = $1", [first.record!.operationId]);
+    expect((await registry.reserve(t.db, grant(newKey()), gateway)).decision).toBe("ACCEPTED");
+
+    await expectRefusal(registry.reserve(t.db, grant(oldKey), gateway), "QUOTA_EXCEEDED");
+    const { rows } = await t.pool.query("SELECT operation_id, tombstoned_at IS NOT NULL AS tombstone FROM idem_record WHERE principal = $1 AND operation_id = $2", [subject.principal, first.record!.operationId]);
+    expect(rows).toEqual([{ operation_id: first.record!.operationId, tombstone: true }]);
+  });
 });
 
 describe("operation modes", () => {
@@ -233,19 +253,19 @@ describe("round trips per call", () => {
     return { db: poolDb(countingPool, silentLogger), counts: () => ({ roundTrips, messages }) };
   }
 
-  it("takes two round trips (three messages, one statement) for a new scope, a replay or in progress, three for a conflict (logged) or a takeover", async () => {
+  it("takes two round trips (five messages: BEGIN, the insert, the quota gate and count, COMMIT) for a new scope, a replay or in progress, three for a conflict (logged) or a takeover", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
       const c = counting();
       const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
       return [result.decision, c.counts()];
     };
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 2, messages: 3 }]);
-    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 2, messages: 3 }]);
-    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 3, messages: 4 }]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 2, messages: 5 }]);
+    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 2, messages: 5 }]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 3, messages: 6 }]);
     const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0].operation_id);
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 4 }]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 6 }]);
   });
 
   it("takes three round trips (five messages) for a Complete: the lock and the attempts travel with BEGIN", async () => {
