@@ -1,3 +1,4 @@
+import type pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import { OperatorError } from "../operator-error.js";
 import { sqlState } from "./db.js";
@@ -44,6 +45,17 @@ export function unreachableDatabase(error: unknown, connectionString: string, se
     if (state === "57P03") return new OperatorError(`${where} is not accepting connections yet (${message}); retry once it has started`, { cause: error });
   }
   return undefined;
+}
+
+/**
+ * Resolves when the database answers `SELECT 1` within `timeoutMs` of the
+ * query being sent (the wait for a pooled connection is bounded by the pool's
+ * own connection timeout). A timed-out query's connection is destroyed by the
+ * driver rather than returned to the pool, so a hung connection is not reused.
+ */
+export async function ping(pool: pg.Pool, timeoutMs: number): Promise<void> {
+  // query_timeout per query is supported by the driver, though missing from its types.
+  await pool.query({ text: "SELECT 1", query_timeout: timeoutMs } as pg.QueryConfig);
 }
 
 /** Rethrows a connection failure as its one-line report, anything else as it is. */

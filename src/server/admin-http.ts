@@ -4,9 +4,9 @@ import type { Logger } from "pino";
 
 /** What the admin port reports on. */
 export interface AdminProbes {
-  /** The process is serving RPCs (false once shutdown began). */
+  /** No shutdown has begun (false from the moment it does). */
   serving(): boolean;
-  /** The registry database answers. */
+  /** The registry database answers (the server's readiness probe: the same answer gRPC health gives). */
   databaseReachable(): Promise<boolean>;
   /** The Prometheus exposition of every metric. */
   metrics(): Promise<{ contentType: string; body: string }>;
@@ -24,8 +24,9 @@ export interface AdminServer {
  * The admin port, kept apart from the RPC port so that probes and scrapes
  * never compete with callers:
  * - `/healthz`: the process is alive (liveness);
- * - `/readyz`: it serves and its database answers (readiness); 503 otherwise,
- *   including from the moment shutdown begins;
+ * - `/readyz`: it serves and its database answers (readiness, the same one
+ *   grpc.health.v1 reports); 503 otherwise, including from the moment
+ *   shutdown begins;
  * - `/metrics`: Prometheus metrics;
  * - whatever `routes` answer (the operator console).
  */

@@ -3,7 +3,7 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import type { Config } from "../config.js";
-import { Health, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc/health/v1/health_pb.js";
+import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
@@ -11,7 +11,7 @@ import { openPool, poolDb, type Db } from "../registry/db.js";
 import { recoverExpiredLeases, sweepRetention } from "../registry/maintenance.js";
 import { migrate } from "../registry/migrate.js";
 import { requireLeastPrivilege } from "../registry/privileges.js";
-import { reportUnreachable } from "../registry/reachability.js";
+import { ping, reportUnreachable } from "../registry/reachability.js";
 import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
@@ -20,7 +20,7 @@ import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
 import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
-import { HealthStatus } from "./health.js";
+import { HealthStatus, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { accessLog, authentication, InFlight, peerKey, unknownFieldsRefused } from "./interceptors.js";
 import { BackgroundJob } from "./jobs.js";
 import { listenRpc, peerCertificateOf, type RpcListener } from "./listener.js";
@@ -125,6 +125,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
   let admin: AdminServer | undefined;
   let policies: PolicyCache | undefined;
   let jobs: BackgroundJob[] = [];
+  let readiness: Readiness | undefined;
   try {
     await requireLeastPrivilege(pool).catch(reportUnreachable(databaseUrl, databaseSetting));
 
@@ -152,6 +153,8 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     }
     const registry = new Registry(policyCache, config.snapshotKeys);
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
+    readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger);
+    const ready = readiness;
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
@@ -181,12 +184,8 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(
       {
-        serving: () => health.serving,
-        databaseReachable: () =>
-          pool.query("SELECT 1").then(
-            () => true,
-            () => false,
-          ),
+        serving: () => ready.serving,
+        databaseReachable: async () => ready.databaseReachable,
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
       [consoleRoutes({ db, registry, callers })],
@@ -195,7 +194,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       logger,
     );
     for (const job of jobs) job.start();
-    health.setAll(Status.SERVING);
+    await ready.start();
 
     const rpcListener = rpc;
     const adminServer = admin;
@@ -207,7 +206,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       health,
       stop: () =>
         (stopping ??= (async () => {
-          health.setAll(Status.NOT_SERVING);
+          ready.stop();
           rpcListener.closeGracefully();
           const drained = await inFlight.drained(config.shutdownGraceMs);
           // Every handler is done: give their responses a moment to reach the
@@ -225,6 +224,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
         })()),
     };
   } catch (error) {
+    readiness?.stop();
     await Promise.all(jobs.map((job) => job.stop()));
     policies?.stop();
     rpc?.destroy();

@@ -1,6 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { EventEmitter, on } from "node:events";
+import type { Logger } from "pino";
 import { Health, HealthCheckResponseSchema, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc/health/v1/health_pb.js";
 
 /**
@@ -53,5 +54,82 @@ export class HealthStatus {
         }
       },
     };
+  }
+}
+
+/** How often the registry database is probed for readiness. */
+export const READINESS_PROBE_INTERVAL_MS = 1000;
+
+/** Upper bound of one probe: a database that stops answering counts as down after this long. */
+export const READINESS_PROBE_TIMEOUT_MS = 1000;
+
+/**
+ * The one readiness of the server, behind both gRPC health (Check and Watch)
+ * and /readyz: ready while no shutdown began and the registry database
+ * answered the latest probe.
+ *
+ * The database is probed in the background, one probe at a time, every
+ * READINESS_PROBE_INTERVAL_MS, and health checks read the last result: kubelets,
+ * load balancers and Watch streams may ask as often as they like and the
+ * database still sees one `SELECT 1` per interval per replica. Each probe is
+ * bounded (see `probe`), so a database that hangs rather than refuses also
+ * turns the server NOT_SERVING; a change shows within about one interval
+ * plus that bound. The probe takes a pooled connection like any request: a
+ * replica whose pool has none free within its connect timeout could not
+ * serve a request either, and says so.
+ */
+export class Readiness {
+  private database = false;
+  private stopping = false;
+  private timer: NodeJS.Timeout | undefined;
+
+  /**
+   * `probe` resolves when the database answers and rejects otherwise; it must
+   * bound itself (a query timeout) so that a hanging database rejects too.
+   */
+  constructor(
+    private readonly health: HealthStatus,
+    private readonly probe: () => Promise<unknown>,
+    private readonly logger: Logger,
+    private readonly intervalMs = READINESS_PROBE_INTERVAL_MS,
+  ) {}
+
+  /** Probes once, so that the server starts with a real answer, then keeps probing. */
+  async start(): Promise<void> {
+    await this.check();
+  }
+
+  /** Shutdown began: NOT_SERVING from now on, whatever the database says. */
+  stop(): void {
+    this.stopping = true;
+    clearTimeout(this.timer);
+    this.health.setAll(Status.NOT_SERVING);
+  }
+
+  /** No shutdown has begun. */
+  get serving(): boolean {
+    return !this.stopping;
+  }
+
+  /** The registry database answered the latest probe. */
+  get databaseReachable(): boolean {
+    return this.database;
+  }
+
+  private async check(): Promise<void> {
+    const reachable = await this.probe().then(
+      () => true,
+      (error: unknown) => {
+        if (this.database) this.logger.warn({ error: (error as Error).message }, "the registry database does not answer: NOT_SERVING until it does");
+        return false;
+      },
+    );
+    if (this.stopping) return;
+    if (reachable && !this.database) this.logger.info("the registry database answers: SERVING");
+    this.database = reachable;
+    this.health.setAll(reachable ? Status.SERVING : Status.NOT_SERVING);
+    this.timer = setTimeout(() => void this.check(), this.intervalMs);
+    // The probe never keeps a process alive on its own.
+    this.timer.unref();
   }
 }

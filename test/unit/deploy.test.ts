@@ -9,6 +9,7 @@ import { ENVIRONMENT, loadConfig } from "../../src/config.js";
 import { parsePolicyDocuments } from "../../src/policy/operations.js";
 import type { Db } from "../../src/registry/db.js";
 import { listenAdmin } from "../../src/server/admin-http.js";
+import { HealthStatus } from "../../src/server/health.js";
 import { Metrics } from "../../src/server/metrics.js";
 
 // The deployment files must name the ports, variables, probes and metrics the
@@ -42,6 +43,8 @@ describe("deploy/kubernetes", () => {
     const ports = Object.fromEntries(container.ports.map((p: { name: string; containerPort: number }) => [p.name, p.containerPort]));
     expect(ports).toEqual({ rpc: defaults.rpcPort, admin: defaults.adminPort });
     expect(container.readinessProbe.grpc).toEqual({ port: defaults.rpcPort, service: "" });
+    // A service the health service answers for (NOT_FOUND would keep every pod unready).
+    expect(new HealthStatus([]).get(container.readinessProbe.grpc.service)).toBeDefined();
     expect(service.spec.ports.map((p: { targetPort: string; port: number }) => [p.targetPort, p.port])).toEqual([
       ["rpc", defaults.rpcPort],
       ["admin", defaults.adminPort],
