@@ -254,6 +254,16 @@ export class CoordinatorClient {
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
 
+  /**
+   * The owner stops at once: released when nothing can have happened,
+   * otherwise UNKNOWN now, for a recovery worker to settle without waiting
+   * for the lease to end.
+   */
+  async abandon(ref: OperationRef, generation: number, call?: CallOptions): Promise<{ state: RecordState; generation: number }> {
+    const res = await this.call("Abandon", call, (client, options) => client.abandon({ ref, generation: BigInt(generation) }, options));
+    return { state: fromState(res.state), generation: Number(res.generation) };
+  }
+
   /** Reads an operation by id (with the asking subject) or by scope. */
   async lookup(input: LookupInput, call?: CallOptions): Promise<OperationRecord> {
     const by: MessageInitShape<typeof LookupRequestSchema>["by"] =

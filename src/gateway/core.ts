@@ -230,10 +230,10 @@ export class IdempotencyGateway {
    *   after an effect; 5xx: FAILED_FINAL after an effect, otherwise Release
    *   (retryable, nothing happened);
    * - an effect still unresolved (INDETERMINATE): no Complete (the registry
-   *   refuses it); the lease ends, the record becomes UNKNOWN and the
-   *   recovery worker settles it;
+   *   refuses it); Abandon makes the record UNKNOWN at once and the recovery
+   *   worker settles it;
    * - threw before any effect: Release, 503; threw after an effect became
-   *   possible: no Complete, 500;
+   *   possible: no Complete, Abandon (UNKNOWN at once), 500;
    * - completed inside a co-located transaction: nothing left to record.
    * A Complete that fails leaves the outcome unrecorded: 503, retry later.
    */
@@ -255,6 +255,7 @@ export class IdempotencyGateway {
     const response = result.response;
     if (context.effectsUnresolved) {
       this.logger.warn({ operationId: context.operationId, status: response.status }, "an effect's outcome is unknown: not completing; the recovery worker settles the operation");
+      await this.abandonQuietly(context);
       return response.status >= 500 ? response : this.outcomePending(context);
     }
     const outcome = outcomeForStatus(response.status, context.effectPossible);
@@ -368,6 +369,7 @@ export class IdempotencyGateway {
         retryAfterSeconds: 1,
       });
     }
+    await this.abandonQuietly(context);
     return this.outcomePending(context);
   }
 
@@ -387,6 +389,19 @@ export class IdempotencyGateway {
     } catch (error) {
       // Unreleased, the record waits for its lease to end; then the next retry takes it over.
       this.logger.warn({ operationId: context.operationId, error: (error as Error).message }, "Release failed; the lease will end on its own");
+    }
+  }
+
+  /**
+   * This owner will not finish an operation whose effect may have happened:
+   * it hands it to recovery now instead of leaving it until the lease ends.
+   */
+  private async abandonQuietly(context: IdempotencyContext): Promise<void> {
+    try {
+      await context.abandon();
+    } catch (error) {
+      // Not handed over, the record becomes UNKNOWN when its lease ends; recovery starts then.
+      this.logger.warn({ operationId: context.operationId, error: (error as Error).message }, "Abandon failed; recovery starts when the lease ends");
     }
   }
 

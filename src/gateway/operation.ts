@@ -271,6 +271,11 @@ export abstract class OwnedOperation {
   async release(): Promise<void> {
     await this.client.release(this.ref, this.generation);
   }
+
+  /** Abandon over RPC: this owner will not finish; recovery may start now. */
+  async abandon(): Promise<void> {
+    await this.client.abandon(this.ref, this.generation);
+  }
 }
 
 /** The default test of `effect()` errors: a DefiniteFailure means nothing happened downstream. */

@@ -22,6 +22,7 @@ import {
   checkRecordEffect,
   checkRenew,
   effectFlags,
+  planAbandon,
   planClaim,
   planComplete,
   planRelease,
@@ -401,6 +402,28 @@ export class Registry {
       return fencedUpdate(q, record, { caller: actor.caller, kind: "RELEASED" },
         "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
     }, "release");
+  }
+
+  /**
+   * The owner stops now: released when nothing can have happened, otherwise
+   * UNKNOWN at once with its lease ended, so that recovery starts without
+   * waiting for the lease. Fenced by the generation like every write.
+   */
+  async abandon(db: Db, ref: OperationRef, generation: number, actor: Actor): Promise<StoredRecord> {
+    validateRef(ref);
+    return db.transaction(ref.tenant, async (q) => {
+      const record = await this.lockRecord(q, ref, actor);
+      const event = { caller: actor.caller, detail: { abandoned: true } };
+      switch (planAbandon(record, generation)) {
+        case "repeat":
+          return record;
+        case "release":
+          return fencedUpdate(q, record, { ...event, kind: "RELEASED" }, "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
+        case "unknown":
+          // The lease ends now: recovery lists records whose lease ended.
+          return fencedUpdate(q, record, { ...event, kind: "UNKNOWN" }, "state = 'UNKNOWN', recovering = false, lease_expires_at = now()", []);
+      }
+    }, "abandon");
   }
 
   /**

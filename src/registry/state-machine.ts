@@ -250,3 +250,18 @@ export function planRelease(record: StoredRecord, generation: number): ReleasePl
   if (record.state === "RESERVED" && record.leaseExpiresAt === null) return "repeat";
   return "release";
 }
+
+export type AbandonPlan = "release" | "unknown" | "repeat";
+
+/**
+ * What an owner's Abandon does: without a possible effect it is a Release;
+ * with one the record becomes UNKNOWN now rather than when the lease ends,
+ * because the owner knows it will not finish and only recovery may.
+ */
+export function planAbandon(record: StoredRecord, generation: number): AbandonPlan {
+  requireGeneration(record, generation);
+  if (isTerminal(record.state)) refuseFinished(record);
+  if (record.state === "UNKNOWN") return "repeat";
+  if (record.effectPossible) return "unknown";
+  return planRelease(record, generation);
+}

@@ -3,6 +3,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { refuse } from "../contract/errors.js";
 import { CONTRACT_VERSION } from "../contract/scope.js";
 import {
+  AbandonResponseSchema,
   ClaimResponseSchema,
   CompleteResponseSchema,
   CoordinatorService,
@@ -170,6 +171,13 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
       requireRole(caller, "gateway", "worker");
       const record = await registry.release(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), caller);
       return create(ReleaseResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
+    },
+
+    async abandon(req, ctx) {
+      const caller = callerOf(ctx.values);
+      requireRole(caller, "gateway", "worker");
+      const record = await registry.abandon(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), caller);
+      return create(AbandonResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
     },
 
     async lookup(req, ctx) {

@@ -3,7 +3,6 @@ import { describe, expect, it } from "vitest";
 import type { PaymentsApp } from "../../examples/payments/app.js";
 import type { RecoveryEvent } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
-import { expireLease } from "../support/registry-helpers.js";
 import { post } from "../gateway/helpers.js";
 import { usePaymentsApps } from "./payments-apps.js";
 
@@ -18,27 +17,23 @@ const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 const alice = { tenant: "acme", principal: "alice" };
 
 /**
- * Runs one POST into a provider failure, then walks the record to UNKNOWN:
- * the service answers 502 without completing, the lease ends (in database
- * time, deterministically), and the client's retry finds the record UNKNOWN
- * (409, it is never executed again).
+ * Runs one POST into a provider failure: the service answers 502 without
+ * completing and hands the record to recovery at once (UNKNOWN, never
+ * executed again), so the client's retry finds it in progress (409).
  */
 async function failAndGoUnknown(app: PaymentsApp, key: string, body: unknown) {
   const first = await post(`${app.service.url}/v1/payments`, key, body, ALICE);
   expect(first.status).toBe(502);
-  const executing = await app.client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
-  expect(executing.state).toBe("EXECUTING");
-  expect(executing.effectAttempts).toHaveLength(1);
-  expect(executing.effectAttempts[0]).toMatchObject({ effect: "card.charge", status: "INDETERMINATE" });
-  const downstreamKey = executing.effectAttempts[0]!.downstreamKey;
+  const unknown = await app.client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
+  expect(unknown.state).toBe("UNKNOWN");
+  expect(unknown.effectAttempts).toHaveLength(1);
+  expect(unknown.effectAttempts[0]).toMatchObject({ effect: "card.charge", status: "INDETERMINATE" });
+  const downstreamKey = unknown.effectAttempts[0]!.downstreamKey;
 
-  await expireLease(t.pool, executing.operationId);
   const retry = await post(`${app.service.url}/v1/payments`, key, body, ALICE);
   expect(retry.status).toBe(409);
-  expect(retry.json.operationId).toBe(executing.operationId);
-  const unknown = await app.client.lookup({ ref: { tenant: "acme", operationId: executing.operationId }, subject: alice });
-  expect(unknown.state).toBe("UNKNOWN");
-  return { operationId: executing.operationId, downstreamKey };
+  expect(retry.json.operationId).toBe(unknown.operationId);
+  return { operationId: unknown.operationId, downstreamKey };
 }
 
 describe.each(["co-located", "remote"] as const)("recovering payments whose charge outcome was unknown (%s)", (mode) => {

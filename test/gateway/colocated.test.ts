@@ -103,8 +103,9 @@ describe("co-located completion", () => {
     expect((refusal as { reason?: string }).reason).toBe("UNRESOLVED_EFFECTS");
     expect(answer.status).toBe(500);
     expect(await orderRows(operationId)).toHaveLength(0);
+    // Handed to recovery at once (Abandon): the charge's outcome is unknown.
     const record = await recordOf(key);
-    expect(record.state).toBe("EXECUTING");
+    expect(record.state).toBe("UNKNOWN");
     expect(record.effectAttempts).toMatchObject([{ status: "INDETERMINATE" }]);
   });
 

@@ -290,8 +290,9 @@ describe("what the handler's result records", () => {
     });
     const first = await post(`${base}/payments`, key, body(), ALICE);
     expect(first.status).toBe(502);
+    // Handed to recovery at once (Abandon), not left until the lease ends.
     const record = await lookup(key);
-    expect(record.state).toBe("EXECUTING");
+    expect(record.state).toBe("UNKNOWN");
     expect(record.snapshot).toBeUndefined();
     expect(record.effectAttempts).toMatchObject([{ effect: "card.charge", status: "INDETERMINATE", downstreamKey: sentKey }]);
     expect(sentKey).toMatch(/^[A-Za-z0-9_-]{43}$/);
@@ -307,7 +308,7 @@ describe("what the handler's result records", () => {
     expect(first.status).toBe(500);
     expect(first.json).toMatchObject({ type: "urn:problem-type:idempotency:outcome-pending", status: 500 });
     const record = await lookup(key);
-    expect(record.state).toBe("EXECUTING");
+    expect(record.state).toBe("UNKNOWN");
     expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED" }]);
     // A retry never runs it again.
     const retry = await post(`${base}/payments`, key, body(), ALICE);

@@ -90,3 +90,30 @@ describe.each(FIRST_STATUSES.map((status) => [EffectStatus[status], status] as c
     expect(rows[0].generation).toBe("1");
   });
 });
+
+describe("Abandon", () => {
+  it("hands a possibly effected record to recovery at once, fenced by its generation, and repeats as a no-op", async () => {
+    const { client, call, ref } = await twoAttempts(EffectStatus.CONFIRMED);
+    expect(await wireReason(client.abandon({ ref, generation: 2n }, call))).toBe("STALE_GENERATION");
+    const abandoned = await client.abandon({ ref, generation: 1n }, call);
+    expect(abandoned).toMatchObject({ state: RecordState.UNKNOWN, generation: 1n });
+    expect((await client.abandon({ ref, generation: 1n }, call)).state).toBe(RecordState.UNKNOWN);
+    const worker = { headers: { authorization: `Bearer ${server.tokens.worker}` } };
+    const listed = await client.listRecoverable({ tenant: "acme", pageSize: 500 }, worker);
+    expect(listed.records.map((r) => r.record?.operationId)).toContain(ref.operationId);
+    // The owner that abandoned it may still complete: it is the truth.
+    const done = await client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } }, call);
+    expect(done.state).toBe(RecordState.SUCCEEDED);
+    expect(await wireReason(client.abandon({ ref, generation: 1n }, call))).toBe("INVALID_TRANSITION");
+  });
+
+  it("releases a record where nothing can have happened: the next identical retry takes it over", async () => {
+    const { client, call } = gatewayClient(server);
+    const key = newKey();
+    const reserved = await client.reserve(reserveRequest(key), call);
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: reserved.operationId });
+    expect(await client.abandon({ ref, generation: 1n }, call)).toMatchObject({ state: RecordState.RESERVED, generation: 1n });
+    const retry = await client.reserve(reserveRequest(key), call);
+    expect(retry).toMatchObject({ decision: Decision.ACCEPTED, generation: 2n });
+  });
+});
