@@ -77,7 +77,7 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_OPERATIONS", default: "(embedded: payments.create@1)", meaning: "JSON array of policy revisions to publish at boot" },
   { name: "IDEM_OPERATIONS_FILE", default: "(none)", meaning: "path of a YAML or JSON file holding that array instead" },
   { name: "IDEM_POLICY_REFRESH_MS", default: "2000", meaning: "how soon a new policy, mode or epoch applies on every replica" },
-  { name: "IDEM_RECOVERER_INTERVAL_MS", default: "1000", meaning: "how often ended leases become UNKNOWN or claimable" },
+  { name: "IDEM_RECOVERER_INTERVAL_MS", default: "1000", meaning: "how often ended leases become UNKNOWN or claimable; the Retry-After of UNKNOWN records" },
   { name: "IDEM_SWEEP_INTERVAL_MS", default: "60000", meaning: "how often finished records past retention become tombstones" },
   { name: "IDEM_UNKNOWN_SLO_SECONDS", default: "3600", meaning: "recovery SLO of UNKNOWN records (metrics, alerts)" },
   { name: "IDEM_TLS_CERT_FILE", default: "(unset: cleartext)", meaning: "PEM certificate (chain) of the RPC port; with the key, serves TLS (ALPN h2 and http/1.1)" },

@@ -28,6 +28,7 @@ import {
   planRelease,
   planResolve,
   reserveVerdict,
+  retryAfterMs,
 } from "./state-machine.js";
 import type {
   Actor,
@@ -58,6 +59,11 @@ export class Registry {
     private readonly policies: PolicySource,
     /** Seals stored response bodies at rest; without one they are stored as they are. */
     private readonly keyring?: SnapshotKeyring,
+    /**
+     * How often recovery looks at UNKNOWN records (the recoverer's interval):
+     * the Retry-After of a request that finds one.
+     */
+    private readonly recoveryCadenceMs = 1000,
   ) {}
 
   /** A record with its response body opened (plaintext), for answers that show it. */
@@ -220,7 +226,7 @@ export class Registry {
           case "replay":
             return answer("REPLAY", record);
           case "in_progress":
-            return answer("IN_PROGRESS", record, Math.max(1000, verdict.retryAfterMs ?? policy.lease.defaultMs));
+            return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
           case "takeover": {
             const taken = await takeOverByScope(q, record, { state, leaseMs, acquisitionId, writerEpoch: input.writerEpoch, caller: actor.caller });
             if (taken) return answer("ACCEPTED", taken);
@@ -228,7 +234,7 @@ export class Registry {
           }
           case "mark_unknown": {
             const unknown = await markUnknownByScope(q, record, actor.caller);
-            if (unknown) return answer("IN_PROGRESS", unknown, policy.lease.defaultMs);
+            if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
             break;
           }
         }

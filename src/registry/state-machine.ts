@@ -45,7 +45,7 @@ export type ReserveVerdict =
   | { kind: "conflict" }
   | { kind: "expired" }
   | { kind: "replay" }
-  | { kind: "in_progress"; retryAfterMs: number | undefined }
+  | { kind: "in_progress" }
   | { kind: "takeover" }
   | { kind: "mark_unknown" };
 
@@ -58,13 +58,36 @@ export function reserveVerdict(record: StoredRecord, fingerprint: Uint8Array): R
   if (!Buffer.from(record.fingerprint).equals(fingerprint)) return { kind: "conflict" };
   if (record.tombstonedAt !== null) return { kind: "expired" };
   if (isTerminal(record.state)) return { kind: "replay" };
-  if (record.state === "UNKNOWN") return { kind: "in_progress", retryAfterMs: undefined };
-  if (leaseLive(record)) {
-    return { kind: "in_progress", retryAfterMs: record.leaseExpiresAt!.getTime() - record.dbNow.getTime() };
-  }
+  if (record.state === "UNKNOWN" || leaseLive(record)) return { kind: "in_progress" };
   // The lease ended. Leases say who may act, never whether an effect happened:
   // with a possible effect the record is never executed again.
   return record.effectPossible ? { kind: "mark_unknown" } : { kind: "takeover" };
+}
+
+/** The hint for a request that finds an owner at work: from 250 ms, growing with the owner's time at it, at most 2 s. */
+const OWNER_HINT_MS = { min: 250, max: 2000 };
+/** The longest hint for a record awaiting recovery. */
+const RECOVERY_HINT_MAX_MS = 60_000;
+
+/**
+ * When a request that found this unfinished record should come back
+ * (Retry-After), from what is actually expected rather than from the lease:
+ * - an owner at work: about as long again as it has been at it since the
+ *   record last changed, from 250 ms to 2 s, and never past its lease's
+ *   end (then the retry may take over). Most owners answer well within
+ *   their lease, which only bounds a silent one;
+ * - UNKNOWN: the recovery cadence (the recoverer's interval), growing to a
+ *   quarter of the time the record has waited, at most a minute: a record
+ *   that recovery has not settled for long needs a person, not more retries.
+ */
+export function retryAfterMs(record: StoredRecord, recoveryCadenceMs: number): number {
+  const sinceChange = Math.max(0, record.dbNow.getTime() - record.updatedAt.getTime());
+  if (record.state === "UNKNOWN") {
+    return Math.round(Math.max(recoveryCadenceMs, Math.min(sinceChange / 4, RECOVERY_HINT_MAX_MS)));
+  }
+  const atWork = Math.min(Math.max(sinceChange, OWNER_HINT_MS.min), OWNER_HINT_MS.max);
+  const leaseLeft = record.leaseExpiresAt ? record.leaseExpiresAt.getTime() - record.dbNow.getTime() : atWork;
+  return Math.round(Math.max(100, Math.min(atWork, leaseLeft)));
 }
 
 /** Refuses a write that names a generation other than the record's. */

@@ -151,7 +151,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     if (!config.snapshotKeys) {
       logger.warn("no snapshot key ring (IDEM_SNAPSHOT_KEYS): response bodies are stored unencrypted; see SECURITY.md");
     }
-    const registry = new Registry(policyCache, config.snapshotKeys);
+    const registry = new Registry(policyCache, config.snapshotKeys, config.recovererIntervalMs);
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger);
     const ready = readiness;

@@ -127,7 +127,8 @@ describe("one lifecycle across every protocol", () => {
     expect(retry.response?.decision).toBe(Decision.IN_PROGRESS);
     expect(retry.response?.operationId).toBe(accepted.operationId);
     expect(retry.response?.generation).toBe(0n);
-    expect(Number(retry.response?.retryAfter?.seconds ?? 0n)).toBeGreaterThan(0);
+    const retryAfterMs = Number(retry.response?.retryAfter?.seconds ?? 0n) * 1000 + (retry.response?.retryAfter?.nanos ?? 0) / 1e6;
+    expect(retryAfterMs).toBeGreaterThan(0);
 
     const conflict = await connectJson(
       "Reserve",
