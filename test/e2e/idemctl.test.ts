@@ -1,6 +1,9 @@
 import { execFile, spawn } from "node:child_process";
 import { promisify } from "node:util";
 import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
@@ -94,20 +97,12 @@ describe("idemctl", { timeout: 120_000 }, () => {
   });
 
   it("exits quietly with status 0 when its reader goes away, as `idemctl events --json | head -1` does", async () => {
-    const { client, call } = gatewayClient(server);
-    const reserve = () =>
-      client.reserve(
-        {
-          subject: { tenant: "acme", principal: "alice" },
-          operation: "payments.create",
-          apiRevision: 1,
-          idempotencyKey: newKey(),
-          request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode("{}") }) },
-        },
-        call,
-      );
-    await reserve();
-    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "events", "--json", "--follow", "--tenant", "acme"], {
+    // Every mode change is logged: one event each, whatever the earlier tests left.
+    const admin = createClient(AdminService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" }));
+    const logEvent = () =>
+      admin.setOperationMode({ operation: "payments.create", apiRevision: 1, mode: OperationMode.ENFORCE }, { headers: { authorization: `Bearer ${server.tokens.operator}` } });
+    await logEvent();
+    const child = spawn(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "events", "--json", "--follow"], {
       env: { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator },
       stdio: ["ignore", "pipe", "pipe"],
     });
@@ -125,7 +120,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
       });
       child.stdout.destroy();
       // The next event is written to the closed pipe.
-      await reserve();
+      await logEvent();
       expect(await exited).toBe(0);
       expect(stderr).toBe("");
     } finally {
