@@ -17,10 +17,15 @@ export interface Config {
   adminPort: number;
   /** The owner's connection string for migrations, when it is not DATABASE_URL's login. */
   migrationDatabaseUrl: string | undefined;
+  /** The login of the cross-tenant pool, when it is not DATABASE_URL's (it should not be: SECURITY.md). */
+  crossTenantDatabaseUrl: string | undefined;
   db: {
     /** The unprivileged role every serving connection acts as (undefined: the login's own). */
     role: string | undefined;
     poolMax: number;
+    /** The role of the work that spans tenants: jobs, operators' listings (undefined: the login's own). */
+    crossTenantRole: string | undefined;
+    crossTenantPoolMax: number;
     connectTimeoutMs: number;
     statementTimeoutMs: number;
     lockTimeoutMs: number;
@@ -66,6 +71,9 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_MIGRATION_DATABASE_URL", default: "(DATABASE_URL)", meaning: "connection string of the tables' owner, for migrations" },
   { name: "IDEM_DB_ROLE", default: "idem_server", meaning: "role the server acts as on its connections: owns nothing, row security applies; empty: the login's own" },
   { name: "IDEM_DB_POOL_MAX", default: "20", meaning: "most registry connections per process" },
+  { name: "IDEM_CROSS_TENANT_DATABASE_URL", default: "(DATABASE_URL)", meaning: "login of the work that spans tenants (jobs, operators' listings): a member of idem_cross_tenant only" },
+  { name: "IDEM_DB_CROSS_TENANT_ROLE", default: "idem_cross_tenant", meaning: "role that work acts as: sees every tenant; empty: the login's own" },
+  { name: "IDEM_DB_CROSS_TENANT_POOL_MAX", default: "4", meaning: "most connections of that work per process" },
   { name: "IDEM_DB_CONNECT_TIMEOUT_MS", default: "2000", meaning: "wait for a free connection before UNAVAILABLE" },
   { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
   { name: "IDEM_DB_LOCK_TIMEOUT_MS", default: "2000", meaning: "upper bound of waiting for a record's row lock" },
@@ -227,6 +235,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const databaseUrl = read("DATABASE_URL", postgresUrl, undefined as string | undefined);
 
   const migrationDatabaseUrl = read("IDEM_MIGRATION_DATABASE_URL", postgresUrl, undefined as string | undefined);
+  const crossTenantDatabaseUrl = read("IDEM_CROSS_TENANT_DATABASE_URL", postgresUrl, undefined as string | undefined);
+  if (crossTenantDatabaseUrl !== undefined && databaseUrl === undefined) {
+    problems.push("IDEM_CROSS_TENANT_DATABASE_URL: needs DATABASE_URL (the embedded default has one login)");
+  }
   if (migrationDatabaseUrl !== undefined && databaseUrl === undefined) {
     problems.push("IDEM_MIGRATION_DATABASE_URL: needs DATABASE_URL (the embedded default migrates as its own superuser)");
   }
@@ -277,10 +289,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     rpcPort: read("IDEM_RPC_PORT", port, 7070),
     adminPort: read("IDEM_ADMIN_PORT", port, 7071),
     migrationDatabaseUrl,
+    crossTenantDatabaseUrl,
     db: {
       // Set but empty: connect as the login itself (which must then be unprivileged).
       role: env.IDEM_DB_ROLE?.trim() === "" ? undefined : read("IDEM_DB_ROLE", sqlRole, "idem_server"),
       poolMax: read("IDEM_DB_POOL_MAX", integer(1, 1000), 20),
+      crossTenantRole: env.IDEM_DB_CROSS_TENANT_ROLE?.trim() === "" ? undefined : read("IDEM_DB_CROSS_TENANT_ROLE", sqlRole, "idem_cross_tenant"),
+      crossTenantPoolMax: read("IDEM_DB_CROSS_TENANT_POOL_MAX", integer(1, 100), 4),
       connectTimeoutMs: read("IDEM_DB_CONNECT_TIMEOUT_MS", integer(1, 600_000), 2000),
       statementTimeoutMs: read("IDEM_DB_STATEMENT_TIMEOUT_MS", integer(1, 600_000), 5000),
       lockTimeoutMs: read("IDEM_DB_LOCK_TIMEOUT_MS", integer(1, 600_000), 2000),

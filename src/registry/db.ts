@@ -10,11 +10,12 @@ export interface Queryable {
 
 /**
  * Whose rows a unit of registry work may see and write. Row-level security on
- * every tenant table (migrations/000007) shows a transaction only the rows of
- * the tenant it is bound to, so that a query that forgets its tenant clause
- * finds nothing instead of another tenant's records. Request paths bind the
- * caller's tenant; operators' listings and the background jobs bind
- * ALL_TENANTS explicitly.
+ * every tenant table (migrations/000007, 000010) shows a serving transaction
+ * only the rows of the tenant it is bound to, so that a query that forgets its
+ * tenant clause finds nothing instead of another tenant's records. Request
+ * paths bind the caller's tenant; operators' listings and the background jobs
+ * ask for ALL_TENANTS, which runs them on the cross-tenant pool: a role of its
+ * own, because nothing a serving connection can set may widen its binding.
  */
 export type TenantBinding = string | typeof ALL_TENANTS;
 export const ALL_TENANTS: unique symbol = Symbol("all tenants");
@@ -147,8 +148,13 @@ const BASE_BACKOFF_MS = 10;
  * every registry operation is written to be re-run safely: a re-run re-reads
  * the record and recognizes its own earlier write (by operation id or
  * acquisition id) when a COMMIT's outcome was lost with the connection.
+ *
+ * Work bound to ALL_TENANTS runs on `crossTenantPool` (acting as
+ * idem_cross_tenant, which sees every tenant). Without one it runs on `pool`
+ * bound to every tenant, which only the tables' owner honours (tests,
+ * co-located services loading policies).
  */
-export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {}): Db {
+export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {}, crossTenantPool: pg.Pool = pool): Db {
   async function withRetries<T>(attempt: () => Promise<T>): Promise<T> {
     for (let n = 1; ; n++) {
       try {
@@ -166,7 +172,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {})
   return {
     transaction: (tenant, work, name = "other") =>
       withRetries(async () => {
-        const client = await pool.connect();
+        const client = await (tenant === ALL_TENANTS ? crossTenantPool : pool).connect();
         // A checked-out client has no error listener of the pool's: without
         // this one, a connection killed mid-transaction would crash the process.
         const onError = (error: Error) =>

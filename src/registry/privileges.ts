@@ -29,3 +29,26 @@ export async function requireLeastPrivilege(q: Queryable): Promise<void> {
     );
   }
 }
+
+/**
+ * Why the login behind a serving connection could leave its role and step
+ * around row-level security, or undefined when it cannot: a superuser, or a
+ * member of the cross-tenant role or of the tables' owner can set its role
+ * to one that sees every tenant (`set_config('role', …)` works inside any
+ * statement). Checked at boot; the binding is only as strong as the login.
+ */
+export async function servingLoginCanWiden(q: Queryable, crossTenantRole: string | undefined): Promise<string | undefined> {
+  const { rows } = await q.query<{ login: string; superuser: boolean; cross_tenant: boolean; owner: boolean }>(
+    `SELECT session_user AS login, r.rolsuper AS superuser,
+            coalesce(pg_has_role(session_user, (SELECT oid FROM pg_roles WHERE rolname = $1), 'MEMBER'), false) AS cross_tenant,
+            EXISTS (SELECT FROM pg_class c WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = 'idem_record'
+                       AND pg_has_role(session_user, c.relowner, 'MEMBER')) AS owner
+       FROM pg_roles r WHERE r.rolname = session_user`,
+    [crossTenantRole ?? null],
+  );
+  const { login, superuser, cross_tenant: crossTenant, owner } = rows[0]!;
+  if (superuser) return `(${login}) is a superuser`;
+  if (owner) return `(${login}) is or may become the owner of the registry's tables`;
+  if (crossTenant) return `(${login}) is a member of ${crossTenantRole}`;
+  return undefined;
+}

@@ -10,7 +10,7 @@ import { PolicyCache } from "../policy/cache.js";
 import { openPool, poolDb, type Db } from "../registry/db.js";
 import { recoverExpiredLeases, sweepRetention } from "../registry/maintenance.js";
 import { migrate } from "../registry/migrate.js";
-import { requireLeastPrivilege } from "../registry/privileges.js";
+import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
 import { ping, reportUnreachable } from "../registry/reachability.js";
 import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
@@ -121,6 +121,12 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     }
   }
   const pool = openPool({ ...poolSettings(databaseUrl, config.db.poolMax), ...(config.db.role ? { role: config.db.role } : {}) }, logger);
+  // Work that spans tenants acts as a role of its own, on a small pool of its own (migrations/000010).
+  const crossTenantUrl = config.crossTenantDatabaseUrl ?? databaseUrl;
+  const crossTenantPool = openPool(
+    { ...poolSettings(crossTenantUrl, config.db.crossTenantPoolMax), ...(config.db.crossTenantRole ? { role: config.db.crossTenantRole } : {}) },
+    logger,
+  );
   let rpc: RpcListener | undefined;
   let admin: AdminServer | undefined;
   let policies: PolicyCache | undefined;
@@ -128,6 +134,17 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
   let readiness: Readiness | undefined;
   try {
     await requireLeastPrivilege(pool).catch(reportUnreachable(databaseUrl, databaseSetting));
+    await requireLeastPrivilege(crossTenantPool).catch(
+      reportUnreachable(crossTenantUrl, config.crossTenantDatabaseUrl ? "IDEM_CROSS_TENANT_DATABASE_URL" : databaseSetting),
+    );
+    // The embedded default has one superuser login; elsewhere say so when the serving login could switch roles.
+    const loose = config.databaseUrl === undefined ? undefined : await servingLoginCanWiden(pool, config.db.crossTenantRole);
+    if (loose) {
+      logger.warn(
+        `the login of DATABASE_URL ${loose}: a statement run by the server could step around row-level security. ` +
+          "Serve with a login that is a member of idem_server only, and give the cross-tenant work its own (IDEM_CROSS_TENANT_DATABASE_URL); see SECURITY.md",
+      );
+    }
 
     const callers = new Callers(config.callers, config.allowAnonymous);
     if (config.allowAnonymous) {
@@ -136,10 +153,15 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
     }
     let metrics: Metrics | undefined;
-    const db = poolDb(pool, logger, {
-      retried: (cause) => metrics?.retries.inc({ cause }),
-      committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
-    });
+    const db = poolDb(
+      pool,
+      logger,
+      {
+        retried: (cause) => metrics?.retries.inc({ cause }),
+        committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
+      },
+      crossTenantPool,
+    );
     metrics = new Metrics({ pool, db, unknownSloSeconds: config.unknownSloSeconds });
     for (const document of config.operations) {
       const { created } = await publishPolicy(db, document, "configuration");
@@ -220,7 +242,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
           await Promise.all(runningJobs.map((job) => job.stop()));
           await adminServer.close();
           policyCache.stop();
-          await pool.end();
+          await Promise.all([pool.end(), crossTenantPool.end()]);
         })()),
     };
   } catch (error) {
@@ -229,7 +251,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     policies?.stop();
     rpc?.destroy();
     await admin?.close();
-    await pool.end().catch(() => undefined);
+    await Promise.all([pool.end().catch(() => undefined), crossTenantPool.end().catch(() => undefined)]);
     throw error;
   }
 }

@@ -23,7 +23,7 @@ describe("migrations", () => {
     try {
       const applied = await Promise.all(pools.map((p) => migrate(p, silentLogger)));
       const versions = (await loadMigrations()).map((m) => m.version);
-      expect(applied.flat().sort()).toEqual(versions);
+      expect(applied.flat().sort((a, b) => a - b)).toEqual(versions);
       expect(await migrate(pools[0]!, silentLogger)).toEqual([]);
       const { rows } = await pools[0]!.query("SELECT version FROM idem_schema_migrations ORDER BY version");
       expect(rows.map((r) => r.version)).toEqual(versions);

@@ -9,6 +9,8 @@ export const silentLogger = pino({ level: "silent" });
 
 /** The role the coordinator serves as (migrations/000007). */
 export const SERVER_ROLE = "idem_server";
+/** The role of the coordinator's cross-tenant work: jobs and operators' listings (migrations/000010). */
+export const CROSS_TENANT_ROLE = "idem_cross_tenant";
 
 /** A migrated schema of its own for one test file, on the run's PostgreSQL. */
 export interface TestDatabase {
@@ -16,7 +18,7 @@ export interface TestDatabase {
   schema: string;
   /** The owner's pool (a superuser here): sees every row, for setting up and checking. */
   pool: pg.Pool;
-  /** The registry as the server uses it: acting as idem_server, under row-level security. */
+  /** The registry as the server uses it: acting as idem_server under row-level security, and as idem_cross_tenant for work across tenants. */
   db: Db;
   /** Pool settings that reach this schema, for servers started by the test. */
   settings: PoolSettings;
@@ -56,7 +58,7 @@ export async function createTestDatabase(): Promise<TestDatabase> {
     url,
     schema,
     pool,
-    db: poolDb(open({ role: SERVER_ROLE }), silentLogger),
+    db: poolDb(open({ role: SERVER_ROLE }), silentLogger, {}, open({ role: CROSS_TENANT_ROLE, max: 4 })),
     settings,
     openPool: open,
     async drop() {
