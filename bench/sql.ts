@@ -133,8 +133,10 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
 }
 
 /** Which step of an operation a pg_stat_statements entry is, from its text. */
-export function classify(query: string): "reserve" | "gate" | "count" | "begin" | "lock" | "attempts" | "finish" | "commit" | "other" {
+export function classify(query: string): "reserve" | "gate" | "count" | "begin" | "lock" | "attempts" | "finish" | "commit" | "probe" | "other" {
   const q = squash(query);
+  // The coordinator's readiness probe (src/registry/reachability.ts), once a second, as pg_stat_statements normalizes it.
+  if (q === "SELECT $1") return "probe";
   if (/^BEGIN\b/i.test(q)) return "begin";
   if (/^COMMIT\b/i.test(q)) return "commit";
   if (q.startsWith("WITH inserted AS (") && q.includes("INSERT INTO idem_record")) return "reserve";
