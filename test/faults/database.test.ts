@@ -27,21 +27,21 @@ const registry = testRegistry();
 const gateway = actor();
 
 /**
- * A Db whose statements fail with `code` the first `times` times (all the time
- * with Infinity): a SQLSTATE, or a system error's code with its `syscall`.
+ * A Db whose units of work fail with `code` the first `times` times they run
+ * (every time with Infinity): every statement of such a run fails, as when
+ * its transaction hits a conflict or loses its socket. `code` is a SQLSTATE,
+ * or a system error's code with its `syscall`.
  */
 function failing(db: Db, code: string, times: number, syscall?: string): { db: Db; failures: () => number } {
   let failures = 0;
-  const inject = <T>(work: (q: Queryable) => Promise<T>) => (q: Queryable) =>
-    work({
-      query: (text, values) => {
-        if (failures < times) {
-          failures++;
-          return Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) }));
-        }
-        return q.query(text, values);
-      },
+  const inject = <T>(work: (q: Queryable) => Promise<T>) => (q: Queryable) => {
+    const fails = failures < times;
+    if (fails) failures++;
+    return work({
+      query: (text, values) =>
+        fails ? Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) })) : q.query(text, values),
     });
+  };
   return { db: { transaction: (tenant, work, name) => db.transaction(tenant, inject(work), name) }, failures: () => failures };
 }
 
