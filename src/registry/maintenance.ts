@@ -169,15 +169,27 @@ export async function listRecords(db: Db, filter: RecordFilter): Promise<Array<R
   return views;
 }
 
-/** How many records are in each state, and the age of the oldest UNKNOWN one (for metrics). */
-export async function registryCensus(db: Db): Promise<{ byState: Map<RecordState, number>; oldestUnknownSeconds: number; overdue: number }> {
-  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
+/** Which tenants and operations a view covers; undefined: all. */
+export interface ViewScope {
+  tenants?: readonly string[];
+  operations?: readonly string[];
+}
+
+/**
+ * How many records are in each state, and the age of the oldest UNKNOWN one:
+ * of every tenant (metrics), or of a scope (what an operator is shown).
+ */
+export async function registryCensus(db: Db, scope: ViewScope = {}): Promise<{ byState: Map<RecordState, number>; oldestUnknownSeconds: number; overdue: number }> {
+  const { rows } = await db.transaction(bindingFor(scope.tenants), (q) =>
     q.query<{ state: RecordState; n: number; oldest_unknown: number | null; overdue: number }>(
       `SELECT state, count(*)::int AS n,
               extract(epoch FROM now() - min(updated_at) FILTER (WHERE state = 'UNKNOWN'))::float8 AS oldest_unknown,
               (count(*) FILTER (WHERE state IN ('RESERVED', 'EXECUTING') AND lease_expires_at IS NULL
                                   AND updated_at < now() - interval '1 day'))::int AS overdue
-         FROM idem_record WHERE tombstoned_at IS NULL GROUP BY state`,
+         FROM idem_record
+        WHERE tombstoned_at IS NULL AND ($1::text[] IS NULL OR tenant_id = ANY($1)) AND ($2::text[] IS NULL OR operation = ANY($2))
+        GROUP BY state`,
+      [scope.tenants ?? null, scope.operations ?? null],
     ),
   );
   return {
@@ -232,13 +244,19 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
   return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string } }));
 }
 
-/** The newest events of the given kinds, newest first (the console's "recent conflicts"). */
-export async function recentEvents(db: Db, kinds: readonly string[], limit: number): Promise<Array<Omit<LoggedEvent, "cursor">>> {
-  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
+/**
+ * The newest events of the given kinds within a scope, newest first (the
+ * console's "recent conflicts"). The scope is applied before the limit, so
+ * that other tenants' events never crowd a scope's own out.
+ */
+export async function recentEvents(db: Db, kinds: readonly string[], limit: number, scope: ViewScope = {}): Promise<Array<Omit<LoggedEvent, "cursor">>> {
+  const { rows } = await db.transaction(bindingFor(scope.tenants), (q) =>
     q.query(
       `SELECT event_id::text AS event_id_text, tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail, at
-         FROM idem_event WHERE kind = ANY($1) ORDER BY at DESC, event_id DESC LIMIT $2`,
-      [kinds, limit],
+         FROM idem_event
+        WHERE kind = ANY($1) AND ($3::text[] IS NULL OR tenant_id = ANY($3)) AND ($4::text[] IS NULL OR operation = ANY($4))
+        ORDER BY at DESC, event_id DESC LIMIT $2`,
+      [kinds, limit, scope.tenants ?? null, scope.operations ?? null],
     ),
   );
   return rows.map(toEvent);
@@ -258,20 +276,4 @@ function toEvent(r: Record<string, unknown>): Omit<LoggedEvent, "cursor"> {
     detail: r.detail as Record<string, unknown>,
     at: r.at as Date,
   };
-}
-
-/** Logs an event about an operation as a whole (a mode or epoch change). */
-export async function logOperationEvent(
-  db: Db,
-  event: { operation: string; apiRevision: number; kind: string; caller: string; detail: Record<string, unknown> },
-): Promise<void> {
-  await db.transaction(ALL_TENANTS, (q) =>
-    q.query("INSERT INTO idem_event (tenant_id, operation, api_revision, kind, caller, detail) VALUES ('', $1, $2, $3, $4, $5)", [
-      event.operation,
-      event.apiRevision,
-      event.kind,
-      event.caller,
-      JSON.stringify(event.detail),
-    ]),
-  );
 }

@@ -79,28 +79,67 @@ export async function loadPolicies(db: Db): Promise<PolicySnapshot> {
   };
 }
 
-/** Sets an operation's mode and writer epoch (the epoch only grows). */
+/**
+ * Sets an operation's mode and raises its writer epoch, and logs each change
+ * as an event (MODE_SET, WRITER_EPOCH_RAISED) of the same transaction: a
+ * change is never left without its event, and no event tells of a change
+ * that did not happen. The epoch only grows: a lower one is refused
+ * (WRITER_EPOCH_NOT_NEWER) and the one it already has changes and logs
+ * nothing. A mode is logged each time it is set, even to the one it had: an
+ * operator said so, and names itself in `updated_by`. `detail` is added to
+ * each event.
+ */
 export async function setOperationControl(
   db: Db,
   operation: string,
   apiRevision: number,
   control: Partial<OperationControl>,
   updatedBy: string,
-): Promise<ControlRow> {
-  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
-    q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date }>(
-      `INSERT INTO idem_operation (operation, api_revision, mode, writer_epoch, updated_by)
-       VALUES ($1, $2, COALESCE($3, 'ENFORCE'), COALESCE($4, 0), $5)
-       ON CONFLICT (operation, api_revision) DO UPDATE
-          SET mode = COALESCE($3, idem_operation.mode),
-              writer_epoch = GREATEST(idem_operation.writer_epoch, COALESCE($4, 0)),
-              updated_at = now(), updated_by = $5
-       RETURNING mode, writer_epoch, updated_at`,
-      [operation, apiRevision, control.mode ?? null, control.writerEpoch ?? null, updatedBy],
-    ),
-  );
-  const row = rows[0]!;
-  return { operation, apiRevision, mode: row.mode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy };
+  detail: Record<string, unknown> = {},
+): Promise<ControlRow & { changed: boolean }> {
+  return db.transaction(ALL_TENANTS, async (q) => {
+    // The row is locked before it is judged, so that concurrent changes are judged one after the other.
+    await q.query(
+      `INSERT INTO idem_operation (operation, api_revision, updated_by) VALUES ($1, $2, $3)
+       ON CONFLICT (operation, api_revision) DO NOTHING`,
+      [operation, apiRevision, updatedBy],
+    );
+    const { rows } = await q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date; updated_by: string }>(
+      "SELECT mode, writer_epoch, updated_at, updated_by FROM idem_operation WHERE operation = $1 AND api_revision = $2 FOR UPDATE",
+      [operation, apiRevision],
+    );
+    const current = rows[0]!;
+    const epoch = Number(current.writer_epoch);
+    if (control.writerEpoch !== undefined && control.writerEpoch < epoch) {
+      refuse(
+        "WRITER_EPOCH_NOT_NEWER",
+        `the writer epoch of ${operation} API revision ${apiRevision} is ${epoch}; epochs only grow: raise it above ${epoch} to refuse writers deployed before`,
+        { writer_epoch: String(epoch) },
+      );
+    }
+    const events: Array<{ kind: string; detail: Record<string, unknown> }> = [];
+    if (control.mode !== undefined) events.push({ kind: "MODE_SET", detail: { mode: control.mode, ...detail } });
+    const raised = control.writerEpoch !== undefined && control.writerEpoch > epoch ? control.writerEpoch : undefined;
+    if (raised !== undefined) events.push({ kind: "WRITER_EPOCH_RAISED", detail: { writerEpoch: raised, ...detail } });
+    if (events.length === 0) {
+      return { operation, apiRevision, mode: current.mode, writerEpoch: epoch, updatedAt: current.updated_at, updatedBy: current.updated_by, changed: false };
+    }
+    const changed = await q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date }>(
+      `WITH changed AS (
+         UPDATE idem_operation
+            SET mode = COALESCE($3, mode), writer_epoch = COALESCE($4, writer_epoch), updated_at = now(), updated_by = $5
+          WHERE operation = $1 AND api_revision = $2
+         RETURNING mode, writer_epoch, updated_at
+       ), logged AS (
+         INSERT INTO idem_event (tenant_id, operation, api_revision, kind, caller, detail)
+         SELECT '', $1, $2, e.kind, $5, e.detail FROM changed, jsonb_to_recordset($6::jsonb) AS e(kind text, detail jsonb)
+       )
+       SELECT mode, writer_epoch, updated_at FROM changed`,
+      [operation, apiRevision, control.mode ?? null, raised ?? null, updatedBy, JSON.stringify(events)],
+    );
+    const row = changed.rows[0]!;
+    return { operation, apiRevision, mode: row.mode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy, changed: true };
+  });
 }
 
 function toStored(row: Record<string, unknown>): StoredPolicy {

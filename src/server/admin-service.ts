@@ -21,10 +21,10 @@ import {
 import type { PolicyCache } from "../policy/cache.js";
 import type { OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
-import { listRecords, logOperationEvent, readEvents, sweepRetention, type EventCursor, type LoggedEvent } from "../registry/maintenance.js";
+import { listRecords, readEvents, sweepRetention, type EventCursor, type LoggedEvent } from "../registry/maintenance.js";
 import { listControls, listPolicies, publishPolicy, setOperationControl, type ControlRow } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
-import { requireRole, type Caller } from "./callers.js";
+import { requireAllTenants, requireRole, type Caller } from "./callers.js";
 import { fromProtoLease, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 import { callerOf } from "./interceptors.js";
@@ -41,23 +41,21 @@ export interface AdminDeps {
 
 /** AdminService: operator actions, each refused without the operator role. */
 export function adminService({ db, registry, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
-  /** Sets switches, logs the change, and applies it here at once (elsewhere within the refresh interval). */
-  const changeControl = async (
-    caller: Caller,
-    operation: string,
-    apiRevision: number,
-    change: Partial<OperationControl>,
-    kind: string,
-  ) => {
+  /**
+   * Sets switches and logs the change in one transaction, and applies it here
+   * at once (elsewhere within the refresh interval). A switch applies to every
+   * tenant's records: only a caller granted all tenants may set it.
+   */
+  const changeControl = async (caller: Caller, operation: string, apiRevision: number, change: Partial<OperationControl>, action: string) => {
+    requireAllTenants(caller, action);
     validateOperationName(operation);
     validateApiRevision(apiRevision);
     if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
     if (!(await policies.current(operation, apiRevision))) {
       refuse("NOT_FOUND", `${operation} API revision ${apiRevision} has no published policy`);
     }
-    const control = await setOperationControl(db, operation, apiRevision, change, caller.caller);
-    await logOperationEvent(db, { operation, apiRevision, kind, caller: caller.caller, detail: { ...change, appliesEverywhereWithinMs: policyRefreshMs } });
-    await policies.refresh();
+    const control = await setOperationControl(db, operation, apiRevision, change, caller.caller, { appliesEverywhereWithinMs: policyRefreshMs });
+    if (control.changed) await policies.refresh();
     return toProtoControl(control);
   };
 
@@ -65,6 +63,8 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
     async publishPolicy(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
+      // A policy decides for every tenant's requests of the operation.
+      requireAllTenants(caller, "publishing a policy");
       const document = policyFromProto(req.policy);
       if (!caller.mayOperate(document.operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${document.operation}`);
       const { stored, created } = await publishPolicy(db, document, caller.caller);
@@ -102,7 +102,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
       const mode = MODES.find(([wire]) => wire === req.mode)?.[1] ?? refuse("INVALID_REQUEST", "mode must be ENFORCE, SHADOW or DRAINING");
-      return create(SetOperationModeResponseSchema, { control: await changeControl(caller, req.operation, req.apiRevision, { mode }, "MODE_SET") });
+      return create(SetOperationModeResponseSchema, { control: await changeControl(caller, req.operation, req.apiRevision, { mode }, "setting an operation's mode") });
     },
 
     async raiseWriterEpoch(req, ctx) {
@@ -110,7 +110,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       requireRole(caller, "operator");
       const writerEpoch = fromUint64(req.writerEpoch, "writer_epoch");
       return create(RaiseWriterEpochResponseSchema, {
-        control: await changeControl(caller, req.operation, req.apiRevision, { writerEpoch }, "WRITER_EPOCH_RAISED"),
+        control: await changeControl(caller, req.operation, req.apiRevision, { writerEpoch }, "raising a writer epoch"),
       });
     },
 
@@ -185,6 +185,8 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
     async runRetentionSweep(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
+      // The sweep runs over every tenant's records (and reports how many it tombstoned).
+      requireAllTenants(caller, "the retention sweep");
       const batchSize = req.batchSize || 500;
       if (batchSize > 10_000) refuse("INVALID_REQUEST", "batch_size must be from 1 to 10000");
       const { tombstoned, batches } = await sweepRetention(db, { batchSize, ...(req.maxBatches ? { maxBatches: req.maxBatches } : {}), caller: caller.caller });

@@ -98,3 +98,17 @@ export function requireRole(caller: Caller, ...roles: Role[]): void {
     refuse("PERMISSION_DENIED", `this RPC needs the ${roles.join(" or ")} role; caller ${caller.caller} has ${[...caller.roles].join(", ")}`);
   }
 }
+
+/**
+ * Refuses a caller not granted every tenant. Modes, writer epochs, policies and
+ * the retention sweep are not a tenant's: one change applies to every tenant's
+ * records, so only a caller trusted with all of them may make it.
+ */
+export function requireAllTenants(caller: Caller, action: string): void {
+  if (caller.tenants !== "*") {
+    refuse(
+      "PERMISSION_DENIED",
+      `${action} affects every tenant: it needs a grant of all tenants ("*"); caller ${caller.caller} is granted ${[...caller.tenants].join(", ")}`,
+    );
+  }
+}

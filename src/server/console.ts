@@ -62,7 +62,9 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; callers: Calle
     const operations = caller.operations === "*" ? undefined : [...caller.operations];
     const visible = (tenant: string, operation: string | null) => (tenant === "" || caller.mayUseTenant(tenant)) && (!operation || caller.mayOperate(operation));
     if (endpoint === "overview" && req.method === "GET") {
-      const [census, controls, conflicts] = await Promise.all([registryCensus(db), listControls(db), recentEvents(db, ["CONFLICT"], 20)]);
+      // Counts, ages and conflicts of the caller's tenants and operations only.
+      const scope = { ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}) };
+      const [census, controls, conflicts] = await Promise.all([registryCensus(db, scope), listControls(db), recentEvents(db, ["CONFLICT"], 20, scope)]);
       return reply(res, 200, {
         records: Object.fromEntries(STATES.map((state) => [state, census.byState.get(state) ?? 0])),
         oldestUnknownSeconds: Math.round(census.oldestUnknownSeconds),

@@ -35,6 +35,7 @@ const CODES: Record<Reason, Code> = {
   INVALID_POLICY: Code.InvalidArgument,
   POLICY_REVISION_EXISTS: Code.FailedPrecondition,
   POLICY_REVISION_NOT_NEWER: Code.FailedPrecondition,
+  WRITER_EPOCH_NOT_NEWER: Code.FailedPrecondition,
   OPERATION_DRAINING: Code.Unavailable,
   REGISTRY_UNAVAILABLE: Code.Unavailable,
   REGISTRY_BUSY: Code.Unavailable,
@@ -61,16 +62,34 @@ export function refusalToConnectError(error: IdempotencyError): ConnectError {
  */
 export function errorMapping(logger: Logger): Interceptor {
   return (next) => async (req) => {
-    try {
-      return await next(req);
-    } catch (error) {
+    const mapped = (error: unknown): unknown => {
       if (error instanceof IdempotencyError) {
         if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc: req.method.name }, "registry unavailable");
-        throw refusalToConnectError(error);
+        return refusalToConnectError(error);
       }
-      if (error instanceof ConnectError) throw error;
+      if (error instanceof ConnectError) return error;
       logger.error({ err: error, rpc: req.method.name }, "unexpected failure");
-      throw refusalToConnectError(new IdempotencyError("INTERNAL", "internal error; the cause is logged on the coordinator"));
+      return refusalToConnectError(new IdempotencyError("INTERNAL", "internal error; the cause is logged on the coordinator"));
+    };
+    let res;
+    try {
+      res = await next(req);
+    } catch (error) {
+      throw mapped(error);
     }
+    if (!res.stream) return res;
+    // A streaming handler runs as its messages are read: what it throws then
+    // (a refusal before the first message, too) is mapped the same way.
+    const messages = res.message;
+    return {
+      ...res,
+      message: (async function* () {
+        try {
+          yield* messages;
+        } catch (error) {
+          throw mapped(error);
+        }
+      })(),
+    };
   };
 }

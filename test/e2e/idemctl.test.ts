@@ -23,7 +23,8 @@ afterAll(async () => {
 });
 
 async function idemctl(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  const env = { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator };
+  // Modes and epochs apply to every tenant: setting them needs an operator granted all tenants.
+  const env = { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.allTenantsOperator };
   return run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", ...args], { env }).then(
     ({ stdout, stderr }) => ({ stdout, stderr, code: 0 }),
     (error: { stdout: string; stderr: string; code: number }) => ({ stdout: error.stdout, stderr: error.stderr, code: error.code }),
@@ -88,10 +89,10 @@ describe("idemctl", { timeout: 120_000 }, () => {
   });
 
   it("sets modes and epochs and lists them", async () => {
-    expect((await idemctl("mode", "payments.create", "SHADOW")).stdout).toMatch(/payments\.create\s+1\s+SHADOW\s+0\s+operator/);
-    expect((await idemctl("epoch", "payments.create", "3")).stdout).toMatch(/payments\.create\s+1\s+SHADOW\s+3\s+operator/);
+    expect((await idemctl("mode", "payments.create", "SHADOW")).stdout).toMatch(/payments\.create\s+1\s+SHADOW\s+0\s+all-tenants-operator/);
+    expect((await idemctl("epoch", "payments.create", "3")).stdout).toMatch(/payments\.create\s+1\s+SHADOW\s+3\s+all-tenants-operator/);
     const listed = JSON.parse((await idemctl("mode", "--json")).stdout) as Array<{ operation: string; mode: string; writerEpoch: string }>;
-    expect(listed).toEqual([{ operation: "payments.create", apiRevision: 1, mode: "SHADOW", writerEpoch: "3", updatedBy: "operator" }]);
+    expect(listed).toEqual([{ operation: "payments.create", apiRevision: 1, mode: "SHADOW", writerEpoch: "3", updatedBy: "all-tenants-operator" }]);
     const bad = await idemctl("mode", "payments.create", "LOUD");
     expect(bad.code).toBe(2);
   });
@@ -100,7 +101,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
     // Every mode change is logged: one event each, whatever the earlier tests left.
     const admin = createClient(AdminService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" }));
     const logEvent = () =>
-      admin.setOperationMode({ operation: "payments.create", apiRevision: 1, mode: OperationMode.ENFORCE }, { headers: { authorization: `Bearer ${server.tokens.operator}` } });
+      admin.setOperationMode({ operation: "payments.create", apiRevision: 1, mode: OperationMode.ENFORCE }, { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } });
     await logEvent();
     const child = spawn(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "events", "--json", "--follow"], {
       env: { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator },

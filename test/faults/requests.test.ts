@@ -76,7 +76,7 @@ describe("requests at the edges of the contract", () => {
       retention: windows,
       fingerprint: { mode: "json", schema: { type: "object", properties: { amount: { type: "integer", required: true }, currency: { type: "string", required: true }, card: { type: "string", required: true }, description: { type: "string" } } } },
     });
-    await admin.publishPolicy({ policy: policyToProto(revision2) }, { headers: { authorization: `Bearer ${server.tokens.operator}` } });
+    await admin.publishPolicy({ policy: policyToProto(revision2) }, { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } });
     const retry = await post(url(), key, body, ALICE);
     expect(retry).toMatchObject({ status: 201, text: first.text });
     expect(retry.headers.get("idempotent-replayed")).toBe("true");
@@ -89,7 +89,7 @@ describe("requests at the edges of the contract", () => {
     const operationId = (first.json as { operationId: string }).operationId;
     await t.pool.query("UPDATE idem_record SET retain_until = now() - interval '1 second' WHERE operation_id = $1", [operationId]);
     const admin = createClient(AdminService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
-    const sweeping = admin.runRetentionSweep({}, { headers: { authorization: `Bearer ${server.tokens.operator}` } });
+    const sweeping = admin.runRetentionSweep({}, { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } });
     const before = charges();
     const racing = await Promise.all(Array.from({ length: 20 }, () => post(url(), key, body, ALICE)));
     await sweeping;

@@ -1,11 +1,12 @@
 import { create } from "@bufbuild/protobuf";
-import { ConnectError, createClient, type Client } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { policyToProto } from "../../src/server/policy-convert.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
@@ -41,11 +42,13 @@ const reasonOf = (error: unknown) => ConnectError.from(error).findDetails(ErrorI
 const refusedWith = (call: Promise<unknown>) => call.then(() => "no refusal", reasonOf);
 const operatorCalls = () => as(server.tokens.operator);
 const workerCalls = () => as(server.tokens.worker);
+/** An operator granted every tenant: the actions that affect every tenant are its alone. */
+const allTenantsCalls = () => as(server.tokens.allTenantsOperator);
 
-function reserve(key: string, body: string, options: { operation?: string; claim?: boolean; writerEpoch?: bigint } = {}) {
+function reserve(key: string, body: string, options: { operation?: string; claim?: boolean; writerEpoch?: bigint; tenant?: string } = {}) {
   return coordinator.reserve(
     {
-      subject: { tenant: "acme", principal: "alice" },
+      subject: { tenant: options.tenant ?? "acme", principal: "alice" },
       operation: options.operation ?? "payments.create",
       apiRevision: 1,
       idempotencyKey: key,
@@ -130,7 +133,7 @@ describe("retention", () => {
 
   it("turns finished records past retention into tombstones that answer EXPIRED or PAYLOAD_CONFLICT", async () => {
     const { key, operationId } = await finished("refunds.create", '{"a":1}');
-    const swept = await admin.runRetentionSweep({}, operatorCalls());
+    const swept = await admin.runRetentionSweep({}, allTenantsCalls());
     expect(swept.tombstoned).toBeGreaterThanOrEqual(1n);
     const { rows } = await t.pool.query("SELECT state, snapshot_body, snapshot_digest IS NOT NULL AS has_digest, tombstoned_at IS NOT NULL AS tombstoned FROM idem_record WHERE operation_id = $1", [operationId]);
     expect(rows[0]).toEqual({ state: "SUCCEEDED", snapshot_body: null, has_digest: true, tombstoned: true });
@@ -140,7 +143,7 @@ describe("retention", () => {
 
   it("lets exactly one of 50 concurrent reservations reuse a tombstone once the policy's horizon passed", async () => {
     const { key, operationId } = await finished("holds.create", '{"n":0}');
-    await admin.runRetentionSweep({}, operatorCalls());
+    await admin.runRetentionSweep({}, allTenantsCalls());
     expect((await reserve(key, '{"n":0}', { operation: "holds.create" })).decision).toBe(Decision.EXPIRED);
     await t.pool.query("UPDATE idem_record SET tombstoned_at = now() - interval '2 seconds' WHERE operation_id = $1", [operationId]);
 
@@ -156,7 +159,7 @@ describe("retention", () => {
 
 describe("rollout and rollback", () => {
   it("in shadow mode decides and records, but says enforced=false, and counts the would-be decisions", async () => {
-    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.SHADOW }, operatorCalls());
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.SHADOW }, allTenantsCalls());
     const key = newKey();
     expect(await reserve(key, "{}", { operation: "payouts.create" })).toMatchObject({ decision: Decision.ACCEPTED, enforced: false });
     expect(await reserve(key, "{}", { operation: "payouts.create" })).toMatchObject({ decision: Decision.IN_PROGRESS, enforced: false });
@@ -164,28 +167,69 @@ describe("rollout and rollback", () => {
     const metrics = await (await fetch(`${server.adminUrl}/metrics`)).text();
     expect(metrics).toMatch(/idem_decisions_total\{operation="payouts.create",decision="IN_PROGRESS",enforced="false"\} 1/);
     expect(metrics).toMatch(/idem_decisions_total\{operation="payouts.create",decision="PAYLOAD_CONFLICT",enforced="false"\} 1/);
-    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, operatorCalls());
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, allTenantsCalls());
   });
 
   it("while draining refuses new operations but lets accepted ones finish", async () => {
     const inFlight = await reserve(newKey(), "{}", { operation: "payouts.create", claim: true });
-    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.DRAINING }, operatorCalls());
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.DRAINING }, allTenantsCalls());
     expect(await refusedWith(reserve(newKey(), "{}", { operation: "payouts.create" }))).toBe("OPERATION_DRAINING");
     const ref = create(OperationRefSchema, { tenant: "acme", operationId: inFlight.operationId });
     const done = await coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, workerCalls());
     expect(done.state).toBe(RecordState.SUCCEEDED);
     const controls = await admin.listOperationControls({}, operatorCalls());
-    expect(controls.controls.find((c) => c.operation === "payouts.create")).toMatchObject({ mode: OperationMode.DRAINING, updatedBy: "operator" });
-    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, operatorCalls());
+    expect(controls.controls.find((c) => c.operation === "payouts.create")).toMatchObject({ mode: OperationMode.DRAINING, updatedBy: "all-tenants-operator" });
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, allTenantsCalls());
   });
 
+  const controlOf = async (operation: string) =>
+    (await t.pool.query("SELECT mode, writer_epoch::int AS epoch, updated_at, updated_by FROM idem_operation WHERE operation = $1", [operation])).rows[0];
+  const eventsOf = async (operation: string) =>
+    (await t.pool.query("SELECT event_id::text, kind, detail FROM idem_event WHERE operation = $1 AND operation_id IS NULL ORDER BY event_id", [operation])).rows;
+
   it("fences writers deployed with an older epoch once the epoch is raised; it never goes back", async () => {
-    await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 5n }, operatorCalls());
+    await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 5n }, allTenantsCalls());
     expect(await refusedWith(reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 4n }))).toBe("STALE_WRITER_EPOCH");
     expect((await reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 5n })).decision).toBe(Decision.ACCEPTED);
-    const lowered = await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 2n }, operatorCalls());
-    expect(lowered.control?.writerEpoch).toBe(5n);
-    expect(await refusedWith(admin.setOperationMode({ operation: "ledger.post", apiRevision: 1, mode: OperationMode.DRAINING }, operatorCalls()))).toBe("NOT_FOUND");
+    expect(await refusedWith(admin.setOperationMode({ operation: "ledger.post", apiRevision: 1, mode: OperationMode.DRAINING }, allTenantsCalls()))).toBe("NOT_FOUND");
+
+    // Lowering is refused, and changes and logs nothing.
+    const [control, events] = [await controlOf("refunds.create"), await eventsOf("refunds.create")];
+    const lowered = await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 2n }, allTenantsCalls()).then(
+      () => undefined,
+      (error: unknown) => ConnectError.from(error),
+    );
+    expect(reasonOf(lowered)).toBe("WRITER_EPOCH_NOT_NEWER");
+    expect(lowered?.code).toBe(Code.FailedPrecondition);
+    expect(lowered?.rawMessage).toMatch(/writer epoch of refunds\.create API revision 1 is 5; epochs only grow/);
+    expect(await controlOf("refunds.create")).toEqual(control);
+    expect(await eventsOf("refunds.create")).toEqual(events);
+
+    // Raising it to the epoch it has is a no-op: answered, nothing changed or logged.
+    const same = await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 5n }, allTenantsCalls());
+    expect(same.control?.writerEpoch).toBe(5n);
+    expect(await controlOf("refunds.create")).toEqual(control);
+    expect(await eventsOf("refunds.create")).toEqual(events);
+  });
+
+  it("logs every mode and epoch change in the transaction that makes it", async () => {
+    const changes = [
+      () => admin.raiseWriterEpoch({ operation: "payouts.create", apiRevision: 1, writerEpoch: 8n }, allTenantsCalls()),
+      () => admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.SHADOW }, allTenantsCalls()),
+      () => admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, allTenantsCalls()),
+    ];
+    for (const [i, change] of changes.entries()) {
+      const { rows: last } = await t.pool.query("SELECT coalesce(max(event_id), 0)::text AS id FROM idem_event");
+      await change();
+      // The event's transaction is the one whose update the operation's row carries (xmin).
+      const { rows } = await t.pool.query(
+        `SELECT e.kind, e.caller, e.txid::xid = o.xmin AS same_transaction
+           FROM idem_event e JOIN idem_operation o ON o.operation = e.operation AND o.api_revision = e.api_revision
+          WHERE e.event_id > $1 AND e.operation_id IS NULL`,
+        [last[0].id],
+      );
+      expect(rows, `change ${i}`).toEqual([{ kind: i === 0 ? "WRITER_EPOCH_RAISED" : "MODE_SET", caller: "all-tenants-operator", same_transaction: true }]);
+    }
   });
 });
 
@@ -313,5 +357,71 @@ describe("tenants", () => {
     expect(new Set(listed.records.map((r) => r.subject?.tenant))).toEqual(new Set(["acme"]));
     const { rows: after } = await t.pool.query("SELECT count(*)::int AS n, max(updated_at) AS last FROM idem_record");
     expect(after).toEqual(before);
+  });
+});
+
+describe("an operator granted some tenants", () => {
+  const refusal = (call: Promise<unknown>) =>
+    call.then(
+      () => "no refusal",
+      (error: unknown) => {
+        const e = ConnectError.from(error);
+        return `${reasonOf(e)}: ${e.rawMessage}`;
+      },
+    );
+  /** Everything a global action could change. */
+  const everything = async () =>
+    (
+      await t.pool.query(
+        `SELECT (SELECT json_agg(o ORDER BY operation, api_revision) FROM idem_operation o) AS operations,
+                (SELECT count(*)::int FROM idem_policy) AS policies,
+                (SELECT count(*)::int FROM idem_event) AS events,
+                (SELECT count(*)::int FROM idem_record WHERE tombstoned_at IS NOT NULL) AS tombstones`,
+      )
+    ).rows[0];
+
+  it("is refused what affects every tenant (modes, epochs, policies, the sweep), changing nothing; one granted every tenant may", async () => {
+    // Another tenant's finished record, due for the sweep.
+    const globex = await reserve(newKey(), "{}", { tenant: "globex", operation: "holds.create", claim: true });
+    const ref = create(OperationRefSchema, { tenant: "globex", operationId: globex.operationId });
+    await coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } }, workerCalls());
+    await t.pool.query("UPDATE idem_record SET retain_until = now() - interval '1 second' WHERE operation_id = $1", [globex.operationId]);
+    const newer = policyToProto(testDocument({ operation: "payouts.create", schemaRevision: 2 }));
+    const actions = {
+      mode: (calls: ReturnType<typeof as>) => admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.DRAINING }, calls),
+      epoch: (calls: ReturnType<typeof as>) => admin.raiseWriterEpoch({ operation: "payouts.create", apiRevision: 1, writerEpoch: 20n }, calls),
+      publish: (calls: ReturnType<typeof as>) => admin.publishPolicy({ policy: newer }, calls),
+      sweep: (calls: ReturnType<typeof as>) => admin.runRetentionSweep({}, calls),
+    };
+
+    const before = await everything();
+    for (const [name, action] of Object.entries(actions)) {
+      expect(await refusal(action(operatorCalls())), name).toMatch(/^PERMISSION_DENIED: .* affects every tenant: it needs a grant of all tenants \("\*"\); caller operator is granted acme$/);
+    }
+    expect(await everything()).toEqual(before);
+    expect((await stateOf(globex.operationId)).tombstoned_at).toBeNull();
+
+    expect((await actions.mode(allTenantsCalls())).control?.mode).toBe(OperationMode.DRAINING);
+    expect((await actions.epoch(allTenantsCalls())).control?.writerEpoch).toBe(20n);
+    expect((await actions.publish(allTenantsCalls())).created).toBe(true);
+    expect((await actions.sweep(allTenantsCalls())).tombstoned).toBeGreaterThanOrEqual(1n);
+    expect((await stateOf(globex.operationId)).tombstoned_at).not.toBeNull();
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, allTenantsCalls());
+  });
+
+  it("sees only its tenants' records and events, and every operation-wide event", async () => {
+    await reserve(newKey(), "{}");
+    await reserve(newKey(), "{}", { tenant: "globex" });
+    const streamed = async (calls: ReturnType<typeof as>) => {
+      const tenants = new Set<string>();
+      for await (const event of admin.streamEvents({}, calls)) tenants.add(event.tenant);
+      return tenants;
+    };
+    expect(await streamed(operatorCalls())).toEqual(new Set(["acme", ""]));
+    expect(await streamed(allTenantsCalls())).toEqual(new Set(["acme", "globex", ""]));
+    const listed = await admin.listRecords({ pageSize: 500 }, operatorCalls());
+    expect(new Set(listed.records.map((r) => r.subject?.tenant))).toEqual(new Set(["acme"]));
+    expect(await refusal(admin.listRecords({ tenant: "globex" }, operatorCalls()))).toMatch(/^PERMISSION_DENIED/);
+    expect(await refusal(admin.streamEvents({ tenant: "globex" }, operatorCalls())[Symbol.asyncIterator]().next())).toMatch(/^PERMISSION_DENIED/);
   });
 });

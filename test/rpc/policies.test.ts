@@ -50,7 +50,8 @@ function reserve(key: string, body: string, operation = "payments.create") {
 }
 
 async function idemctl(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  const env = { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator };
+  // Policies apply to every tenant: publishing them needs an operator granted all tenants.
+  const env = { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.allTenantsOperator };
   return run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", ...args], { env }).then(
     ({ stdout, stderr }) => ({ stdout, stderr, code: 0 }),
     (error: { stdout: string; stderr: string; code: number }) => ({ stdout: error.stdout, stderr: error.stderr, code: error.code }),
@@ -87,16 +88,17 @@ describe("publishing and reading policies", () => {
     expect((await reserve(newKey(), '{"amount":10,"currency":"EUR"}')).decision).toBe(Decision.ACCEPTED);
 
     const got = await idemctl("policy", "get", "payments.create");
-    expect(got.stdout).toMatch(/^# published .* by operator, digest [0-9a-f]{64}\n/);
+    expect(got.stdout).toMatch(/^# published .* by all-tenants-operator, digest [0-9a-f]{64}\n/);
     expect(got.stdout).toContain("schemaRevision: 1");
     expect(got.stdout).toContain("keep: 4d");
     const listed = await idemctl("policy", "list");
-    expect(listed.stdout.split("\n")[1]).toMatch(/^payments\.create\s+1\s+1\s+json\s+\S+\s+operator$/);
+    expect(listed.stdout.split("\n")[1]).toMatch(/^payments\.create\s+1\s+1\s+json\s+\S+\s+all-tenants-operator$/);
   });
 
-  it("refuses changed rules under a published revision, and publishing without the operator role", async () => {
+  it("refuses changed rules under a published revision, and publishing without the operator role or a grant of all tenants", async () => {
     const changed = testDocument({ schemaRevision: 1, maxActivePerPrincipal: 3 });
-    expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(changed) }, as(server.tokens.operator)))).toBe("POLICY_REVISION_EXISTS");
+    expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(changed) }, as(server.tokens.allTenantsOperator)))).toBe("POLICY_REVISION_EXISTS");
+    expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(testDocument({ schemaRevision: 9 })) }, as(server.tokens.operator)))).toBe("PERMISSION_DENIED");
     expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(testDocument({ schemaRevision: 9 })) }, as(server.tokens.gateway)))).toBe("PERMISSION_DENIED");
     const bad = await idemctl("policy", "apply", "/nonexistent.yaml");
     expect(bad.code).toBe(1);
@@ -143,7 +145,7 @@ describe("JSON fingerprints over the wire", () => {
       schemaRevision: 2,
       fingerprint: { mode: "json", schema: { type: "object", properties: { amount: { type: "decimal", scale: "normalized", required: true }, currency: { type: "string" }, reference: { type: "string" } } } },
     });
-    const { created } = await admin.publishPolicy({ policy: policyToProto(revision2) }, as(server.tokens.operator));
+    const { created } = await admin.publishPolicy({ policy: policyToProto(revision2) }, as(server.tokens.allTenantsOperator));
     expect(created).toBe(true);
 
     const retry = await reserve(key, body);

@@ -23,6 +23,8 @@ export interface TestTokens {
   worker: string;
   /** operator role, tenant acme */
   operator: string;
+  /** operator role, every tenant ("*"): may also take the actions that affect every tenant */
+  allTenantsOperator: string;
   /** gateway role, tenant globex only */
   globex: string;
 }
@@ -47,12 +49,14 @@ export async function startTestServer(
     gateway: `gw_${randomBytes(16).toString("hex")}`,
     worker: `wk_${randomBytes(16).toString("hex")}`,
     operator: `op_${randomBytes(16).toString("hex")}`,
+    allTenantsOperator: `oa_${randomBytes(16).toString("hex")}`,
     globex: `gx_${randomBytes(16).toString("hex")}`,
   };
   const callers: CallerGrant[] = [
     { name: "payments-gateway", tokenSha256: tokenHash(tokens.gateway), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] },
     { name: "recovery-worker", tokenSha256: tokenHash(tokens.worker), tenants: ["*"], operations: ["*"], roles: ["worker"] },
     { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["acme"], operations: ["*"], roles: ["operator"] },
+    { name: "all-tenants-operator", tokenSha256: tokenHash(tokens.allTenantsOperator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
     { name: "globex-gateway", tokenSha256: tokenHash(tokens.globex), tenants: ["globex"], operations: ["payments.create"], roles: ["gateway"] },
   ];
   const config: Config = {
