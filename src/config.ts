@@ -48,8 +48,14 @@ export interface Config {
   unknownSloSeconds: number;
   /** TLS (and mutual TLS) on the RPC port; undefined serves cleartext (h2c and HTTP/1.1). */
   tls: TlsConfig | undefined;
-  /** Seals stored response bodies at rest (AES-256-GCM); undefined stores them as they are. */
+  /**
+   * Seals stored response bodies at rest (AES-256-GCM). Required with
+   * DATABASE_URL unless `allowPlaintextSnapshots`; the embedded default
+   * generates one (serve).
+   */
   snapshotKeys: SnapshotKeyring | undefined;
+  /** Store response bodies unsealed when no key ring is set (IDEM_ALLOW_PLAINTEXT_SNAPSHOTS): warned at every boot. */
+  allowPlaintextSnapshots: boolean;
   /** Largest RPC request accepted, in bytes. */
   maxRequestBytes: number;
   /** Upper bound of any deadline a client asks for. */
@@ -93,8 +99,9 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_TLS_CLIENT_CA_FILE", default: "(unset)", meaning: "PEM CA of client certificates: mutual TLS" },
   { name: "IDEM_TLS_REQUIRE_CLIENT_CERT", default: "true", meaning: "with a client CA: refuse connections without a valid client certificate" },
   { name: "IDEM_TLS_RELOAD_MS", default: "10000", meaning: "how often changed certificate, key and CA files are reloaded" },
-  { name: "IDEM_SNAPSHOT_KEYS", default: "(embedded: generated)", meaning: "key ring sealing stored response bodies (AES-256-GCM)" },
+  { name: "IDEM_SNAPSHOT_KEYS", default: "(embedded: generated)", meaning: "key ring sealing stored response bodies (AES-256-GCM); required with DATABASE_URL" },
   { name: "IDEM_SNAPSHOT_KEYS_FILE", default: "(none)", meaning: "path of a file holding that key ring instead" },
+  { name: "IDEM_ALLOW_PLAINTEXT_SNAPSHOTS", default: "false", meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -201,7 +208,26 @@ export interface TlsConfig {
 /** The operation published by default on the embedded database, so that a first call works. */
 const DEVELOPMENT_OPERATIONS = [{ operation: "payments.create", apiRevision: 1 }];
 
-export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+/**
+ * The refusal of a configuration that would store response bodies unsealed
+ * without saying so (loadConfig, and startCoordinator whatever built its
+ * configuration).
+ */
+export const SNAPSHOT_KEYS_REQUIRED =
+  "IDEM_SNAPSHOT_KEYS or IDEM_SNAPSHOT_KEYS_FILE: required with DATABASE_URL, so that stored response bodies are sealed; " +
+  'make a key ring with `idemctl keygen --id <key id> --ring` (SECURITY.md, "Responses at rest"), ' +
+  "or set IDEM_ALLOW_PLAINTEXT_SNAPSHOTS=true to store them unsealed (never in production)";
+
+/** What the configuration is read for. */
+export interface LoadOptions {
+  /**
+   * Only to apply migrations (`idemctl migrate`): no response body is stored,
+   * so no key ring is required.
+   */
+  forMigrations?: boolean;
+}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOptions = {}): Config {
   const problems: string[] = [];
   const read = <T>(name: string, parse: (raw: string) => T, fallback: T): T => {
     const raw = env[name];
@@ -275,6 +301,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const keysInline = read("IDEM_SNAPSHOT_KEYS", (raw) => parseKeyring(parseJson(raw)), undefined as SnapshotKeyring | undefined);
   const keysFile = read("IDEM_SNAPSHOT_KEYS_FILE", (path) => parseKeyring(parseJson(readFileSync(path, "utf8"))), undefined as SnapshotKeyring | undefined);
   if (env.IDEM_SNAPSHOT_KEYS && env.IDEM_SNAPSHOT_KEYS_FILE) problems.push("IDEM_SNAPSHOT_KEYS and IDEM_SNAPSHOT_KEYS_FILE: set only one");
+  const allowPlaintextSnapshots = read("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS", boolean, false);
+  const ringGiven = Boolean(env.IDEM_SNAPSHOT_KEYS?.trim() || env.IDEM_SNAPSHOT_KEYS_FILE?.trim());
+  // A shared database holds every tenant's responses: they are sealed unless plaintext is asked for by name.
+  if (databaseUrl !== undefined && !ringGiven && !allowPlaintextSnapshots && !options.forMigrations) {
+    problems.push(SNAPSHOT_KEYS_REQUIRED);
+  }
+  if (ringGiven && allowPlaintextSnapshots) {
+    problems.push("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: a key ring is configured, so bodies are sealed; remove the setting");
+  }
 
   const logLevel = read("LOG_LEVEL", (raw) => {
     if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(raw)) {
@@ -311,6 +346,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     unknownSloSeconds: read("IDEM_UNKNOWN_SLO_SECONDS", integer(1, 30 * 86_400), 3600),
     tls,
     snapshotKeys: keysInline ?? keysFile,
+    allowPlaintextSnapshots,
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),
@@ -321,7 +357,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (config.rpcPort !== 0 && config.rpcPort === config.adminPort) {
     problems.push("IDEM_RPC_PORT and IDEM_ADMIN_PORT: must differ");
   }
-  if (problems.length > 0) {
+  // One problem in one line (what `npm start` prints); several as a list.
+  if (problems.length === 1) throw new ConfigError(`the configuration cannot be used: ${problems[0]}`);
+  if (problems.length > 1) {
     throw new ConfigError(`the configuration cannot be used:\n  - ${problems.join("\n  - ")}\nSee README.md, "Configuration".`);
   }
   return config;

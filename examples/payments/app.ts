@@ -6,6 +6,7 @@ import {
   RecoveryWorker,
   type GatewayLogger,
   type RecoveryEvent,
+  type SnapshotKeyring,
   type Subject,
 } from "../../src/gateway/index.js";
 import { PAYMENTS_OPERATION } from "./policy.js";
@@ -27,6 +28,8 @@ export interface PaymentsAppOptions {
   schema?: string;
   /** Complete inside the service's own transactions (default true). */
   colocated?: boolean;
+  /** The coordinator's key ring: required with `colocated`, which seals the bodies it completes with it. */
+  snapshotKeys?: SnapshotKeyring;
   /** How long the service waits for the card provider (default 2000 ms). */
   providerTimeoutMs?: number;
   /** Coordinator call deadline (default 2000 ms). */
@@ -80,9 +83,17 @@ export async function startPaymentsBackend(options: PaymentsAppOptions & { provi
   const providerClient = new CardProviderClient(options.providerUrl, options.providerTimeoutMs ?? 2000);
   const client = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.gatewayToken, timeoutMs: options.coordinatorTimeoutMs ?? 2000, ...(options.logger ? { logger: options.logger } : {}) });
   const workerClient = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.workerToken, ...(options.logger ? { logger: options.logger } : {}) });
-  const colocated = colocatedMode
-    ? await ColocatedRegistry.open({ pool: options.pool, caller: "payments-service", tenants: ["acme"], operations: [PAYMENTS_OPERATION.operation] })
-    : undefined;
+  let colocated: ColocatedRegistry | undefined;
+  if (colocatedMode) {
+    if (!options.snapshotKeys) throw new Error("snapshotKeys (the coordinator's key ring, IDEM_SNAPSHOT_KEYS) is required in co-located mode");
+    colocated = await ColocatedRegistry.open({
+      pool: options.pool,
+      caller: "payments-service",
+      tenants: ["acme"],
+      operations: [PAYMENTS_OPERATION.operation],
+      snapshotKeys: options.snapshotKeys,
+    });
+  }
   const gateway = new IdempotencyGateway({ client, ...(colocated ? { colocated } : {}), ...(options.logger ? { logger: options.logger } : {}) });
   const service = await startPaymentsService({
     gateway,

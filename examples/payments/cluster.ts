@@ -62,6 +62,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     LOG_LEVEL: options.verbose ? "info" : "warn",
   };
   const [rpcPort, adminPort, providerPort, servicePort] = await Promise.all([freePort(), freePort(), freePort(), freePort()]);
+  // The coordinator's key ring, which the co-located service seals with too.
+  const snapshotKeys = JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } });
 
   const coordinator = await member(["src/main.ts"], {
     ...base,
@@ -74,7 +76,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
     ]),
     IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
-    IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } }),
+    IDEM_SNAPSHOT_KEYS: snapshotKeys,
     IDEM_SHUTDOWN_GRACE_MS: "2000",
     ...options.coordinatorEnv,
   }, `http://127.0.0.1:${rpcPort}`, options.verbose);
@@ -86,6 +88,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     WORKER_TOKEN: tokens.worker,
     PROVIDER_URL: provider.url,
     PAYMENTS_COLOCATED: String(options.colocated ?? true),
+    IDEM_SNAPSHOT_KEYS: options.coordinatorEnv?.IDEM_SNAPSHOT_KEYS ?? snapshotKeys,
     ...options.serviceEnv,
   }, `http://127.0.0.1:${servicePort}`, options.verbose);
 

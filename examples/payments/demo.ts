@@ -126,8 +126,10 @@ async function main(): Promise<void> {
     // 2. The coordinator, with a gateway token and a worker token.
     const gatewayToken = `gw_${randomBytes(16).toString("hex")}`;
     const workerToken = `wk_${randomBytes(16).toString("hex")}`;
+    // A key ring of this run: the coordinator and the co-located service seal stored bodies with it.
+    const snapshotKeys = JSON.stringify({ active: "demo", keys: { demo: randomBytes(32).toString("base64") } });
     const config: Config = {
-      ...loadConfig({ DATABASE_URL: databaseUrl }),
+      ...loadConfig({ DATABASE_URL: databaseUrl, IDEM_SNAPSHOT_KEYS: snapshotKeys }),
       host: "127.0.0.1",
       rpcPort: 0,
       adminPort: 0,
@@ -160,6 +162,7 @@ async function main(): Promise<void> {
       pool,
       schema: serviceSchema,
       colocated: true,
+      snapshotKeys: config.snapshotKeys!,
       providerTimeoutMs: 500,
       logger,
       onRecovery: (event) => recoveries.push(`${event.kind}${"mode" in event ? ` (${event.mode})` : ""}${"outcome" in event ? ` ${event.outcome}` : ""}`),

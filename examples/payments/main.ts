@@ -7,11 +7,14 @@
  *
  * The service reads COORDINATOR_URL, GATEWAY_TOKEN, WORKER_TOKEN, PROVIDER_URL,
  * DATABASE_URL (with PGOPTIONS for a schema), PAYMENTS_COLOCATED (default
- * true) and PROVIDER_TIMEOUT_MS. Each prints `ready <url>` once it serves.
+ * true), the coordinator's key ring (IDEM_SNAPSHOT_KEYS or
+ * IDEM_SNAPSHOT_KEYS_FILE; required co-located) and PROVIDER_TIMEOUT_MS. Each
+ * prints `ready <url>` once it serves.
  * IDEM_FAILPOINTS arms the gateway's failpoints in the service process.
  */
 import { parseArgs } from "node:util";
 import pg from "pg";
+import { snapshotKeysFromEnv } from "../../src/gateway/index.js";
 import { startPaymentsBackend } from "./app.js";
 import { startCardProvider } from "./provider.js";
 
@@ -39,6 +42,9 @@ if (role === "provider") {
   process.stdout.write(`ready ${provider.url}\n`);
   process.on("SIGTERM", () => void provider.close().then(() => process.exit(0)));
 } else {
+  const colocated = process.env.PAYMENTS_COLOCATED !== "false";
+  const snapshotKeys = snapshotKeysFromEnv();
+  if (colocated && !snapshotKeys) required("IDEM_SNAPSHOT_KEYS");
   const pool = new pg.Pool({ connectionString: required("DATABASE_URL"), max: 20 });
   pool.on("error", () => undefined);
   const backend = await startPaymentsBackend({
@@ -47,7 +53,8 @@ if (role === "provider") {
     workerToken: required("WORKER_TOKEN"),
     providerUrl: required("PROVIDER_URL"),
     pool,
-    colocated: process.env.PAYMENTS_COLOCATED !== "false",
+    colocated,
+    ...(snapshotKeys ? { snapshotKeys } : {}),
     providerTimeoutMs: Number(process.env.PROVIDER_TIMEOUT_MS ?? 2000),
     port,
   });

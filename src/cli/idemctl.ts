@@ -50,7 +50,8 @@ unset), each in its own transaction, under an advisory lock so that concurrent r
 safe. --status lists applied and pending versions without applying.`,
     async run(args) {
       const { values } = parseArgs({ args, options: { status: { type: "boolean", default: false } } });
-      const config = loadConfig();
+      // Migrations store no response body: no key ring needed (the migrate Job has none).
+      const config = loadConfig(process.env, { forMigrations: true });
       const logger = pino({ level: config.logLevel === "info" ? "warn" : config.logLevel });
       const embedded = config.databaseUrl
         ? undefined
@@ -284,14 +285,21 @@ ${CONNECTION_HELP}`,
   },
   keygen: {
     summary: "make a snapshot key (AES-256) and print the key ring entry to configure",
-    usage: "idemctl keygen --id KEY_ID",
+    usage: "idemctl keygen --id KEY_ID [--ring]",
     help: `Prints a new random 32-byte key as the entry to add to IDEM_SNAPSHOT_KEYS
 ({"active": "<id>", "keys": {"<id>": "<base64>", …}}). To rotate: add the new key, make it
-active, deploy; keep the old keys in the ring while bodies sealed with them exist.`,
+active, deploy; keep the old keys in the ring while bodies sealed with them exist.
+--ring prints a whole key ring with this key active, alone on stdout: the first ring of a
+deployment (IDEM_SNAPSHOT_KEYS, or the file of IDEM_SNAPSHOT_KEYS_FILE).`,
     async run(args) {
-      const { values } = parseArgs({ args, options: { id: { type: "string" } } });
+      const { values } = parseArgs({ args, options: { id: { type: "string" }, ring: { type: "boolean", default: false } } });
       if (!values.id || !/^[A-Za-z0-9._-]{1,64}$/.test(values.id)) throw new UsageError("--id is required: 1 to 64 characters of A-Z a-z 0-9 . _ -, e.g. --id 2026-11");
-      print(`key ring entry (keep it secret; add it to IDEM_SNAPSHOT_KEYS and make it "active" to seal new bodies with it):\n  ${JSON.stringify({ [values.id]: randomBytes(32).toString("base64") })}`);
+      const key = randomBytes(32).toString("base64");
+      if (values.ring) {
+        print(JSON.stringify({ active: values.id, keys: { [values.id]: key } }));
+        return;
+      }
+      print(`key ring entry (keep it secret; add it to IDEM_SNAPSHOT_KEYS and make it "active" to seal new bodies with it):\n  ${JSON.stringify({ [values.id]: key })}`);
     },
   },
   gate: {

@@ -28,7 +28,7 @@ export async function serve(config: Config): Promise<void> {
     databaseUrl = embedded.url;
   }
 
-  if (embedded && !config.snapshotKeys) {
+  if (embedded && !config.snapshotKeys && !config.allowPlaintextSnapshots) {
     config = { ...config, snapshotKeys: await developmentKeyring(config.stateDir) };
   }
 

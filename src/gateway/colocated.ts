@@ -1,15 +1,17 @@
+import { readFileSync } from "node:fs";
 import type pg from "pg";
 import pino, { type Logger } from "pino";
 import { PolicyCache } from "../policy/cache.js";
 import { poolDb, sqlState, transactionDb, type Queryable } from "../registry/db.js";
 import { loadPolicies } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
+import { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
 import type { Actor } from "../registry/types.js";
 import { toCoordinatorError } from "./errors.js";
 import type { CompleteResult, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
 import { failpoint } from "../failpoints.js";
 
-export interface ColocatedRegistryOptions {
+interface ColocatedRegistryBaseOptions {
   /**
    * A pool on the registry's database, where the service's own tables live
    * too (a schema of their own is fine: the registry's tables must be on the
@@ -25,6 +27,46 @@ export interface ColocatedRegistryOptions {
   /** How often the policies are re-read (default 2000 ms, like the coordinator). */
   policyRefreshMs?: number;
   logger?: Logger;
+}
+
+/**
+ * How a co-located registry is opened: with the coordinator's key ring, so
+ * that the bodies it completes are sealed as the coordinator seals them (and
+ * open there), or with plaintext asked for by name (never in production).
+ */
+export type ColocatedRegistryOptions = ColocatedRegistryBaseOptions &
+  (
+    | {
+        /** The coordinator's key ring (IDEM_SNAPSHOT_KEYS; snapshotKeysFromEnv reads it the same way). */
+        snapshotKeys: SnapshotKeyring;
+        allowPlaintextSnapshots?: false;
+      }
+    | {
+        snapshotKeys?: undefined;
+        /** Store completed bodies unsealed; warned when opened. */
+        allowPlaintextSnapshots: true;
+      }
+  );
+
+/**
+ * The key ring in IDEM_SNAPSHOT_KEYS (JSON) or the file IDEM_SNAPSHOT_KEYS_FILE
+ * names, read as the coordinator reads it; undefined when neither is set.
+ * Throws naming the variable when it cannot be used.
+ */
+export function snapshotKeysFromEnv(env: NodeJS.ProcessEnv = process.env): SnapshotKeyring | undefined {
+  const inline = env.IDEM_SNAPSHOT_KEYS?.trim();
+  const file = env.IDEM_SNAPSHOT_KEYS_FILE?.trim();
+  if (inline && file) throw new Error("IDEM_SNAPSHOT_KEYS and IDEM_SNAPSHOT_KEYS_FILE: set only one");
+  const ring = (name: string, text: () => string) => {
+    try {
+      return parseKeyring(JSON.parse(text()));
+    } catch (error) {
+      throw new Error(`${name}: ${(error as Error).message}`, { cause: error });
+    }
+  };
+  if (inline) return ring("IDEM_SNAPSHOT_KEYS", () => inline);
+  if (file) return ring("IDEM_SNAPSHOT_KEYS_FILE", () => readFileSync(file, "utf8"));
+  return undefined;
 }
 
 /** The outcome of a COMMIT is unknown (the connection died during it): re-read before acting. */
@@ -50,25 +92,42 @@ export class ColocatedRegistry {
     pool: pg.Pool,
     private readonly policies: PolicyCache,
     actor: Actor,
+    snapshotKeys: SnapshotKeyring | undefined,
   ) {
     this.pool = pool;
-    this.registry = new Registry(policies);
+    this.registry = new Registry(policies, snapshotKeys);
     this.actor = actor;
   }
 
-  /** Loads the published policies (and keeps them fresh) and returns the registry. */
+  /**
+   * Loads the published policies (and keeps them fresh) and returns the
+   * registry. Refused without the coordinator's key ring, unless plaintext is
+   * asked for by name (`allowPlaintextSnapshots: true`).
+   */
   static async open(options: ColocatedRegistryOptions): Promise<ColocatedRegistry> {
     const logger = options.logger ?? pino({ level: "silent" });
+    // Checked here too: JavaScript callers and casts get past the type.
+    if (!options.snapshotKeys && options.allowPlaintextSnapshots !== true) {
+      throw new Error(
+        "ColocatedRegistry.open: snapshotKeys (the coordinator's key ring, e.g. snapshotKeysFromEnv()) is required, so that completed bodies are sealed; allowPlaintextSnapshots: true stores them unsealed (never in production)",
+      );
+    }
+    if (!options.snapshotKeys) logger.warn("co-located completion without a key ring (allowPlaintextSnapshots): response bodies are stored unsealed");
     const policies = new PolicyCache({ load: () => loadPolicies(poolDb(options.pool, logger)), refreshMs: options.policyRefreshMs ?? 2000, logger });
     await policies.start();
     const tenants = options.tenants ?? "*";
     const operations = options.operations ?? "*";
-    return new ColocatedRegistry(options.pool, policies, {
-      caller: options.caller,
-      isOperator: false,
-      mayUseTenant: (tenant) => tenants === "*" || tenants.includes(tenant),
-      mayOperate: (operation) => operations === "*" || operations.includes(operation),
-    });
+    return new ColocatedRegistry(
+      options.pool,
+      policies,
+      {
+        caller: options.caller,
+        isOperator: false,
+        mayUseTenant: (tenant) => tenants === "*" || tenants.includes(tenant),
+        mayOperate: (operation) => operations === "*" || operations.includes(operation),
+      },
+      options.snapshotKeys,
+    );
   }
 
   /**

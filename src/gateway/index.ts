@@ -6,7 +6,8 @@
  * completion. See docs/adopting.md.
  */
 export { CoordinatorClient, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
-export { ColocatedRegistry, CommitUnknownError, type ColocatedRegistryOptions } from "./colocated.js";
+export { ColocatedRegistry, CommitUnknownError, snapshotKeysFromEnv, type ColocatedRegistryOptions } from "./colocated.js";
+export { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
 export {
   IdempotencyContext,
   IdempotencyGateway,

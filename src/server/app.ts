@@ -2,7 +2,7 @@ import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
-import type { Config } from "../config.js";
+import { ConfigError, SNAPSHOT_KEYS_REQUIRED, type Config } from "../config.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
@@ -98,6 +98,8 @@ export interface RunningCoordinator {
 
 /** Migrates (as the owner), opens the serving pool (as the unprivileged role), and serves both ports. */
 export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer }: StartOptions): Promise<RunningCoordinator> {
+  // Before anything is touched: bodies are sealed, or plaintext was asked for by name.
+  if (!config.snapshotKeys && !config.allowPlaintextSnapshots) throw new ConfigError(`the configuration cannot be used: ${SNAPSHOT_KEYS_REQUIRED}`);
   const poolSettings = (connectionString: string, max: number) => ({
     connectionString,
     max,
@@ -171,7 +173,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     await policies.start();
     const policyCache = policies;
     if (!config.snapshotKeys) {
-      logger.warn("no snapshot key ring (IDEM_SNAPSHOT_KEYS): response bodies are stored unencrypted; see SECURITY.md");
+      logger.warn("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS is on and no key ring is set (IDEM_SNAPSHOT_KEYS): response bodies are stored unsealed. Never do this in production; see SECURITY.md");
     }
     const registry = new Registry(policyCache, config.snapshotKeys, config.recovererIntervalMs);
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);

@@ -23,7 +23,8 @@ export function usePaymentsApps(
   beforeAll(async () => {
     server = await startTestServer(t, { operations: [paymentsPolicy()] });
     const common = { ...options, coordinatorUrl: server.baseUrl, gatewayToken: server.tokens.gateway, workerToken: server.tokens.worker };
-    apps["co-located"] = await startPaymentsApp({ ...common, pool: t.openPool(), colocated: true });
+    // Co-located completion seals with the coordinator's key ring, as a deployment must.
+    apps["co-located"] = await startPaymentsApp({ ...common, pool: t.openPool(), colocated: true, ...(server.snapshotKeys ? { snapshotKeys: server.snapshotKeys } : {}) });
     apps.remote = await startPaymentsApp({ ...common, pool: t.openPool(), schema: remoteSchema(), colocated: false });
   });
   afterAll(async () => {

@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
@@ -32,6 +33,7 @@ describe("SIGTERM", () => {
         IDEM_ADMIN_PORT: String(adminPort),
         IDEM_CALLERS: JSON.stringify([{ name: "gw", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway"] }]),
         IDEM_OPERATIONS: JSON.stringify([{ operation: "payments.create", apiRevision: 1 }]),
+        IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
         LOG_LEVEL: "info",
       },
       stdio: ["ignore", "pipe", "pipe"],

@@ -128,12 +128,31 @@ function runMain(env: NodeJS.ProcessEnv): Promise<{ code: number | null; stdout:
   });
 }
 
+/** The environment of a start on DATABASE_URL, with no key ring of the caller's own. */
+function withDatabase(databaseUrl: string, extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env, DATABASE_URL: databaseUrl, ...extra };
+  for (const name of ["IDEM_SNAPSHOT_KEYS", "IDEM_SNAPSHOT_KEYS_FILE", "IDEM_ALLOW_PLAINTEXT_SNAPSHOTS"]) if (!(name in extra)) delete env[name];
+  return env;
+}
+
+describe("npm start on a database without a snapshot key ring", () => {
+  it("exits non-zero with one line naming the key ring's variables, before it touches the database", async () => {
+    const closed = await freePort();
+    const result = await runMain(withDatabase(`postgres://idem@127.0.0.1:${closed}/registry`, { IDEM_RPC_PORT: String(await freePort()), IDEM_ADMIN_PORT: String(await freePort()) }));
+    expect(result.code).not.toBe(0);
+    const lines = result.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^the configuration cannot be used: IDEM_SNAPSHOT_KEYS or IDEM_SNAPSHOT_KEYS_FILE: required with DATABASE_URL.*IDEM_ALLOW_PLAINTEXT_SNAPSHOTS=true/);
+  }, 60_000);
+});
+
 describe("npm start on a database it cannot reach", () => {
   it("exits non-zero with one line naming DATABASE_URL and the address, without a stack or the password", async () => {
     const closed = await freePort();
     const result = await runMain({
-      ...process.env,
-      DATABASE_URL: `postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`,
+      ...withDatabase(`postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`, {
+        IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: Buffer.alloc(32, 7).toString("base64") } }),
+      }),
       IDEM_RPC_PORT: String(await freePort()),
       IDEM_ADMIN_PORT: String(await freePort()),
       LOG_LEVEL: "info",

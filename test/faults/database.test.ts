@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { chmod, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -172,7 +173,7 @@ describe("PostgreSQL restarted under load", () => {
     const token = "restart-test-token-0123456789abcdef";
     const coordinator = await startCoordinator({
       config: {
-        ...loadConfig({ DATABASE_URL: database.url }),
+        ...loadConfig({ DATABASE_URL: database.url, IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }) }),
         host: "127.0.0.1",
         rpcPort: 0,
         adminPort: 0,

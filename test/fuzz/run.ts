@@ -40,7 +40,7 @@ await admin.query(`CREATE SCHEMA ${schema}`);
 const tokens = { gateway: `gw_${randomBytes(16).toString("hex")}`, worker: `wk_${randomBytes(16).toString("hex")}`, operator: `op_${randomBytes(16).toString("hex")}` };
 const coordinator = await startCoordinator({
   config: {
-    ...loadConfig({ DATABASE_URL: databaseUrl }),
+    ...loadConfig({ DATABASE_URL: databaseUrl, IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "fuzz", keys: { fuzz: randomBytes(32).toString("base64") } }) }),
     host: "127.0.0.1",
     rpcPort: 0,
     adminPort: 0,

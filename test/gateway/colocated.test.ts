@@ -25,7 +25,8 @@ beforeAll(async () => {
   coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
   client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
   // The service's pool reaches the registry's tables (the same schema here).
-  colocated = await ColocatedRegistry.open({ pool: t.openPool(), caller: "orders-service", tenants: ["acme"], operations: ["payments.create"] });
+  // The coordinator's key ring: bodies completed here are sealed as the coordinator seals them, and open there.
+  colocated = await ColocatedRegistry.open({ pool: t.openPool(), caller: "orders-service", tenants: ["acme"], operations: ["payments.create"], snapshotKeys: coordinator.snapshotKeys! });
   gateway = new IdempotencyGateway({ client, colocated });
   await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
 });
@@ -141,5 +142,45 @@ describe("co-located completion", () => {
     });
     expect(answer.status).toBe(201);
     expect(JSON.parse(Buffer.from(answer.body).toString())).toEqual({ stored: true });
+  });
+});
+
+describe("co-located sealing", () => {
+  it("seals the stored body with the coordinator's key ring, and the coordinator replays it", async () => {
+    const key = randomUUID();
+    const secret = `card-holder-${randomUUID()}`;
+    let operationId = "";
+    const first = await run(key, async (ctx) => {
+      operationId = ctx.operationId;
+      return toHttpResponse(await ctx.transaction(async () => ({ status: 201, json: { secret } })));
+    });
+    expect(first.status).toBe(201);
+
+    const { rows } = await t.pool.query("SELECT snapshot_body, snapshot_key_id FROM idem_record WHERE operation_id = $1", [operationId]);
+    expect(rows[0].snapshot_key_id).toBe("test");
+    const stored = rows[0].snapshot_body as Buffer;
+    expect(stored.length).toBeGreaterThan(0);
+    expect(stored.includes(Buffer.from(secret))).toBe(false);
+    expect(stored.equals(Buffer.from(first.body))).toBe(false);
+
+    // The coordinator opens it: a lookup and a replay show the plaintext.
+    expect(JSON.parse(Buffer.from((await recordOf(key)).snapshot!.body).toString())).toEqual({ secret });
+    const replay = await run(key, async () => {
+      throw new Error("a replay never runs the handler");
+    });
+    expect(replay.headers).toContainEqual(["idempotent-replayed", "true"]);
+    expect(JSON.parse(Buffer.from(replay.body).toString())).toEqual({ secret });
+  });
+
+  it("refuses to open without a key ring unless plaintext is asked for by name", async () => {
+    const pool = t.openPool();
+    try {
+      // @ts-expect-error: the key ring (or the plaintext switch) is required.
+      await expect(ColocatedRegistry.open({ pool, caller: "orders-service" })).rejects.toThrow(/snapshotKeys.*allowPlaintextSnapshots/);
+      const plaintext = await ColocatedRegistry.open({ pool, caller: "orders-service", allowPlaintextSnapshots: true });
+      plaintext.stop();
+    } finally {
+      await pool.end();
+    }
   });
 });

@@ -7,7 +7,7 @@ import { expect, vi } from "vitest";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
 import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
-import { parseKeyring } from "../../src/registry/sealing.js";
+import type { SnapshotKeyring } from "../../src/registry/sealing.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import type { TestDatabase } from "./database.js";
@@ -37,6 +37,8 @@ export interface TestServer {
   tokens: TestTokens;
   /** application_name of the server's registry connections. */
   applicationName: string;
+  /** The key ring the server seals stored bodies with (a co-located service needs the same). */
+  snapshotKeys: SnapshotKeyring | undefined;
   stop(): Promise<void>;
 }
 
@@ -59,15 +61,15 @@ export async function startTestServer(
     { name: "all-tenants-operator", tokenSha256: tokenHash(tokens.allTenantsOperator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
     { name: "globex-gateway", tokenSha256: tokenHash(tokens.globex), tenants: ["globex"], operations: ["payments.create"], roles: ["gateway"] },
   ];
+  // Every test server seals stored bodies, as a production one must.
+  const keyRing = JSON.stringify({ active: "test", keys: { test: randomBytes(32).toString("base64") } });
   const config: Config = {
-    ...loadConfig({ DATABASE_URL: t.url }),
+    ...loadConfig({ DATABASE_URL: t.url, IDEM_SNAPSHOT_KEYS: keyRing }),
     host: "127.0.0.1",
     rpcPort: 0,
     adminPort: 0,
     callers,
     operations: options.operations ?? [testDocument()],
-    // Every test server seals stored bodies, as a production one should.
-    snapshotKeys: parseKeyring({ active: "test", keys: { test: randomBytes(32).toString("base64") } }),
     shutdownGraceMs: 5000,
     ...options.config,
   };
@@ -86,6 +88,7 @@ export async function startTestServer(
     adminUrl: `http://127.0.0.1:${coordinator.adminPort}`,
     tokens,
     applicationName,
+    snapshotKeys: config.snapshotKeys,
     stop: () => coordinator.stop(),
   };
 }

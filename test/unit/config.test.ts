@@ -1,7 +1,15 @@
+import { randomBytes } from "node:crypto";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { ConfigError, loadConfig, parseCallerGrants } from "../../src/config.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
+import { startCoordinator } from "../../src/server/app.js";
 import { Callers, requireRole, tokenHash } from "../../src/server/callers.js";
+
+const keyRing = () => JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } });
 
 const hash = tokenHash("a-sufficiently-long-token");
 
@@ -14,7 +22,7 @@ describe("loadConfig", () => {
   });
 
   it("declares no operation by default when a real database is configured", () => {
-    const config = loadConfig({ DATABASE_URL: "postgres://db/registry" });
+    const config = loadConfig({ DATABASE_URL: "postgres://db/registry", IDEM_SNAPSHOT_KEYS: keyRing() });
     expect(config.operations).toEqual([]);
   });
 
@@ -57,6 +65,51 @@ describe("loadConfig", () => {
 
   it("refuses the same port for RPC and admin", () => {
     expect(() => loadConfig({ IDEM_RPC_PORT: "8000", IDEM_ADMIN_PORT: "8000" })).toThrow(/must differ/);
+  });
+});
+
+describe("the snapshot key ring", () => {
+  const refusal = (env: NodeJS.ProcessEnv) => {
+    try {
+      loadConfig(env);
+    } catch (error) {
+      expect(error).toBeInstanceOf(ConfigError);
+      return (error as Error).message;
+    }
+    return "accepted";
+  };
+
+  it("is required with DATABASE_URL: refused in one line naming the variables that give one, and the plaintext switch", () => {
+    const message = refusal({ DATABASE_URL: "postgres://db/registry" });
+    expect(message.split("\n")).toHaveLength(1);
+    expect(message).toMatch(/^the configuration cannot be used: IDEM_SNAPSHOT_KEYS or IDEM_SNAPSHOT_KEYS_FILE: required with DATABASE_URL/);
+    expect(message).toContain("idemctl keygen");
+    expect(message).toContain("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS=true");
+  });
+
+  it("seals with the ring given inline or in a file, and stores plaintext only behind the explicit switch", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "idem-keys-"));
+    await writeFile(join(dir, "ring.json"), keyRing());
+    const database = { DATABASE_URL: "postgres://db/registry" };
+    expect(loadConfig({ ...database, IDEM_SNAPSHOT_KEYS: keyRing() }).snapshotKeys?.activeKeyId).toBe("k1");
+    expect(loadConfig({ ...database, IDEM_SNAPSHOT_KEYS_FILE: join(dir, "ring.json") }).snapshotKeys?.activeKeyId).toBe("k1");
+    expect(loadConfig({ ...database, IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: "true" })).toMatchObject({ snapshotKeys: undefined, allowPlaintextSnapshots: true });
+    expect(refusal({ ...database, IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: "false" })).toContain("IDEM_SNAPSHOT_KEYS or IDEM_SNAPSHOT_KEYS_FILE: required");
+    expect(refusal({ ...database, IDEM_SNAPSHOT_KEYS: keyRing(), IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: "true" })).toContain("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: a key ring is configured");
+    // A broken ring is reported for what it is, once.
+    expect(refusal({ ...database, IDEM_SNAPSHOT_KEYS: "{}" })).toMatch(/^the configuration cannot be used: IDEM_SNAPSHOT_KEYS: must be \{"active"/);
+  });
+
+  it("is not needed on the embedded default (which generates one) nor to migrate", () => {
+    expect(loadConfig({}).allowPlaintextSnapshots).toBe(false);
+    expect(loadConfig({ DATABASE_URL: "postgres://db/registry" }, { forMigrations: true }).databaseUrl).toBe("postgres://db/registry");
+  });
+
+  it("is required by startCoordinator too, before it touches the database", async () => {
+    const config = { ...loadConfig({ DATABASE_URL: "postgres://db/registry", IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: "true" }), allowPlaintextSnapshots: false };
+    const started = startCoordinator({ config, databaseUrl: "postgres://idem@127.0.0.1:1/registry", logger: pino({ level: "silent" }) });
+    await expect(started).rejects.toThrow(ConfigError);
+    await expect(started).rejects.toThrow(/IDEM_SNAPSHOT_KEYS or IDEM_SNAPSHOT_KEYS_FILE: required/);
   });
 });
 

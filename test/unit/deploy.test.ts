@@ -1,6 +1,7 @@
-import { mkdtemp, readFile, writeFile } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import type pg from "pg";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
@@ -21,19 +22,77 @@ const text = (path: string) => readFile(new URL(path, root), "utf8");
 const yaml = async (path: string) => parseYaml(await text(path), { merge: true }) as Record<string, any>;
 const known = new Set(ENVIRONMENT.map((v) => v.name));
 const defaults = loadConfig({});
+/** A key ring as `idemctl keygen --ring` prints one. */
+const keyRing = () => JSON.stringify({ active: "2026-01", keys: { "2026-01": randomBytes(32).toString("base64") } });
+
+/**
+ * The Deployment's coordinator container as the kubelet starts it: the
+ * ConfigMap's and Secret's variables, its own env, and each secret volume's
+ * files under a temporary root (`files` replaces a Secret's values).
+ */
+async function coordinatorEnvironment(files: Record<string, Record<string, string>> = {}): Promise<{ env: NodeJS.ProcessEnv; root: string }> {
+  const configMap = await yaml("deploy/kubernetes/configmap.yaml");
+  const secret = await yaml("deploy/kubernetes/secret.yaml");
+  const deployment = await yaml("deploy/kubernetes/deployment.yaml");
+  const pod = deployment.spec.template.spec;
+  const container = pod.containers[0];
+  const root = await mkdtemp(join(tmpdir(), "idem-pod-"));
+  const { "operations.yaml": operations, ...variables } = configMap.data as Record<string, string>;
+  const mounted = (path: string) => join(root, path);
+  for (const mount of container.volumeMounts as Array<{ name: string; mountPath: string }>) {
+    const volume = (pod.volumes as Array<Record<string, any>>).find((v) => v.name === mount.name)!;
+    if (volume.configMap) {
+      await mkdir(mounted(mount.mountPath), { recursive: true });
+      await writeFile(join(mounted(mount.mountPath), "operations.yaml"), operations!);
+    } else if (volume.secret) {
+      const manifest = await yaml(`deploy/kubernetes/${SECRET_MANIFESTS[volume.secret.secretName]}`);
+      const data = { ...(manifest.stringData as Record<string, string>), ...files[volume.secret.secretName] };
+      for (const [key, value] of Object.entries(data)) {
+        const path = join(mounted(mount.mountPath), key);
+        await mkdir(dirname(path), { recursive: true });
+        await writeFile(path, value);
+      }
+    }
+  }
+  const own = Object.fromEntries((container.env ?? []).map((e: { name: string; value: string }) => [e.name, e.value]));
+  const env = { ...variables, ...secret.stringData, ...own } as Record<string, string>;
+  // Paths in the container are paths under the temporary root here.
+  for (const name of ["IDEM_OPERATIONS_FILE", "IDEM_SNAPSHOT_KEYS_FILE"]) if (env[name]) env[name] = mounted(env[name]);
+  return { env, root };
+}
+
+/** Which manifest holds each Secret the Deployment mounts. */
+const SECRET_MANIFESTS: Record<string, string> = { "idempotency-coordinator-snapshot-keys": "snapshot-keys.yaml" };
 
 describe("deploy/kubernetes", () => {
   it("configures only variables the coordinator reads, with values it accepts", async () => {
     const configMap = await yaml("deploy/kubernetes/configmap.yaml");
     const secret = await yaml("deploy/kubernetes/secret.yaml");
-    const { "operations.yaml": operations, ...variables } = configMap.data as Record<string, string>;
-    for (const name of [...Object.keys(variables), ...Object.keys(secret.stringData)]) expect(known, name).toContain(name);
+    const deployment = await yaml("deploy/kubernetes/deployment.yaml");
+    const { "operations.yaml": _operations, ...variables } = configMap.data as Record<string, string>;
+    const own = (deployment.spec.template.spec.containers[0].env ?? []).map((e: { name: string }) => e.name);
+    for (const name of [...Object.keys(variables), ...Object.keys(secret.stringData), ...own]) expect(known, name).toContain(name);
 
-    const dir = await mkdtemp(join(tmpdir(), "idem-deploy-"));
-    await writeFile(join(dir, "operations.yaml"), operations!);
-    const config = loadConfig({ ...variables, ...secret.stringData, IDEM_OPERATIONS_FILE: join(dir, "operations.yaml") });
+    const { env } = await coordinatorEnvironment({ "idempotency-coordinator-snapshot-keys": { "snapshot-keys.json": keyRing() } });
+    const config = loadConfig(env);
     expect(config.operations.map((o) => o.operation)).toEqual(["payments.create"]);
     expect(config.migrateOnBoot).toBe(false);
+  });
+
+  it("seals stored bodies with the key ring Secret mounted into the Deployment, and never starts on its placeholder", async () => {
+    const { env } = await coordinatorEnvironment({ "idempotency-coordinator-snapshot-keys": { "snapshot-keys.json": keyRing() } });
+    expect(loadConfig(env).snapshotKeys?.activeKeyId).toBe("2026-01");
+    expect(env.IDEM_ALLOW_PLAINTEXT_SNAPSHOTS).toBeUndefined();
+
+    // As shipped, the placeholder is refused: an unedited deployment stops at boot, naming the variable and keygen.
+    const shipped = await coordinatorEnvironment();
+    expect(() => loadConfig(shipped.env)).toThrow(/IDEM_SNAPSHOT_KEYS_FILE: .*idemctl keygen/);
+    const manifest = await text("deploy/kubernetes/snapshot-keys.yaml");
+    expect(manifest).toMatch(/idemctl(\.js)? (-- )?keygen --id \S+ --ring/);
+
+    // The migrate Job needs no key ring (and gets none).
+    const job = await yaml("deploy/kubernetes/migrate-job.yaml");
+    expect(JSON.stringify(job)).not.toContain("snapshot-keys");
   });
 
   it("exposes the coordinator's ports and probes the endpoints it serves", async () => {
@@ -69,7 +128,7 @@ describe("deploy/kubernetes", () => {
 
   it("lists every manifest in the kustomization", async () => {
     const kustomization = await yaml("deploy/kubernetes/kustomization.yaml");
-    expect(kustomization.resources.sort()).toEqual(["configmap.yaml", "deployment.yaml", "migrate-job.yaml", "pdb.yaml", "secret.yaml", "service.yaml"]);
+    expect(kustomization.resources.sort()).toEqual(["configmap.yaml", "deployment.yaml", "migrate-job.yaml", "pdb.yaml", "secret.yaml", "service.yaml", "snapshot-keys.yaml"]);
     const job = await yaml("deploy/kubernetes/migrate-job.yaml");
     expect(job.spec.template.spec.containers[0].command).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
   });
@@ -80,6 +139,13 @@ describe("deploy/compose.yaml and the Dockerfile", () => {
     const compose = await yaml("deploy/compose.yaml");
     const coordinator = compose.services["coordinator-a"];
     for (const name of Object.keys(coordinator.environment)) expect(known, name).toContain(name);
+    // The key ring is required: compose refuses to start without IDEM_SNAPSHOT_KEYS, saying how to make one.
+    expect(coordinator.environment.IDEM_SNAPSHOT_KEYS).toMatch(/^\$\{IDEM_SNAPSHOT_KEYS:\?[^}]*idemctl (-- )?keygen --id \S+ --ring[^}]*\}$/);
+    expect(compose.services["coordinator-b"].environment.IDEM_SNAPSHOT_KEYS).toBe(coordinator.environment.IDEM_SNAPSHOT_KEYS);
+    expect(compose.services.migrate.environment.IDEM_SNAPSHOT_KEYS).toBeUndefined();
+    // As compose interpolates it, with the key ring exported and no callers set.
+    const interpolated = { ...coordinator.environment, IDEM_SNAPSHOT_KEYS: keyRing(), IDEM_CALLERS: "[]", IDEM_OPERATIONS_FILE: undefined } as NodeJS.ProcessEnv;
+    expect(loadConfig(interpolated).snapshotKeys?.activeKeyId).toBe("2026-01");
     expect(coordinator.ports).toEqual([`${defaults.rpcPort}:${defaults.rpcPort}`, `${defaults.adminPort}:${defaults.adminPort}`]);
     expect(compose.services.migrate.entrypoint).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
     expect(parsePolicyDocuments(parseYaml(await text("deploy/operations.example.yaml")))).toHaveLength(1);
