@@ -24,7 +24,14 @@ const windows = { keep: "1s", clientRetryWindow: "0s", queueBacklogWindow: "0s",
 
 beforeAll(async () => {
   server = await startTestServer(t, { operations: [paymentsPolicy({ retention: windows })] });
-  app = await startPaymentsApp({ coordinatorUrl: server.baseUrl, gatewayToken: server.tokens.gateway, workerToken: server.tokens.worker, pool: t.openPool() });
+  // Co-located (the default): the service seals with the coordinator's key ring.
+  app = await startPaymentsApp({
+    coordinatorUrl: server.baseUrl,
+    gatewayToken: server.tokens.gateway,
+    workerToken: server.tokens.worker,
+    pool: t.openPool(),
+    ...(server.snapshotKeys ? { snapshotKeys: server.snapshotKeys } : {}),
+  });
 });
 afterAll(async () => {
   await app?.close();
