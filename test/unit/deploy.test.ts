@@ -134,6 +134,28 @@ describe("deploy/kubernetes", () => {
   });
 });
 
+describe("the coordinator's database logins", () => {
+  /** The logins of the coordinator's pools in a deployment's environment: one per role, none of them the owner. */
+  const logins = (env: Record<string, string | undefined>) => ({
+    serving: new URL(env.DATABASE_URL!).username,
+    crossTenant: new URL(env.IDEM_CROSS_TENANT_DATABASE_URL!).username,
+  });
+
+  it("are two, one per role, in Kubernetes and in compose, as postgres-init.sql makes them", async () => {
+    const { env } = await coordinatorEnvironment();
+    const kubernetes = logins(env);
+    const compose = logins((await yaml("deploy/compose.yaml"))["x-coordinator"].environment);
+    for (const { serving, crossTenant } of [kubernetes, compose]) {
+      expect(serving).not.toBe(crossTenant);
+      expect([serving, crossTenant]).not.toContain(new URL(env.IDEM_MIGRATION_DATABASE_URL!).username);
+    }
+    // Each compose login is a member of one role only (a serving login that could become idem_cross_tenant would see every tenant).
+    const init = await text("deploy/postgres-init.sql");
+    expect(init).toMatch(new RegExp(`CREATE ROLE ${compose.serving} LOGIN [^;]* IN ROLE idem_server;`));
+    expect(init).toMatch(new RegExp(`CREATE ROLE ${compose.crossTenant} LOGIN [^;]* IN ROLE idem_cross_tenant;`));
+  });
+});
+
 describe("deploy/compose.yaml and the Dockerfile", () => {
   it("use the coordinator's variables, ports and entry points", async () => {
     const compose = await yaml("deploy/compose.yaml");
