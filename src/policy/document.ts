@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { refuse } from "../contract/errors.js";
 import type { FieldSchema, FieldType } from "../contract/json-schema.js";
-import { DEFAULT_KEY_RULES } from "../contract/keys.js";
+import { DEFAULT_KEY_RULES, MIN_ENTROPY_BITS_FLOOR } from "../contract/keys.js";
 import { validateApiRevision, validateOperationName } from "../contract/scope.js";
 
 /**
@@ -89,11 +89,13 @@ export function parsePolicyDocument(input: unknown, path = "policy"): PolicyDocu
     apiRevision,
     schemaRevision: integer(o.schemaRevision ?? 1, `${path}.schemaRevision`, 1, 65535),
     fingerprint,
-    // Policies may only tighten the default key rules, never loosen them.
+    // Policies may only tighten the default key lengths. The entropy floor may
+    // also be lowered, for clients whose random keys are shorter than 128
+    // bits, but never below the point where counters and dates pass.
     keys: {
       minLength: integer(keys.minLength ?? DEFAULT_KEY_RULES.minLength, `${path}.keys.minLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
       maxLength: integer(keys.maxLength ?? DEFAULT_KEY_RULES.maxLength, `${path}.keys.maxLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
-      minEntropyBits: integer(keys.minEntropyBits ?? DEFAULT_KEY_RULES.minEntropyBits, `${path}.keys.minEntropyBits`, DEFAULT_KEY_RULES.minEntropyBits, 1024),
+      minEntropyBits: integer(keys.minEntropyBits ?? DEFAULT_KEY_RULES.minEntropyBits, `${path}.keys.minEntropyBits`, MIN_ENTROPY_BITS_FLOOR, 1024),
     },
     lease: { default: formatDuration(leaseDefault), max: formatDuration(leaseMax) },
     retention: retention(o.retention ?? {}, `${path}.retention`),
@@ -184,6 +186,27 @@ function fieldSchema(input: unknown, path: string, depth: number, maxDepth: numb
     if (boolean(s.set ?? false, `${path}.set`)) schema.set = true;
   }
   return schema;
+}
+
+/**
+ * The document the registry stored, read under today's rules. Revisions are
+ * never rewritten in the database, so one published by an older release may
+ * predate a rule that changed since; it is brought up to date here, on every
+ * read, so that every replica applies the same rules and a deployment that
+ * declares the same revision again (IDEM_OPERATIONS, or the embedded default
+ * at every `npm start`) finds it equal rather than refused as changed:
+ *
+ * - `keys.minEntropyBits` was once measured by another estimate (length times
+ *   the Shannon entropy of the key's characters), whose default and least
+ *   value were 24. A stored value below today's floor can only come from it,
+ *   and means "the default": it becomes today's default. Larger values were
+ *   chosen to be stricter than that default and are kept as they are.
+ *
+ * Returns `stored` itself when nothing changed.
+ */
+export function storedPolicyDocument(stored: PolicyDocument): PolicyDocument {
+  if (stored.keys.minEntropyBits >= MIN_ENTROPY_BITS_FLOOR) return stored;
+  return { ...stored, keys: { ...stored.keys, minEntropyBits: DEFAULT_KEY_RULES.minEntropyBits } };
 }
 
 /** SHA-256 of a document's canonical JSON (keys sorted): equal rules, equal digest. */

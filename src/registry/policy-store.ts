@@ -1,5 +1,5 @@
 import { refuse } from "../contract/errors.js";
-import { policyDigest, type PolicyDocument } from "../policy/document.js";
+import { policyDigest, storedPolicyDocument, type PolicyDocument } from "../policy/document.js";
 import type { PolicySnapshot, StoredPolicy } from "../policy/cache.js";
 import { operationKey, type OperationControl, type OperationMode } from "../policy/operations.js";
 import { ALL_TENANTS, type Db } from "./db.js";
@@ -142,10 +142,18 @@ export async function setOperationControl(
   });
 }
 
+/**
+ * A stored revision as today's rules read it (see `storedPolicyDocument`).
+ * When reading changed it, its digest is the digest of what is applied, so
+ * that publishing the same revision again compares equal, and that
+ * GetPolicy's digest matches the rules it shows.
+ */
 function toStored(row: Record<string, unknown>): StoredPolicy {
+  const stored = row.document as PolicyDocument;
+  const document = storedPolicyDocument(stored);
   return {
-    document: row.document as PolicyDocument,
-    digest: row.digest as Buffer,
+    document,
+    digest: document === stored ? (row.digest as Buffer) : policyDigest(document),
     publishedAt: row.published_at as Date,
     publishedBy: row.published_by as string,
   };

@@ -134,8 +134,19 @@ export class Registry {
     // under that one, so that publishing new rules never refuses a retry.
     let fp: Uint8Array | undefined;
     let refusal: IdempotencyError | undefined;
+    // The key rules say which keys may make a new record. A key they refuse
+    // may still name a record made while they were looser (an older release's
+    // estimate, a lower minEntropyBits): a retry is judged against that
+    // record, because refusing it could lead the client to send the request
+    // again under a new key, and run it twice.
+    let keyRefusal: IdempotencyError | undefined;
     try {
       validateKey(input.idempotencyKey, policy.keys);
+    } catch (error) {
+      if (!(error instanceof IdempotencyError) || error.reason !== "INVALID_KEY") throw error;
+      keyRefusal = error;
+    }
+    try {
       fp = requestFingerprint(input.request, policy);
     } catch (error) {
       if (!(error instanceof IdempotencyError) || !REJUDGED.has(error.reason)) throw error;
@@ -159,7 +170,7 @@ export class Registry {
     const result = await db.transaction(subject.tenant, async (q): Promise<ReserveResult> => {
       for (let round = 0; round < RESERVE_ROUNDS; round++) {
         let found: { record: StoredRecord; inserted: boolean } | undefined;
-        if (policy.mode !== "DRAINING" && fp !== undefined) {
+        if (policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined) {
           const admitted = await insertOrFind(q, {
             tenant: subject.tenant,
             scope,
@@ -184,7 +195,7 @@ export class Registry {
         // (the insert waited for it and found the conflict): read it anew.
         found ??= await findByScope(q, subject.tenant, scope);
         if (!found) {
-          if (refusal) throw refusal;
+          if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
           refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
         }
         const { record, inserted } = found;
@@ -193,7 +204,7 @@ export class Registry {
         if (record.tombstonedAt !== null && (await this.reusable(record))) {
           // The policy says old effects cannot reappear and the horizon passed:
           // the scope starts afresh, and one racing reservation wins it.
-          if (refusal) throw refusal;
+          if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
           const recycled = await recycleByScope(q, record, {
             operationId,
             schemaRevision: policy.fingerprint.schemaRevision,
@@ -650,8 +661,8 @@ function grantLease(policy: OperationPolicy, requestedMs: number | undefined): n
   return Math.min(Math.max(requestedMs, 1000), policy.lease.maxMs);
 }
 
-/** Refusals under the newest revision that a record of an older revision may overrule. */
-const REJUDGED: ReadonlySet<Reason> = new Set(["INVALID_KEY", "INVALID_PAYLOAD", "SCHEMA_REVISION_MISMATCH"]);
+/** Refusals of a request under the newest revision that a record of an older revision may overrule (keys: see reserve). */
+const REJUDGED: ReadonlySet<Reason> = new Set(["INVALID_PAYLOAD", "SCHEMA_REVISION_MISMATCH"]);
 
 /** The fingerprint of a Reserve under a revision: computed from the request parts, or checked as precomputed. */
 function requestFingerprint(request: RequestIdentity, policy: OperationPolicy): Uint8Array {

@@ -51,7 +51,39 @@ describe("publishing policy revisions", () => {
     expectReason(() => testDocument({ retention: { keep: "12h", clientRetryWindow: "24h" } }), "INVALID_POLICY");
     expectReason(() => testDocument({ retention: { keep: "72h", backupRestoreWindow: "7d" } }), "INVALID_POLICY");
     expectReason(() => testDocument({ keys: { minEntropyBits: 8 } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ keys: { minEntropyBits: 63 } }), "INVALID_POLICY");
+    expect(testDocument({ keys: { minEntropyBits: 64 } }).keys.minEntropyBits).toBe(64);
+    expectReason(() => testDocument({ keys: { minLength: 15 } }), "INVALID_POLICY");
     expectReason(() => testDocument({ lease: { default: "soon" } }), "INVALID_POLICY");
+  });
+});
+
+describe("revisions stored by an older release", () => {
+  it("are read under today's key rules, and publishing them again changes nothing", async () => {
+    const op = operation("payouts.create");
+    // As the release with the 24-bit Shannon estimate stored it.
+    const older = { ...testDocument(op), keys: { minLength: 16, maxLength: 255, minEntropyBits: 24 } };
+    await t.pool.query(
+      "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
+      [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older))],
+    );
+    const stored = (await loadPolicies(t.db)).policies.find((p) => p.document.operation === op.operation)!;
+    expect(stored.document).toEqual(testDocument(op));
+    expect(Buffer.from(stored.digest).equals(Buffer.from(policyDigest(testDocument(op))))).toBe(true);
+    expect(await publishPolicy(t.db, testDocument(op), "configuration")).toMatchObject({ created: false, stored: { publishedBy: "older" } });
+    await expectRefusal(publishPolicy(t.db, testDocument({ ...op, keys: { minEntropyBits: 64 } }), "configuration"), "POLICY_REVISION_EXISTS");
+  });
+
+  it("keep a stricter key floor as it was written", async () => {
+    const op = operation("chargebacks.create");
+    const older = { ...testDocument(op), keys: { minLength: 16, maxLength: 255, minEntropyBits: 128 } };
+    await t.pool.query(
+      "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
+      [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older))],
+    );
+    const stored = (await loadPolicies(t.db)).policies.find((p) => p.document.operation === op.operation)!;
+    expect(stored.document.keys.minEntropyBits).toBe(128);
+    expect(Buffer.from(stored.digest).equals(Buffer.from(policyDigest(older)))).toBe(true);
   });
 });
 

@@ -1,80 +1,84 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import { DEFAULT_KEY_RULES, estimatedEntropyBits, validateKey } from "../../src/contract/keys.js";
+import { DEFAULT_KEY_RULES, estimatedEntropyBits, keyEntropy, MIN_ENTROPY_BITS_FLOOR, validateKey } from "../../src/contract/keys.js";
+import { ulid, uuidv7 } from "../support/keys.js";
 import { expectReason } from "../support/refusals.js";
 
+const ADVICE = /send a UUIDv4 or 128 random bits/;
+const log2 = Math.log2;
 
-const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-
-/** A ULID-like string: 26 characters of Crockford base32. */
-function ulidLike(): string {
-  return Array.from(randomBytes(26), (b) => CROCKFORD[b % 32]).join("");
+/** The keys of `make` (count of them) that validateKey refuses. */
+function refusedAmong(count: number, make: () => string): string[] {
+  const refused: string[] = [];
+  for (let i = 0; i < count; i++) {
+    const key = make();
+    try {
+      validateKey(key);
+    } catch {
+      refused.push(key);
+    }
+  }
+  return refused;
 }
 
 describe("validateKey: accepted keys", () => {
-  it("has the documented defaults", () => {
-    expect(DEFAULT_KEY_RULES).toEqual({ minLength: 16, maxLength: 255, minEntropyBits: 24 });
+  it("has the documented defaults and floor", () => {
+    expect(DEFAULT_KEY_RULES).toEqual({ minLength: 16, maxLength: 255, minEntropyBits: 96 });
     expect(Object.isFrozen(DEFAULT_KEY_RULES)).toBe(true);
+    expect(MIN_ENTROPY_BITS_FLOOR).toBe(64);
   });
 
   it.each([
     "f47ac10b-58cc-4372-a567-0e02b2c3d479",
     "9b2d6c1e-3f4a-4b8e-9c7d-2a1f0e5d4c3b",
-  ])("accepts the UUIDv4 %s", (key) => {
+    "F47AC10B-58CC-4372-A567-0E02B2C3D479",
+    "01932c07-1b2f-7c3e-9a4d-5e6f7a8b9c0d",
+    "01ARZ3NDEKTSV4RRFFQ69G5FAV",
+    "01jd2y6zq0b8c9d7e5f3g1h2k4",
+    "3f9a0c7e1b5d8246a0c9d1e2f3a4b5c6",
+    "q8Zt1_Vx3Lk9-Pw2Rm7Ns4",
+  ])("accepts %s", (key) => {
     expect(() => validateKey(key)).not.toThrow();
   });
 
-  it("accepts freshly generated UUIDv4s", () => {
-    for (let i = 0; i < 200; i++) {
-      const key = randomUUID();
-      expect(() => validateKey(key), key).not.toThrow();
-    }
+  it("accepts 2000 random UUIDv4s, in lower and upper case", () => {
+    expect(refusedAmong(2000, randomUUID)).toEqual([]);
+    expect(refusedAmong(500, () => randomUUID().toUpperCase())).toEqual([]);
   });
 
-  it("accepts ULID-like 26-character base32 strings", () => {
-    expect(() => validateKey("01ARZ3NDEKTSV4RRFFQ69G5FAV")).not.toThrow();
-    expect(() => validateKey("01HZX3Q8V7K2M9N4P6R5T1W0YS")).not.toThrow();
-    for (let i = 0; i < 200; i++) {
-      const key = ulidLike();
-      expect(key).toHaveLength(26);
-      expect(() => validateKey(key), key).not.toThrow();
-    }
+  it("accepts 2000 UUIDv7s, whose first 48 bits are a timestamp", () => {
+    const sample = uuidv7();
+    expect(sample).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    expect(parseInt(sample.replace(/-/g, "").slice(0, 12), 16)).toBeLessThanOrEqual(Date.now());
+    expect(refusedAmong(2000, uuidv7)).toEqual([]);
   });
 
-  it("accepts 16-character random hex", () => {
-    expect(() => validateKey("3f9a0c7e1b5d8246")).not.toThrow();
-    expect(() => validateKey("0123456789abcdef")).not.toThrow();
+  it("accepts 2000 ULIDs, whose first 10 characters are a timestamp, in upper and lower case", () => {
+    const sample = ulid();
+    expect(sample).toMatch(/^[0-7][0-9A-HJKMNP-TV-Z]{25}$/);
+    expect(refusedAmong(2000, ulid)).toEqual([]);
+    expect(refusedAmong(500, () => ulid().toLowerCase())).toEqual([]);
+  });
+
+  it("accepts 2000 keys of 128 random bits in base64url and in hex", () => {
+    expect(refusedAmong(2000, () => randomBytes(16).toString("base64url"))).toEqual([]);
+    expect(refusedAmong(2000, () => randomBytes(16).toString("hex"))).toEqual([]);
   });
 
   it.each([
-    "order.7Hq2-Zx9_Lm4~Pk8:Rt3",
-    "a1.b2_c3~d4:e5-f6g7h8",
-    "tenant:acme~req_5f2c-91ab.e7d3",
-    "Ab3._~:-Xy7Qw9Zr",
+    "order.7Hq2-Zx9_Lm4~Pk8:Rt3Vb6Nc1Jd5",
+    "tenant:acme~req_5f2c91ab.e7d3a5f0c2b9d4e1f6a8c3b7",
+    `payments:${randomUUID()}`,
+    `gate.${randomBytes(16).toString("base64url")}`,
   ])("accepts the punctuation . _ ~ : - in %s", (key) => {
     expect(() => validateKey(key)).not.toThrow();
   });
 
   it("accepts exactly 16 and exactly 255 characters", () => {
-    const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._~:-";
-    const long = Array.from({ length: 255 }, (_, i) => alphabet[(i * 7) % alphabet.length]).join("");
+    expect(() => validateKey("Xq7_Lm2-Pz9kRt4W")).not.toThrow();
+    const long = randomBytes(192).toString("base64url").slice(0, 255);
     expect(long).toHaveLength(255);
     expect(() => validateKey(long)).not.toThrow();
-    expect(() => validateKey("0123456789abcdef")).not.toThrow();
-  });
-
-  it("does not refuse 1000 random 16-character hex keys, the shortest common random keys", () => {
-    // A random key falls under the 24-bit floor about once in 10^8 (see keys.ts).
-    const refused: string[] = [];
-    for (let i = 0; i < 1000; i++) {
-      const key = randomBytes(8).toString("hex");
-      try {
-        validateKey(key);
-      } catch {
-        refused.push(key);
-      }
-    }
-    expect(refused).toEqual([]);
   });
 });
 
@@ -85,10 +89,10 @@ describe("validateKey: refused keys", () => {
   });
 
   it("refuses 15 characters and 256 characters", () => {
-    const fifteen = "3f9a0c7e1b5d824";
+    const fifteen = "Xq7_Lm2-Pz9kRt4";
     expect(fifteen).toHaveLength(15);
     expect(expectReason(() => validateKey(fifteen), "INVALID_KEY").message).toMatch(/15 characters/);
-    const long = "0123456789abcdef".repeat(16);
+    const long = randomBytes(192).toString("base64url");
     expect(long).toHaveLength(256);
     expect(expectReason(() => validateKey(long), "INVALID_KEY").message).toMatch(/256 characters/);
   });
@@ -123,62 +127,118 @@ describe("validateKey: refused keys", () => {
     expect(error.message).toMatch(/may only contain/);
   });
 
-  it.each(["aaaaaaaaaaaaaaaa", "0000000000000001", "abababababababab", "1111111111112222", "aaaaaaaabbbbbbbb"])(
-    "refuses the low-variety key %s",
-    (key) => {
-      expect(key).toHaveLength(16);
-      const error = expectReason(() => validateKey(key), "INVALID_KEY");
-      expect(error.message).toMatch(/variety/);
-    },
-  );
+  it.each([
+    ["a counter", "order-0000000001"],
+    ["a counter without separator", "ORDER00000000000000000000000042"],
+    ["a counter in a long key", "invoice-000000000000000000000123"],
+    ["an ISO timestamp", "2026-11-30T10:00:00"],
+    ["an ISO timestamp with fraction and zone", "2026-11-30T10:00:00.123456Z"],
+    ["a compact timestamp", "20261130T100000Z"],
+    ["a timestamp and a counter", "2026-11-30T10:00:00.000000Z-0000000000000001"],
+    ["a dated order number", "order-2026-11-30-000042"],
+    ["a day-first date", "invoice-30.11.2026-0042"],
+    ["an epoch time in microseconds", "1732958400123456"],
+    ["the alphabet", "abcdefghijklmnop"],
+    ["the alphabet and the digits", "abcdefghijklmnopqrstuvwxyz0123456789"],
+    ["a descending run", "zyxwvutsrqponmlk"],
+    ["a keyboard row", "qwertyuiopasdfgh"],
+    ["the hex digits in order", "0123456789abcdef"],
+    ["one repeated character", "aaaaaaaaaaaaaaaa"],
+    ["zeros and a one", "0000000000000001"],
+    ["a repeated pair", "abababababababab"],
+    ["a repeated block", "a1b2c3d4a1b2c3d4a1b2c3d4a1b2c3d4"],
+    ["two runs", "1111111111112222"],
+    ["a short random hex key (64 bits)", "3f9a0c7e1b5d8246"],
+    ["a short random decimal key", "48392017463829104756"],
+  ])("refuses %s (%s) with INVALID_KEY and says what to send instead", (_label, key) => {
+    const error = expectReason(() => validateKey(key), "INVALID_KEY");
+    expect(error.message).toMatch(/too predictable/);
+    expect(error.message).toMatch(ADVICE);
+    expect(error.metadata).toEqual({ min_entropy_bits: "96" });
+  });
 
-  it("accepts a key at exactly the entropy floor (24 bits is not below 24)", () => {
-    expect(estimatedEntropyBits("1111111122223333")).toBe(24);
-    expect(() => validateKey("1111111122223333")).not.toThrow();
+  it("names what it recognised, or how many characters the alphabet needs", () => {
+    expect(expectReason(() => validateKey("2026-11-30T10:00:00"), "INVALID_KEY").message).toMatch(/it contains a date and a time/);
+    expect(expectReason(() => validateKey("order-0000000001"), "INVALID_KEY").message).toMatch(/repeated characters/);
+    expect(expectReason(() => validateKey("3f9a0c7e1b5d8246"), "INVALID_KEY").message).toMatch(/16 hex characters carry 64 bits; 96 take 24/);
+  });
+
+  it("applies a lowered entropy floor: short random keys pass, counters and dates still fail", () => {
+    const lowered = { ...DEFAULT_KEY_RULES, minEntropyBits: MIN_ENTROPY_BITS_FLOOR };
+    expect(() => validateKey("3f9a0c7e1b5d8246", lowered)).not.toThrow();
+    for (const key of ["order-0000000001", "2026-11-30T10:00:00", "order-2026-11-30-000042", "ORD-20261130-4839", "abcdefghijklmnop"]) {
+      expect(expectReason(() => validateKey(key, lowered), "INVALID_KEY").metadata, key).toEqual({ min_entropy_bits: "64" });
+    }
   });
 
   it("applies tightened policy rules", () => {
-    const strict = { minLength: 32, maxLength: 64, minEntropyBits: 64 };
-    const twenty = "3f9a0c7e1b5d8246a0c9";
-    expect(twenty).toHaveLength(20);
-    expect(() => validateKey(twenty)).not.toThrow();
-    expectReason(() => validateKey(twenty, strict), "INVALID_KEY");
+    const strict = { minLength: 32, maxLength: 64, minEntropyBits: 120 };
+    const twentyTwo = "q8Zt1_Vx3Lk9-Pw2Rm7Ns4";
+    expect(() => validateKey(twentyTwo)).not.toThrow();
+    expectReason(() => validateKey(twentyTwo, strict), "INVALID_KEY");
     // A UUIDv4 (36 characters) meets the stricter rules.
     expect(() => validateKey("f47ac10b-58cc-4372-a567-0e02b2c3d479", strict)).not.toThrow();
     // Too long for maxLength 64.
     expectReason(() => validateKey(`${randomUUID()}${randomUUID()}`, strict), "INVALID_KEY");
   });
 
-  it("applies a tightened entropy floor", () => {
-    const key = "0123456789abcdef"; // exactly 64 bits
-    expect(() => validateKey(key, { ...DEFAULT_KEY_RULES, minEntropyBits: 64 })).not.toThrow();
-    expectReason(() => validateKey(key, { ...DEFAULT_KEY_RULES, minEntropyBits: 65 }), "INVALID_KEY");
+  it("accepts a key at exactly the entropy floor (96 bits is not below 96)", () => {
+    expect(estimatedEntropyBits("Xq7_Lm2-Pz9kRt4W")).toBe(96);
+    expect(() => validateKey("Xq7_Lm2-Pz9kRt4W")).not.toThrow();
+    expectReason(() => validateKey("Xq7_Lm2-Pz9kRt4W", { ...DEFAULT_KEY_RULES, minEntropyBits: 97 }), "INVALID_KEY");
   });
 });
 
-describe("estimatedEntropyBits", () => {
-  it("is 0 for the empty string and for a single repeated character", () => {
-    expect(estimatedEntropyBits("")).toBe(0);
-    expect(estimatedEntropyBits("a")).toBe(0);
-    expect(estimatedEntropyBits("aaaaaaaaaaaaaaaa")).toBe(0);
+/** Asserts keyEntropy(key) to 9 decimals of bits, and its other facts exactly. */
+function expectEntropy(key: string, expected: { bits: number } & Partial<Omit<ReturnType<typeof keyEntropy>, "bits">>): void {
+  const { bits, ...facts } = expected;
+  const actual = keyEntropy(key);
+  expect(actual.bits, key).toBeCloseTo(bits, 9);
+  expect(actual, key).toMatchObject(facts);
+}
+
+describe("keyEntropy: the worked examples of docs/policies.md", () => {
+  it("reads each key in the smallest alphabet that spells it", () => {
+    expectEntropy("48392017463829104756", { alphabet: "decimal", bits: 20 * log2(10), structure: [] });
+    expectEntropy("3f9a0c7e1b5d8246", { alphabet: "hex", bits: 64, structure: [] });
+    expectEntropy("01ARZ3NDEKTSV4RRFFQ69G5FAV", { alphabet: "Crockford base32", bits: 130, structure: [] });
+    expectEntropy("tenant:acme~req_5f2c91ab.e7d3a5f0c2b9d4e1f6a8c3b7", { alphabet: "Crockford base32", bits: 45 * 5 });
+    expectEntropy("ORDERNUMBERXYZ42", { alphabet: "base36", bits: 16 * log2(36) });
+    expectEntropy("q8Zt1Vx3Lk9Pw2Rm7Ns4", { alphabet: "base62", bits: 20 * log2(62) });
+    expectEntropy("q8Zt1_Vx3Lk9-Pw2Rm7Ns4", { alphabet: "base64url", bits: 22 * 6 });
   });
 
-  it("is exactly 64 for 16 distinct characters each once (16 * log2 16)", () => {
-    expect(estimatedEntropyBits("0123456789abcdef")).toBe(64);
+  it("counts - and _ only in keys with both cases, and never . ~ :", () => {
+    expectEntropy("f47ac10b-58cc-4372-a567-0e02b2c3d479", { alphabet: "hex", characters: 32, bits: 128 });
+    expect(keyEntropy("F47AC10B-58CC-4372-A567-0E02B2C3D479").bits).toBe(128);
+    expectEntropy("Xq7_Lm2-Pz9kRt4W", { alphabet: "base64url", characters: 16, bits: 96 });
+    expect(keyEntropy("Xq7.Lm2~Pz9kRt4W:")).toMatchObject({ alphabet: "base62", characters: 14 });
   });
 
-  it("is length times Shannon entropy of the character frequencies", () => {
-    expect(estimatedEntropyBits("ab")).toBe(2);
-    expect(estimatedEntropyBits("abababababababab")).toBe(16);
-    expect(estimatedEntropyBits("abcd")).toBe(8);
-    // 15 zeros and one 1: 16 * -(15/16 log2 15/16 + 1/16 log2 1/16) ≈ 5.4
-    const expected = -16 * ((15 / 16) * Math.log2(15 / 16) + (1 / 16) * Math.log2(1 / 16));
-    expect(estimatedEntropyBits("0000000000000001")).toBeCloseTo(expected, 10);
-    expect(estimatedEntropyBits("0000000000000001")).toBeCloseTo(5.4, 1);
+  it("charges a date and a time what they carry plus where they are", () => {
+    // 15 characters, Crockford base32; the date and the time replace all of them.
+    expectEntropy("2026-11-30T10:00:00", { bits: 16 + log2(15) + 17 + log2(15), structure: ["date", "time"] });
   });
 
-  it("does not depend on character order", () => {
-    expect(estimatedEntropyBits("aabbcc")).toBeCloseTo(estimatedEntropyBits("abcabc"), 12);
-    expect(estimatedEntropyBits("aabbcc")).toBeCloseTo(6 * Math.log2(3), 12);
+  it("charges a run where it starts and how long it is, the first character keeping its bits", () => {
+    // hex, 16 characters: "a", then 15 repeats of it.
+    expectEntropy("aaaaaaaaaaaaaaaa", { bits: 4 + log2(16) + log2(15), structure: ["repetition"] });
+    // base36, 16 characters: "a", then 15 characters each one after the one before.
+    expectEntropy("abcdefghijklmnop", { bits: log2(36) + log2(16) + log2(15), structure: ["sequence"] });
+    // base36, 15 characters: "order", then 10 digits read as decimal, of which 8 repeat the first zero.
+    expectEntropy("order-0000000001", {
+      bits: 5 * log2(36) + 2 * log2(10) + log2(15) + log2(8),
+      structure: ["repetition", "decimal number"],
+    });
+  });
+
+  it("leaves runs too short to count as they are", () => {
+    expect(keyEntropy("Ab3aaa7Qw9ZrXy2K").structure).toEqual([]);
+    expect(keyEntropy("Ab3abc7Qw9ZrXy2K").structure).toEqual([]);
+  });
+
+  it("matches structure case-insensitively", () => {
+    expect(keyEntropy("AbCdEfGhIjKlMnOp").structure).toEqual(["sequence"]);
+    expect(keyEntropy("aAaAaAaAaAaAaAaA").structure).toEqual(["repetition"]);
   });
 });

@@ -244,7 +244,9 @@ export class LoadGenerator {
     const minCopies = Math.min(2, this.options.burst);
     const key: LogicalRequest = {
       index,
-      key: `gate.${this.runId}.${index}.${randomBytes(9).toString("base64url")}`,
+      // The run and the index make keys easy to find; the 128 random bits are
+      // what makes each key unique and acceptable (docs/policies.md, "Key entropy").
+      key: `gate.${this.runId}.${index}.${randomBytes(16).toString("base64url")}`,
       principal: user.principal,
       token: user.token,
       payload,

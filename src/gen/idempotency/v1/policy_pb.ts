@@ -161,7 +161,8 @@ export const FingerprintRulesSchema: GenMessage<FingerprintRules> = /*@__PURE__*
   messageDesc(file_idempotency_v1_policy, 1);
 
 /**
- * Rules for Idempotency-Key values; they may only be stricter than the defaults.
+ * Rules for Idempotency-Key values. Lengths may only be stricter than the
+ * defaults; the entropy floor may also be lowered, down to 64.
  *
  * @generated from message idempotency.v1.KeyRules
  */
@@ -181,7 +182,9 @@ export type KeyRules = Message<"idempotency.v1.KeyRules"> & {
   maxLength: number;
 
   /**
-   * Least estimated entropy in bits, at least 24.
+   * Least estimated entropy in bits (docs/policies.md, "Key entropy"):
+   * 96 by default, from 64 to 1024. UUIDv4, UUIDv7, ULIDs and 128 random
+   * bits reach 96; counters, dates and times do not.
    *
    * @generated from field: uint32 min_entropy_bits = 3;
    */
