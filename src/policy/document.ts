@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import { refuse } from "../contract/errors.js";
 import type { FieldSchema, FieldType } from "../contract/json-schema.js";
 import { DEFAULT_KEY_RULES, MIN_ENTROPY_BITS_FLOOR } from "../contract/keys.js";
+import { DEFAULT_SNAPSHOT_BOUNDS, type SnapshotBounds } from "../contract/snapshot.js";
 import { validateApiRevision, validateOperationName } from "../contract/scope.js";
 
 /**
@@ -35,10 +36,20 @@ export interface PolicyDocument {
     tombstoneReuse: { allowed: boolean; horizon: string };
   };
   maxActivePerPrincipal: number;
-  snapshot: { headerAllowlist: string[]; maxBodyBytes: number };
+  snapshot: { headerAllowlist: string[]; maxBodyBytes: number } & SnapshotBounds;
 }
 
 const MIB = 1024 * 1024;
+const KIB = 1024;
+/** Each snapshot bound and the most a policy may raise it to (the least is 1). */
+const SNAPSHOT_BOUND_RANGES: ReadonlyArray<[keyof SnapshotBounds, number]> = [
+  ["maxHeaders", 1024],
+  ["maxHeaderNameBytes", 4 * KIB],
+  ["maxHeaderValueBytes", 64 * KIB],
+  ["maxLocationBytes", 64 * KIB],
+  ["maxBusinessVersionBytes", 8 * KIB],
+  ["maxMediaTypeBytes", 4 * KIB],
+];
 const DEFAULT_HEADER_ALLOWLIST = ["cache-control", "content-language", "content-type", "etag", "location"];
 const FIELD_TYPES: readonly FieldType[] = ["string", "boolean", "integer", "decimal", "number", "object", "array"];
 
@@ -82,7 +93,7 @@ export function parsePolicyDocument(input: unknown, path = "policy"): PolicyDocu
   const leaseMax = duration(lease.max ?? "5m", `${path}.lease.max`, leaseDefault, 86_400_000);
 
   const snapshot = object(o.snapshot ?? {}, `${path}.snapshot`);
-  allowOnly(snapshot, `${path}.snapshot`, ["headerAllowlist", "maxBodyBytes"]);
+  allowOnly(snapshot, `${path}.snapshot`, ["headerAllowlist", "maxBodyBytes", ...SNAPSHOT_BOUND_RANGES.map(([name]) => name)]);
 
   return {
     operation,
@@ -103,6 +114,9 @@ export function parsePolicyDocument(input: unknown, path = "policy"): PolicyDocu
     snapshot: {
       headerAllowlist: strings(snapshot.headerAllowlist ?? DEFAULT_HEADER_ALLOWLIST, `${path}.snapshot.headerAllowlist`, true).sort(),
       maxBodyBytes: integer(snapshot.maxBodyBytes ?? MIB, `${path}.snapshot.maxBodyBytes`, 0, 16 * MIB),
+      ...(Object.fromEntries(
+        SNAPSHOT_BOUND_RANGES.map(([name, max]) => [name, integer(snapshot[name] ?? DEFAULT_SNAPSHOT_BOUNDS[name], `${path}.snapshot.${name}`, 1, max)]),
+      ) as unknown as SnapshotBounds),
     },
   };
 }
@@ -202,11 +216,21 @@ function fieldSchema(input: unknown, path: string, depth: number, maxDepth: numb
  *   and means "the default": it becomes today's default. Larger values were
  *   chosen to be stricter than that default and are kept as they are.
  *
+ * - the snapshot bounds besides `maxBodyBytes` did not exist: a revision
+ *   without them gets today's defaults, as it would had it been published
+ *   now.
+ *
  * Returns `stored` itself when nothing changed.
  */
 export function storedPolicyDocument(stored: PolicyDocument): PolicyDocument {
-  if (stored.keys.minEntropyBits >= MIN_ENTROPY_BITS_FLOOR) return stored;
-  return { ...stored, keys: { ...stored.keys, minEntropyBits: DEFAULT_KEY_RULES.minEntropyBits } };
+  let document = stored;
+  if (document.keys.minEntropyBits < MIN_ENTROPY_BITS_FLOOR) {
+    document = { ...document, keys: { ...document.keys, minEntropyBits: DEFAULT_KEY_RULES.minEntropyBits } };
+  }
+  if (SNAPSHOT_BOUND_RANGES.some(([name]) => document.snapshot[name] === undefined)) {
+    document = { ...document, snapshot: { ...DEFAULT_SNAPSHOT_BOUNDS, ...document.snapshot } };
+  }
+  return document;
 }
 
 /** SHA-256 of a document's canonical JSON (keys sorted): equal rules, equal digest. */

@@ -56,7 +56,16 @@ export function policyFromProto(policy: OperationPolicy | undefined): PolicyDocu
         },
       },
       maxActivePerPrincipal: policy.maxActivePerPrincipal || undefined,
-      snapshot: policy.snapshot && { headerAllowlist: policy.snapshot.headerAllowlist, maxBodyBytes: policy.snapshot.maxBodyBytes || undefined },
+      snapshot: policy.snapshot && {
+        headerAllowlist: policy.snapshot.headerAllowlist,
+        maxBodyBytes: policy.snapshot.maxBodyBytes || undefined,
+        maxHeaders: policy.snapshot.maxHeaders || undefined,
+        maxHeaderNameBytes: policy.snapshot.maxHeaderNameBytes || undefined,
+        maxHeaderValueBytes: policy.snapshot.maxHeaderValueBytes || undefined,
+        maxLocationBytes: policy.snapshot.maxLocationBytes || undefined,
+        maxBusinessVersionBytes: policy.snapshot.maxBusinessVersionBytes || undefined,
+        maxMediaTypeBytes: policy.snapshot.maxMediaTypeBytes || undefined,
+      },
     }),
   );
 }

@@ -1,5 +1,7 @@
+import { readFile } from "node:fs/promises";
 import { describe, expect, it, vi } from "vitest";
-import { policyDigest } from "../../src/policy/document.js";
+import { parse as parseYaml } from "yaml";
+import { parsePolicyDocument, policyDigest, type PolicyDocument } from "../../src/policy/document.js";
 import { PolicyCache } from "../../src/policy/cache.js";
 import { StaticPolicies, toOperationPolicy } from "../../src/policy/operations.js";
 import { loadPolicies, publishPolicy, setOperationControl } from "../../src/registry/policy-store.js";
@@ -54,18 +56,32 @@ describe("publishing policy revisions", () => {
     expectReason(() => testDocument({ keys: { minEntropyBits: 63 } }), "INVALID_POLICY");
     expect(testDocument({ keys: { minEntropyBits: 64 } }).keys.minEntropyBits).toBe(64);
     expectReason(() => testDocument({ keys: { minLength: 15 } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ snapshot: { maxHeaders: 0 } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ snapshot: { maxHeaders: 1025 } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ snapshot: { maxLocationBytes: 65537 } }), "INVALID_POLICY");
+    expectReason(() => testDocument({ snapshot: { maxHeaderBytes: 10 } }), "INVALID_POLICY");
+    expect(testDocument({ snapshot: { maxLocationBytes: 8000 } }).snapshot).toMatchObject({ maxLocationBytes: 8000, maxHeaders: 64 });
     expectReason(() => testDocument({ lease: { default: "soon" } }), "INVALID_POLICY");
+  });
+});
+
+describe("the documented policy", () => {
+  it("shows the parser's defaults in docs/policies.md", async () => {
+    const text = await readFile(new URL("../../docs/policies.md", import.meta.url), "utf8");
+    const block = /## The document[\s\S]*?```yaml\n([\s\S]*?)```/.exec(text)![1]!;
+    expect(parsePolicyDocument(parseYaml(block))).toEqual(testDocument());
   });
 });
 
 describe("revisions stored by an older release", () => {
   it("are read under today's key rules, and publishing them again changes nothing", async () => {
     const op = operation("payouts.create");
-    // As the release with the 24-bit Shannon estimate stored it.
-    const older = { ...testDocument(op), keys: { minLength: 16, maxLength: 255, minEntropyBits: 24 } };
+    // As the release with the 24-bit Shannon estimate and no snapshot bounds but the body's stored it.
+    const today = testDocument(op);
+    const older = { ...today, keys: { minLength: 16, maxLength: 255, minEntropyBits: 24 }, snapshot: { headerAllowlist: today.snapshot.headerAllowlist, maxBodyBytes: 1048576 } };
     await t.pool.query(
       "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
-      [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older))],
+      [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older as unknown as PolicyDocument))],
     );
     const stored = (await loadPolicies(t.db)).policies.find((p) => p.document.operation === op.operation)!;
     expect(stored.document).toEqual(testDocument(op));

@@ -101,7 +101,7 @@ async function storeOlderRevision(database: TestDatabase): Promise<void> {
   await database.pool.query("INSERT INTO idem_operation (operation, api_revision, updated_by) VALUES ('payments.create', 1, 'configuration')");
   await database.pool.query(
     "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ('payments.create', 1, 1, $1, $2, 'configuration')",
-    [JSON.stringify(stored), Buffer.from(policyDigest(stored as Parameters<typeof policyDigest>[0]))],
+    [JSON.stringify(stored), Buffer.from(policyDigest(stored as unknown as Parameters<typeof policyDigest>[0]))],
   );
 }
 

@@ -15,7 +15,7 @@ import {
 } from "../../src/contract/fingerprint.js";
 import { toHex } from "../../src/contract/frame.js";
 import { scopeDigest } from "../../src/contract/scope.js";
-import { snapshotDigest, storedSnapshot } from "../../src/contract/snapshot.js";
+import { DEFAULT_SNAPSHOT_BOUNDS, snapshotDigest, storedSnapshot } from "../../src/contract/snapshot.js";
 import { expectReason } from "../support/refusals.js";
 
 
@@ -551,7 +551,7 @@ describe("golden vectors, computed independently with Buffer and node:crypto", (
         ],
         body: enc('{"id":42}'),
       },
-      { headerAllowlist: ["etag", "content-type", "date"], maxBodyBytes: 1024 },
+      { headerAllowlist: ["etag", "content-type", "date"], maxBodyBytes: 1024, ...DEFAULT_SNAPSHOT_BOUNDS },
     );
     expect(toHex(snapshotDigest(stored))).toBe(expected);
   });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { toHex } from "../../src/contract/frame.js";
-import { isNeverStored, snapshotDigest, storedSnapshot, type Snapshot, type SnapshotRules } from "../../src/contract/snapshot.js";
+import { DEFAULT_SNAPSHOT_BOUNDS, isNeverStored, snapshotDigest, storedSnapshot, type Snapshot, type SnapshotRules } from "../../src/contract/snapshot.js";
 import { expectReason } from "../support/refusals.js";
 
 
@@ -23,7 +23,7 @@ function snapshot(overrides: Partial<Snapshot> = {}): Snapshot {
 }
 
 function rules(overrides: Partial<SnapshotRules> = {}): SnapshotRules {
-  return { headerAllowlist: ["content-type", "etag", "link"], maxBodyBytes: 1024, ...overrides };
+  return { headerAllowlist: ["content-type", "etag", "link"], maxBodyBytes: 1024, ...DEFAULT_SNAPSHOT_BOUNDS, ...overrides };
 }
 
 const NEVER_STORED_SAMPLES = [
@@ -144,7 +144,7 @@ describe("storedSnapshot", () => {
       () => storedSnapshot(snapshot({ body: new Uint8Array(11) }), rules({ maxBodyBytes: 10 })),
       "SNAPSHOT_TOO_LARGE",
     );
-    expect(error.metadata).toEqual({ limit: "10" });
+    expect(error.metadata).toEqual({ field: "snapshot.body", limit: "10" });
     expect(() => storedSnapshot(snapshot({ body: new Uint8Array(10) }), rules({ maxBodyBytes: 10 }))).not.toThrow();
   });
 
@@ -154,6 +154,57 @@ describe("storedSnapshot", () => {
 
   it.each([100, 200, 204, 599])("accepts status %s", (statusCode) => {
     expect(storedSnapshot(snapshot({ statusCode }), rules()).statusCode).toBe(statusCode);
+  });
+});
+
+describe("storedSnapshot: bounds of the stored parts", () => {
+  it("has the documented defaults", () => {
+    expect(DEFAULT_SNAPSHOT_BOUNDS).toEqual({
+      maxHeaders: 64,
+      maxHeaderNameBytes: 256,
+      maxHeaderValueBytes: 8192,
+      maxLocationBytes: 2048,
+      maxBusinessVersionBytes: 256,
+      maxMediaTypeBytes: 256,
+    });
+    expect(Object.isFrozen(DEFAULT_SNAPSHOT_BOUNDS)).toBe(true);
+  });
+
+  const tight = rules({ maxHeaders: 2, maxHeaderNameBytes: 4, maxHeaderValueBytes: 5, maxLocationBytes: 6, maxBusinessVersionBytes: 7, maxMediaTypeBytes: 8, headerAllowlist: ["etag", "link", "x-long"] });
+
+  it.each<[string, Partial<Snapshot>, string, string]>([
+    ["media type", { mediaType: "text/html" }, "snapshot.media_type", "8"],
+    ["location", { location: "/v1/p/1" }, "snapshot.location", "6"],
+    ["business version", { businessVersion: "v1234567" }, "snapshot.business_version", "7"],
+    ["header count", { headers: [["etag", "1"], ["link", "2"], ["link", "3"]] }, "snapshot.headers", "2"],
+    ["header name", { headers: [["x-long", "1"]] }, "snapshot.headers", "4"],
+    ["header value", { headers: [["etag", "123456"]] }, "snapshot.headers", "5"],
+  ])("refuses a %s one byte (or one header) past its bound, naming the part, the limit and the setting", (_label, parts, field, limit) => {
+    const error = expectReason(() => storedSnapshot(snapshot({ mediaType: "a/b", location: "/p", businessVersion: "v1", headers: [], ...parts }), tight), "SNAPSHOT_TOO_LARGE");
+    expect(error.metadata).toEqual({ field, limit });
+    expect(error.message).toMatch(/\(policy snapshot\.max\w+\)$/);
+  });
+
+  it("stores every part at its bound exactly", () => {
+    const atBounds = snapshot({ mediaType: "text/csv", location: "/v1/p1", businessVersion: "v123456", headers: [["etag", "12345"], ["link", "12345"]] });
+    expect(storedSnapshot(atBounds, tight).headers).toHaveLength(2);
+  });
+
+  it("counts UTF-8 bytes, not characters", () => {
+    // "é" is two bytes: 4 characters, 7 bytes.
+    const small = { mediaType: "a/b", businessVersion: "v1", headers: [] };
+    expectReason(() => storedSnapshot(snapshot({ ...small, location: "/ééé" }), tight), "SNAPSHOT_TOO_LARGE");
+    expect(storedSnapshot(snapshot({ ...small, location: "/éé" }), tight).location).toBe("/éé");
+  });
+
+  it("counts and measures only the headers it stores", () => {
+    const noisy = snapshot({
+      mediaType: "a/b",
+      location: "/p",
+      businessVersion: "v1",
+      headers: [["etag", "1"], ["x-unlisted-header-name", "a long value, never stored"], ["set-cookie", "s=1"], ["server", "nginx"]],
+    });
+    expect(storedSnapshot(noisy, tight).headers).toEqual([["etag", "1"]]);
   });
 });
 
