@@ -38,6 +38,8 @@ export interface Config {
   allowAnonymous: boolean;
   /** Policy revisions published at boot (each only once: republishing equal rules changes nothing). */
   operations: PolicyDocument[];
+  /** Settings read with another meaning than written (values of older releases), warned at boot. */
+  notices?: string[];
   /** How often every coordinator re-reads policies, modes and epochs from the registry. */
   policyRefreshMs: number;
   /** How often the recoverer (one replica at a time) looks for ended leases. */
@@ -273,10 +275,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
   const callersFromFile = read("IDEM_CALLERS_FILE", (path) => parseCallerGrants(parseJson(readFileSync(path, "utf8"))), [] as CallerGrant[]);
   if (env.IDEM_CALLERS && env.IDEM_CALLERS_FILE) problems.push("IDEM_CALLERS and IDEM_CALLERS_FILE: set only one");
 
-  const operationsInline = read("IDEM_OPERATIONS", (raw) => parsePolicyDocuments(parseJson(raw)), undefined as PolicyDocument[] | undefined);
+  const notices: string[] = [];
+  const noticeOf = (name: string) => (line: string) => notices.push(`${name}: ${line}`);
+  const operationsInline = read("IDEM_OPERATIONS", (raw) => parsePolicyDocuments(parseJson(raw), noticeOf("IDEM_OPERATIONS")), undefined as PolicyDocument[] | undefined);
   const operationsFile = read(
     "IDEM_OPERATIONS_FILE",
-    (path) => parsePolicyDocuments(parseYaml(readFileSync(path, "utf8")) as unknown),
+    (path) => parsePolicyDocuments(parseYaml(readFileSync(path, "utf8")) as unknown, noticeOf("IDEM_OPERATIONS_FILE")),
     undefined as PolicyDocument[] | undefined,
   );
   if (env.IDEM_OPERATIONS && env.IDEM_OPERATIONS_FILE) problems.push("IDEM_OPERATIONS and IDEM_OPERATIONS_FILE: set only one");
@@ -340,6 +344,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     callers: [...callers, ...callersFromFile],
     allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),
     operations: declared ?? (databaseUrl === undefined ? parsePolicyDocuments(DEVELOPMENT_OPERATIONS) : []),
+    notices,
     policyRefreshMs: read("IDEM_POLICY_REFRESH_MS", integer(100, 600_000), 2000),
     recovererIntervalMs: read("IDEM_RECOVERER_INTERVAL_MS", integer(50, 3_600_000), 1000),
     sweepIntervalMs: read("IDEM_SWEEP_INTERVAL_MS", integer(50, 86_400_000), 60_000),

@@ -1,4 +1,5 @@
 import { refuse } from "../contract/errors.js";
+import { DEFAULT_KEY_RULES, MIN_ENTROPY_BITS_FLOOR } from "../contract/keys.js";
 import type { FingerprintRules } from "../contract/fingerprint.js";
 import type { KeyRules } from "../contract/keys.js";
 import type { SnapshotRules } from "../contract/snapshot.js";
@@ -73,10 +74,18 @@ export function toOperationPolicy(document: PolicyDocument, control: OperationCo
   };
 }
 
-/** A JSON array of policy documents (IDEM_OPERATIONS), each validated, none declared twice. */
-export function parsePolicyDocuments(input: unknown): PolicyDocument[] {
+/**
+ * A JSON array of policy documents (IDEM_OPERATIONS), each validated, none
+ * declared twice. A deployment may declare its revisions as an older release
+ * printed them (`idemctl policy get` wrote every setting, `minEntropyBits: 24`
+ * among them): a minEntropyBits that only the older key estimate allowed (24
+ * to 63) reads as today's default, as it does in a stored revision
+ * (`storedPolicyDocument`), so that the deployment still starts; `notice`
+ * receives a line saying so, to be warned at boot.
+ */
+export function parsePolicyDocuments(input: unknown, notice: (line: string) => void = () => {}): PolicyDocument[] {
   if (!Array.isArray(input)) refuse("INVALID_POLICY", "operations must be a JSON array of policy documents");
-  const documents = input.map((entry, index) => parsePolicyDocument(entry, `operations[${index}]`));
+  const documents = input.map((entry, index) => parsePolicyDocument(withOlderKeyFloorRead(entry, `operations[${index}]`, notice), `operations[${index}]`));
   const seen = new Set<string>();
   for (const d of documents) {
     const key = `${d.operation}@${d.apiRevision}#${d.schemaRevision}`;
@@ -84,6 +93,25 @@ export function parsePolicyDocuments(input: unknown): PolicyDocument[] {
     seen.add(key);
   }
   return documents;
+}
+
+/** The older key estimate's default and least minEntropyBits (docs/policies.md, "Key entropy"). */
+const OLDER_ESTIMATE_MIN_ENTROPY_BITS = 24;
+
+/** `entry` without a minEntropyBits of the older key estimate (see parsePolicyDocuments). */
+function withOlderKeyFloorRead(entry: unknown, path: string, notice: (line: string) => void): unknown {
+  if (typeof entry !== "object" || entry === null) return entry;
+  const keys = (entry as { keys?: unknown }).keys;
+  if (typeof keys !== "object" || keys === null) return entry;
+  const { minEntropyBits, ...rest } = keys as Record<string, unknown>;
+  if (typeof minEntropyBits !== "number" || !Number.isInteger(minEntropyBits) || minEntropyBits < OLDER_ESTIMATE_MIN_ENTROPY_BITS || minEntropyBits >= MIN_ENTROPY_BITS_FLOOR) {
+    return entry;
+  }
+  notice(
+    `${path}.keys.minEntropyBits is ${minEntropyBits}, a value of the older key estimate: applying today's default, ` +
+      `${DEFAULT_KEY_RULES.minEntropyBits} (docs/policies.md, "Key entropy"); remove the setting, or set 64 to 1024`,
+  );
+  return { ...entry, keys: rest };
 }
 
 /** Published revisions grouped by operation, oldest first. */

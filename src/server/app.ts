@@ -165,6 +165,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       crossTenantPool,
     );
     metrics = new Metrics({ pool, db, unknownSloSeconds: config.unknownSloSeconds });
+    for (const notice of config.notices ?? []) logger.warn(notice);
     for (const document of config.operations) {
       const { created } = await publishPolicy(db, document, "configuration");
       if (created) logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");

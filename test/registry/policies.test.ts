@@ -3,7 +3,7 @@ import { describe, expect, it, vi } from "vitest";
 import { parse as parseYaml } from "yaml";
 import { parsePolicyDocument, policyDigest, type PolicyDocument } from "../../src/policy/document.js";
 import { PolicyCache } from "../../src/policy/cache.js";
-import { StaticPolicies, toOperationPolicy } from "../../src/policy/operations.js";
+import { parsePolicyDocuments, StaticPolicies, toOperationPolicy } from "../../src/policy/operations.js";
 import { loadPolicies, publishPolicy, setOperationControl } from "../../src/registry/policy-store.js";
 import { Registry } from "../../src/registry/registry.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
@@ -54,6 +54,12 @@ describe("publishing policy revisions", () => {
     expectReason(() => testDocument({ retention: { keep: "72h", backupRestoreWindow: "7d" } }), "INVALID_POLICY");
     expectReason(() => testDocument({ keys: { minEntropyBits: 8 } }), "INVALID_POLICY");
     expectReason(() => testDocument({ keys: { minEntropyBits: 63 } }), "INVALID_POLICY");
+    // Configuration may still carry the older estimate's values (docs/policies.md); a new document may not.
+    expect(expectReason(() => testDocument({ keys: { minEntropyBits: 24 } }), "INVALID_POLICY").message).toMatch(/from 64 to 1024/);
+    const notices: string[] = [];
+    expect(parsePolicyDocuments([{ ...operation("payments.create"), keys: { minEntropyBits: 24 } }], (line) => notices.push(line))[0]!.keys.minEntropyBits).toBe(96);
+    expect(notices).toEqual([expect.stringMatching(/^operations\[0\]\.keys\.minEntropyBits is 24/)]);
+    expectReason(() => parsePolicyDocuments([{ ...operation("payments.create"), keys: { minEntropyBits: 23 } }]), "INVALID_POLICY");
     expect(testDocument({ keys: { minEntropyBits: 64 } }).keys.minEntropyBits).toBe(64);
     expectReason(() => testDocument({ keys: { minLength: 15 } }), "INVALID_POLICY");
     expectReason(() => testDocument({ snapshot: { maxHeaders: 0 } }), "INVALID_POLICY");

@@ -3,6 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config.js";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
@@ -129,6 +130,19 @@ describe("a registry that holds revisions stored by an older release", () => {
     expect(published?.policy?.keys?.minEntropyBits).toBe(96);
     expect(Buffer.from(published!.digest).equals(Buffer.from(policyDigest(testDocument())))).toBe(true);
 
+    expect((await refusal(reserve(restarted, "order-0000000001"))).reason).toBe("INVALID_KEY");
+    expect((await reserve(restarted, randomUUID())).decision).toBe(Decision.ACCEPTED);
+  });
+
+  it("starts with a configuration that declares it as the older release printed it (minEntropyBits: 24), and warns", async () => {
+    // `idemctl policy get` printed every setting, minEntropyBits: 24 among them,
+    // as a document to re-apply or to declare in IDEM_OPERATIONS.
+    const printed = { operation: "payments.create", apiRevision: 1, schemaRevision: 1, keys: { minLength: 16, maxLength: 255, minEntropyBits: 24 } };
+    const config = loadConfig({ DATABASE_URL: older.url, IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: "true", IDEM_OPERATIONS: JSON.stringify([printed]) });
+    expect(config.operations[0]?.keys.minEntropyBits).toBe(96);
+    expect(config.notices).toEqual([expect.stringMatching(/^IDEM_OPERATIONS: operations\[0\]\.keys\.minEntropyBits is 24.*older key estimate.*96/)]);
+
+    restarted = await startTestServer(older, { operations: config.operations });
     expect((await refusal(reserve(restarted, "order-0000000001"))).reason).toBe("INVALID_KEY");
     expect((await reserve(restarted, randomUUID())).decision).toBe(Decision.ACCEPTED);
   });
