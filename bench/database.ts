@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import type { Logger } from "pino";
-import { startEmbeddedPostgres } from "../src/registry/embedded-postgres.js";
+import { startEmbeddedPostgres } from "../src/dev/embedded-postgres.js";
 import { classify } from "./sql.js";
 import { freePort } from "../src/net.js";
 

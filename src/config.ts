@@ -2,7 +2,7 @@ import { accessSync, constants as fsConstants, readFileSync } from "node:fs";
 import { parse as parseYaml } from "yaml";
 import type { PolicyDocument } from "./policy/document.js";
 import { parsePolicyDocuments } from "./policy/operations.js";
-import { parseKeyring, type SnapshotKeyring } from "./registry/sealing.js";
+import { parseKeyring, type SnapshotKeyring } from "./crypto/sealing.js";
 
 /**
  * The coordinator's whole configuration, read from the environment once at

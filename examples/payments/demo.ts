@@ -16,7 +16,7 @@ import { join } from "node:path";
 import pg from "pg";
 import pino from "pino";
 import { loadConfig, type Config } from "../../src/config.js";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { startPaymentsApp, type PaymentsApp } from "./app.js";

@@ -8,9 +8,9 @@ import { ConnectError } from "@connectrpc/connect";
 import pino from "pino";
 import { ConfigError, loadConfig, parseCallerGrants } from "../config.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
-import { openPool, sqlState } from "../registry/db.js";
-import { startEmbeddedPostgres } from "../registry/embedded-postgres.js";
-import { loadMigrations, migrate } from "../registry/migrate.js";
+import { openPool } from "../registry/db.js";
+import { startEmbeddedPostgres } from "../dev/embedded-postgres.js";
+import { appliedMigrations, loadMigrations, migrate } from "../registry/migrate.js";
 import { reportUnreachable } from "../registry/reachability.js";
 import { tokenHash } from "../server/callers.js";
 import { CONNECTION_HELP, CONNECTION_OPTIONS, resolveConnection, UsageError } from "./connection.js";
@@ -76,11 +76,8 @@ safe. --status lists applied and pending versions without applying.`,
       try {
         const known = await loadMigrations();
         if (values.status) {
-          const { rows } = await pool
-            .query<{ version: number; applied_at: Date }>("SELECT version, applied_at FROM idem_schema_migrations ORDER BY version")
-            // No table yet (42P01): nothing is applied. Any other failure is reported, not shown as "pending".
-            .catch((error: unknown) => (sqlState(error) === "42P01" ? { rows: [] as Array<{ version: number; applied_at: Date }> } : unreachable(error)));
-          const applied = new Map(rows.map((r) => [r.version, r.applied_at]));
+          // Any failure is reported, not shown as "pending".
+          const applied = await appliedMigrations(pool).catch(unreachable);
           for (const m of known) {
             const at = applied.get(m.version);
             process.stdout.write(`${String(m.version).padStart(6, "0")}_${m.name}  ${at ? `applied ${at.toISOString()}` : "pending"}\n`);

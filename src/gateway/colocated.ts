@@ -5,7 +5,7 @@ import { PolicyCache } from "../policy/cache.js";
 import { poolDb, sqlState, transactionDb, type Queryable } from "../registry/db.js";
 import { loadPolicies } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
-import { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
+import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
 import type { Actor } from "../registry/types.js";
 import { toCoordinatorError } from "./errors.js";
 import type { CompleteResult, OperationRef, Outcome, ResponseSnapshot } from "./types.js";

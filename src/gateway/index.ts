@@ -7,7 +7,7 @@
  */
 export { CoordinatorClient, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
 export { ColocatedRegistry, CommitUnknownError, snapshotKeysFromEnv, type ColocatedRegistryOptions } from "./colocated.js";
-export { parseKeyring, type SnapshotKeyring } from "../registry/sealing.js";
+export { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
 export {
   IdempotencyContext,
   IdempotencyGateway,

@@ -3,6 +3,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { fileURLToPath } from "node:url";
 import type pg from "pg";
 import type { Logger } from "pino";
+import { sqlState } from "./db.js";
 
 /** The folder of numbered SQL migrations, beside src/ and dist/ alike. */
 export const MIGRATIONS_DIR = fileURLToPath(new URL("../../migrations/", import.meta.url));
@@ -105,4 +106,16 @@ export async function migrate(pool: pg.Pool, logger: Logger, dir = MIGRATIONS_DI
     // The session's timeouts were changed above: close it rather than pool it.
     client.release(true);
   }
+}
+
+/** When each applied migration was applied, by version; empty before the first migration. */
+export async function appliedMigrations(pool: pg.Pool): Promise<Map<number, Date>> {
+  const { rows } = await pool
+    .query<{ version: number; applied_at: Date }>("SELECT version, applied_at FROM idem_schema_migrations ORDER BY version")
+    // No table yet (42P01): nothing is applied.
+    .catch((error: unknown) => {
+      if (sqlState(error) === "42P01") return { rows: [] as Array<{ version: number; applied_at: Date }> };
+      throw error;
+    });
+  return new Map(rows.map((r) => [r.version, r.applied_at]));
 }

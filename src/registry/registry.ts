@@ -16,7 +16,7 @@ import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snaps
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
 import { bindingFor, type Db, type Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
-import { openBody, sealBody, type SnapshotKeyring } from "./sealing.js";
+import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
 import { ATTEMPT_COLUMNS, plusMs, readView, readViews, RECORD_COLUMNS, toAttempt, toRecord } from "./records.js";
 import {
   checkRecordEffect,

@@ -12,7 +12,7 @@ import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
-import { startEmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { startEmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { freePort } from "../../src/net.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";

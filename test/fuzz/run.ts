@@ -14,7 +14,7 @@ import pg from "pg";
 import pino from "pino";
 import { loadConfig } from "../../src/config.js";
 import { openPool } from "../../src/registry/db.js";
-import { startEmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { startEmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { parsePolicyDocument } from "../../src/policy/document.js";

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { StaticPolicies } from "../../src/policy/operations.js";
 import { Registry } from "../../src/registry/registry.js";
-import { parseKeyring } from "../../src/registry/sealing.js";
+import { parseKeyring } from "../../src/crypto/sealing.js";
 import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testPolicy } from "../support/fixtures.js";
 import { expectRefusal } from "../support/registry-helpers.js";

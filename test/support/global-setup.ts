@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import type { TestProject } from "vitest/node";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/registry/embedded-postgres.js";
+import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { freePort } from "../../src/net.js";
 
 declare module "vitest" {

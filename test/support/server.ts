@@ -7,7 +7,7 @@ import { expect, vi } from "vitest";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
 import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
-import type { SnapshotKeyring } from "../../src/registry/sealing.js";
+import type { SnapshotKeyring } from "../../src/crypto/sealing.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import type { TestDatabase } from "./database.js";

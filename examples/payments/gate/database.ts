@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import pino from "pino";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../../src/registry/embedded-postgres.js";
+import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../../src/dev/embedded-postgres.js";
 import { freePort } from "../../../src/net.js";
 
 /**

