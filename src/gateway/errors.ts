@@ -1,12 +1,9 @@
 import { Code, ConnectError } from "@connectrpc/connect";
-import { IdempotencyError } from "../contract/errors.js";
+import { ERROR_DOMAIN, IdempotencyError, refusalOf, REFUSALS, STATUS_CODES } from "../contract/errors.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 
-/** The ErrorInfo domain of the coordinator's refusals. */
-export const ERROR_DOMAIN = "idempotency.v1";
-
-/** Reasons that say "nothing was decided, the registry was momentarily out of reach": retried. */
-const TRANSIENT_REASONS: ReadonlySet<string> = new Set(["REGISTRY_UNAVAILABLE", "REGISTRY_BUSY"]);
+/** True for a reason that says "nothing was decided, the registry was momentarily out of reach" (REFUSALS). */
+const isTransient = (reason: string): boolean => refusalOf(reason)?.retryable === true;
 
 /**
  * A failed coordinator call: either a refusal with a stable `reason` (see
@@ -36,7 +33,7 @@ export class CoordinatorError extends Error {
    * other refusal: those are answers.
    */
   get retryable(): boolean {
-    return this.code === Code.Unavailable && (this.reason === undefined || TRANSIENT_REASONS.has(this.reason));
+    return this.code === Code.Unavailable && (this.reason === undefined || isTransient(this.reason));
   }
 
   /**
@@ -44,7 +41,7 @@ export class CoordinatorError extends Error {
    * deadline, registry out of reach, internal error): a gateway fails closed.
    */
   get unreachable(): boolean {
-    return this.reason === undefined || TRANSIENT_REASONS.has(this.reason) || this.reason === "INTERNAL";
+    return this.reason === undefined || isTransient(this.reason) || this.reason === "INTERNAL";
   }
 }
 
@@ -53,7 +50,9 @@ export function toCoordinatorError(error: unknown): CoordinatorError {
   if (error instanceof CoordinatorError) return error;
   if (error instanceof IdempotencyError) {
     // In-process (co-located) refusals carry the same reasons as the wire.
-    return new CoordinatorError(error.message, codeOfReason(error.reason), error.reason, error.metadata, { cause: error });
+    // Connect's Code enum uses the gRPC numbers the table carries.
+    const code: Code = STATUS_CODES[REFUSALS[error.reason].code].grpc;
+    return new CoordinatorError(error.message, code, error.reason, error.metadata, { cause: error });
   }
   const connectError = ConnectError.from(error);
   const info = connectError.findDetails(ErrorInfoSchema).find((d) => d.domain === ERROR_DOMAIN || d.domain === "");
@@ -65,38 +64,6 @@ export function toCoordinatorError(error: unknown): CoordinatorError {
 /** The reason of a coordinator failure, if it is a refusal. */
 export function reasonOf(error: unknown): string | undefined {
   return error instanceof CoordinatorError ? error.reason : undefined;
-}
-
-function codeOfReason(reason: string): Code {
-  switch (reason) {
-    case "OPERATION_DRAINING":
-    case "REGISTRY_UNAVAILABLE":
-    case "REGISTRY_BUSY":
-      return Code.Unavailable;
-    case "NOT_FOUND":
-    case "ATTEMPT_NOT_FOUND":
-      return Code.NotFound;
-    case "QUOTA_EXCEEDED":
-    case "SNAPSHOT_TOO_LARGE":
-      return Code.ResourceExhausted;
-    case "PERMISSION_DENIED":
-      return Code.PermissionDenied;
-    case "UNAUTHENTICATED":
-      return Code.Unauthenticated;
-    case "INTERNAL":
-      return Code.Internal;
-    case "INVALID_REQUEST":
-    case "UNKNOWN_FIELD":
-    case "INVALID_KEY":
-    case "INVALID_PAYLOAD":
-    case "UNKNOWN_OPERATION":
-    case "SCHEMA_REVISION_MISMATCH":
-    case "UNSUPPORTED_FINGERPRINT_SCHEME":
-    case "INVALID_POLICY":
-      return Code.InvalidArgument;
-    default:
-      return Code.FailedPrecondition;
-  }
 }
 
 /**

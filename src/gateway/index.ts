@@ -17,7 +17,7 @@ export {
   type HandlerResult,
   type IdempotentRoute,
 } from "./core.js";
-export { CoordinatorError, DefiniteFailure, ERROR_DOMAIN, isDefiniteFailure, LeaseLostError, reasonOf, toCoordinatorError } from "./errors.js";
+export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError, reasonOf, toCoordinatorError } from "./errors.js";
 export { captureRawBody, expressIdempotency, type ExpressIdempotentHandler, type ExpressRouteOptions } from "./express.js";
 export { fastifyIdempotency, type FastifyIdempotencyOptions } from "./fastify.js";
 export {

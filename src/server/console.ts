@@ -1,6 +1,5 @@
 import type http from "node:http";
-import { Code } from "@connectrpc/connect";
-import { IdempotencyError } from "../contract/errors.js";
+import { IdempotencyError, REFUSALS, STATUS_CODES } from "../contract/errors.js";
 import type { Db } from "../registry/db.js";
 import { listRecords, recentEvents, registryCensus } from "../registry/maintenance.js";
 import { listControls } from "../registry/policy-store.js";
@@ -9,18 +8,6 @@ import type { RecordState } from "../registry/types.js";
 import { reply, type AdminRoute } from "./admin-http.js";
 import { requireRole, type Caller, type Callers } from "./callers.js";
 import { CONSOLE_PAGE } from "./console-page.js";
-import { codeOf } from "./errors.js";
-
-/** The HTTP status of a refusal, by its gRPC code. */
-const HTTP_STATUS: Partial<Record<Code, number>> = {
-  [Code.InvalidArgument]: 400,
-  [Code.Unauthenticated]: 401,
-  [Code.PermissionDenied]: 403,
-  [Code.NotFound]: 404,
-  [Code.FailedPrecondition]: 409,
-  [Code.ResourceExhausted]: 429,
-  [Code.Unavailable]: 503,
-};
 
 const STATES: readonly RecordState[] = ["RESERVED", "EXECUTING", "SUCCEEDED", "FAILED_FINAL", "REJECTED", "UNKNOWN"];
 const MAX_BODY = 1024 * 1024;
@@ -52,7 +39,7 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; callers: Calle
       await api(path.slice("/console/api/".length), req, res, caller);
     } catch (error) {
       if (!(error instanceof IdempotencyError)) throw error;
-      reply(res, HTTP_STATUS[codeOf(error.reason)] ?? 500, { reason: error.reason, message: error.message });
+      reply(res, STATUS_CODES[REFUSALS[error.reason].code].http, { reason: error.reason, message: error.message });
     }
     return true;
   };

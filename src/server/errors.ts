@@ -1,56 +1,18 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import type { Logger } from "pino";
-import { IdempotencyError, type Reason } from "../contract/errors.js";
+import { ERROR_DOMAIN, IdempotencyError, REFUSALS, STATUS_CODES, type Reason } from "../contract/errors.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 
-/** The error domain of every ErrorInfo the coordinator sends. */
-export const ERROR_DOMAIN = "idempotency.v1";
-
-/** The one mapping from a refusal's reason to a gRPC/Connect code. */
-const CODES: Record<Reason, Code> = {
-  INVALID_REQUEST: Code.InvalidArgument,
-  UNKNOWN_FIELD: Code.InvalidArgument,
-  INVALID_KEY: Code.InvalidArgument,
-  INVALID_PAYLOAD: Code.InvalidArgument,
-  UNKNOWN_OPERATION: Code.InvalidArgument,
-  SCHEMA_REVISION_MISMATCH: Code.InvalidArgument,
-  UNSUPPORTED_FINGERPRINT_SCHEME: Code.InvalidArgument,
-  UNAUTHENTICATED: Code.Unauthenticated,
-  PERMISSION_DENIED: Code.PermissionDenied,
-  NOT_FOUND: Code.NotFound,
-  ATTEMPT_NOT_FOUND: Code.NotFound,
-  QUOTA_EXCEEDED: Code.ResourceExhausted,
-  SNAPSHOT_TOO_LARGE: Code.ResourceExhausted,
-  STALE_WRITER_EPOCH: Code.FailedPrecondition,
-  STALE_GENERATION: Code.FailedPrecondition,
-  LEASE_HELD: Code.FailedPrecondition,
-  LEASE_EXPIRED: Code.FailedPrecondition,
-  INVALID_TRANSITION: Code.FailedPrecondition,
-  NEW_EFFECT_IN_RECOVERY: Code.FailedPrecondition,
-  ATTEMPT_ALREADY_RESOLVED: Code.FailedPrecondition,
-  UNRESOLVED_EFFECTS: Code.FailedPrecondition,
-  EFFECT_POSSIBLE: Code.FailedPrecondition,
-  ALREADY_COMPLETED: Code.FailedPrecondition,
-  INVALID_POLICY: Code.InvalidArgument,
-  POLICY_REVISION_EXISTS: Code.FailedPrecondition,
-  POLICY_REVISION_NOT_NEWER: Code.FailedPrecondition,
-  WRITER_EPOCH_NOT_NEWER: Code.FailedPrecondition,
-  OPERATION_DRAINING: Code.Unavailable,
-  REGISTRY_UNAVAILABLE: Code.Unavailable,
-  REGISTRY_BUSY: Code.Unavailable,
-  INTERNAL: Code.Internal,
-  SNAPSHOT_UNREADABLE: Code.Internal,
-};
-
-/** The gRPC/Connect code of a refusal's reason. */
-export function codeOf(reason: Reason): Code {
-  return CODES[reason];
+/** The gRPC/Connect code of a refusal's reason (src/contract/errors.ts: REFUSALS). */
+function codeOf(reason: Reason): Code {
+  // Connect's Code enum uses the gRPC numbers the table carries.
+  return STATUS_CODES[REFUSALS[reason].code].grpc;
 }
 
 /** The Connect error for a refusal, with its ErrorInfo detail. */
 export function refusalToConnectError(error: IdempotencyError): ConnectError {
-  return new ConnectError(error.message, CODES[error.reason], undefined, [
+  return new ConnectError(error.message, codeOf(error.reason), undefined, [
     { desc: ErrorInfoSchema, value: create(ErrorInfoSchema, { reason: error.reason, domain: ERROR_DOMAIN, metadata: error.metadata }) },
   ]);
 }
