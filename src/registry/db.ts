@@ -222,6 +222,57 @@ export function transactionDb(client: Queryable): Db {
   };
 }
 
+/** The outcome of a COMMIT is unknown (the connection failed while it was in flight): re-read before acting. */
+export class CommitUnknownError extends Error {
+  override readonly name = "CommitUnknownError";
+}
+
+/**
+ * Runs a caller's own transaction on a connection of `pool`: BEGIN, `work`,
+ * COMMIT; ROLLBACK when `work` throws. Nothing is retried and no tenant is
+ * bound: the transaction is the caller's (co-located mode's business
+ * transaction; registry work inside it binds itself through transactionDb).
+ * A PostgreSQL error at COMMIT (a deferred constraint, a serialization
+ * failure) means it rolled back and is thrown as is; a connection lost during
+ * COMMIT, or any failure without the server's answer, leaves the outcome
+ * unknown: CommitUnknownError.
+ */
+export async function runTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  // A checked-out client has no error listener of the pool's: without one, a
+  // connection killed mid-transaction would crash the process.
+  const onError = () => undefined;
+  client.on("error", onError);
+  let broken = false;
+  try {
+    await client.query("BEGIN");
+    let result: T;
+    try {
+      result = await work(client);
+    } catch (error) {
+      broken = isConnectionLoss(error);
+      if (!broken) await client.query("ROLLBACK").catch(() => (broken = true));
+      throw error;
+    }
+    try {
+      await client.query("COMMIT");
+    } catch (error) {
+      // Only the server's own error answer (with its SQLSTATE) says the
+      // transaction rolled back; without an answer nothing is known.
+      if (sqlState(error) !== undefined && !isConnectionLoss(error)) throw error;
+      broken = true;
+      throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
+    }
+    return result;
+  } catch (error) {
+    broken ||= isConnectionLoss(error);
+    throw error;
+  } finally {
+    client.removeListener("error", onError);
+    client.release(broken);
+  }
+}
+
 /** The SQLSTATE of a PostgreSQL error, if it has one. */
 export function sqlState(error: unknown): string | undefined {
   const { code, syscall } = (error ?? {}) as { code?: unknown; syscall?: unknown };
