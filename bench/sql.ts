@@ -4,19 +4,22 @@
  * own statements, imported, so that the baseline cannot drift from them.
  */
 import { BIND_SQL } from "../src/registry/db.js";
-import { REQUEST_PATH_SQL } from "../src/registry/registry.js";
+import type { Statement } from "../src/registry/statement.js";
+import { loadAttempts } from "../src/registry/statements/attempts.js";
+import { countActive, holdQuotaGate } from "../src/registry/statements/quota.js";
+import { finish, insertOrFind, lockRecord } from "../src/registry/statements/records.js";
 
 /** The tenant binding each transaction starts with (sent with BEGIN in one message). */
 export const BINDING = BIND_SQL;
 
 /** The statements of one Reserve + Complete, in the order the coordinator sends them. */
 export const STATEMENTS = {
-  reserve: REQUEST_PATH_SQL.insertOrFind,
-  gate: REQUEST_PATH_SQL.holdQuotaGate,
-  count: REQUEST_PATH_SQL.countActive,
-  lock: REQUEST_PATH_SQL.lockRecord,
-  attempts: REQUEST_PATH_SQL.loadAttempts,
-  finish: REQUEST_PATH_SQL.fencedUpdate(REQUEST_PATH_SQL.finish),
+  reserve: insertOrFind,
+  gate: holdQuotaGate,
+  count: countActive,
+  lock: lockRecord,
+  attempts: loadAttempts,
+  finish,
 };
 
 const squash = (text: string) => text.replace(/\s+/g, " ").trim();
@@ -62,29 +65,33 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     "(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || " +
     "substr(md5(':seed'), 1, 3) || '8' || substr(md5(':seed'), 4, 15))::uuid";
   const acquisitionId = "md5('acquisition:' || ':seed')::uuid";
-  const bind = (sql: string, params: string[]) =>
-    sql.replace(/\$(\d+)/g, (_, n: string) => {
-      const param = params[Number(n) - 1];
-      if (param === undefined) throw new Error(`no pgbench binding for $${n}`);
-      return param;
+  /** A statement's text with each named parameter written as the pgbench expression given for it. */
+  const bind = <Values extends object>(statement: Statement<Values>, values: { [name in keyof Values]: string }) =>
+    statement.text.replace(/\$(\d+)/g, (_, n: string) => {
+      const name = statement.parameters[Number(n) - 1]!;
+      const value = (values as Record<string, string | undefined>)[name];
+      if (value === undefined) throw new Error(`no pgbench binding for :${name} of ${statement.name}`);
+      return value;
     });
   const q = (name: string) => `':${name}'`;
   // One principal per client, as the coordinator's side has one per worker.
   const principal = `(${q("principal")} || '-' || :client_id)`;
-  const reserve = bind(STATEMENTS.reserve, [
-    q("tenant"), scope, operationId, principal, q("operation"), q("api_revision"), q("schema_revision"),
-    q("fingerprint"), q("state"), q("lease_ms"), acquisitionId, q("writer_epoch"), q("caller"),
-  ]);
-  const who = [q("tenant"), principal, q("operation"), q("api_revision")];
-  const gate = bind(STATEMENTS.gate, [...who, scope, acquisitionId]);
-  const count = bind(STATEMENTS.count, [...who, q("quota_limit"), scope, acquisitionId]);
-  const ref = [q("tenant"), q("r_operation_id")];
-  const finish = bind(STATEMENTS.finish, [
-    ...ref, q("r_generation"), q("event_kind"), q("caller"), q("event_detail"), q("outcome"), q("keep_ms"),
+  const owner = { state: q("state"), leaseMs: q("lease_ms"), acquisitionId, writerEpoch: q("writer_epoch") };
+  const reserve = bind(STATEMENTS.reserve, {
+    tenant: q("tenant"), scope, operationId, principal, operation: q("operation"), apiRevision: q("api_revision"),
+    schemaRevision: q("schema_revision"), fingerprint: q("fingerprint"), ...owner, caller: q("caller"),
+  });
+  const who = { tenant: q("tenant"), principal, operation: q("operation"), apiRevision: q("api_revision"), scope, acquisitionId };
+  const gate = bind(STATEMENTS.gate, who);
+  const count = bind(STATEMENTS.count, { ...who, limit: q("quota_limit") });
+  const ref = { tenant: q("tenant"), operationId: q("r_operation_id") };
+  const finish = bind(STATEMENTS.finish, {
+    ...ref, generation: q("r_generation"), caller: q("caller"), eventDetail: q("event_detail"), outcome: q("outcome"), keepMs: q("keep_ms"),
     // pgbench cannot define an empty variable: the empty location and business version are written as such.
-    q("status_code"), q("media_type"), "''", "''", q("headers"), q("snapshot_body"), q("snapshot_digest"), q("key_id"),
-  ]);
-  const begin = `BEGIN \\; ${bind(BINDING, [q("tenant"), "'off'"])};`;
+    snapshotStatus: q("status_code"), snapshotMediaType: q("media_type"), snapshotLocation: "''", snapshotBusinessVersion: "''",
+    snapshotHeaders: q("headers"), snapshotBody: q("snapshot_body"), snapshotDigest: q("snapshot_digest"), snapshotKeyId: q("key_id"),
+  });
+  const begin = `BEGIN \\; ${BINDING.replace("$1", q("tenant")).replace("$2", "'off'")};`;
   const script = [
     "-- One Reserve (claim, new scope) and one Complete (SUCCEEDED) of the idempotency coordinator:",
     "-- the statements of src/registry/registry.ts (bench/sql.ts), written by bench/run.ts.",
@@ -115,7 +122,6 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     writer_epoch: "0",
     caller: v.caller,
     quota_limit: String(v.quota + 1),
-    event_kind: "COMPLETED",
     event_detail: JSON.stringify({ outcome: "SUCCEEDED" }),
     outcome: "SUCCEEDED",
     keep_ms: String(v.keepMs),

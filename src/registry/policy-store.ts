@@ -3,6 +3,7 @@ import { policyDigest, storedPolicyDocument, type PolicyDocument } from "../poli
 import type { PolicySnapshot, StoredPolicy } from "../policy/cache.js";
 import { operationKey, type OperationControl, type OperationMode } from "../policy/operations.js";
 import { ALL_TENANTS, type Db } from "./db.js";
+import * as policyStatements from "./statements/policies.js";
 
 /**
  * Publishes a validated revision. The operation's switch row is locked first,
@@ -13,17 +14,10 @@ import { ALL_TENANTS, type Db } from "./db.js";
 export async function publishPolicy(db: Db, document: PolicyDocument, publishedBy: string): Promise<{ stored: StoredPolicy; created: boolean }> {
   const digest = Buffer.from(policyDigest(document));
   return db.transaction(ALL_TENANTS, async (q) => {
-    await q.query(
-      `INSERT INTO idem_operation (operation, api_revision, updated_by) VALUES ($1, $2, $3)
-       ON CONFLICT (operation, api_revision) DO NOTHING`,
-      [document.operation, document.apiRevision, publishedBy],
-    );
-    await q.query("SELECT 1 FROM idem_operation WHERE operation = $1 AND api_revision = $2 FOR UPDATE", [document.operation, document.apiRevision]);
-    const { rows } = await q.query(
-      `SELECT document, digest, published_at, published_by FROM idem_policy
-        WHERE operation = $1 AND api_revision = $2 ORDER BY schema_revision`,
-      [document.operation, document.apiRevision],
-    );
+    const key = { operation: document.operation, apiRevision: document.apiRevision };
+    await policyStatements.ensureOperation.run(q, { ...key, updatedBy: publishedBy });
+    await policyStatements.lockOperation.run(q, key);
+    const { rows } = await policyStatements.revisionsOf.run(q, key);
     const published = rows.map(toStored);
     const same = published.find((p) => p.document.schemaRevision === document.schemaRevision);
     if (same) {
@@ -41,41 +35,29 @@ export async function publishPolicy(db: Db, document: PolicyDocument, publishedB
         { schema_revision: String(newest) },
       );
     }
-    const inserted = await q.query(
-      `INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by)
-       VALUES ($1, $2, $3, $4, $5, $6) RETURNING document, digest, published_at, published_by`,
-      [document.operation, document.apiRevision, document.schemaRevision, JSON.stringify(document), digest, publishedBy],
-    );
+    const inserted = await policyStatements.insertPolicy.run(q, {
+      ...key,
+      schemaRevision: document.schemaRevision,
+      document: JSON.stringify(document),
+      digest,
+      publishedBy,
+    });
     return { stored: toStored(inserted.rows[0]!), created: true };
   });
 }
 
 /** Every published revision (of one operation, or of all), by operation, API revision, schema revision. */
 export async function listPolicies(db: Db, operation?: string): Promise<StoredPolicy[]> {
-  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
-    q.query(
-      `SELECT document, digest, published_at, published_by FROM idem_policy
-        WHERE $1::text IS NULL OR operation = $1
-        ORDER BY operation, api_revision, schema_revision`,
-      [operation ?? null],
-    ),
-  );
+  const { rows } = await db.transaction(ALL_TENANTS, (q) => policyStatements.listPolicies.run(q, { operation: operation ?? null }));
   return rows.map(toStored);
 }
 
 /** Every revision and every operation's switches: the tables are small, and read whole. */
 export async function loadPolicies(db: Db): Promise<PolicySnapshot> {
-  const [policies, controls] = await Promise.all([
-    listPolicies(db),
-    db.transaction(ALL_TENANTS, (q) =>
-      q.query<{ operation: string; api_revision: number; mode: OperationMode; writer_epoch: string }>(
-        "SELECT operation, api_revision, mode, writer_epoch FROM idem_operation",
-      ),
-    ),
-  ]);
+  const [policies, controls] = await Promise.all([listPolicies(db), listControls(db)]);
   return {
     policies,
-    controls: new Map(controls.rows.map((r) => [operationKey(r.operation, r.api_revision), { mode: r.mode, writerEpoch: Number(r.writer_epoch) }])),
+    controls: new Map(controls.map((c) => [operationKey(c.operation, c.apiRevision), { mode: c.mode, writerEpoch: c.writerEpoch }])),
   };
 }
 
@@ -99,16 +81,9 @@ export async function setOperationControl(
 ): Promise<ControlRow & { changed: boolean }> {
   return db.transaction(ALL_TENANTS, async (q) => {
     // The row is locked before it is judged, so that concurrent changes are judged one after the other.
-    await q.query(
-      `INSERT INTO idem_operation (operation, api_revision, updated_by) VALUES ($1, $2, $3)
-       ON CONFLICT (operation, api_revision) DO NOTHING`,
-      [operation, apiRevision, updatedBy],
-    );
-    const { rows } = await q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date; updated_by: string }>(
-      "SELECT mode, writer_epoch, updated_at, updated_by FROM idem_operation WHERE operation = $1 AND api_revision = $2 FOR UPDATE",
-      [operation, apiRevision],
-    );
-    const current = rows[0]!;
+    await policyStatements.ensureOperation.run(q, { operation, apiRevision, updatedBy });
+    const { rows } = await policyStatements.lockOperation.run(q, { operation, apiRevision });
+    const current = { ...rows[0]!, mode: rows[0]!.mode as OperationMode };
     const epoch = Number(current.writer_epoch);
     if (control.writerEpoch !== undefined && control.writerEpoch < epoch) {
       refuse(
@@ -124,21 +99,16 @@ export async function setOperationControl(
     if (events.length === 0) {
       return { operation, apiRevision, mode: current.mode, writerEpoch: epoch, updatedAt: current.updated_at, updatedBy: current.updated_by, changed: false };
     }
-    const changed = await q.query<{ mode: OperationMode; writer_epoch: string; updated_at: Date }>(
-      `WITH changed AS (
-         UPDATE idem_operation
-            SET mode = COALESCE($3, mode), writer_epoch = COALESCE($4, writer_epoch), updated_at = now(), updated_by = $5
-          WHERE operation = $1 AND api_revision = $2
-         RETURNING mode, writer_epoch, updated_at
-       ), logged AS (
-         INSERT INTO idem_event (tenant_id, operation, api_revision, kind, caller, detail)
-         SELECT '', $1, $2, e.kind, $5, e.detail FROM changed, jsonb_to_recordset($6::jsonb) AS e(kind text, detail jsonb)
-       )
-       SELECT mode, writer_epoch, updated_at FROM changed`,
-      [operation, apiRevision, control.mode ?? null, raised ?? null, updatedBy, JSON.stringify(events)],
-    );
+    const changed = await policyStatements.changeControl.run(q, {
+      operation,
+      apiRevision,
+      mode: control.mode ?? null,
+      writerEpoch: raised ?? null,
+      updatedBy,
+      events: JSON.stringify(events),
+    });
     const row = changed.rows[0]!;
-    return { operation, apiRevision, mode: row.mode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy, changed: true };
+    return { operation, apiRevision, mode: row.mode as OperationMode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy, changed: true };
   });
 }
 
@@ -169,15 +139,11 @@ export interface ControlRow extends OperationControl {
 
 /** Every operation's switches, by operation and API revision. */
 export async function listControls(db: Db): Promise<ControlRow[]> {
-  const { rows } = await db.transaction(ALL_TENANTS, (q) =>
-    q.query<{ operation: string; api_revision: number; mode: OperationMode; writer_epoch: string; updated_at: Date; updated_by: string }>(
-      "SELECT operation, api_revision, mode, writer_epoch, updated_at, updated_by FROM idem_operation ORDER BY operation, api_revision",
-    ),
-  );
+  const { rows } = await db.transaction(ALL_TENANTS, (q) => policyStatements.listControls.run(q, {}));
   return rows.map((r) => ({
     operation: r.operation,
     apiRevision: r.api_revision,
-    mode: r.mode,
+    mode: r.mode as OperationMode,
     writerEpoch: Number(r.writer_epoch),
     updatedAt: r.updated_at,
     updatedBy: r.updated_by,

@@ -14,10 +14,17 @@ import {
 } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { bindingFor, type Db, type Queryable } from "./db.js";
+import { ALL_TENANTS, bindingFor, type Db, type Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
-import { ATTEMPT_COLUMNS, plusMs, readView, readViews, RECORD_COLUMNS, toAttempt, toRecord } from "./records.js";
+import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
+import type { Statement } from "./statement.js";
+import * as attemptStatements from "./statements/attempts.js";
+import * as eventStatements from "./statements/events.js";
+import * as jobStatements from "./statements/jobs.js";
+import * as quotaStatements from "./statements/quota.js";
+import * as recordStatements from "./statements/records.js";
+import * as viewStatements from "./statements/views.js";
 import {
   checkRecordEffect,
   checkRenew,
@@ -32,27 +39,41 @@ import {
 } from "./state-machine.js";
 import type {
   Actor,
+  Census,
   ClaimInput,
   ClaimResult,
   CompleteInput,
-  EffectStatus,
+  EventCursor,
+  HolderInput,
+  LoggedEvent,
+  LookupByIdInput,
   OperationRef,
+  ReconcileInput,
+  RecordEffectInput,
+  RecordFilter,
+  RecordState,
   RecordView,
+  RenewLeaseInput,
   RequestIdentity,
   ReserveInput,
   ReserveResult,
+  ResolveEffectInput,
   StoredAttempt,
   RecoverableCursor,
   StoredRecord,
+  ViewScope,
 } from "./types.js";
 
 /** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
 const RESERVE_ROUNDS = 5;
 
 /**
- * The state machine of the contract over PostgreSQL. It holds no connection
- * of its own: every call takes a Db, which is either the coordinator's pool or
- * a transaction of an embedding business service (co-located mode).
+ * The registry: the state machine of the contract over PostgreSQL, and the
+ * only way to the records, the event log and the jobs that keep them. It
+ * decides with the pure rules of state-machine.ts and sends the statements of
+ * statements/; it assembles no SQL. It holds no connection of its own: every
+ * call takes a Db, which is either the coordinator's pools or a transaction
+ * of an embedding business service (co-located mode).
  */
 export class Registry {
   constructor(
@@ -205,14 +226,18 @@ export class Registry {
           // The policy says old effects cannot reappear and the horizon passed:
           // the scope starts afresh, and one racing reservation wins it.
           if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
-          const recycled = await recycleByScope(q, record, {
+          const recycled = await firstRecord(recordStatements.recycleByScope, q, {
+            tenant: record.tenant,
+            scope: Buffer.from(record.scope),
+            generation: record.generation,
             operationId,
             schemaRevision: policy.fingerprint.schemaRevision,
-            fingerprint: fp!,
+            fingerprint: Buffer.from(fp!),
             state,
             leaseMs,
             acquisitionId,
             writerEpoch: input.writerEpoch,
+            previousOperationId: record.operationId,
             caller: actor.caller,
           });
           if (recycled) {
@@ -239,12 +264,26 @@ export class Registry {
           case "in_progress":
             return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
           case "takeover": {
-            const taken = await takeOverByScope(q, record, { state, leaseMs, acquisitionId, writerEpoch: input.writerEpoch, caller: actor.caller });
+            const taken = await firstRecord(recordStatements.takeOverByScope, q, {
+              tenant: record.tenant,
+              scope: Buffer.from(record.scope),
+              generation: record.generation,
+              state,
+              leaseMs,
+              acquisitionId,
+              writerEpoch: input.writerEpoch,
+              caller: actor.caller,
+            });
             if (taken) return answer("ACCEPTED", taken);
             break; // someone else moved the record first: re-read and decide again
           }
           case "mark_unknown": {
-            const unknown = await markUnknownByScope(q, record, actor.caller);
+            const unknown = await firstRecord(recordStatements.markUnknownByScope, q, {
+              tenant: record.tenant,
+              scope: Buffer.from(record.scope),
+              generation: record.generation,
+              caller: actor.caller,
+            });
             if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
             break;
           }
@@ -293,27 +332,25 @@ export class Registry {
       }
       const leaseMs = grantLease(policy, input.leaseMs);
       const plan = planClaim(record, input.mode, input.generation);
-      const event = { caller: actor.caller };
+      const by = { caller: actor.caller };
+      const next = { leaseMs, acquisitionId, writerEpoch: input.writerEpoch };
       let updated: StoredRecord;
       switch (plan) {
         case "own":
+          updated = await changeLocked(q, recordStatements.claimOwnership, record, by, { leaseMs });
+          break;
         case "renew":
-          updated = await fencedUpdate(q, record, { ...event, kind: plan === "own" ? "CLAIMED" : "LEASE_RENEWED" },
-            `state = 'EXECUTING', lease_expires_at = ${plusMs("$7")}`, [leaseMs]);
+          updated = await changeLocked(q, recordStatements.renewLease, record, by, { leaseMs });
           break;
         case "takeover":
-          updated = await fencedUpdate(q, record, { ...event, kind: "TAKEOVER" },
-            `generation = generation + 1, state = 'EXECUTING', recovering = false, lease_expires_at = ${plusMs("$7")},
-             acquisition_id = $8, writer_epoch = $9`, [leaseMs, acquisitionId, input.writerEpoch]);
+          updated = await changeLocked(q, recordStatements.claimTakeover, record, by, next);
           break;
         case "recover":
           if (record.state !== "UNKNOWN") {
             // Recorded as its own step so that the event log shows the record went UNKNOWN.
-            await appendEvent(q, record, { ...event, kind: "UNKNOWN", state: "UNKNOWN" });
+            await appendEvent(q, record, { ...by, kind: "UNKNOWN", state: "UNKNOWN" });
           }
-          updated = await fencedUpdate(q, record, { ...event, kind: "RECOVERY_CLAIMED" },
-            `generation = generation + 1, state = 'EXECUTING', recovering = true, lease_expires_at = ${plusMs("$7")},
-             acquisition_id = $8, writer_epoch = $9`, [leaseMs, acquisitionId, input.writerEpoch]);
+          updated = await changeLocked(q, recordStatements.claimRecovery, record, by, next);
           break;
       }
       return { record: updated, attempts };
@@ -321,26 +358,18 @@ export class Registry {
   }
 
   /** Extends the lease of the generation the caller holds. */
-  async renewLease(db: Db, ref: OperationRef, generation: number, leaseMs: number | undefined, actor: Actor): Promise<StoredRecord> {
+  async renewLease(db: Db, { ref, generation, leaseMs }: RenewLeaseInput, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
     return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       checkRenew(record, generation);
       const policy = await this.policyOf(record);
-      return fencedUpdate(q, record, { caller: actor.caller, kind: "LEASE_RENEWED" },
-        `lease_expires_at = ${plusMs("$7")}`, [grantLease(policy, leaseMs)]);
+      return changeLocked(q, recordStatements.renewLease, record, { caller: actor.caller }, { leaseMs: grantLease(policy, leaseMs) });
     }, "renew_lease");
   }
 
   /** Registers an effect attempt before its downstream call; returns it with the stable downstream key. */
-  async recordEffectAttempt(
-    db: Db,
-    ref: OperationRef,
-    generation: number,
-    effect: string,
-    provider: string,
-    actor: Actor,
-  ): Promise<StoredAttempt> {
+  async recordEffectAttempt(db: Db, { ref, generation, effect, provider }: RecordEffectInput, actor: Actor): Promise<StoredAttempt> {
     validateRef(ref);
     validateEffectName(effect);
     if (provider.length > 0) validateText(provider, "provider", 128);
@@ -348,28 +377,21 @@ export class Registry {
       const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
       checkRecordEffect(record, attempts, generation, effect);
       const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
-      const { rows } = await q.query(
-        `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation)
-         VALUES ($1, $2, $3, $4, $5, $6, 'PENDING', $7)
-         RETURNING ${ATTEMPT_COLUMNS}`,
-        [ref.tenant, ref.operationId, attemptNumber, effect, provider, downstreamKey(ref.tenant, ref.operationId, effect), generation],
-      );
-      await fencedUpdate(q, record, { caller: actor.caller, kind: "EFFECT_RECORDED", detail: { attempt: attemptNumber, effect } },
-        "effect_possible = true", []);
+      const { rows } = await attemptStatements.insertAttempt.run(q, {
+        ...ref,
+        attemptNumber,
+        effect,
+        provider,
+        downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
+        generation,
+      });
+      await changeLocked(q, recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, effect } }, {});
       return toAttempt(rows[0]!);
     }, "record_effect_attempt");
   }
 
   /** Records what a downstream call did. */
-  async resolveEffectAttempt(
-    db: Db,
-    ref: OperationRef,
-    generation: number,
-    attemptNumber: number,
-    status: EffectStatus,
-    providerHandle: string,
-    actor: Actor,
-  ): Promise<StoredAttempt> {
+  async resolveEffectAttempt(db: Db, { ref, generation, attemptNumber, status, providerHandle }: ResolveEffectInput, actor: Actor): Promise<StoredAttempt> {
     validateRef(ref);
     if (status === "PENDING") refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
     if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
@@ -377,17 +399,12 @@ export class Registry {
       const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
       const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
       if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
-      const { rows } = await q.query(
-        `UPDATE idem_effect_attempt
-            SET status = $4, provider_handle = CASE WHEN $5 = '' THEN provider_handle ELSE $5 END, resolved_at = now()
-          WHERE tenant_id = $1 AND operation_id = $2 AND attempt_number = $3
-          RETURNING ${ATTEMPT_COLUMNS}`,
-        [ref.tenant, ref.operationId, attemptNumber, status, providerHandle],
-      );
+      const { rows } = await attemptStatements.resolveAttempt.run(q, { ...ref, attemptNumber, status, providerHandle });
       const resolved = toAttempt(rows[0]!);
       const after = attempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
-      await fencedUpdate(q, record, { caller: actor.caller, kind: "EFFECT_RESOLVED", detail: { attempt: attemptNumber, status } },
-        "effect_possible = $7", [effectFlags(after).possible]);
+      await changeLocked(q, recordStatements.setEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, status } }, {
+        effectPossible: effectFlags(after).possible,
+      });
       return resolved;
     }, "resolve_effect_attempt");
   }
@@ -401,8 +418,11 @@ export class Registry {
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
       const digest = snapshotDigest(snapshot);
       if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
-      const finished = await fencedUpdate(q, record, { caller: actor.caller, kind: "COMPLETED", detail: { outcome: input.outcome } },
-        REQUEST_PATH_SQL.finish, [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot, digest)]);
+      const finished = await changeLocked(q, recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, {
+        outcome: input.outcome,
+        keepMs: policy.retention.keepMs,
+        ...this.snapshotColumns(record, snapshot, digest),
+      });
       await failpoint("registry.complete.before-commit");
       return this.opened(finished);
     }, "complete");
@@ -411,13 +431,12 @@ export class Registry {
   }
 
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
-  async release(db: Db, ref: OperationRef, generation: number, actor: Actor): Promise<StoredRecord> {
+  async release(db: Db, { ref, generation }: HolderInput, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
     return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
       if (planRelease(record, generation) === "repeat") return record;
-      return fencedUpdate(q, record, { caller: actor.caller, kind: "RELEASED" },
-        "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
+      return changeLocked(q, recordStatements.release, record, { caller: actor.caller }, {});
     }, "release");
   }
 
@@ -426,19 +445,18 @@ export class Registry {
    * UNKNOWN at once with its lease ended, so that recovery starts without
    * waiting for the lease. Fenced by the generation like every write.
    */
-  async abandon(db: Db, ref: OperationRef, generation: number, actor: Actor): Promise<StoredRecord> {
+  async abandon(db: Db, { ref, generation }: HolderInput, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
     return db.transaction(ref.tenant, async (q) => {
       const record = await this.lockRecord(q, ref, actor);
-      const event = { caller: actor.caller, detail: { abandoned: true } };
+      const by = { caller: actor.caller, detail: { abandoned: true } };
       switch (planAbandon(record, generation)) {
         case "repeat":
           return record;
         case "release":
-          return fencedUpdate(q, record, { ...event, kind: "RELEASED" }, "state = 'RESERVED', recovering = false, lease_expires_at = NULL", []);
+          return changeLocked(q, recordStatements.release, record, by, {});
         case "unknown":
-          // The lease ends now: recovery lists records whose lease ended.
-          return fencedUpdate(q, record, { ...event, kind: "UNKNOWN" }, "state = 'UNKNOWN', recovering = false, lease_expires_at = now()", []);
+          return changeLocked(q, recordStatements.handToRecovery, record, by, {});
       }
     }, "abandon");
   }
@@ -449,11 +467,7 @@ export class Registry {
    * FAILED_FINAL with the snapshot to replay, at the next generation so that a
    * late owner is fenced out. Refused from any other state.
    */
-  async reconcile(
-    db: Db,
-    input: { ref: OperationRef; outcome: "SUCCEEDED" | "FAILED_FINAL"; snapshot: Snapshot; evidence: string; operatorName: string },
-    actor: Actor,
-  ): Promise<StoredRecord> {
+  async reconcile(db: Db, input: ReconcileInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
     validateText(input.evidence, "evidence", 4096);
     validateText(input.operatorName, "operator", 256);
@@ -466,12 +480,12 @@ export class Registry {
       }
       const policy = await this.policyOf(record);
       const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
-      return fencedUpdate(
+      return changeLocked(
         q,
+        recordStatements.reconcile,
         record,
-        { caller: actor.caller, kind: "RECONCILED", detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
-        `${REQUEST_PATH_SQL.finish}, generation = generation + 1`,
-        [input.outcome, policy.retention.keepMs, ...this.snapshotValues(record, snapshot)],
+        { caller: actor.caller, detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
+        { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot) },
       );
     }, "reconcile");
   }
@@ -481,10 +495,10 @@ export class Registry {
    * record's: another principal's record is NOT_FOUND, exactly like a missing
    * one, so that lookups are no existence oracle.
    */
-  async lookupById(db: Db, ref: OperationRef, principal: string | undefined, actor: Actor): Promise<RecordView> {
+  async lookupById(db: Db, { ref, principal }: LookupByIdInput, actor: Actor): Promise<RecordView> {
     validateRef(ref);
     requireTenant(actor, ref.tenant);
-    const view = await db.transaction(ref.tenant, (q) => readView(q, "operation_id = $2", [ref.tenant, ref.operationId]), "lookup");
+    const view = await db.transaction(ref.tenant, (q) => firstView(viewStatements.viewById, q, ref), "lookup");
     return this.opened(visibleTo(view, principal, actor));
   }
 
@@ -494,7 +508,7 @@ export class Registry {
     validateOperationName(input.operation);
     validateApiRevision(input.apiRevision);
     requireTenant(actor, subject.tenant);
-    const view = await db.transaction(subject.tenant, (q) => readView(q, "scope = $2", [subject.tenant, Buffer.from(scopeDigest(input))]), "lookup");
+    const view = await db.transaction(subject.tenant, (q) => firstView(viewStatements.viewByScope, q, { tenant: subject.tenant, scope: Buffer.from(scopeDigest(input)) }), "lookup");
     return this.opened(visibleTo(view, subject.principal, actor));
   }
 
@@ -513,16 +527,19 @@ export class Registry {
     if (!Number.isInteger(filter.pageSize) || filter.pageSize < 1 || filter.pageSize > 500) {
       refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
     }
-    const views = await db.transaction(bindingFor(filter.tenants), (q) =>
-      readViews(
-        q,
-        `state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') AND lease_expires_at <= now()
-         AND ($1::text[] IS NULL OR tenant_id = ANY($1))
-         AND ($2::text[] IS NULL OR operation = ANY($2))
-         AND ($3::timestamptz IS NULL OR (lease_expires_at, tenant_id, operation_id) > ($3, $4, $5::uuid))
-         ORDER BY lease_expires_at, tenant_id, operation_id LIMIT $6`,
-        [filter.tenants ?? null, filter.operations ?? null, filter.after?.leaseEnd ?? null, filter.after?.tenant ?? null, filter.after?.operationId ?? null, filter.pageSize],
-      ),
+    const views = await db.transaction(
+      bindingFor(filter.tenants),
+      async (q) =>
+        (
+          await viewStatements.recoverableViews.run(q, {
+            tenants: filter.tenants ?? null,
+            operations: filter.operations ?? null,
+            afterLeaseEnd: filter.after?.leaseEnd ?? null,
+            afterTenant: filter.after?.tenant ?? null,
+            afterOperationId: filter.after?.operationId ?? null,
+            pageSize: filter.pageSize,
+          })
+        ).rows.map(toView),
       "list_recoverable",
     );
     const last = views.at(-1);
@@ -532,31 +549,136 @@ export class Registry {
     };
   }
 
-  /** A stored snapshot's column values, in the order REQUEST_PATH_SQL.finish binds them; the body sealed when a key ring is configured. */
-  private snapshotValues(record: StoredRecord, snapshot: Snapshot, digest = snapshotDigest(snapshot)): unknown[] {
+  /** Records by state, tenant, operation and age, oldest first, with a resumable cursor (operators). */
+  async listRecords(db: Db, filter: RecordFilter): Promise<Array<RecordView & { createdAtText: string }>> {
+    return db.transaction(bindingFor(filter.tenants), async (q) =>
+      (
+        await viewStatements.listedViews.run(q, {
+          states: filter.states ?? null,
+          tenants: filter.tenants ?? null,
+          operations: filter.operations ?? null,
+          olderThanMs: filter.olderThanMs ?? null,
+          afterCreatedAt: filter.after?.createdAt ?? null,
+          afterTenant: filter.after?.tenant ?? null,
+          afterOperationId: filter.after?.operationId ?? null,
+          pageSize: filter.pageSize,
+        })
+      ).rows.map(toView),
+    );
+  }
+
+  /**
+   * How many records are in each state, and the age of the oldest UNKNOWN
+   * one: of every tenant (metrics), or of a scope (what an operator is shown).
+   */
+  async census(db: Db, scope: ViewScope = {}): Promise<Census> {
+    const { rows } = await db.transaction(bindingFor(scope.tenants), (q) =>
+      jobStatements.census.run(q, { tenants: scope.tenants ?? null, operations: scope.operations ?? null }),
+    );
+    return {
+      byState: new Map(rows.map((r) => [r.state as RecordState, r.n])),
+      oldestUnknownSeconds: Math.max(0, ...rows.map((r) => r.oldest_unknown ?? 0)),
+      overdue: rows.reduce((sum, r) => sum + r.overdue, 0),
+    };
+  }
+
+  /** Events after a cursor (from the start when undefined), optionally of one tenant or operation, in commit order. */
+  async readEvents(db: Db, filter: { after?: EventCursor; limit: number; tenant?: string; operation?: string }): Promise<LoggedEvent[]> {
+    const { rows } = await db.transaction(filter.tenant ?? ALL_TENANTS, (q) =>
+      eventStatements.eventsAfter.run(q, {
+        afterTxid: filter.after?.txid ?? null,
+        afterEventId: filter.after?.eventId ?? null,
+        tenant: filter.tenant ?? null,
+        operation: filter.operation ?? null,
+        limit: filter.limit,
+      }),
+    );
+    return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string } }));
+  }
+
+  /**
+   * The newest events of the given kinds within a scope, newest first (the
+   * console's "recent conflicts"). The scope is applied before the limit, so
+   * that other tenants' events never crowd a scope's own out.
+   */
+  async recentEvents(db: Db, filter: ViewScope & { kinds: readonly string[]; limit: number }): Promise<Array<Omit<LoggedEvent, "cursor">>> {
+    const { rows } = await db.transaction(bindingFor(filter.tenants), (q) =>
+      eventStatements.recentEvents.run(q, { kinds: filter.kinds, tenants: filter.tenants ?? null, operations: filter.operations ?? null, limit: filter.limit }),
+    );
+    return rows.map(toEvent);
+  }
+
+  /**
+   * Takes or keeps a background job's lease for `ttlMs`: true when `holder`
+   * has it, because nobody else held a live one. The replica whose lease is
+   * live runs the job; the others wait for it to end.
+   */
+  async holdJobLease(db: Db, lease: { job: string; holder: string; ttlMs: number }): Promise<boolean> {
+    const { rows } = await db.transaction(ALL_TENANTS, (q) => jobStatements.holdJobLease.run(q, lease));
+    return rows.length === 1;
+  }
+
+  /** Gives a job's lease up at once (on shutdown), so that another replica takes over without waiting. */
+  async releaseJobLease(db: Db, lease: { job: string; holder: string }): Promise<void> {
+    await db.transaction(ALL_TENANTS, (q) => jobStatements.releaseJobLease.run(q, lease));
+  }
+
+  /**
+   * One batch of the recoverer over unfinished records whose lease ended:
+   * with a possible effect the record becomes UNKNOWN (never executed again);
+   * without one its lease is cleared, so that the next identical retry takes
+   * it over. Returns how many records became UNKNOWN and how many claimable.
+   */
+  async recoverExpiredLeases(db: Db, pass: { batchSize: number; caller: string }): Promise<{ unknown: number; claimable: number }> {
+    const { rows } = await db.transaction(ALL_TENANTS, (q) => jobStatements.recoverExpiredLeases.run(q, pass));
+    const unknown = rows.find((r) => r.state === "UNKNOWN")?.n ?? 0;
+    return { unknown, claimable: rows.reduce((sum, r) => sum + r.n, 0) - unknown };
+  }
+
+  /**
+   * The retention sweep: finished records past their retention become
+   * tombstones, batch after batch (each its own short transaction) until
+   * nothing is due, `maxBatches` ran, or `budgetMs` passed, so that one sweep
+   * never runs unbounded. Reports each batch.
+   */
+  async sweepRetention(
+    db: Db,
+    options: { batchSize: number; maxBatches?: number; budgetMs?: number; caller: string; onBatch?: (tombstoned: number, total: number) => void; now?: () => number },
+  ): Promise<{ tombstoned: number; batches: number }> {
+    const now = options.now ?? Date.now;
+    const deadline = now() + (options.budgetMs ?? Number.POSITIVE_INFINITY);
+    let tombstoned = 0;
+    let batches = 0;
+    while (batches < (options.maxBatches ?? Number.POSITIVE_INFINITY) && now() < deadline) {
+      const { rows } = await db.transaction(ALL_TENANTS, (q) => jobStatements.tombstoneBatch.run(q, { batchSize: options.batchSize, caller: options.caller }));
+      const n = rows[0]?.n ?? 0;
+      batches++;
+      tombstoned += n;
+      options.onBatch?.(n, tombstoned);
+      if (n < options.batchSize) break;
+    }
+    return { tombstoned, batches };
+  }
+
+  /** A stored snapshot as its columns hold it; the body sealed when a key ring is configured. */
+  private snapshotColumns(record: StoredRecord, snapshot: Snapshot, digest = snapshotDigest(snapshot)): Omit<recordStatements.SnapshotColumns, "outcome" | "keepMs"> {
     const sealed = this.keyring ? sealBody(snapshot.body, this.keyring, record.tenant, record.operationId) : undefined;
-    return [
-      snapshot.statusCode,
-      snapshot.mediaType,
-      snapshot.location,
-      snapshot.businessVersion,
-      JSON.stringify(snapshot.headers),
-      sealed?.sealed ?? Buffer.from(snapshot.body),
-      Buffer.from(digest),
-      sealed?.keyId ?? null,
-    ];
+    return {
+      snapshotStatus: snapshot.statusCode,
+      snapshotMediaType: snapshot.mediaType,
+      snapshotLocation: snapshot.location,
+      snapshotBusinessVersion: snapshot.businessVersion,
+      snapshotHeaders: JSON.stringify(snapshot.headers),
+      snapshotBody: sealed?.sealed ?? Buffer.from(snapshot.body),
+      snapshotDigest: Buffer.from(digest),
+      snapshotKeyId: sealed?.keyId ?? null,
+    };
   }
 
   /** Locks the record for the rest of the transaction, or NOT_FOUND. */
   private async lockRecord(q: Queryable, ref: OperationRef, actor: Actor): Promise<StoredRecord> {
     requireTenant(actor, ref.tenant);
-    // FOR UPDATE serializes every write to one record; lock_timeout bounds the
-    // wait so a stuck writer turns into REGISTRY_BUSY instead of a pile-up.
-    const { rows } = await q.query(
-      REQUEST_PATH_SQL.lockRecord,
-      [ref.tenant, ref.operationId],
-    );
-    const record = rows[0] ? toRecord(rows[0]) : undefined;
+    const record = await firstRecord(recordStatements.lockRecord, q, ref);
     if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
     return record;
   }
@@ -568,73 +690,13 @@ export class Registry {
    */
   private async lockWithAttempts(q: Queryable, ref: OperationRef, actor: Actor): Promise<{ record: StoredRecord; attempts: StoredAttempt[] }> {
     requireTenant(actor, ref.tenant);
-    const [record, attempts] = await Promise.all([this.lockRecord(q, ref, actor), loadAttempts(q, ref)]);
+    const [record, attempts] = await Promise.all([
+      this.lockRecord(q, ref, actor),
+      attemptStatements.loadAttempts.run(q, ref).then(({ rows }) => rows.map(toAttempt)),
+    ]);
     return { record, attempts };
   }
 }
-
-/**
- * The statements of the request path, by name: the benchmark's pgbench
- * baseline (bench/sql.ts) runs exactly these.
- */
-export const REQUEST_PATH_SQL = {
-  /** A Reserve's guarded insert of its scope, or the record already there (insertOrFind). */
-  insertOrFind: `WITH inserted AS (
-       INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
-                                fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
-       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, ${plusMs("$10")}, $11, $12)
-       ON CONFLICT (tenant_id, scope) DO NOTHING
-       RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, operation, api_revision, 'ACCEPTED', generation, state, $13 FROM inserted
-     )
-     SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
-     UNION ALL
-     SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
-  /**
-   * Locks the principal's quota gate for the rest of the transaction, only
-   * when this transaction made the scope's record ($5, $6: scope and
-   * acquisition id), creating the gate on first use. ON CONFLICT DO UPDATE
-   * locks the existing row even though WHERE false changes nothing, and it
-   * locks the latest version, also one committed after this statement began.
-   */
-  holdQuotaGate: `INSERT INTO idem_quota_gate (tenant_id, principal, operation, api_revision)
-     SELECT $1, $2, $3, $4 FROM idem_record WHERE tenant_id = $1 AND scope = $5 AND acquisition_id = $6
-     ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET principal = EXCLUDED.principal WHERE false`,
-  /**
-   * The principal's unfinished records, counted up to $5 (quota + 1), by a
-   * statement that starts once the gate is held, so that its snapshot shows
-   * every record that passed the gate before; 0 unless this transaction made
-   * the scope's record ($6, $7), so that a replay never counts.
-   */
-  countActive: `SELECT count(*)::int AS active FROM (
-       SELECT 1 FROM idem_record
-        WHERE tenant_id = $1 AND principal = $2 AND operation = $3 AND api_revision = $4
-          AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-        LIMIT $5) capped
-     WHERE EXISTS (SELECT 1 FROM idem_record WHERE tenant_id = $1 AND scope = $6 AND acquisition_id = $7)`,
-  /** Locks one record for the rest of the transaction (Registry.lockRecord). */
-  lockRecord: `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
-        WHERE tenant_id = $1 AND operation_id = $2 FOR UPDATE`,
-  /** A record's effect attempts, read after its lock is held (loadAttempts). */
-  loadAttempts: `SELECT ${ATTEMPT_COLUMNS} FROM idem_effect_attempt
-      WHERE tenant_id = $1 AND operation_id = $2 ORDER BY attempt_number`,
-  /** An update fenced by generation, with its event (fencedUpdate); `set` may use $7 onwards. */
-  fencedUpdate: (set: string) => `WITH updated AS (
-       UPDATE idem_record SET ${set}, updated_at = now()
-        WHERE tenant_id = $1 AND operation_id = $2 AND generation = $3
-        RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
-       SELECT tenant_id, operation_id, operation, api_revision, $4, generation, state, $5, $6 FROM updated
-     )
-     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
-  /** The terminal state: $7 the outcome, $8 the retention in ms, $9 to $16 the snapshot (Registry.snapshotValues). */
-  finish: `state = $7, recovering = false, lease_expires_at = NULL, completed_at = now(),
-  retain_until = ${plusMs("$8")}, snapshot_status = $9, snapshot_media_type = $10, snapshot_location = $11,
-  snapshot_business_version = $12, snapshot_headers = $13, snapshot_body = $14, snapshot_digest = $15, snapshot_key_id = $16`,
-} as const;
 
 function refuseNotFound(): never {
   refuse("NOT_FOUND", "no such operation for this subject");
@@ -701,22 +763,17 @@ interface NewRecord {
 }
 
 /**
- * The guarded insert: `INSERT … ON CONFLICT DO NOTHING` decides "new or not"
- * and takes the place in one step (a concurrent insert of the same scope waits
- * for ours and then conflicts). A new record is then counted against its
- * principal's quota behind the principal's gate (countActiveUnderGate), in the
- * same round trip: the statements are pipelined and PostgreSQL runs them in
- * order. Returns the new record with the principal's unfinished records
- * counting it, the existing one, or nothing (existing but committed after
- * this statement's snapshot).
+ * The guarded insert (statements/records.ts insertOrFind), and behind it the
+ * new record counted against its principal's quota (countActiveUnderGate),
+ * in the same round trip: the statements are pipelined and PostgreSQL runs
+ * them in order. Returns the new record with the principal's unfinished
+ * records counting it, the existing one, or nothing (existing but committed
+ * after the insert's snapshot).
  */
 async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean; active: number } | undefined> {
+  const { quota, ...values } = r;
   const [{ rows }, active] = await Promise.all([
-    q.query(
-      REQUEST_PATH_SQL.insertOrFind,
-      [r.tenant, Buffer.from(r.scope), r.operationId, r.principal, r.operation, r.apiRevision, r.schemaRevision,
-       Buffer.from(r.fingerprint), r.state, r.leaseMs, r.acquisitionId, r.writerEpoch, r.caller],
-    ),
+    recordStatements.insertOrFind.run(q, { ...values, scope: Buffer.from(r.scope), fingerprint: Buffer.from(r.fingerprint) }),
     countActiveUnderGate(q, r),
   ]);
   const row = rows[0];
@@ -737,10 +794,10 @@ async function countActiveUnderGate(
   q: Queryable,
   r: { tenant: string; principal: string; operation: string; apiRevision: number; scope: Uint8Array; acquisitionId: string; quota: number },
 ): Promise<number> {
-  const who = [r.tenant, r.principal, r.operation, r.apiRevision];
+  const subject = { tenant: r.tenant, principal: r.principal, operation: r.operation, apiRevision: r.apiRevision, scope: Buffer.from(r.scope), acquisitionId: r.acquisitionId };
   const [, { rows }] = await Promise.all([
-    q.query(REQUEST_PATH_SQL.holdQuotaGate, [...who, Buffer.from(r.scope), r.acquisitionId]),
-    q.query<{ active: number }>(REQUEST_PATH_SQL.countActive, [...who, r.quota + 1, Buffer.from(r.scope), r.acquisitionId]),
+    quotaStatements.holdQuotaGate.run(q, subject),
+    quotaStatements.countActive.run(q, { ...subject, limit: r.quota + 1 }),
   ]);
   return rows[0]?.active ?? 0;
 }
@@ -753,134 +810,66 @@ function refuseQuota(policy: OperationPolicy): never {
   );
 }
 
+/** The one record a statement returns, or undefined. */
+async function firstRecord<Values extends object>(statement: Statement<Values>, q: Queryable, values: Values): Promise<StoredRecord | undefined> {
+  const { rows } = await statement.run(q, values);
+  return rows[0] ? toRecord(rows[0]) : undefined;
+}
+
+/** The one view a statement returns, or undefined. */
+async function firstView<Values extends object>(statement: Statement<Values>, q: Queryable, values: Values): Promise<RecordView | undefined> {
+  const { rows } = await statement.run(q, values);
+  return rows[0] ? toView(rows[0]) : undefined;
+}
+
 async function findByScope(q: Queryable, tenant: string, scope: Uint8Array): Promise<{ record: StoredRecord; inserted: false } | undefined> {
-  const { rows } = await q.query(
-    `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = $1 AND scope = $2`,
-    [tenant, Buffer.from(scope)],
-  );
-  return rows[0] ? { record: toRecord(rows[0]), inserted: false } : undefined;
+  const record = await firstRecord(recordStatements.findByScope, q, { tenant, scope: Buffer.from(scope) });
+  return record ? { record, inserted: false } : undefined;
 }
 
-/**
- * Takeover as one compare-and-set: only from the generation and state that
- * were read, only with the lease ended and no possible effect. READ COMMITTED
- * re-checks these conditions on the latest row version after waiting for a
- * concurrent writer, so of any number of racing takeovers exactly one matches.
- */
-async function takeOverByScope(
-  q: Queryable,
-  seen: StoredRecord,
-  t: { state: "RESERVED" | "EXECUTING"; leaseMs: number; acquisitionId: string; writerEpoch: number; caller: string },
-): Promise<StoredRecord | undefined> {
-  const { rows } = await q.query(
-    `WITH taken AS (
-       UPDATE idem_record
-          SET generation = generation + 1, state = $4, recovering = false, lease_expires_at = ${plusMs("$5")},
-              acquisition_id = $6, writer_epoch = $7, updated_at = now()
-        WHERE tenant_id = $1 AND scope = $2 AND generation = $3
-          AND state IN ('RESERVED', 'EXECUTING') AND NOT effect_possible
-          AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-        RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, operation, api_revision, 'TAKEOVER', generation, state, $8 FROM taken
-     )
-     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM taken`,
-    [seen.tenant, Buffer.from(seen.scope), seen.generation, t.state, t.leaseMs, t.acquisitionId, t.writerEpoch, t.caller],
-  );
-  return rows[0] ? toRecord(rows[0]) : undefined;
-}
-
-/**
- * A reusable tombstone becomes a new operation in place (new operation id,
- * fingerprint and revision; the generation still grows), fenced like a
- * takeover on the generation that was read: of racing reservations, one wins.
- */
-async function recycleByScope(
-  q: Queryable,
-  seen: StoredRecord,
-  r: { operationId: string; schemaRevision: number; fingerprint: Uint8Array; state: "RESERVED" | "EXECUTING"; leaseMs: number; acquisitionId: string; writerEpoch: number; caller: string },
-): Promise<StoredRecord | undefined> {
-  const { rows } = await q.query(
-    `WITH recycled AS (
-       UPDATE idem_record
-          SET operation_id = $4, schema_revision = $5, fingerprint = $6, state = $7, generation = generation + 1,
-              recovering = false, lease_expires_at = ${plusMs("$8")}, acquisition_id = $9, writer_epoch = $10,
-              effect_possible = false, snapshot_status = NULL, snapshot_media_type = NULL, snapshot_location = NULL,
-              snapshot_business_version = NULL, snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL, snapshot_key_id = NULL,
-              created_at = now(), updated_at = now(), completed_at = NULL, retain_until = NULL, tombstoned_at = NULL
-        WHERE tenant_id = $1 AND scope = $2 AND generation = $3 AND tombstoned_at IS NOT NULL
-        RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
-       SELECT tenant_id, operation_id, operation, api_revision, 'RECYCLED', generation, state, $11, json_build_object('previous_operation_id', $12::text) FROM recycled
-     )
-     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM recycled`,
-    [seen.tenant, Buffer.from(seen.scope), seen.generation, r.operationId, r.schemaRevision, Buffer.from(r.fingerprint), r.state, r.leaseMs,
-     r.acquisitionId, r.writerEpoch, r.caller, seen.operationId],
-  );
-  return rows[0] ? toRecord(rows[0]) : undefined;
-}
-
-/** EXECUTING with an ended lease and a possible effect becomes UNKNOWN (same generation: the owner may still complete). */
-async function markUnknownByScope(q: Queryable, seen: StoredRecord, caller: string): Promise<StoredRecord | undefined> {
-  const { rows } = await q.query(
-    `WITH marked AS (
-       UPDATE idem_record SET state = 'UNKNOWN', recovering = false, updated_at = now()
-        WHERE tenant_id = $1 AND scope = $2 AND generation = $3 AND state = 'EXECUTING'
-          AND effect_possible AND lease_expires_at <= now()
-        RETURNING ${RECORD_COLUMNS}
-     ), logged AS (
-       INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
-       SELECT tenant_id, operation_id, operation, api_revision, 'UNKNOWN', generation, state, $4 FROM marked
-     )
-     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM marked`,
-    [seen.tenant, Buffer.from(seen.scope), seen.generation, caller],
-  );
-  return rows[0] ? toRecord(rows[0]) : undefined;
-}
-
-interface EventFacts {
-  kind: string;
+/** Who changes a record, and what the event says of it. */
+interface ChangeFacts {
   caller: string;
   detail?: Record<string, unknown>;
 }
 
 /**
- * Updates a record locked by this transaction, fenced once more by its
- * generation in the WHERE clause, and logs the event in the same statement.
- * `set` may use $7 onwards for `values`. Exactly one row must change.
+ * Changes a record this transaction has locked with one of the fenced
+ * statements of statements/records.ts, which logs its event. Exactly one row
+ * must change: the lock is held, so anything else is a bug, never a race.
  */
-async function fencedUpdate(q: Queryable, record: StoredRecord, event: EventFacts, set: string, values: unknown[]): Promise<StoredRecord> {
-  const { rows } = await q.query(
-    REQUEST_PATH_SQL.fencedUpdate(set),
-    [record.tenant, record.operationId, record.generation, event.kind, event.caller, JSON.stringify(event.detail ?? {}), ...values],
-  );
+async function changeLocked<Values extends object>(
+  q: Queryable,
+  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values>,
+  record: StoredRecord,
+  facts: ChangeFacts,
+  values: Values,
+): Promise<StoredRecord> {
+  const { rows } = await statement.run(q, {
+    ...values,
+    tenant: record.tenant,
+    operationId: record.operationId,
+    generation: record.generation,
+    caller: facts.caller,
+    eventDetail: JSON.stringify(facts.detail ?? {}),
+  });
   if (rows.length !== 1) {
-    throw new Error(`fenced update of ${record.operationId} at generation ${record.generation} changed ${rows.length} rows`);
+    throw new Error(`${statement.name} of ${record.operationId} at generation ${record.generation} changed ${rows.length} rows`);
   }
   return toRecord(rows[0]!);
 }
 
-async function appendEvent(q: Queryable, record: StoredRecord, event: EventFacts & { state: string }): Promise<void> {
-  await q.query(
-    `INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller, detail)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-    [record.tenant, record.operationId, record.operation, record.apiRevision, event.kind, record.generation, event.state, event.caller, JSON.stringify(event.detail ?? {})],
-  );
+/** An event about a record that changes nothing (a conflict, a record seen going UNKNOWN before its recovery claim). */
+async function appendEvent(q: Queryable, record: StoredRecord, event: ChangeFacts & { kind: string; state: string }): Promise<void> {
+  await eventStatements.appendEvent.run(q, {
+    tenant: record.tenant,
+    operationId: record.operationId,
+    operation: record.operation,
+    apiRevision: record.apiRevision,
+    kind: event.kind,
+    generation: record.generation,
+    state: event.state,
+    caller: event.caller,
+    eventDetail: JSON.stringify(event.detail ?? {}),
+  });
 }
-
-/**
- * The attempts of a record, read by a statement of their own after the
- * record's lock is held: under READ COMMITTED a new statement sees every
- * attempt committed by the writer the lock waited for, which a subquery of
- * the locking statement (with its older snapshot) could miss.
- */
-async function loadAttempts(q: Queryable, ref: OperationRef): Promise<StoredAttempt[]> {
-  const { rows } = await q.query(
-    REQUEST_PATH_SQL.loadAttempts,
-    [ref.tenant, ref.operationId],
-  );
-  return rows.map(toAttempt);
-}
-

@@ -128,3 +128,86 @@ export interface RecoverableCursor {
   tenant: string;
   operationId: string;
 }
+
+/** A write by the holder of a generation (RenewLease, Release, Abandon). */
+export interface HolderInput {
+  ref: OperationRef;
+  generation: number;
+}
+
+export interface RenewLeaseInput extends HolderInput {
+  /** Requested lease; undefined means the policy's default. */
+  leaseMs?: number;
+}
+
+export interface RecordEffectInput extends HolderInput {
+  effect: string;
+  provider: string;
+}
+
+export interface ResolveEffectInput extends HolderInput {
+  attemptNumber: number;
+  status: EffectStatus;
+  /** The provider's id of what it did; empty keeps the one stored. */
+  providerHandle: string;
+}
+
+export interface ReconcileInput {
+  ref: OperationRef;
+  outcome: "SUCCEEDED" | "FAILED_FINAL";
+  snapshot: Snapshot;
+  evidence: string;
+  operatorName: string;
+}
+
+export interface LookupByIdInput {
+  ref: OperationRef;
+  /** The asking subject's principal; undefined for operators, who see every principal's records. */
+  principal?: string;
+}
+
+/** Which tenants and operations a view covers; undefined: all. */
+export interface ViewScope {
+  tenants?: readonly string[];
+  operations?: readonly string[];
+}
+
+/** What an operator lists records by. */
+export interface RecordFilter extends ViewScope {
+  states?: readonly RecordState[];
+  /** Only records created at least this long ago. */
+  olderThanMs?: number;
+  pageSize: number;
+  /** Resume after this record (the last one of the previous page). */
+  after?: { createdAt: string; tenant: string; operationId: string };
+}
+
+/** One entry of the event log. */
+export interface LoggedEvent {
+  eventId: string;
+  /** Where a reader resumes after this event. */
+  cursor: EventCursor;
+  tenant: string;
+  operationId: string | null;
+  operation: string | null;
+  apiRevision: number | null;
+  kind: string;
+  generation: number | null;
+  state: string | null;
+  caller: string;
+  detail: Record<string, unknown>;
+  at: Date;
+}
+
+/** A position in the event log: the event's transaction id and event id, as text. */
+export interface EventCursor {
+  txid: string;
+  eventId: string;
+}
+
+/** How many records are in each state, the age of the oldest UNKNOWN one, and those overdue. */
+export interface Census {
+  byState: Map<RecordState, number>;
+  oldestUnknownSeconds: number;
+  overdue: number;
+}

@@ -21,9 +21,9 @@ import {
 import type { PolicyCache } from "../policy/cache.js";
 import type { OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
-import { listRecords, readEvents, sweepRetention, type EventCursor, type LoggedEvent } from "../registry/maintenance.js";
 import { listControls, listPolicies, publishPolicy, setOperationControl, type ControlRow } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
+import type { EventCursor, LoggedEvent } from "../registry/types.js";
 import { requireAllTenants, requireRole, type Caller } from "./callers.js";
 import { fromProtoLease, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
@@ -128,7 +128,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       if (pageSize > 500) refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
       const scope = grantedScope(caller, req.tenant, req.operations);
       const key = decodePageToken(req.pageToken, 3);
-      const views = await listRecords(db, {
+      const views = await registry.listRecords(db, {
         ...scope,
         states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
         olderThanMs: fromProtoLease(req.olderThan, "older_than"),
@@ -153,7 +153,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
         { ref, outcome, snapshot: fromProtoSnapshot(req.snapshot), evidence: req.evidence, operatorName: req.operator },
         caller,
       );
-      const view = await registry.lookupById(db, ref, undefined, caller);
+      const view = await registry.lookupById(db, { ref }, caller);
       return create(ReconcileResponseSchema, { record: toProtoRecord({ ...view, record: registry.opened(record) }) });
     },
 
@@ -164,7 +164,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       const key = decodePageToken(req.after, 2);
       let after: EventCursor | undefined = key && { txid: key[0]!, eventId: key[1]! };
       for (;;) {
-        const events = await readEvents(db, {
+        const events = await registry.readEvents(db, {
           ...(after ? { after } : {}),
           limit: 500,
           ...(req.tenant ? { tenant: req.tenant } : {}),
@@ -189,7 +189,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       requireAllTenants(caller, "the retention sweep");
       const batchSize = req.batchSize || 500;
       if (batchSize > 10_000) refuse("INVALID_REQUEST", "batch_size must be from 1 to 10000");
-      const { tombstoned, batches } = await sweepRetention(db, { batchSize, ...(req.maxBatches ? { maxBatches: req.maxBatches } : {}), caller: caller.caller });
+      const { tombstoned, batches } = await registry.sweepRetention(db, { batchSize, ...(req.maxBatches ? { maxBatches: req.maxBatches } : {}), caller: caller.caller });
       return create(RunRetentionSweepResponseSchema, { tombstoned: BigInt(tombstoned), batches });
     },
   };

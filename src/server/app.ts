@@ -8,7 +8,6 @@ import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
 import { openPool, poolDb, type Db } from "../registry/db.js";
-import { recoverExpiredLeases, sweepRetention } from "../registry/maintenance.js";
 import { migrate } from "../registry/migrate.js";
 import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
 import { ping, reportUnreachable } from "../registry/reachability.js";
@@ -38,15 +37,16 @@ const JOB_BATCH = 500;
  * sweep (finished records past retention become tombstones), each run by one
  * replica at a time.
  */
-function backgroundJobs(db: Db, metrics: Metrics, config: Config, logger: Logger): BackgroundJob[] {
+function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Config, logger: Logger): BackgroundJob[] {
   const recoverer = new BackgroundJob({
     name: "recoverer",
     intervalMs: config.recovererIntervalMs,
+    registry,
     db,
     logger,
     run: async () => {
       for (;;) {
-        const { unknown, claimable } = await recoverExpiredLeases(db, JOB_BATCH, "recoverer");
+        const { unknown, claimable } = await registry.recoverExpiredLeases(db, { batchSize: JOB_BATCH, caller: "recoverer" });
         metrics.recovered.inc({ to: "unknown" }, unknown);
         metrics.recovered.inc({ to: "claimable" }, claimable);
         if (unknown > 0) logger.warn({ unknown }, "leases ended with a possible effect: records are UNKNOWN until recovered or reconciled");
@@ -57,10 +57,11 @@ function backgroundJobs(db: Db, metrics: Metrics, config: Config, logger: Logger
   const sweeper = new BackgroundJob({
     name: "retention-sweep",
     intervalMs: config.sweepIntervalMs,
+    registry,
     db,
     logger,
     run: async () => {
-      const { tombstoned } = await sweepRetention(db, {
+      const { tombstoned } = await registry.sweepRetention(db, {
         batchSize: JOB_BATCH,
         // Never longer than half the interval: the next pass continues.
         budgetMs: config.sweepIntervalMs / 2,
@@ -164,7 +165,6 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       },
       crossTenantPool,
     );
-    metrics = new Metrics({ pool, db, unknownSloSeconds: config.unknownSloSeconds });
     for (const notice of config.notices ?? []) logger.warn(notice);
     for (const document of config.operations) {
       const { created } = await publishPolicy(db, document, "configuration");
@@ -177,6 +177,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       logger.warn("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS is on and no key ring is set (IDEM_SNAPSHOT_KEYS): response bodies are stored unsealed. Never do this in production; see SECURITY.md");
     }
     const registry = new Registry(policyCache, config.snapshotKeys, config.recovererIntervalMs);
+    metrics = new Metrics({ pool, census: () => registry.census(db), unknownSloSeconds: config.unknownSloSeconds });
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger);
     const ready = readiness;
@@ -204,7 +205,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
     });
 
-    jobs = backgroundJobs(db, metrics, config, logger);
+    jobs = backgroundJobs(registry, db, metrics, config, logger);
     rpc = await listenRpc(handler, config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(

@@ -1,7 +1,6 @@
 import type http from "node:http";
 import { IdempotencyError, REFUSALS, STATUS_CODES } from "../contract/errors.js";
 import type { Db } from "../registry/db.js";
-import { listRecords, recentEvents, registryCensus } from "../registry/maintenance.js";
 import { listControls } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { RecordState } from "../registry/types.js";
@@ -51,7 +50,11 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; callers: Calle
     if (endpoint === "overview" && req.method === "GET") {
       // Counts, ages and conflicts of the caller's tenants and operations only.
       const scope = { ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}) };
-      const [census, controls, conflicts] = await Promise.all([registryCensus(db, scope), listControls(db), recentEvents(db, ["CONFLICT"], 20, scope)]);
+      const [census, controls, conflicts] = await Promise.all([
+        registry.census(db, scope),
+        listControls(db),
+        registry.recentEvents(db, { ...scope, kinds: ["CONFLICT"], limit: 20 }),
+      ]);
       return reply(res, 200, {
         records: Object.fromEntries(STATES.map((state) => [state, census.byState.get(state) ?? 0])),
         oldestUnknownSeconds: Math.round(census.oldestUnknownSeconds),
@@ -64,7 +67,7 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; callers: Calle
     if (endpoint === "records" && req.method === "GET") {
       const state = new URL(req.url ?? "", "http://admin").searchParams.get("state") ?? "UNKNOWN";
       if (!STATES.includes(state as RecordState)) return reply(res, 400, { reason: "INVALID_REQUEST", message: `state must be one of ${STATES.join(", ")}` });
-      const views = await listRecords(db, { states: [state as RecordState], ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}), pageSize: 200 });
+      const views = await registry.listRecords(db, { states: [state as RecordState], ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}), pageSize: 200 });
       return reply(res, 200, {
         records: views.map(({ record, attempts }) => ({
           tenant: record.tenant,

@@ -19,7 +19,7 @@ import {
 } from "../gen/idempotency/v1/coordinator_pb.js";
 import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
-import type { RecoverableCursor, RequestIdentity } from "../registry/types.js";
+import type { HolderInput, RecoverableCursor, RequestIdentity } from "../registry/types.js";
 import { requireRole } from "./callers.js";
 import {
   fromProtoClaimMode,
@@ -120,14 +120,14 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
     async renewLease(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const record = await registry.renewLease(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), fromProtoLease(req.lease), caller);
+      const record = await registry.renewLease(db, { ...holder(req), leaseMs: fromProtoLease(req.lease) }, caller);
       return create(RenewLeaseResponseSchema, { leaseExpiresAt: toTimestamp(record.leaseExpiresAt) });
     },
 
     async recordEffectAttempt(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const attempt = await registry.recordEffectAttempt(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), req.effect, req.provider, caller);
+      const attempt = await registry.recordEffectAttempt(db, { ...holder(req), effect: req.effect, provider: req.provider }, caller);
       return create(RecordEffectAttemptResponseSchema, { attempt: toProtoAttempt(attempt) });
     },
 
@@ -136,11 +136,7 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
       requireRole(caller, "gateway", "worker");
       const attempt = await registry.resolveEffectAttempt(
         db,
-        fromProtoRef(req.ref),
-        fromUint64(req.generation, "generation"),
-        req.attemptNumber,
-        fromProtoEffectStatus(req.status),
-        req.providerHandle,
+        { ...holder(req), attemptNumber: req.attemptNumber, status: fromProtoEffectStatus(req.status), providerHandle: req.providerHandle },
         caller,
       );
       return create(ResolveEffectAttemptResponseSchema, { attempt: toProtoAttempt(attempt) });
@@ -149,16 +145,7 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
     async complete(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const record = await registry.complete(
-        db,
-        {
-          ref: fromProtoRef(req.ref),
-          generation: fromUint64(req.generation, "generation"),
-          outcome: fromProtoOutcome(req.outcome),
-          snapshot: fromProtoSnapshot(req.snapshot),
-        },
-        caller,
-      );
+      const record = await registry.complete(db, { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot) }, caller);
       return create(CompleteResponseSchema, {
         state: toProtoState(record.state),
         snapshotDigest: record.snapshot!.digest,
@@ -169,14 +156,14 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
     async release(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const record = await registry.release(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), caller);
+      const record = await registry.release(db, holder(req), caller);
       return create(ReleaseResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
     },
 
     async abandon(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const record = await registry.abandon(db, fromProtoRef(req.ref), fromUint64(req.generation, "generation"), caller);
+      const record = await registry.abandon(db, holder(req), caller);
       return create(AbandonResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
     },
 
@@ -195,7 +182,7 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
           } else if (!caller.isOperator) {
             refuse("INVALID_REQUEST", "subject is required: only operators look up operations of any principal");
           }
-          view = await registry.lookupById(db, ref, principal, caller);
+          view = await registry.lookupById(db, { ref, ...(principal !== undefined ? { principal } : {}) }, caller);
           break;
         }
         case "scope": {
@@ -269,4 +256,9 @@ function requestIdentity(request: ReserveRequest["request"]): RequestIdentity {
     default:
       return refuse("INVALID_REQUEST", "parts or fingerprint is required: what identifies the request's content");
   }
+}
+
+/** The operation and generation a write by its holder names. */
+function holder(req: { ref?: { tenant: string; operationId: string } | undefined; generation: bigint }): HolderInput {
+  return { ref: fromProtoRef(req.ref), generation: fromUint64(req.generation, "generation") };
 }

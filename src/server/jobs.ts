@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import { randomBytes } from "node:crypto";
 import type { Logger } from "pino";
 import type { Db } from "../registry/db.js";
-import { holdJobLease, releaseJobLease } from "../registry/maintenance.js";
+import type { Registry } from "../registry/registry.js";
 
 /** This process's name on job leases: which replica runs a job is visible in idem_job_lease. */
 export const JOB_HOLDER = `${hostname()}:${process.pid}:${randomBytes(3).toString("hex")}`;
@@ -19,7 +19,7 @@ export class BackgroundJob {
   private stopped = false;
 
   constructor(
-    private readonly options: { name: string; intervalMs: number; db: Db; logger: Logger; run: () => Promise<void> },
+    private readonly options: { name: string; intervalMs: number; registry: Registry; db: Db; logger: Logger; run: () => Promise<void> },
   ) {}
 
   start(): void {
@@ -35,14 +35,14 @@ export class BackgroundJob {
     this.stopped = true;
     clearInterval(this.timer);
     await this.running;
-    await releaseJobLease(this.options.db, this.options.name, JOB_HOLDER).catch(() => undefined);
+    await this.options.registry.releaseJobLease(this.options.db, { job: this.options.name, holder: JOB_HOLDER }).catch(() => undefined);
   }
 
   private async tick(): Promise<void> {
     if (this.stopped) return;
-    const { name, intervalMs, db, logger, run } = this.options;
+    const { name, intervalMs, registry, db, logger, run } = this.options;
     try {
-      if (await holdJobLease(db, name, JOB_HOLDER, intervalMs * 3)) await run();
+      if (await registry.holdJobLease(db, { job: name, holder: JOB_HOLDER, ttlMs: intervalMs * 3 })) await run();
     } catch (error) {
       logger.warn({ job: name, error: (error as Error).message }, "background job pass failed; it runs again next interval");
     }

@@ -2,8 +2,7 @@ import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import type pg from "pg";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry as MetricsRegistry } from "prom-client";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
-import type { Db } from "../registry/db.js";
-import { registryCensus } from "../registry/maintenance.js";
+import type { Census } from "../registry/types.js";
 import type { RecordState } from "../registry/types.js";
 
 /** Every metric the coordinator exposes on the admin port's /metrics. */
@@ -67,7 +66,13 @@ export class Metrics {
     registers: [this.registry],
   });
 
-  constructor(options: { pool: pg.Pool; db: Db; unknownSloSeconds: number; censusMaxAgeMs?: number }) {
+  constructor(options: {
+    pool: pg.Pool;
+    /** Counts the records of every tenant (Registry.census over the cross-tenant pool). */
+    census: () => Promise<Census>;
+    unknownSloSeconds: number;
+    censusMaxAgeMs?: number;
+  }) {
     collectDefaultMetrics({ register: this.registry, prefix: "idem_" });
     const { pool } = options;
     new Gauge({
@@ -88,7 +93,7 @@ export class Metrics {
     }).set(options.unknownSloSeconds);
 
     // Counting records scans the table: do it at most every censusMaxAgeMs, whatever the scrape rate.
-    const census = cached(() => registryCensus(options.db), options.censusMaxAgeMs ?? 15_000);
+    const census = cached(options.census, options.censusMaxAgeMs ?? 15_000);
     new Gauge({
       name: "idem_records",
       help: "Records by state (tombstones excluded)",

@@ -15,7 +15,7 @@ async function accepted(tenant = "acme", operation = "payments.create") {
 describe("listing records to recover", () => {
   it("lists UNKNOWN records and unfinished ones whose lease ended, by lease end, and nothing else", async () => {
     const withEffect = await accepted();
-    await registry.recordEffectAttempt(t.db, withEffect, 1, "card.charge", "p", gateway);
+    await registry.recordEffectAttempt(t.db, { ref: withEffect, generation: 1, effect: "card.charge", provider: "p" }, gateway);
     const withoutEffect = await accepted();
     const otherTenant = await accepted("globex");
     const otherOperation = await accepted("acme", "refunds.create");
@@ -23,7 +23,7 @@ describe("listing records to recover", () => {
     const finished = await accepted();
     await registry.complete(t.db, { ref: finished, generation: 1, outcome: "REJECTED", snapshot: { statusCode: 400, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array() } }, gateway);
     const released = await accepted();
-    await registry.release(t.db, released, 1, gateway);
+    await registry.release(t.db, { ref: released, generation: 1 }, gateway);
     for (const ref of [withEffect, withoutEffect, otherTenant, otherOperation, finished]) await expireLease(t.pool, ref.operationId);
     // Lease ends one after the other, in this order.
     await t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 minute' WHERE operation_id = $1", [withEffect.operationId]);

@@ -129,16 +129,16 @@ describe("isolation between subjects", () => {
     const key = newKey();
     const reserved = await registry.reserve(t.db, reserveInput(key), gateway);
     const ref = { tenant: "acme", operationId: reserved.record!.operationId };
-    expect((await registry.lookupById(t.db, ref, "alice", gateway)).record.operationId).toBe(ref.operationId);
-    await expectRefusal(registry.lookupById(t.db, ref, "mallory", gateway), "NOT_FOUND");
-    await expectRefusal(registry.lookupById(t.db, { tenant: "acme", operationId: "0190a000-0000-7000-8000-000000000000" }, "alice", gateway), "NOT_FOUND");
+    expect((await registry.lookupById(t.db, { ref, principal: "alice" }, gateway)).record.operationId).toBe(ref.operationId);
+    await expectRefusal(registry.lookupById(t.db, { ref, principal: "mallory" }, gateway), "NOT_FOUND");
+    await expectRefusal(registry.lookupById(t.db, { ref: { tenant: "acme", operationId: "0190a000-0000-7000-8000-000000000000" }, principal: "alice" }, gateway), "NOT_FOUND");
     await expectRefusal(
       registry.lookupByScope(t.db, { subject: { tenant: "acme", principal: "mallory" }, operation: OPERATION, apiRevision: 1, idempotencyKey: key }, gateway),
       "NOT_FOUND",
     );
-    await expectRefusal(registry.lookupById(t.db, { ...ref, tenant: "globex" }, "alice", gateway), "NOT_FOUND");
-    await expectRefusal(registry.lookupById(t.db, ref, "alice", actor({ tenants: ["globex"] })), "PERMISSION_DENIED");
-    expect((await registry.lookupById(t.db, ref, undefined, actor({ operator: true }))).record.principal).toBe("alice");
+    await expectRefusal(registry.lookupById(t.db, { ref: { ...ref, tenant: "globex" }, principal: "alice" }, gateway), "NOT_FOUND");
+    await expectRefusal(registry.lookupById(t.db, { ref, principal: "alice" }, actor({ tenants: ["globex"] })), "PERMISSION_DENIED");
+    expect((await registry.lookupById(t.db, { ref }, actor({ operator: true }))).record.principal).toBe("alice");
   });
 });
 

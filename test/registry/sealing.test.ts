@@ -43,7 +43,7 @@ describe("response bodies sealed at rest", () => {
     expect(replay.decision).toBe("REPLAY");
     expect(new TextDecoder().decode(replay.record!.snapshot!.body)).toBe(secret);
     expect(Buffer.from(replay.record!.snapshot!.digest).equals(Buffer.from(done.snapshot!.digest))).toBe(true);
-    expect(new TextDecoder().decode((await registry.lookupById(t.db, ref, "alice", gateway)).record.snapshot!.body)).toBe(secret);
+    expect(new TextDecoder().decode((await registry.lookupById(t.db, { ref, principal: "alice" }, gateway)).record.snapshot!.body)).toBe(secret);
     // A repeated identical Complete is still recognized (digests are over the plaintext).
     const again = await registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "text/plain", location: "", businessVersion: "", headers: [], body: new TextEncoder().encode(secret) } }, gateway);
     expect(again.state).toBe("SUCCEEDED");

@@ -184,7 +184,7 @@ describe("deploy/monitoring", () => {
   it("alerts and charts only on metrics the coordinator exposes", async () => {
     const pool = { totalCount: 0, idleCount: 0, waitingCount: 0 } as unknown as pg.Pool;
     // Nothing is collected here (the database is not asked): only which metrics are registered.
-    const metrics = new Metrics({ pool, db: {} as Db, unknownSloSeconds: 60 });
+    const metrics = new Metrics({ pool, census: () => Promise.reject(new Error("not asked here")), unknownSloSeconds: 60 });
     const used = (await text("deploy/monitoring/alerts.yaml")) + (await text("deploy/monitoring/grafana-dashboard.json"));
     const names = new Set([...used.matchAll(/\bidem_[a-z_]+/g)].map((m) => m[0].replace(/_(bucket|sum|count)$/, "")));
     expect(names.size).toBeGreaterThan(5);

@@ -1,0 +1,51 @@
+import type pg from "pg";
+import type { Queryable } from "./db.js";
+
+/**
+ * One SQL statement of the registry: a name, its text with named parameters
+ * (`:tenant`, `:operationId`; a cast `::uuid` is not one), and the one way to
+ * run it, with an object of those values. The text PostgreSQL receives has
+ * `$1`, `$2`, … in the order of `parameters`, so that no caller ever depends
+ * on parameter positions, and a statement reads as what it does.
+ */
+export interface Statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>> {
+  /** What it does, for logs and the benchmark. */
+  readonly name: string;
+  /** The text as PostgreSQL receives it, with positional parameters. */
+  readonly text: string;
+  /** The named parameters, in the order of `$1`, `$2`, … of `text`. */
+  readonly parameters: readonly string[];
+  /** Runs the statement; every named parameter must have a value (null included), never undefined. */
+  run(q: Queryable, values: Values): Promise<pg.QueryResult<Row>>;
+}
+
+/** `:name` not preceded by a colon or a word character: named parameters, never `::casts` or `a:b` inside text. */
+const NAMED = /(?<![:\w]):([a-zA-Z][a-zA-Z0-9]*)/g;
+
+/** Defines a statement from text with named parameters (see Statement). */
+export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(
+  name: string,
+  namedText: string,
+): Statement<Values, Row> {
+  const parameters: string[] = [];
+  const text = namedText.replace(NAMED, (_, parameter: string) => {
+    let position = parameters.indexOf(parameter);
+    if (position < 0) position = parameters.push(parameter) - 1;
+    return `$${position + 1}`;
+  });
+  return {
+    name,
+    text,
+    parameters,
+    run(q, values) {
+      const record = values as Record<string, unknown>;
+      const ordered = parameters.map((parameter) => {
+        const value = record[parameter];
+        // A forgotten value would bind NULL silently and change what the statement means.
+        if (value === undefined) throw new Error(`statement ${name}: no value for :${parameter}`);
+        return value;
+      });
+      return q.query<Row>(text, ordered);
+    },
+  };
+}

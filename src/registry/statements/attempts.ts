@@ -1,0 +1,33 @@
+import { statement } from "../statement.js";
+import { ATTEMPT_COLUMNS } from "./parts.js";
+import type { IdRef } from "./records.js";
+
+/** The statements of effect attempts (idem_effect_attempt), always run under their record's lock. */
+
+/**
+ * A record's attempts, read by a statement of its own after the record's
+ * lock is held: under READ COMMITTED a new statement sees every attempt
+ * committed by the writer the lock waited for, which a subquery of the
+ * locking statement (with its older snapshot) could miss.
+ */
+export const loadAttempts = statement<IdRef>(
+  "loadAttempts",
+  `SELECT ${ATTEMPT_COLUMNS} FROM idem_effect_attempt WHERE tenant_id = :tenant AND operation_id = :operationId ORDER BY attempt_number`,
+);
+
+/** Registers an attempt before its downstream call, PENDING, with the effect's stable downstream key. */
+export const insertAttempt = statement<IdRef & { attemptNumber: number; effect: string; provider: string; downstreamKey: string; generation: number }>(
+  "insertAttempt",
+  `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation)
+   VALUES (:tenant, :operationId, :attemptNumber, :effect, :provider, :downstreamKey, 'PENDING', :generation)
+   RETURNING ${ATTEMPT_COLUMNS}`,
+);
+
+/** Records what a downstream call did; an empty handle keeps the one stored. */
+export const resolveAttempt = statement<IdRef & { attemptNumber: number; status: string; providerHandle: string }>(
+  "resolveAttempt",
+  `UPDATE idem_effect_attempt
+      SET status = :status, provider_handle = CASE WHEN :providerHandle = '' THEN provider_handle ELSE :providerHandle END, resolved_at = now()
+    WHERE tenant_id = :tenant AND operation_id = :operationId AND attempt_number = :attemptNumber
+    RETURNING ${ATTEMPT_COLUMNS}`,
+);

@@ -1,0 +1,210 @@
+import { statement } from "../statement.js";
+import { logChanges, nowPlusMs, RECORD_COLUMNS } from "./parts.js";
+
+/**
+ * The statements that decide and change one record (idem_record), each with
+ * its event. Every change after Reserve is fenced in its WHERE clause by the
+ * generation that was read (and, for the ones decided without a lock, by the
+ * state and lease that made the decision), so that of racing writers exactly
+ * one matches: READ COMMITTED re-checks the WHERE clause on the latest row
+ * version after waiting for a concurrent writer.
+ */
+
+/** Who changes a record, and the event's detail (jsonb text). */
+export interface ChangedBy {
+  caller: string;
+  eventDetail: string;
+}
+
+/** A record found by its scope. */
+export interface ScopeRef {
+  tenant: string;
+  scope: Buffer;
+}
+
+/** A record found by its operation id. */
+export interface IdRef {
+  tenant: string;
+  operationId: string;
+}
+
+/** What a new or renewed ownership sets. */
+export interface Ownership {
+  state: "RESERVED" | "EXECUTING";
+  leaseMs: number;
+  acquisitionId: string;
+  writerEpoch: number;
+}
+
+/**
+ * Reserve's guarded insert: `INSERT … ON CONFLICT DO NOTHING` decides "new or
+ * not" and takes the place in one step (a concurrent insert of the same scope
+ * waits for this one and then conflicts). Returns the new record (`inserted`
+ * true) or the one already there, as this statement's snapshot shows it:
+ * nothing when that record was committed after the snapshot was taken.
+ */
+export const insertOrFind = statement<
+  ScopeRef & Ownership & { operationId: string; principal: string; operation: string; apiRevision: number; schemaRevision: number; fingerprint: Buffer; caller: string }
+>(
+  "insertOrFind",
+  `WITH inserted AS (
+     INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                              fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
+     VALUES (:tenant, :scope, :operationId, :principal, :operation, :apiRevision, :schemaRevision,
+             :fingerprint, :state, 1, ${nowPlusMs(":leaseMs")}, :acquisitionId, :writerEpoch)
+     ON CONFLICT (tenant_id, scope) DO NOTHING
+     RETURNING ${RECORD_COLUMNS}
+   ), ${logChanges("inserted", "'ACCEPTED'")}
+   SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
+   UNION ALL
+   SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`,
+);
+
+/** The record of a scope, as a new statement's snapshot shows it. */
+export const findByScope = statement<ScopeRef>(
+  "findByScope",
+  `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`,
+);
+
+/**
+ * Locks one record for the rest of the transaction. FOR UPDATE serializes
+ * every write to one record; the connection's lock_timeout bounds the wait, so
+ * that a stuck writer turns into REGISTRY_BUSY instead of a pile-up.
+ */
+export const lockRecord = statement<IdRef>(
+  "lockRecord",
+  `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND operation_id = :operationId FOR UPDATE`,
+);
+
+/**
+ * Reserve's takeover as one compare-and-set: only from the generation that
+ * was read, only with the lease ended and no possible effect.
+ */
+export const takeOverByScope = statement<ScopeRef & Ownership & { generation: number; caller: string }>(
+  "takeOverByScope",
+  `WITH taken AS (
+     UPDATE idem_record
+        SET generation = generation + 1, state = :state, recovering = false, lease_expires_at = ${nowPlusMs(":leaseMs")},
+            acquisition_id = :acquisitionId, writer_epoch = :writerEpoch, updated_at = now()
+      WHERE tenant_id = :tenant AND scope = :scope AND generation = :generation
+        AND state IN ('RESERVED', 'EXECUTING') AND NOT effect_possible
+        AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+      RETURNING ${RECORD_COLUMNS}
+   ), ${logChanges("taken", "'TAKEOVER'")}
+   SELECT ${RECORD_COLUMNS}, now() AS db_now FROM taken`,
+);
+
+/**
+ * A reusable tombstone becomes a new operation in place (new operation id,
+ * fingerprint and revision; the generation still grows), fenced like a
+ * takeover on the generation that was read: of racing reservations, one wins.
+ */
+export const recycleByScope = statement<
+  ScopeRef & Ownership & { generation: number; operationId: string; schemaRevision: number; fingerprint: Buffer; previousOperationId: string; caller: string }
+>(
+  "recycleByScope",
+  `WITH recycled AS (
+     UPDATE idem_record
+        SET operation_id = :operationId, schema_revision = :schemaRevision, fingerprint = :fingerprint, state = :state,
+            generation = generation + 1, recovering = false, lease_expires_at = ${nowPlusMs(":leaseMs")},
+            acquisition_id = :acquisitionId, writer_epoch = :writerEpoch, effect_possible = false,
+            snapshot_status = NULL, snapshot_media_type = NULL, snapshot_location = NULL, snapshot_business_version = NULL,
+            snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL, snapshot_key_id = NULL,
+            created_at = now(), updated_at = now(), completed_at = NULL, retain_until = NULL, tombstoned_at = NULL
+      WHERE tenant_id = :tenant AND scope = :scope AND generation = :generation AND tombstoned_at IS NOT NULL
+      RETURNING ${RECORD_COLUMNS}
+   ), ${logChanges("recycled", "'RECYCLED'", "json_build_object('previous_operation_id', :previousOperationId::text)")}
+   SELECT ${RECORD_COLUMNS}, now() AS db_now FROM recycled`,
+);
+
+/**
+ * An owner's ended lease with a possible effect: UNKNOWN at the same
+ * generation (the owner may still complete), never executed again.
+ */
+export const markUnknownByScope = statement<ScopeRef & { generation: number; caller: string }>(
+  "markUnknownByScope",
+  `WITH marked AS (
+     UPDATE idem_record SET state = 'UNKNOWN', recovering = false, updated_at = now()
+      WHERE tenant_id = :tenant AND scope = :scope AND generation = :generation AND state = 'EXECUTING'
+        AND effect_possible AND lease_expires_at <= now()
+      RETURNING ${RECORD_COLUMNS}
+   ), ${logChanges("marked", "'UNKNOWN'")}
+   SELECT ${RECORD_COLUMNS}, now() AS db_now FROM marked`,
+);
+
+/**
+ * A change of a record this transaction has locked, fenced once more by the
+ * generation it was read at, with its event: `set` is the SET list (named
+ * parameters of its own), `kind` the event's kind.
+ */
+function fencedUpdate<Values extends object>(name: string, kind: string, set: string) {
+  return statement<IdRef & ChangedBy & { generation: number } & Values>(
+    name,
+    `WITH updated AS (
+       UPDATE idem_record SET ${set}, updated_at = now()
+        WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation
+        RETURNING ${RECORD_COLUMNS}
+     ), ${logChanges("updated", `'${kind}'`, ":eventDetail::jsonb")}
+     SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+  );
+}
+
+/** Claim OWNER: the holder of a reservation starts executing, with a lease. */
+export const claimOwnership = fencedUpdate<{ leaseMs: number }>("claimOwnership", "CLAIMED", `state = 'EXECUTING', lease_expires_at = ${nowPlusMs(":leaseMs")}`);
+
+/** A new lease for the generation that holds the record (RenewLease, or Claim OWNER again); the state stays. */
+export const renewLease = fencedUpdate<{ leaseMs: number }>("renewLease", "LEASE_RENEWED", `lease_expires_at = ${nowPlusMs(":leaseMs")}`);
+
+/** Claim TAKEOVER: the next generation executes a record whose lease ended without any possible effect. */
+export const claimTakeover = fencedUpdate<{ leaseMs: number; acquisitionId: string; writerEpoch: number }>(
+  "claimTakeover",
+  "TAKEOVER",
+  `generation = generation + 1, state = 'EXECUTING', recovering = false, lease_expires_at = ${nowPlusMs(":leaseMs")},
+   acquisition_id = :acquisitionId, writer_epoch = :writerEpoch`,
+);
+
+/** Claim RECOVER: the next generation owns an UNKNOWN record for recovery only. */
+export const claimRecovery = fencedUpdate<{ leaseMs: number; acquisitionId: string; writerEpoch: number }>(
+  "claimRecovery",
+  "RECOVERY_CLAIMED",
+  `generation = generation + 1, state = 'EXECUTING', recovering = true, lease_expires_at = ${nowPlusMs(":leaseMs")},
+   acquisition_id = :acquisitionId, writer_epoch = :writerEpoch`,
+);
+
+/** An attempt was registered: an effect is possible from now on. */
+export const markEffectPossible = fencedUpdate("markEffectPossible", "EFFECT_RECORDED", "effect_possible = true");
+
+/** An attempt was resolved: whether an effect is possible, as all the attempts now say. */
+export const setEffectPossible = fencedUpdate<{ effectPossible: boolean }>("setEffectPossible", "EFFECT_RESOLVED", "effect_possible = :effectPossible");
+
+/** The stored response of a finished operation, as its columns hold it (the body sealed or not). */
+export interface SnapshotColumns {
+  outcome: string;
+  keepMs: number;
+  snapshotStatus: number;
+  snapshotMediaType: string;
+  snapshotLocation: string;
+  snapshotBusinessVersion: string;
+  snapshotHeaders: string;
+  snapshotBody: Buffer;
+  snapshotDigest: Buffer;
+  snapshotKeyId: string | null;
+}
+
+const FINISH = `state = :outcome, recovering = false, lease_expires_at = NULL, completed_at = now(),
+   retain_until = ${nowPlusMs(":keepMs")}, snapshot_status = :snapshotStatus, snapshot_media_type = :snapshotMediaType,
+   snapshot_location = :snapshotLocation, snapshot_business_version = :snapshotBusinessVersion,
+   snapshot_headers = :snapshotHeaders::jsonb, snapshot_body = :snapshotBody, snapshot_digest = :snapshotDigest,
+   snapshot_key_id = :snapshotKeyId`;
+
+/** Complete: the terminal state and the response to replay. */
+export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINISH);
+
+/** Reconcile: an operator's terminal state for an UNKNOWN record, at the next generation so that a late owner is fenced out. */
+export const reconcile = fencedUpdate<SnapshotColumns>("reconcile", "RECONCILED", `${FINISH}, generation = generation + 1`);
+
+/** Release (or Abandon with nothing possible): back to RESERVED without a lease; the next identical retry takes it over. */
+export const release = fencedUpdate("release", "RELEASED", "state = 'RESERVED', recovering = false, lease_expires_at = NULL");
+
+/** Abandon with a possible effect: UNKNOWN now, its lease ended, so that recovery lists it at once. */
+export const handToRecovery = fencedUpdate("handToRecovery", "UNKNOWN", "state = 'UNKNOWN', recovering = false, lease_expires_at = now()");

@@ -1,0 +1,70 @@
+import { statement } from "../statement.js";
+import { RECORD_COLUMNS } from "./parts.js";
+import type { IdRef, ScopeRef } from "./records.js";
+
+/**
+ * Reads of records with their effect attempts, without locks: a consistent
+ * snapshot is all a reader needs. Each row has the record's columns,
+ * `db_now`, the lease end and creation time as PostgreSQL prints them (to
+ * the microsecond, for cursors: a Date keeps milliseconds only), and
+ * `attempts` as a JSON array.
+ */
+const VIEW = `SELECT ${RECORD_COLUMNS}, now() AS db_now, lease_expires_at::text AS lease_end_text, created_at::text AS created_at_text,
+       COALESCE((SELECT json_agg(json_build_object(
+                    'attempt_number', a.attempt_number, 'effect', a.effect, 'provider', a.provider,
+                    'downstream_key', a.downstream_key, 'status', a.status, 'provider_handle', a.provider_handle,
+                    'generation', a.generation, 'created_at', a.created_at, 'resolved_at', a.resolved_at)
+                  ORDER BY a.attempt_number)
+                   FROM idem_effect_attempt a
+                  WHERE a.tenant_id = r.tenant_id AND a.operation_id = r.operation_id), '[]'::json) AS attempts
+  FROM idem_record r`;
+
+/** One record by operation id. */
+export const viewById = statement<IdRef>("viewById", `${VIEW} WHERE tenant_id = :tenant AND operation_id = :operationId`);
+
+/** One record by scope. */
+export const viewByScope = statement<ScopeRef>("viewByScope", `${VIEW} WHERE tenant_id = :tenant AND scope = :scope`);
+
+/**
+ * What a recovery worker should act on, by when the lease ended: UNKNOWN
+ * records, and unfinished ones whose lease ended (a released record has no
+ * lease: its client's retry takes it over). `tenants` and `operations`
+ * narrow the search (null: all).
+ */
+export const recoverableViews = statement<{
+  tenants: readonly string[] | null;
+  operations: readonly string[] | null;
+  afterLeaseEnd: string | null;
+  afterTenant: string | null;
+  afterOperationId: string | null;
+  pageSize: number;
+}>(
+  "recoverableViews",
+  `${VIEW}
+   WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') AND lease_expires_at <= now()
+     AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants))
+     AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     AND (:afterLeaseEnd::timestamptz IS NULL OR (lease_expires_at, tenant_id, operation_id) > (:afterLeaseEnd, :afterTenant, :afterOperationId::uuid))
+   ORDER BY lease_expires_at, tenant_id, operation_id LIMIT :pageSize`,
+);
+
+/** An operator's listing: by state, tenant, operation and age (null: any), oldest first. */
+export const listedViews = statement<{
+  states: readonly string[] | null;
+  tenants: readonly string[] | null;
+  operations: readonly string[] | null;
+  olderThanMs: number | null;
+  afterCreatedAt: string | null;
+  afterTenant: string | null;
+  afterOperationId: string | null;
+  pageSize: number;
+}>(
+  "listedViews",
+  `${VIEW}
+   WHERE (:states::text[] IS NULL OR state = ANY(:states))
+     AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants))
+     AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     AND (:olderThanMs::bigint IS NULL OR created_at <= now() - make_interval(secs => :olderThanMs::double precision / 1000))
+     AND (:afterCreatedAt::timestamptz IS NULL OR (created_at, tenant_id, operation_id) > (:afterCreatedAt, :afterTenant, :afterOperationId::uuid))
+   ORDER BY created_at, tenant_id, operation_id LIMIT :pageSize`,
+);
