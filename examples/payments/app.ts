@@ -1,14 +1,7 @@
 import type pg from "pg";
-import {
-  ColocatedRegistry,
-  CoordinatorClient,
-  IdempotencyGateway,
-  RecoveryWorker,
-  type GatewayLogger,
-  type RecoveryEvent,
-  type SnapshotKeyring,
-  type Subject,
-} from "../../src/gateway/index.js";
+import { ColocatedRegistry, type SnapshotKeyring } from "../../src/colocated/index.js";
+import { CoordinatorClient, IdempotencyGateway, type GatewayLogger, type Subject } from "../../src/gateway/index.js";
+import { RecoveryWorker, type RecoveryEvent } from "../../src/gateway/recovery.js";
 import { PAYMENTS_OPERATION } from "./policy.js";
 import { CardProviderClient, startCardProvider, type CardProvider } from "./provider.js";
 import { paymentsResolver } from "./recovery.js";

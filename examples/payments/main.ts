@@ -14,7 +14,7 @@
  */
 import { parseArgs } from "node:util";
 import pg from "pg";
-import { snapshotKeysFromEnv } from "../../src/gateway/index.js";
+import { snapshotKeysFromEnv } from "../../src/colocated/index.js";
 import { startPaymentsBackend } from "./app.js";
 import { startCardProvider } from "./provider.js";
 

@@ -1,5 +1,6 @@
 import type pg from "pg";
-import type { HandlerResponse, RecoveryContext, RecoveryResolver } from "../../src/gateway/index.js";
+import type { HandlerResponse } from "../../src/gateway/index.js";
+import type { RecoveryContext, RecoveryResolver } from "../../src/gateway/recovery.js";
 import { CardDeclined, type Charge, type CardProviderClient } from "./provider.js";
 import { paymentResponse, type PaymentsStore, type Queryable } from "./store.js";
 
@@ -35,9 +36,9 @@ export function paymentsResolver(deps: PaymentsRecoveryDeps): RecoveryResolver {
     const intent = await store.byOperation(pool, ctx.operationId);
     let charge: Charge | undefined = attempt.providerHandle ? await provider.get(attempt.providerHandle) : await provider.findByKey(attempt.downstreamKey);
     if (charge) {
-      if (attempt.status !== "CONFIRMED") await ctx.resolve(attempt.attemptNumber, "CONFIRMED", charge.id);
+      if (attempt.status !== "CONFIRMED") await ctx.resolve({ attemptNumber: attempt.attemptNumber, status: "CONFIRMED", providerHandle: charge.id });
     } else if (!intent) {
-      await ctx.resolve(attempt.attemptNumber, "NO_EFFECT");
+      await ctx.resolve({ attemptNumber: attempt.attemptNumber, status: "NO_EFFECT" });
       await ctx.release();
       return;
     } else {

@@ -1,14 +1,8 @@
 import { randomBytes } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type pg from "pg";
-import {
-  withIdempotency,
-  writeResponse,
-  type HandlerResponse,
-  type IdempotencyContext,
-  type IdempotencyGateway,
-  type Subject,
-} from "../../src/gateway/index.js";
+import type { HandlerResponse, IdempotencyContext, IdempotencyGateway, Subject } from "../../src/gateway/index.js";
+import { withIdempotency, writeResponse } from "../../src/gateway/node.js";
 import { listen } from "./http.js";
 import { PAYMENTS_OPERATION } from "./policy.js";
 import { CardDeclined, ProviderUnavailable, type CardProviderClient } from "./provider.js";

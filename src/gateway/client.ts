@@ -23,19 +23,24 @@ import {
   type ClaimInput,
   type ClaimMode,
   type ClaimResult,
+  type CompleteInput,
   type CompleteResult,
   type Decision,
   type EffectAttempt,
   type EffectStatus,
   type GatewayLogger,
+  type HandOverResult,
   type ListRecoverableInput,
   type ListRecoverableResult,
   type LookupInput,
   type OperationRecord,
-  type OperationRef,
   type Outcome,
+  type OwnedRef,
+  type RecordEffectAttemptInput,
   type RecordState,
+  type RenewLeaseInput,
   type ReserveInput,
+  type ResolveEffectAttemptInput,
   type ReserveResult,
   type ResponseSnapshot,
 } from "./types.js";
@@ -193,46 +198,49 @@ export class CoordinatorClient {
   }
 
   /** Extends the lease of the generation held; returns the new expiry. */
-  async renewLease(ref: OperationRef, generation: number, leaseMs?: number, call?: CallOptions): Promise<Date | undefined> {
+  async renewLease(input: RenewLeaseInput, call?: CallOptions): Promise<Date | undefined> {
     const res = await this.call("RenewLease", call, (client, options) =>
-      client.renewLease({ ref, generation: BigInt(generation), lease: leaseOf(leaseMs) }, options),
+      client.renewLease({ ref: input.ref, generation: BigInt(input.generation), lease: leaseOf(input.leaseMs) }, options),
     );
     return res.leaseExpiresAt ? timestampDate(res.leaseExpiresAt) : undefined;
   }
 
   /** Registers a downstream call before making it; the attempt carries the stable downstream key. */
-  async recordEffectAttempt(ref: OperationRef, generation: number, effect: string, provider: string, call?: CallOptions): Promise<EffectAttempt> {
+  async recordEffectAttempt(input: RecordEffectAttemptInput, call?: CallOptions): Promise<EffectAttempt> {
     const res = await this.call("RecordEffectAttempt", call, (client, options) =>
-      client.recordEffectAttempt({ ref, generation: BigInt(generation), effect, provider }, options),
+      client.recordEffectAttempt({ ref: input.ref, generation: BigInt(input.generation), effect: input.effect, provider: input.provider }, options),
     );
     if (!res.attempt) throw new CoordinatorError("RecordEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
     return fromAttempt(res.attempt);
   }
 
   /** Records what a downstream call did. */
-  async resolveEffectAttempt(
-    ref: OperationRef,
-    generation: number,
-    attemptNumber: number,
-    status: Exclude<EffectStatus, "PENDING">,
-    providerHandle = "",
-    call?: CallOptions,
-  ): Promise<EffectAttempt> {
+  async resolveEffectAttempt(input: ResolveEffectAttemptInput, call?: CallOptions): Promise<EffectAttempt> {
     const res = await this.call("ResolveEffectAttempt", call, (client, options) =>
-      client.resolveEffectAttempt({ ref, generation: BigInt(generation), attemptNumber, status: toEffectStatus(status), providerHandle }, options),
+      client.resolveEffectAttempt(
+        {
+          ref: input.ref,
+          generation: BigInt(input.generation),
+          attemptNumber: input.attemptNumber,
+          status: toEffectStatus(input.status),
+          providerHandle: input.providerHandle ?? "",
+        },
+        options,
+      ),
     );
     if (!res.attempt) throw new CoordinatorError("ResolveEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
     return fromAttempt(res.attempt);
   }
 
   /** Finishes the operation with an outcome and the response to replay. */
-  async complete(ref: OperationRef, generation: number, outcome: Outcome, snapshot: ResponseSnapshot, call?: CallOptions): Promise<CompleteResult> {
+  async complete(input: CompleteInput, call?: CallOptions): Promise<CompleteResult> {
+    const { snapshot } = input;
     const res = await this.call("Complete", call, (client, options) =>
       client.complete(
         {
-          ref,
-          generation: BigInt(generation),
-          outcome: toOutcome(outcome),
+          ref: input.ref,
+          generation: BigInt(input.generation),
+          outcome: toOutcome(input.outcome),
           snapshot: {
             statusCode: snapshot.statusCode,
             mediaType: snapshot.mediaType,
@@ -249,8 +257,8 @@ export class CoordinatorClient {
   }
 
   /** Hands a reservation back without any effect: the next identical retry takes it over. */
-  async release(ref: OperationRef, generation: number, call?: CallOptions): Promise<{ state: RecordState; generation: number }> {
-    const res = await this.call("Release", call, (client, options) => client.release({ ref, generation: BigInt(generation) }, options));
+  async release(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
+    const res = await this.call("Release", call, (client, options) => client.release({ ref: input.ref, generation: BigInt(input.generation) }, options));
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
 
@@ -259,8 +267,8 @@ export class CoordinatorClient {
    * otherwise UNKNOWN now, for a recovery worker to settle without waiting
    * for the lease to end.
    */
-  async abandon(ref: OperationRef, generation: number, call?: CallOptions): Promise<{ state: RecordState; generation: number }> {
-    const res = await this.call("Abandon", call, (client, options) => client.abandon({ ref, generation: BigInt(generation) }, options));
+  async abandon(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
+    const res = await this.call("Abandon", call, (client, options) => client.abandon({ ref: input.ref, generation: BigInt(input.generation) }, options));
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
 

@@ -2,7 +2,6 @@ import { createHash, randomUUID } from "node:crypto";
 import { downstreamKey } from "../contract/effects.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import type { CoordinatorClient } from "./client.js";
-import type { ColocatedRegistry } from "./colocated.js";
 import { CoordinatorError, toCoordinatorError } from "./errors.js";
 import {
   KEY_HEADER,
@@ -15,15 +14,17 @@ import {
   snapshotOf,
   type Problem,
 } from "./http.js";
-import { LeaseKeeper } from "./lease.js";
 import { defaultIsDefinite, OwnedOperation, type OwnedOperationInit } from "./operation.js";
-import { silentLogger, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
+import { silentLogger, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
 export interface GatewayOptions {
   /** The coordinator (gateway-role token). */
   client: CoordinatorClient;
-  /** Co-located mode: complete inside the service's own transactions (`ctx.transaction`). */
-  colocated?: ColocatedRegistry;
+  /**
+   * Co-located mode: complete inside the service's own transactions
+   * (`ctx.transaction`); a `ColocatedRegistry` of `idempotency-coordinator/colocated`.
+   */
+  colocated?: ColocatedCompletion;
   /** The writer epoch this deployment was built with (rollback fence; default 0). */
   writerEpoch?: number;
   /**
@@ -64,6 +65,9 @@ export interface IdempotentRoute {
   missingKey?: "reject" | "run";
 }
 
+/** How a route finds the end user: from the service's own authentication, never the body. */
+export type SubjectResolver<Req> = (request: Req) => Subject | undefined | Promise<Subject | undefined>;
+
 /** A request as the gateway sees it, whatever the framework. */
 export interface GatewayRequest {
   method: string;
@@ -95,7 +99,7 @@ const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encod
  */
 export class IdempotencyGateway {
   readonly client: CoordinatorClient;
-  readonly colocated: ColocatedRegistry | undefined;
+  readonly colocated: ColocatedCompletion | undefined;
   readonly logger: GatewayLogger;
   readonly maxBodyBytes: number;
   private readonly writerEpoch: number;
@@ -430,17 +434,7 @@ export class IdempotencyGateway {
       },
       { route, subject, key, decision: reserved.decision, enforced, body: request.body },
     );
-    context.keepLease(
-      new LeaseKeeper({
-        client: this.client,
-        ref: context.ref,
-        generation: reserved.generation,
-        leaseMs: route.leaseMs,
-        expiresAt: reserved.leaseExpiresAt,
-        onLost: (reason) => context.markLost(reason),
-        logger: this.logger,
-      }),
-    );
+    context.keepLease({ leaseMs: route.leaseMs, expiresAt: reserved.leaseExpiresAt });
     return context;
   }
 
@@ -512,13 +506,6 @@ export class IdempotencyContext extends OwnedOperation {
   /** The body parsed as JSON. */
   json<T = unknown>(): T {
     return JSON.parse(this.body.toString("utf8")) as T;
-  }
-
-  /** @internal Starts renewing the lease with `keeper`. */
-  keepLease(keeper: LeaseKeeper): void {
-    this.keeper?.stop();
-    this.keeper = keeper;
-    keeper.start();
   }
 }
 

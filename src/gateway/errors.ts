@@ -61,10 +61,18 @@ export function toCoordinatorError(error: unknown): CoordinatorError {
   });
 }
 
-/** The reason of a coordinator failure, if it is a refusal. */
-export function reasonOf(error: unknown): string | undefined {
-  return error instanceof CoordinatorError ? error.reason : undefined;
+/**
+ * Refusals of a renewal or an effect's registration meaning this owner's
+ * lease is gone for good: another owner took over (STALE_GENERATION), the
+ * lease ended or the record became UNKNOWN (LEASE_EXPIRED), the record left
+ * EXECUTING (INVALID_TRANSITION) or is no longer there (NOT_FOUND). Stop
+ * renewing, start no new effect.
+ */
+export function isLeaseLost(failure: CoordinatorError): failure is CoordinatorError & { reason: string } {
+  return failure.reason !== undefined && LEASE_LOST_REASONS.has(failure.reason);
 }
+
+const LEASE_LOST_REASONS: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_EXPIRED", "INVALID_TRANSITION", "NOT_FOUND"]);
 
 /**
  * Thrown by an effect's function when the downstream system definitely did

@@ -1,7 +1,11 @@
+/**
+ * The gateway's Express 5 middleware (`idempotency-coordinator/gateway/express`).
+ * See docs/adopting.md.
+ */
 import type { IncomingMessage } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
-import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute } from "./core.js";
-import { BodyTooLarge, readBody, sendResponse, serve, type SubjectResolver } from "./node.js";
+import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import { BodyTooLarge, readBody, sendResponse, serve } from "./node-http.js";
 
 export interface ExpressRouteOptions extends IdempotentRoute {
   subject: SubjectResolver<Request>;
@@ -56,7 +60,7 @@ export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRo
       req.body = parsedBody(req, body);
     }
     // originalUrl: the path as the client sent it, also under a mounted router.
-    await serve(gateway, route, req, res, body, (ctx) => handler(req, res, ctx), req.originalUrl);
+    await serve({ gateway, route, req, res, body, run: (ctx) => handler(req, res, ctx), url: req.originalUrl });
   };
 }
 

@@ -1,8 +1,11 @@
+/**
+ * The gateway's Fastify 5 plugin (`idempotency-coordinator/gateway/fastify`).
+ * See docs/adopting.md.
+ */
 import { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from "fastify";
-import type { GatewayRequest, HandlerResult, IdempotencyContext, IdempotencyGateway, IdempotentRoute } from "./core.js";
+import type { GatewayRequest, HandlerResult, IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
 import { headerPairs } from "./http.js";
-import type { SubjectResolver } from "./node.js";
 import type { HttpResponse } from "./types.js";
 
 declare module "fastify" {

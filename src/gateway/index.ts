@@ -1,13 +1,15 @@
 /**
  * The TypeScript gateway SDK of the idempotency coordinator
- * (`idempotency-coordinator/gateway`): a coordinator client, HTTP middleware
- * for node:http, Express 5 and Fastify 5 over one framework-agnostic core,
- * the effect helper, lease renewal, the recovery worker and co-located
- * completion. See docs/adopting.md.
+ * (`idempotency-coordinator/gateway`): the coordinator client and the
+ * framework-agnostic middleware core with its handler context and effect
+ * helper. The framework adapters are entries of their own
+ * (`…/gateway/node`, `…/gateway/express`, `…/gateway/fastify`), so is the
+ * recovery worker (`…/gateway/recovery`) and co-located completion
+ * (`idempotency-coordinator/colocated`). The SDK talks to the coordinator
+ * over the wire only: no entry of it loads a database driver. See
+ * docs/adopting.md.
  */
 export { CoordinatorClient, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
-export { ColocatedRegistry, CommitUnknownError, snapshotKeysFromEnv, type ColocatedRegistryOptions } from "./colocated.js";
-export { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
 export {
   IdempotencyContext,
   IdempotencyGateway,
@@ -16,35 +18,24 @@ export {
   type GatewayRequest,
   type HandlerResult,
   type IdempotentRoute,
+  type SubjectResolver,
 } from "./core.js";
-export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError, reasonOf, toCoordinatorError } from "./errors.js";
-export { captureRawBody, expressIdempotency, type ExpressIdempotentHandler, type ExpressRouteOptions } from "./express.js";
-export { fastifyIdempotency, type FastifyIdempotencyOptions } from "./fastify.js";
-export {
-  KEY_HEADER,
-  outcomeForStatus,
-  problemResponse,
-  REPLAYED_HEADER,
-  responseOfSnapshot,
-  snapshotOf,
-  toHttpResponse,
-  type Problem,
-  type ProblemSlug,
-} from "./http.js";
-export { LeaseKeeper, type LeaseKeeperOptions } from "./lease.js";
-export { requestOf, sendResponse, withIdempotency, writeResponse, type NodeIdempotentHandler, type NodeRouteOptions, type SubjectResolver } from "./node.js";
-export { OwnedOperation, type EffectOptions } from "./operation.js";
-export { RecoveryContext, RecoveryWorker, type RecoveryEvent, type RecoveryResolver, type RecoverySummary, type RecoveryWorkerOptions } from "./recovery.js";
+export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError } from "./errors.js";
+export { toHttpResponse } from "./http.js";
+export type { AttemptResolution, EffectOptions } from "./operation.js";
 export type {
   ClaimInput,
   ClaimMode,
   ClaimResult,
+  ColocatedCompletion,
+  CompleteInput,
   CompleteResult,
   Decision,
   EffectAttempt,
   EffectStatus,
   GatewayLogger,
   HandlerResponse,
+  HandOverResult,
   HeaderValue,
   HttpResponse,
   ListRecoverableInput,
@@ -53,11 +44,15 @@ export type {
   OperationRecord,
   OperationRef,
   Outcome,
+  OwnedRef,
+  RecordEffectAttemptInput,
   RecordState,
   RecoverableRecord,
+  RenewLeaseInput,
   RequestParts,
   ReserveInput,
   ReserveResult,
+  ResolveEffectAttemptInput,
   ResponseSnapshot,
   Subject,
 } from "./types.js";

@@ -1,15 +1,35 @@
 import type { CoordinatorClient } from "./client.js";
-import { toCoordinatorError } from "./errors.js";
+import { isLeaseLost, toCoordinatorError } from "./errors.js";
 import type { GatewayLogger, OperationRef } from "./types.js";
-
-/** Refusals that mean this owner's lease is gone for good: stop renewing, start no new effect. */
-const LOST_REASONS: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_EXPIRED", "INVALID_TRANSITION", "NOT_FOUND"]);
 
 /** The shortest pause between renewals, so that a tiny lease does not turn into a busy loop. */
 const MIN_INTERVAL_MS = 100;
 
+/** The time a lease keeper reads and waits on; tests give one they move by hand. */
+export interface LeaseClock {
+  /** Milliseconds since the epoch, like `Date.now()`. */
+  now(): number;
+  /** Calls `callback` once after `delayMs`; a pending call never keeps the process alive on its own. */
+  setTimer(callback: () => void, delayMs: number): LeaseTimer;
+}
+
+/** A pending call of a LeaseClock. */
+export interface LeaseTimer {
+  cancel(): void;
+}
+
+/** The real clock: `Date.now` and unref'd timers. */
+export const systemClock: LeaseClock = {
+  now: () => Date.now(),
+  setTimer(callback, delayMs) {
+    const timer = setTimeout(callback, delayMs);
+    timer.unref();
+    return { cancel: () => clearTimeout(timer) };
+  },
+};
+
 export interface LeaseKeeperOptions {
-  client: CoordinatorClient;
+  client: Pick<CoordinatorClient, "renewLease">;
   ref: OperationRef;
   generation: number;
   /** The lease asked for on each renewal (undefined: the policy's default). */
@@ -19,26 +39,30 @@ export interface LeaseKeeperOptions {
   /** Called once when a renewal shows the lease is lost (with the refusal's reason). */
   onLost: (reason: string) => void;
   logger: GatewayLogger;
+  /** Default: the system clock. */
+  clock?: LeaseClock;
 }
 
 /**
  * Keeps an owner's lease alive while its handler runs long: renews at about
  * half the lease (the granted expiry minus now, halved, so that one failed
  * renewal still leaves time for another), and stops on `stop()` or when a
- * renewal is refused with STALE_GENERATION / LEASE_EXPIRED (someone took
- * over, or the record became UNKNOWN). A renewal that fails in transit is
- * tried again sooner; the lease only says who may act now, so missing one
- * costs at most a takeover or an UNKNOWN record, never a second effect.
+ * renewal shows the lease lost (isLeaseLost: someone took over, or the record
+ * became UNKNOWN). A renewal that fails in transit is tried again sooner; the
+ * lease only says who may act now, so missing one costs at most a takeover or
+ * an UNKNOWN record, never a second effect.
  */
 export class LeaseKeeper {
-  private timer: NodeJS.Timeout | undefined;
+  private timer: LeaseTimer | undefined;
   private stopped = false;
   private expiresAt: Date | undefined;
+  private readonly clock: LeaseClock;
   /** Renewals that succeeded (observability and tests). */
   renewals = 0;
 
   constructor(private readonly options: LeaseKeeperOptions) {
     this.expiresAt = options.expiresAt;
+    this.clock = options.clock ?? systemClock;
   }
 
   start(): void {
@@ -47,7 +71,7 @@ export class LeaseKeeper {
 
   stop(): void {
     this.stopped = true;
-    clearTimeout(this.timer);
+    this.timer?.cancel();
   }
 
   /** When the lease ends, as last granted. */
@@ -62,7 +86,7 @@ export class LeaseKeeper {
    * well within half a lease; NTP does much better.
    */
   private halfLease(): number {
-    const granted = this.expiresAt ? this.expiresAt.getTime() - Date.now() : undefined;
+    const granted = this.expiresAt ? this.expiresAt.getTime() - this.clock.now() : undefined;
     const asked = this.options.leaseMs;
     const remaining = granted !== undefined && asked !== undefined ? Math.min(granted, asked) : (granted ?? asked ?? 0);
     return Math.max(MIN_INTERVAL_MS, Math.floor(remaining / 2));
@@ -70,16 +94,14 @@ export class LeaseKeeper {
 
   private schedule(delayMs: number): void {
     if (this.stopped) return;
-    this.timer = setTimeout(() => void this.renew(), delayMs);
-    // A pending renewal never keeps the process alive on its own.
-    this.timer.unref();
+    this.timer = this.clock.setTimer(() => void this.renew(), delayMs);
   }
 
   private async renew(): Promise<void> {
     if (this.stopped) return;
     const { client, ref, generation, leaseMs, logger } = this.options;
     try {
-      const expiresAt = await client.renewLease(ref, generation, leaseMs);
+      const expiresAt = await client.renewLease({ ref, generation, ...(leaseMs !== undefined ? { leaseMs } : {}) });
       if (this.stopped) return;
       this.expiresAt = expiresAt ?? this.expiresAt;
       this.renewals++;
@@ -87,7 +109,7 @@ export class LeaseKeeper {
     } catch (error) {
       if (this.stopped) return;
       const failure = toCoordinatorError(error);
-      if (failure.reason !== undefined && LOST_REASONS.has(failure.reason)) {
+      if (isLeaseLost(failure)) {
         logger.warn({ operationId: ref.operationId, generation, reason: failure.reason }, "lease lost: no new effect will start");
         this.stop();
         this.options.onLost(failure.reason);

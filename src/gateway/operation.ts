@@ -1,11 +1,10 @@
 import type pg from "pg";
-import type { CoordinatorClient } from "./client.js";
-import type { ColocatedRegistry } from "./colocated.js";
-import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
-import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
-import type { LeaseKeeper } from "./lease.js";
-import type { EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
 import { failpoint } from "../failpoints.js";
+import type { CoordinatorClient } from "./client.js";
+import { isDefiniteFailure, isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
+import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
+import { LeaseKeeper, type LeaseClock } from "./lease.js";
+import type { ColocatedCompletion, EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
 
 /** How `effect()` learns what a call's result and failures mean. */
 export interface EffectOptions<T> {
@@ -18,9 +17,6 @@ export interface EffectOptions<T> {
    */
   isDefinite?: (error: unknown) => boolean;
 }
-
-/** Refusals of RecordEffectAttempt that mean this owner may start no new effect. */
-const LOST_REASONS: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_EXPIRED"]);
 
 /**
  * What this owner knows of its effects: the latest status of each effect
@@ -65,9 +61,17 @@ class EffectLedger {
   }
 }
 
+/** What a downstream system said of one attempt: `resolve()`'s input. */
+export interface AttemptResolution {
+  attemptNumber: number;
+  status: Exclude<EffectStatus, "PENDING">;
+  /** The downstream system's reference (e.g. a charge id). */
+  providerHandle?: string;
+}
+
 export interface OwnedOperationInit {
   client: CoordinatorClient;
-  colocated: ColocatedRegistry | undefined;
+  colocated: ColocatedCompletion | undefined;
   ref: OperationRef;
   generation: number;
   /** False when this process does not own the record (shadow mode without ACCEPTED, or no key). */
@@ -90,10 +94,10 @@ export abstract class OwnedOperation {
   readonly generation: number;
   readonly owned: boolean;
   protected readonly client: CoordinatorClient;
-  protected readonly colocated: ColocatedRegistry | undefined;
+  protected readonly colocated: ColocatedCompletion | undefined;
   protected readonly logger: GatewayLogger;
   protected readonly ledger: EffectLedger;
-  protected keeper: LeaseKeeper | undefined;
+  private keeper: LeaseKeeper | undefined;
   private readonly isDefinite: (error: unknown) => boolean;
   private readonly unownedKey: ((effect: string) => string) | undefined;
   private readonly abort = new AbortController();
@@ -151,6 +155,27 @@ export abstract class OwnedOperation {
     this.abort.abort(new LeaseLostError(`the lease of operation ${this.ref.operationId} was lost (${reason})`, reason));
   }
 
+  /**
+   * @internal Starts renewing this owner's lease, granted until `expiresAt`,
+   * asking for `leaseMs` each time (the gateway after Reserve, the recovery
+   * worker after Claim). A renewal that shows the lease lost marks this
+   * owner lost.
+   */
+  keepLease(lease: { leaseMs: number | undefined; expiresAt: Date | undefined; clock?: LeaseClock }): void {
+    this.keeper?.stop();
+    this.keeper = new LeaseKeeper({
+      client: this.client,
+      ref: this.ref,
+      generation: this.generation,
+      leaseMs: lease.leaseMs,
+      expiresAt: lease.expiresAt,
+      onLost: (reason) => this.markLost(reason),
+      logger: this.logger,
+      ...(lease.clock ? { clock: lease.clock } : {}),
+    });
+    this.keeper.start();
+  }
+
   /** Stops renewing the lease (the owner is done, one way or another). */
   stopLease(): void {
     this.keeper?.stop();
@@ -175,10 +200,10 @@ export abstract class OwnedOperation {
     }
     let attempt: EffectAttempt;
     try {
-      attempt = await this.client.recordEffectAttempt(this.ref, this.generation, name, provider);
+      attempt = await this.client.recordEffectAttempt({ ref: this.ref, generation: this.generation, effect: name, provider });
     } catch (error) {
       const failure = toCoordinatorError(error);
-      if (failure.reason !== undefined && LOST_REASONS.has(failure.reason)) {
+      if (isLeaseLost(failure)) {
         this.markLost(failure.reason);
         throw new LeaseLostError(`operation ${this.ref.operationId} may start no new effect: ${failure.message}`, failure.reason);
       }
@@ -212,9 +237,9 @@ export abstract class OwnedOperation {
    * left PENDING only means the operation cannot complete until someone
    * resolves it (the recovery worker).
    */
-  private async resolveQuietly(attempt: EffectAttempt, status: Exclude<EffectStatus, "PENDING">, handle: string): Promise<void> {
+  private async resolveQuietly(attempt: EffectAttempt, status: Exclude<EffectStatus, "PENDING">, providerHandle: string): Promise<void> {
     try {
-      await this.resolve(attempt.attemptNumber, status, handle, attempt.effect);
+      await this.resolveAttempt({ attemptNumber: attempt.attemptNumber, status, providerHandle }, attempt.effect);
     } catch (error) {
       this.logger.warn(
         { operationId: this.ref.operationId, attempt: attempt.attemptNumber, status, error: (error as Error).message },
@@ -224,9 +249,14 @@ export abstract class OwnedOperation {
   }
 
   /** ResolveEffectAttempt for one of this operation's attempts. */
-  async resolve(attemptNumber: number, status: Exclude<EffectStatus, "PENDING">, providerHandle = "", effect?: string): Promise<EffectAttempt> {
-    const resolved = await this.client.resolveEffectAttempt(this.ref, this.generation, attemptNumber, status, providerHandle);
-    this.ledger.set(effect ?? resolved.effect, attemptNumber, resolved.status);
+  async resolve(attempt: AttemptResolution): Promise<EffectAttempt> {
+    return this.resolveAttempt(attempt, undefined);
+  }
+
+  /** ResolveEffectAttempt, recorded in the ledger under `effect` (known before the answer) or the answer's. */
+  private async resolveAttempt(attempt: AttemptResolution, effect: string | undefined): Promise<EffectAttempt> {
+    const resolved = await this.client.resolveEffectAttempt({ ref: this.ref, generation: this.generation, ...attempt });
+    this.ledger.set(effect ?? resolved.effect, attempt.attemptNumber, resolved.status);
     return resolved;
   }
 
@@ -242,7 +272,7 @@ export abstract class OwnedOperation {
    */
   async transaction<R extends HandlerResponse>(work: (tx: pg.PoolClient) => Promise<R>, options: { outcome?: Outcome } = {}): Promise<R> {
     const colocated = this.colocated;
-    if (!colocated) throw new Error("transaction() needs co-located mode: give the gateway (or worker) a `colocated` ColocatedRegistry");
+    if (!colocated) throw new Error("transaction() needs co-located mode: give the gateway (or worker) a `colocated` ColocatedRegistry (idempotency-coordinator/colocated)");
     let completed: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
     const response = await colocated.transaction(async (tx) => {
       const result = await work(tx);
@@ -251,7 +281,7 @@ export abstract class OwnedOperation {
       const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
       if (outcome === "release") return result;
       const snapshot = snapshotOf(http);
-      await colocated.complete(tx, this.ref, this.generation, outcome, snapshot);
+      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot });
       completed = { outcome, snapshot };
       return result;
     });
@@ -264,17 +294,17 @@ export abstract class OwnedOperation {
 
   /** Complete over RPC (idempotent: an identical repeat succeeds). */
   async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
-    await this.client.complete(this.ref, this.generation, outcome, snapshot);
+    await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot });
   }
 
   /** Release over RPC: back to RESERVED, the next identical retry takes it over. */
   async release(): Promise<void> {
-    await this.client.release(this.ref, this.generation);
+    await this.client.release({ ref: this.ref, generation: this.generation });
   }
 
   /** Abandon over RPC: this owner will not finish; recovery may start now. */
   async abandon(): Promise<void> {
-    await this.client.abandon(this.ref, this.generation);
+    await this.client.abandon({ ref: this.ref, generation: this.generation });
   }
 }
 

@@ -1,11 +1,24 @@
+/**
+ * The gateway SDK's recovery worker (`idempotency-coordinator/gateway/recovery`):
+ * settles UNKNOWN records with a resolver per operation. See docs/adopting.md,
+ * section 4.
+ */
 import type pg from "pg";
 import type { CoordinatorClient } from "./client.js";
-import type { ColocatedRegistry } from "./colocated.js";
 import { LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
-import { LeaseKeeper } from "./lease.js";
-import { defaultIsDefinite, OwnedOperation, type EffectOptions } from "./operation.js";
-import { silentLogger, type ClaimMode, type EffectAttempt, type EffectStatus, type GatewayLogger, type HandlerResponse, type OperationRecord, type Outcome, type ResponseSnapshot } from "./types.js";
+import { defaultIsDefinite, OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedOperationInit } from "./operation.js";
+import {
+  silentLogger,
+  type ClaimMode,
+  type ColocatedCompletion,
+  type EffectAttempt,
+  type GatewayLogger,
+  type HandlerResponse,
+  type OperationRecord,
+  type Outcome,
+  type ResponseSnapshot,
+} from "./types.js";
 
 /**
  * Settles one operation whose owner went away with a possible effect. It
@@ -44,8 +57,8 @@ export interface RecoveryWorkerOptions {
   resolvers: Record<string, RecoveryResolver>;
   /** Only this tenant (default: every tenant the token is granted). */
   tenant?: string;
-  /** Co-located mode: `ctx.transaction()` completes inside the service's transaction. */
-  colocated?: ColocatedRegistry;
+  /** Co-located mode: `ctx.transaction()` completes inside the service's transaction (a `ColocatedRegistry`). */
+  colocated?: ColocatedCompletion;
   /** Pause between passes of `start()` (default 5000 ms). */
   pollIntervalMs?: number;
   /** Records per ListRecoverable page (default 50). */
@@ -181,16 +194,7 @@ export class RecoveryWorker {
       { ...record, generation: claimed.generation, recovering: claimed.recovering, effectAttempts: claimed.effectAttempts },
       mode,
     );
-    const keeper = new LeaseKeeper({
-      client,
-      ref,
-      generation: claimed.generation,
-      leaseMs: this.options.leaseMs,
-      expiresAt: claimed.leaseExpiresAt,
-      onLost: (reason) => ctx.markLost(reason),
-      logger: this.logger,
-    });
-    ctx.startLease(keeper);
+    ctx.keepLease({ leaseMs: this.options.leaseMs, expiresAt: claimed.leaseExpiresAt });
     try {
       if (mode === "TAKEOVER") {
         // Nothing can have happened downstream: hand it back for the client's retry to run.
@@ -237,7 +241,7 @@ export class RecoveryContext extends OwnedOperation {
   released = false;
 
   constructor(
-    init: ConstructorParameters<typeof OwnedOperation>[0],
+    init: OwnedOperationInit,
     /** The record as claimed: its generation is this worker's. */
     readonly record: OperationRecord,
     readonly claimMode: ClaimMode,
@@ -268,9 +272,9 @@ export class RecoveryContext extends OwnedOperation {
   }
 
   /** Resolves an attempt after querying the downstream system (e.g. by handle or downstream key). */
-  override async resolve(attemptNumber: number, status: Exclude<EffectStatus, "PENDING">, providerHandle = "", effect?: string): Promise<EffectAttempt> {
-    const resolved = await super.resolve(attemptNumber, status, providerHandle, effect);
-    this.record.effectAttempts = this.record.effectAttempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
+  override async resolve(attempt: AttemptResolution): Promise<EffectAttempt> {
+    const resolved = await super.resolve(attempt);
+    this.record.effectAttempts = this.record.effectAttempts.map((a) => (a.attemptNumber === attempt.attemptNumber ? resolved : a));
     return resolved;
   }
 
@@ -302,12 +306,6 @@ export class RecoveryContext extends OwnedOperation {
     const response = await super.transaction(work, options);
     if (this.completedWithin) this.outcome = this.completedWithin.outcome;
     return response;
-  }
-
-  /** @internal */
-  startLease(keeper: LeaseKeeper): void {
-    this.keeper = keeper;
-    keeper.start();
   }
 
   /** Throws LeaseLostError when the lease is gone (check before long work). */

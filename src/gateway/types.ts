@@ -3,6 +3,7 @@
  * service never depends on the wire format. Names follow the contract
  * (`http.idempotency.v1`, proto/idempotency/v1/*.proto).
  */
+import type pg from "pg";
 
 /** The end user a gateway acts for, from the service's own authentication (never the request body). */
 export interface Subject {
@@ -111,6 +112,43 @@ export interface ClaimResult {
   effectAttempts: EffectAttempt[];
 }
 
+/** An accepted operation and the owner generation (fencing token) a write after Reserve acts at. */
+export interface OwnedRef {
+  ref: OperationRef;
+  generation: number;
+}
+
+export interface RenewLeaseInput extends OwnedRef {
+  /** The lease asked for (the policy's default when unset). */
+  leaseMs?: number;
+}
+
+export interface RecordEffectAttemptInput extends OwnedRef {
+  /** The effect's name, e.g. `card.charge`: every attempt of it shares one downstream key. */
+  effect: string;
+  /** The downstream system, e.g. `card-provider`. */
+  provider: string;
+}
+
+export interface ResolveEffectAttemptInput extends OwnedRef {
+  attemptNumber: number;
+  status: Exclude<EffectStatus, "PENDING">;
+  /** The downstream system's reference (e.g. a charge id); empty when there is none. */
+  providerHandle?: string;
+}
+
+export interface CompleteInput extends OwnedRef {
+  outcome: Outcome;
+  /** The response every retry will get. */
+  snapshot: ResponseSnapshot;
+}
+
+/** Where Release and Abandon left the record. */
+export interface HandOverResult {
+  state: RecordState;
+  generation: number;
+}
+
 export interface CompleteResult {
   state: RecordState;
   snapshotDigest: Uint8Array;
@@ -179,6 +217,20 @@ export interface HttpResponse {
   /** [name, value] pairs; a name may repeat (Set-Cookie). */
   headers: Array<[string, string]>;
   body: Uint8Array;
+}
+
+/**
+ * Co-located completion as the gateway and the recovery worker use it: a
+ * business transaction on the registry's database, and Complete inside it.
+ * `ColocatedRegistry` (`idempotency-coordinator/colocated`) implements it;
+ * the gateway holds only this interface, so that it never loads a database
+ * driver or the registry itself.
+ */
+export interface ColocatedCompletion {
+  /** Runs `work` in one transaction: BEGIN, work, COMMIT; ROLLBACK when it throws. */
+  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T>;
+  /** Complete inside the open transaction `tx`, committed by its COMMIT; refusals are thrown as CoordinatorError. */
+  complete(tx: pg.PoolClient, input: CompleteInput): Promise<CompleteResult>;
 }
 
 /** The logging a gateway does; a pino logger fits. */

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import type { PaymentsApp } from "../../examples/payments/app.js";
-import type { RecoveryEvent } from "../../src/gateway/index.js";
+import type { RecoveryEvent } from "../../src/gateway/recovery.js";
 import { useTestDatabase } from "../support/database.js";
 import { post } from "../gateway/helpers.js";
 import { usePaymentsApps } from "./payments-apps.js";

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ColocatedRegistry } from "../../src/colocated/index.js";
 import {
-  ColocatedRegistry,
   CoordinatorClient,
   IdempotencyGateway,
   toHttpResponse,

@@ -1,7 +1,8 @@
 import { randomUUID } from "node:crypto";
 import Fastify, { type FastifyInstance } from "fastify";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CoordinatorClient, fastifyIdempotency, IdempotencyGateway } from "../../src/gateway/index.js";
+import { fastifyIdempotency } from "../../src/gateway/fastify.js";
+import { CoordinatorClient, IdempotencyGateway } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";

@@ -2,14 +2,9 @@ import { randomUUID } from "node:crypto";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  CoordinatorClient,
-  IdempotencyGateway,
-  RecoveryWorker,
-  withIdempotency,
-  type NodeIdempotentHandler,
-  type RecoveryEvent,
-} from "../../src/gateway/index.js";
+import { CoordinatorClient, IdempotencyGateway } from "../../src/gateway/index.js";
+import { withIdempotency, type NodeIdempotentHandler } from "../../src/gateway/node.js";
+import { RecoveryWorker, type RecoveryEvent } from "../../src/gateway/recovery.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
@@ -57,7 +52,7 @@ beforeAll(async () => {
       "payments.create": async (ctx) => {
         // Asked the provider by the original key: the charge went through.
         const attempt = ctx.latestAttempt("card.charge")!;
-        if (attempt.status !== "CONFIRMED") await ctx.resolve(attempt.attemptNumber, "CONFIRMED", "ch_1");
+        if (attempt.status !== "CONFIRMED") await ctx.resolve({ attemptNumber: attempt.attemptNumber, status: "CONFIRMED", providerHandle: "ch_1" });
         await ctx.completeWith({ status: 201, json: { id: "ch_1" } });
       },
     },

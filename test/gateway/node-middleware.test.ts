@@ -3,16 +3,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { paymentsPolicy } from "../../examples/payments/policy.js";
-import {
-  CoordinatorClient,
-  DefiniteFailure,
-  IdempotencyGateway,
-  LeaseLostError,
-  withIdempotency,
-  writeResponse,
-  type IdempotencyContext,
-  type NodeIdempotentHandler,
-} from "../../src/gateway/index.js";
+import { CoordinatorClient, DefiniteFailure, IdempotencyGateway, LeaseLostError, type IdempotencyContext } from "../../src/gateway/index.js";
+import { withIdempotency, writeResponse, type NodeIdempotentHandler } from "../../src/gateway/node.js";
 import { setOperationControl } from "../../src/registry/policy-store.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";

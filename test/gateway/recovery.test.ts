@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CoordinatorClient, CoordinatorError, RecoveryWorker, type RecoveryContext, type RecoveryEvent, type RecoveryResolver } from "../../src/gateway/index.js";
+import { CoordinatorClient, CoordinatorError } from "../../src/gateway/index.js";
+import { RecoveryWorker, type RecoveryContext, type RecoveryEvent, type RecoveryResolver } from "../../src/gateway/recovery.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { expireLease } from "../support/registry-helpers.js";
@@ -43,9 +44,9 @@ async function abandoned(options: { effect?: "PENDING" | "INDETERMINATE" } = {})
   const ref = { tenant: "acme", operationId: reserved.operationId };
   let downstreamKey: string | undefined;
   if (options.effect) {
-    const attempt = await gateway.recordEffectAttempt(ref, reserved.generation, "card.charge", "card-provider");
+    const attempt = await gateway.recordEffectAttempt({ ref, generation: reserved.generation, effect: "card.charge", provider: "card-provider" });
     downstreamKey = attempt.downstreamKey;
-    if (options.effect === "INDETERMINATE") await gateway.resolveEffectAttempt(ref, reserved.generation, attempt.attemptNumber, "INDETERMINATE");
+    if (options.effect === "INDETERMINATE") await gateway.resolveEffectAttempt({ ref, generation: reserved.generation, attemptNumber: attempt.attemptNumber, status: "INDETERMINATE" });
   }
   await expireLease(t.pool, reserved.operationId);
   return { ref, downstreamKey };
@@ -134,7 +135,7 @@ describe("the recovery worker", () => {
     const polling = worker(async (ctx) => {
       const attempt = ctx.latestAttempt("card.charge")!;
       // Asked the provider: nothing was charged under this key.
-      await ctx.resolve(attempt.attemptNumber, "NO_EFFECT");
+      await ctx.resolve({ attemptNumber: attempt.attemptNumber, status: "NO_EFFECT" });
       await ctx.completeWith({ status: 402, json: { error: "card_declined" } });
     }, events);
     polling.start();

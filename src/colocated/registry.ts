@@ -1,15 +1,15 @@
 import { readFileSync } from "node:fs";
 import type pg from "pg";
 import pino, { type Logger } from "pino";
+import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
+import { failpoint } from "../failpoints.js";
+import { toCoordinatorError } from "../gateway/errors.js";
+import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
-import { poolDb, sqlState, transactionDb, type Queryable } from "../registry/db.js";
+import { poolDb, runTransaction, transactionDb, type Queryable } from "../registry/db.js";
 import { loadPolicies } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
-import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
 import type { Actor } from "../registry/types.js";
-import { toCoordinatorError } from "./errors.js";
-import type { CompleteResult, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
-import { failpoint } from "../failpoints.js";
 
 interface ColocatedRegistryBaseOptions {
   /**
@@ -69,11 +69,6 @@ export function snapshotKeysFromEnv(env: NodeJS.ProcessEnv = process.env): Snaps
   return undefined;
 }
 
-/** The outcome of a COMMIT is unknown (the connection died during it): re-read before acting. */
-export class CommitUnknownError extends Error {
-  override readonly name = "CommitUnknownError";
-}
-
 /**
  * Co-located mode: the registry's state machine in this process, on the
  * service's own connections, so that Complete runs inside the service's
@@ -83,7 +78,7 @@ export class CommitUnknownError extends Error {
  * Every rule (fencing by generation, unresolved effects, snapshot filtering
  * by the policy's allowlist) is the same code the coordinator runs.
  */
-export class ColocatedRegistry {
+export class ColocatedRegistry implements ColocatedCompletion {
   readonly pool: pg.Pool;
   private readonly registry: Registry;
   private readonly actor: Actor;
@@ -136,7 +131,7 @@ export class ColocatedRegistry {
    * its own rows, and its ROLLBACK undoes both. Refusals are thrown as
    * CoordinatorError with the same reasons as over RPC.
    */
-  async complete(tx: Queryable, ref: OperationRef, generation: number, outcome: Outcome, snapshot: ResponseSnapshot): Promise<CompleteResult> {
+  async complete(tx: Queryable, { ref, generation, outcome, snapshot }: CompleteInput): Promise<CompleteResult> {
     try {
       const record = await this.registry.complete(
         transactionDb(tx),
@@ -163,42 +158,18 @@ export class ColocatedRegistry {
 
   /**
    * Runs `work` in one transaction on a connection of the pool (BEGIN,
-   * work, COMMIT; ROLLBACK on any error). A connection lost during COMMIT
-   * leaves its outcome unknown: CommitUnknownError.
+   * work, COMMIT; ROLLBACK on any error), with the registry's own runner
+   * (src/registry/db.ts). A connection lost during COMMIT leaves its outcome
+   * unknown: CommitUnknownError.
    */
   async transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
-    const client = await this.pool.connect();
-    // A checked-out client has no error listener of the pool's: without one,
-    // a connection killed mid-transaction would crash the process.
-    const onError = () => undefined;
-    client.on("error", onError);
-    let broken = false;
-    try {
-      await client.query("BEGIN");
-      let result: T;
-      try {
-        result = await work(client);
-      } catch (error) {
-        await client.query("ROLLBACK").catch(() => (broken = true));
-        throw error;
-      }
+    const result = await runTransaction(this.pool, async (tx) => {
+      const done = await work(tx);
       await failpoint("gateway.business.before-commit");
-      try {
-        await client.query("COMMIT");
-      } catch (error) {
-        const state = sqlState(error);
-        // A PostgreSQL error at COMMIT (a deferred constraint, a serialization
-        // failure) means it rolled back; a lost connection leaves it unknown.
-        if (state !== undefined && !state.startsWith("08") && !state.startsWith("57P")) throw error;
-        broken = true;
-        throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
-      }
-      await failpoint("gateway.business.after-commit");
-      return result;
-    } finally {
-      client.removeListener("error", onError);
-      client.release(broken);
-    }
+      return done;
+    });
+    await failpoint("gateway.business.after-commit");
+    return result;
   }
 
   /** Stops refreshing policies (the pool is the caller's to end). */
