@@ -6,8 +6,12 @@ import { parseKeyring, type SnapshotKeyring } from "./crypto/sealing.js";
 
 /**
  * The coordinator's whole configuration, read from the environment once at
- * boot (and nowhere else). Every problem is reported at once, each with the
- * variable to fix.
+ * boot. Every problem is reported at once, each with the variable to fix.
+ * The environment has a few other readers, each for settings that are not
+ * the coordinator's: OpenTelemetry's own variables (OTEL_*, src/server
+ * tracing), PGOPTIONS as the PostgreSQL driver reads it (src/registry/db.ts),
+ * idemctl's client commands (IDEM_URL, IDEM_TOKEN) and co-located services'
+ * key ring (snapshotKeysFromEnv).
  */
 export interface Config {
   /** PostgreSQL connection string; undefined means the embedded PostgreSQL. */
@@ -146,7 +150,10 @@ const GRANT_SETTINGS = ["name", "tokenSha256", "certificate", "tenants", "operat
 /** Reads a JSON array of caller grants, refusing anything malformed with its path. */
 export function parseCallerGrants(input: unknown): CallerGrant[] {
   if (!Array.isArray(input)) throw new Error("must be a JSON array of callers");
-  const names = new Set<string>();
+  // A name may appear again with another credential (rotating a token or a
+  // certificate without downtime), but only with the same grants: one name is
+  // one caller in the event log.
+  const grantsByName = new Map<string, { index: number; grants: string }>();
   const credentials = new Set<string>();
   return input.map((entry: unknown, i) => {
     const path = `callers[${i}]`;
@@ -167,13 +174,11 @@ export function parseCallerGrants(input: unknown): CallerGrant[] {
     if (o.certificate !== undefined && (typeof o.certificate !== "string" || !/^(URI|DNS|CN):[^\s]{1,512}$/.test(o.certificate))) {
       throw new Error(`${path}.certificate must be URI:<uri>, DNS:<name> or CN:<common name> of the client certificate`);
     }
-    if (names.has(o.name)) throw new Error(`${path}.name '${o.name}' is used twice`);
     for (const credential of [o.tokenSha256, o.certificate]) {
       if (typeof credential !== "string") continue;
       if (credentials.has(credential)) throw new Error(`${path}: its ${credential === o.certificate ? "certificate" : "tokenSha256"} is shared with another caller`);
       credentials.add(credential);
     }
-    names.add(o.name);
     const list = (value: unknown, field: string) => {
       if (!Array.isArray(value) || value.length === 0 || !value.every((v) => typeof v === "string" && v.length > 0)) {
         throw new Error(`${path}.${field} must be a non-empty array of strings ("*" for all)`);
@@ -184,12 +189,20 @@ export function parseCallerGrants(input: unknown): CallerGrant[] {
     for (const role of roles) {
       if (!ROLES.includes(role as Role)) throw new Error(`${path}.roles: '${role}' is not one of ${ROLES.join(", ")}`);
     }
+    const tenants = list(o.tenants, "tenants");
+    const operations = list(o.operations, "operations");
+    const grants = JSON.stringify([[...tenants].sort(), [...operations].sort(), [...roles].sort()]);
+    const same = grantsByName.get(o.name);
+    if (same && same.grants !== grants) {
+      throw new Error(`${path}.name '${o.name}' is used by callers[${same.index}] with other grants: one name, one set of grants (a second entry only adds a credential)`);
+    }
+    if (!same) grantsByName.set(o.name, { index: i, grants });
     return {
       name: o.name,
       ...(typeof o.tokenSha256 === "string" ? { tokenSha256: o.tokenSha256 } : {}),
       ...(typeof o.certificate === "string" ? { certificate: o.certificate } : {}),
-      tenants: list(o.tenants, "tenants"),
-      operations: list(o.operations, "operations"),
+      tenants,
+      operations,
       roles: roles as Role[],
     };
   });

@@ -20,9 +20,10 @@ import type { Subject } from "../contract/scope.js";
 import type { ClaimMode, Decision, EffectStatus, OperationRef, Outcome, RecordState, RecordView, StoredAttempt, StoredRecord } from "../registry/types.js";
 
 /**
- * Translation between the wire messages and the registry's domain types: the
- * only place that knows both. Enum names match one to one after the proto's
- * type prefix.
+ * Translation between the wire messages and the registry's domain types, for
+ * the server's handlers (the gateway SDK has its own, between the wire and
+ * its public types). Enum names match one to one after the proto's type
+ * prefix.
  */
 
 export const toProtoState = (state: RecordState): ProtoRecordState => ProtoRecordState[state];
