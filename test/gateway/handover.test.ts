@@ -8,7 +8,7 @@ import { RecoveryWorker, type RecoveryEvent } from "../../src/gateway/recovery.j
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { post, until } from "./helpers.js";
+import { EventLog, post } from "./helpers.js";
 
 /**
  * An owner whose handler failed after an effect may have happened knows the
@@ -22,7 +22,7 @@ let workerClient: CoordinatorClient;
 let worker: RecoveryWorker;
 let http: Server;
 let base: string;
-const recoveries: RecoveryEvent[] = [];
+const recoveries = new EventLog<RecoveryEvent>();
 /** Per key: what the business handler does after charging. */
 const afterCharge = new Map<string, "throw" | "indeterminate">();
 
@@ -47,7 +47,7 @@ beforeAll(async () => {
   worker = new RecoveryWorker({
     client: workerClient,
     pollIntervalMs: 200,
-    onProgress: (event) => recoveries.push(event),
+    onProgress: recoveries.push,
     resolvers: {
       "payments.create": async (ctx) => {
         // Asked the provider by the original key: the charge went through.
@@ -83,7 +83,7 @@ describe.each(["throw", "indeterminate"] as const)("a handler that fails after i
     const { rows: handed } = await t.pool.query("SELECT kind, caller, generation::int FROM idem_event WHERE operation_id = $1 AND kind = 'UNKNOWN'", [operationId]);
     expect(handed).toEqual([{ kind: "UNKNOWN", caller: "payments-gateway", generation: 1 }]);
 
-    await until(() => recoveries.some((e) => e.kind === "completed" && e.operationId === operationId), "the recovery worker to settle the record", 10_000);
+    await recoveries.first((e) => e.kind === "completed" && e.operationId === operationId, "the recovery worker to settle the record", 10_000);
     const settledMs = Date.now() - failedAt;
     const { rows } = await t.pool.query(
       `SELECT r.state, (SELECT max(at) FROM idem_event e WHERE e.operation_id = r.operation_id AND e.kind = 'COMPLETED')

@@ -37,13 +37,57 @@ async function read(response: Response): Promise<Exchange> {
 }
 
 
-/** Waits until `condition` holds (checked every 20 ms), failing after `timeoutMs`: for events, never for timing. */
+/**
+ * Waits until `condition` holds (checked every 20 ms), failing after
+ * `timeoutMs`: for a state nothing announces (prefer `within` or `EventLog`
+ * when something does), never for timing.
+ */
 export async function until(condition: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await condition())) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** Waits for `promise`, failing after `timeoutMs` with what it was waiting for: an event that never comes fails loudly, not by the test's timeout. */
+export async function within<T>(promise: Promise<T>, what: string, timeoutMs = 10_000): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Events in the order they happened, and a bounded wait for the first one (past or to come) that matches. */
+export class EventLog<T> {
+  readonly seen: T[] = [];
+  private readonly waiting: Array<{ match: (event: T) => boolean; resolve: (event: T) => void }> = [];
+
+  /** Records an event (pass it as a callback: it is bound). */
+  readonly push = (event: T): void => {
+    this.seen.push(event);
+    for (const waiter of this.waiting.filter((w) => w.match(event))) {
+      this.waiting.splice(this.waiting.indexOf(waiter), 1);
+      waiter.resolve(event);
+    }
+  };
+
+  /** The first event that matches, whether it already happened or not; fails after `timeoutMs` naming `what`. */
+  first(match: (event: T) => boolean, what: string, timeoutMs = 10_000): Promise<T> {
+    const past = this.seen.find(match);
+    if (past !== undefined) return Promise.resolve(past);
+    return within(new Promise<T>((resolve) => this.waiting.push({ match, resolve })), what, timeoutMs);
+  }
+}
+
+/** Resolves once `signal` is aborted (at once if it already is). */
+export function aborted(signal: AbortSignal): Promise<void> {
+  return signal.aborted ? Promise.resolve() : new Promise((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
 }
 
 /** The members every problem+json body (RFC 9457) of the gateway has. */

@@ -9,7 +9,7 @@ import { setOperationControl } from "../../src/registry/policy-store.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { post, until } from "./helpers.js";
+import { aborted, post, until, within } from "./helpers.js";
 
 const t = useTestDatabase();
 let coordinator: TestServer;
@@ -79,19 +79,13 @@ const body = (amount = 10) => ({ amount, currency: "EUR", card: "tok_visa" });
 const lookup = (key: string, operation = "payments.create") =>
   client.lookup({ scope: { subject: { tenant: "acme", principal: "alice" }, operation, apiRevision: 1, idempotencyKey: key } });
 
-/** A gate a handler waits on until the test opens it. */
+/** A gate a handler waits on until the test opens it; `entered` settles once the handler reached it. */
 function gate() {
   let open!: () => void;
   const opened = new Promise<void>((resolve) => (open = resolve));
-  let entered = false;
-  return {
-    opened,
-    open,
-    get entered() {
-      return entered;
-    },
-    enter: () => (entered = true),
-  };
+  let enter!: () => void;
+  const entered = new Promise<void>((resolve) => (enter = resolve));
+  return { opened, open, entered, enter };
 }
 
 describe("decisions and refusals as HTTP (contract section 8)", () => {
@@ -104,7 +98,7 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
       return ok(req, res, ctx);
     });
     const first = post(`${base}/payments`, key, body(), ALICE);
-    await until(() => g.entered, "the first request to run");
+    await within(g.entered, "the first request to run");
 
     const second = await post(`${base}/payments`, key, body(), ALICE);
     expect(second.status).toBe(409);
@@ -149,7 +143,7 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
       return ok(req, res, ctx);
     });
     const first = post(`${base}/orders`, key, body(), ALICE);
-    await until(() => g.entered, "the first order to run");
+    await within(g.entered, "the first order to run");
 
     const other = await post(`${base}/orders`, randomUUID(), body(), ALICE);
     expect(other.status).toBe(429);
@@ -348,13 +342,16 @@ describe("leases", () => {
     const g = gate();
     let refusal: unknown;
     let called = false;
-    let aborted = false;
+    let signalAborted = false;
+    let lost = false;
     behaviours.set(key, async (_req, res, ctx) => {
       operationId = ctx.operationId;
       g.enter();
       await g.opened;
-      await until(() => ctx.lost, "the renewal to find the lease lost");
-      aborted = ctx.signal.aborted;
+      // Losing the lease aborts the context's signal: the event to wait for.
+      await within(aborted(ctx.signal), "the renewal to find the lease lost");
+      lost = ctx.lost;
+      signalAborted = ctx.signal.aborted;
       try {
         await ctx.effect("card.charge", "cards", async () => {
           called = true;
@@ -366,7 +363,7 @@ describe("leases", () => {
       writeResponse(res, { status: 503, json: { error: "lost" } });
     });
     const answer = post(`${base}/lease`, key, body(), ALICE);
-    await until(() => g.entered, "the handler to start");
+    await within(g.entered, "the handler to start");
     // Someone else took over (as after a takeover): the generation moved on.
     await t.pool.query("UPDATE idem_record SET generation = generation + 1 WHERE operation_id = $1", [operationId]);
     g.open();
@@ -375,7 +372,8 @@ describe("leases", () => {
     expect(refusal).toBeInstanceOf(LeaseLostError);
     expect((refusal as LeaseLostError).reason).toBe("STALE_GENERATION");
     expect(called).toBe(false);
-    expect(aborted).toBe(true);
+    expect(signalAborted).toBe(true);
+    expect(lost).toBe(true);
     expect((await lookup(key, "lease.create")).effectAttempts).toEqual([]);
   });
 });

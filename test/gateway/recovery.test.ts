@@ -6,7 +6,7 @@ import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { expireLease } from "../support/registry-helpers.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { until } from "./helpers.js";
+import { EventLog } from "./helpers.js";
 
 const t = useTestDatabase();
 let coordinator: TestServer;
@@ -54,7 +54,7 @@ async function abandoned(options: { effect?: "PENDING" | "INDETERMINATE" } = {})
 
 const record = (operationId: string) => gateway.lookup({ ref: { tenant: "acme", operationId }, subject: alice });
 
-function worker(resolver: RecoveryResolver, events: RecoveryEvent[] = []) {
+function worker(resolver: RecoveryResolver, events: { push(event: RecoveryEvent): unknown } = []) {
   return new RecoveryWorker({ client: workerClient, resolvers: { "payments.create": resolver }, onProgress: (e) => events.push(e), pollIntervalMs: 50 });
 }
 
@@ -131,7 +131,7 @@ describe("the recovery worker", () => {
 
   it("polls on its own between start() and stop()", async () => {
     const { ref } = await abandoned({ effect: "PENDING" });
-    const events: RecoveryEvent[] = [];
+    const events = new EventLog<RecoveryEvent>();
     const polling = worker(async (ctx) => {
       const attempt = ctx.latestAttempt("card.charge")!;
       // Asked the provider: nothing was charged under this key.
@@ -140,7 +140,7 @@ describe("the recovery worker", () => {
     }, events);
     polling.start();
     try {
-      await until(() => events.some((e) => e.kind === "completed" && e.operationId === ref.operationId), "the worker to settle the record");
+      await events.first((e) => e.kind === "completed" && e.operationId === ref.operationId, "the worker to settle the record");
     } finally {
       await polling.stop();
     }
