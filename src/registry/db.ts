@@ -145,9 +145,13 @@ const BASE_BACKOFF_MS = 10;
 /**
  * A Db over a pool. Serialization failures (40001) and deadlocks (40P01) are
  * retried with jittered exponential backoff; so are lost connections, because
- * every registry operation is written to be re-run safely: a re-run re-reads
- * the record and recognizes its own earlier write (by operation id or
- * acquisition id) when a COMMIT's outcome was lost with the connection.
+ * a COMMIT's outcome may be lost with its connection and every request-path
+ * operation is written to be re-run safely: a re-run re-reads the record and
+ * recognizes its own earlier write (Reserve, Claim and Reconcile by the
+ * acquisition id they minted, RecordEffectAttempt by its registration id),
+ * or finds nothing left to do (an identical Complete, a Release, an Abandon,
+ * a resolution already made, a renewal). Of the operators' writes, a repeated
+ * SetOperationMode logs its MODE_SET event again, as a second setting would.
  *
  * Work bound to ALL_TENANTS runs on `crossTenantPool` (acting as
  * idem_cross_tenant, which sees every tenant). Without one it runs on `pool`

@@ -18,7 +18,7 @@ import { ALL_TENANTS, bindingFor, type Db, type Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
-import type { Statement } from "./statement.js";
+import { pipelined, type Statement } from "./statement.js";
 import * as attemptStatements from "./statements/attempts.js";
 import * as eventStatements from "./statements/events.js";
 import * as jobStatements from "./statements/jobs.js";
@@ -373,8 +373,12 @@ export class Registry {
     validateRef(ref);
     validateEffectName(effect);
     if (provider.length > 0) validateText(provider, "provider", 128);
+    // Minted once, outside the retried work: a re-run after a lost COMMIT finds its own attempt.
+    const registrationId = randomUUID();
     return db.transaction(ref.tenant, async (q) => {
       const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
+      const registered = attempts.find((a) => a.registrationId === registrationId);
+      if (registered) return registered;
       checkRecordEffect(record, attempts, generation, effect);
       const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
       const { rows } = await attemptStatements.insertAttempt.run(q, {
@@ -384,6 +388,7 @@ export class Registry {
         provider,
         downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
         generation,
+        registrationId,
       });
       await changeLocked(q, recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, effect } }, {});
       return toAttempt(rows[0]!);
@@ -471,8 +476,11 @@ export class Registry {
     validateRef(input.ref);
     validateText(input.evidence, "evidence", 4096);
     validateText(input.operatorName, "operator", 256);
+    // Minted once, outside the retried work: a re-run after a lost COMMIT recognizes its own reconciliation.
+    const acquisitionId = randomUUID();
     return db.transaction(input.ref.tenant, async (q) => {
       const record = await this.lockRecord(q, input.ref, actor);
+      if (record.acquisitionId === acquisitionId) return record;
       if (record.state !== "UNKNOWN") {
         refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
           state: record.state,
@@ -485,7 +493,7 @@ export class Registry {
         recordStatements.reconcile,
         record,
         { caller: actor.caller, detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
-        { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot) },
+        { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot), acquisitionId },
       );
     }, "reconcile");
   }
@@ -690,7 +698,7 @@ export class Registry {
    */
   private async lockWithAttempts(q: Queryable, ref: OperationRef, actor: Actor): Promise<{ record: StoredRecord; attempts: StoredAttempt[] }> {
     requireTenant(actor, ref.tenant);
-    const [record, attempts] = await Promise.all([
+    const [record, attempts] = await pipelined<[StoredRecord, StoredAttempt[]]>([
       this.lockRecord(q, ref, actor),
       attemptStatements.loadAttempts.run(q, ref).then(({ rows }) => rows.map(toAttempt)),
     ]);
@@ -772,7 +780,7 @@ interface NewRecord {
  */
 async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean; active: number } | undefined> {
   const { quota, ...values } = r;
-  const [{ rows }, active] = await Promise.all([
+  const [{ rows }, active] = await pipelined<[{ rows: Record<string, unknown>[] }, number]>([
     recordStatements.insertOrFind.run(q, { ...values, scope: Buffer.from(r.scope), fingerprint: Buffer.from(r.fingerprint) }),
     countActiveUnderGate(q, r),
   ]);
@@ -795,7 +803,7 @@ async function countActiveUnderGate(
   r: { tenant: string; principal: string; operation: string; apiRevision: number; scope: Uint8Array; acquisitionId: string; quota: number },
 ): Promise<number> {
   const subject = { tenant: r.tenant, principal: r.principal, operation: r.operation, apiRevision: r.apiRevision, scope: Buffer.from(r.scope), acquisitionId: r.acquisitionId };
-  const [, { rows }] = await Promise.all([
+  const [, { rows }] = await pipelined<[unknown, { rows: Array<{ active: number }> }]>([
     quotaStatements.holdQuotaGate.run(q, subject),
     quotaStatements.countActive.run(q, { ...subject, limit: r.quota + 1 }),
   ]);

@@ -48,6 +48,7 @@ export function toRecord(row: Row): StoredRecord {
 export function toAttempt(row: Row): StoredAttempt {
   return {
     attemptNumber: row.attempt_number as number,
+    registrationId: (row.registration_id as string | null | undefined) ?? null,
     effect: row.effect as string,
     provider: row.provider as string,
     downstreamKey: row.downstream_key as string,

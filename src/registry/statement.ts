@@ -49,3 +49,17 @@ export function statement<Values extends object, Row extends pg.QueryResultRow =
     },
   };
 }
+
+/**
+ * Awaits statements that were sent one behind the other without waiting
+ * (pipelined: one round trip), and throws the failure of the first one that
+ * failed in the order they were sent. When a statement fails, the ones
+ * behind it fail only because the transaction aborted ("current transaction
+ * is aborted"); that is not the error to act on. Promise.all would throw
+ * whichever rejection settles first.
+ */
+export async function pipelined<T extends readonly unknown[]>(sent: { [K in keyof T]: Promise<T[K]> }): Promise<T> {
+  const settled = await Promise.allSettled(sent);
+  for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
+  return settled.map((outcome) => (outcome as PromiseFulfilledResult<unknown>).value) as unknown as T;
+}

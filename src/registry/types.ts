@@ -38,6 +38,8 @@ export interface StoredRecord {
 
 export interface StoredAttempt {
   attemptNumber: number;
+  /** The RecordEffectAttempt call that registered it (null: registered before calls were recorded, or read from a view). */
+  registrationId: string | null;
   effect: string;
   provider: string;
   downstreamKey: string;

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
+import type pg from "pg";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { loadConfig } from "../../src/config.js";
 import { armFailpoint, disarmFailpoints } from "../../src/failpoints.js";
@@ -77,6 +78,66 @@ describe("a connection that breaks under a write", () => {
     const always = failing(base, "EPIPE", Number.POSITIVE_INFINITY, "write");
     await expectRefusal(registry.reserve(always.db, reserveInput(newKey()), gateway), "REGISTRY_UNAVAILABLE");
     expect(always.failures()).toBe(4);
+  });
+});
+
+/**
+ * A Db whose first COMMIT is carried out by the database but its answer is
+ * lost, as when the connection dies while the acknowledgement is on its way:
+ * the work committed, its client sees a lost connection, and the registry
+ * runs the whole work again.
+ */
+function commitAnswerLostOnce(pool: pg.Pool): { db: Db; lost: () => boolean } {
+  let lost = false;
+  const losing = {
+    connect: async () => {
+      const client = await pool.connect();
+      return new Proxy(client, {
+        get(target, property) {
+          const value = Reflect.get(target, property) as unknown;
+          if (property === "query") {
+            return async (text: string, values?: unknown[]) => {
+              const result = await target.query(text, values);
+              if (text === "COMMIT" && !lost) {
+                lost = true;
+                throw new Error("Connection terminated unexpectedly");
+              }
+              return result;
+            };
+          }
+          return typeof value === "function" ? value.bind(target) : value;
+        },
+      });
+    },
+  } as unknown as pg.Pool;
+  return { db: poolDb(losing, silentLogger), lost: () => lost };
+}
+
+describe("a COMMIT whose answer was lost", () => {
+  it("re-runs a RecordEffectAttempt that committed: one attempt, the same one answered", async () => {
+    const reserved = await registry.reserve(t.db, reserveInput(newKey(), undefined, { claim: true }), gateway);
+    const ref = { tenant: "acme", operationId: reserved.record!.operationId };
+    const losing = commitAnswerLostOnce(t.pool);
+    const attempt = await registry.recordEffectAttempt(losing.db, { ref, generation: 1, effect: "card.charge", provider: "cards" }, gateway);
+    expect(losing.lost()).toBe(true);
+    expect(attempt.attemptNumber).toBe(1);
+    const { rows } = await t.pool.query("SELECT attempt_number FROM idem_effect_attempt WHERE operation_id = $1", [ref.operationId]);
+    expect(rows).toEqual([{ attempt_number: 1 }]);
+  });
+
+  it("re-runs a Reconcile that committed: it answers the reconciled record instead of refusing it", async () => {
+    const reserved = await registry.reserve(t.db, reserveInput(newKey(), undefined, { claim: true }), gateway);
+    const ref = { tenant: "acme", operationId: reserved.record!.operationId };
+    await registry.recordEffectAttempt(t.db, { ref, generation: 1, effect: "card.charge", provider: "cards" }, gateway);
+    await registry.abandon(t.db, { ref, generation: 1 }, gateway);
+    const losing = commitAnswerLostOnce(t.pool);
+    const snapshot = { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
+    const operator = actor({ operator: true });
+    const reconciled = await registry.reconcile(losing.db, { ref, outcome: "SUCCEEDED", snapshot, evidence: "provider dashboard", operatorName: "olga" }, operator);
+    expect(losing.lost()).toBe(true);
+    expect(reconciled).toMatchObject({ state: "SUCCEEDED", generation: 2 });
+    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'RECONCILED'", [ref.operationId]);
+    expect(rows[0].n).toBe(1);
   });
 });
 

@@ -103,6 +103,7 @@ function record(shape: Shape = {}): StoredRecord {
 function attempt(effect: string, attemptNumber: number, status: EffectStatus, providerHandle = ""): StoredAttempt {
   return {
     attemptNumber,
+    registrationId: null,
     effect,
     provider: "cards",
     downstreamKey: `dk_${effect}`,

@@ -15,11 +15,17 @@ export const loadAttempts = statement<IdRef>(
   `SELECT ${ATTEMPT_COLUMNS} FROM idem_effect_attempt WHERE tenant_id = :tenant AND operation_id = :operationId ORDER BY attempt_number`,
 );
 
-/** Registers an attempt before its downstream call, PENDING, with the effect's stable downstream key. */
-export const insertAttempt = statement<IdRef & { attemptNumber: number; effect: string; provider: string; downstreamKey: string; generation: number }>(
+/**
+ * Registers an attempt before its downstream call, PENDING, with the effect's
+ * stable downstream key and the id of the call that registers it (so that a
+ * re-run of that call after a lost COMMIT finds it).
+ */
+export const insertAttempt = statement<
+  IdRef & { attemptNumber: number; effect: string; provider: string; downstreamKey: string; generation: number; registrationId: string }
+>(
   "insertAttempt",
-  `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation)
-   VALUES (:tenant, :operationId, :attemptNumber, :effect, :provider, :downstreamKey, 'PENDING', :generation)
+  `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation, registration_id)
+   VALUES (:tenant, :operationId, :attemptNumber, :effect, :provider, :downstreamKey, 'PENDING', :generation, :registrationId)
    RETURNING ${ATTEMPT_COLUMNS}`,
 );
 

@@ -12,7 +12,7 @@ export const RECORD_COLUMNS = `tenant_id, scope, operation_id, principal, operat
 
 /** The columns of idem_effect_attempt every read of an attempt selects, in toAttempt's terms. */
 export const ATTEMPT_COLUMNS = `attempt_number, effect, provider, downstream_key, status, provider_handle, generation,
-  created_at, resolved_at`;
+  created_at, resolved_at, registration_id`;
 
 /** `now()` plus the milliseconds of a named parameter (`:leaseMs`): leases and retention are in database time. */
 export const nowPlusMs = (parameter: string) => `now() + make_interval(secs => ${parameter}::double precision / 1000)`;

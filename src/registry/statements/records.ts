@@ -200,8 +200,16 @@ const FINISH = `state = :outcome, recovering = false, lease_expires_at = NULL, c
 /** Complete: the terminal state and the response to replay. */
 export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINISH);
 
-/** Reconcile: an operator's terminal state for an UNKNOWN record, at the next generation so that a late owner is fenced out. */
-export const reconcile = fencedUpdate<SnapshotColumns>("reconcile", "RECONCILED", `${FINISH}, generation = generation + 1`);
+/**
+ * Reconcile: an operator's terminal state for an UNKNOWN record, at the next
+ * generation so that a late owner is fenced out, taken by this call's
+ * acquisition id (so that a re-run after a lost COMMIT recognizes it).
+ */
+export const reconcile = fencedUpdate<SnapshotColumns & { acquisitionId: string }>(
+  "reconcile",
+  "RECONCILED",
+  `${FINISH}, generation = generation + 1, acquisition_id = :acquisitionId`,
+);
 
 /** Release (or Abandon with nothing possible): back to RESERVED without a lease; the next identical retry takes it over. */
 export const release = fencedUpdate("release", "RELEASED", "state = 'RESERVED', recovering = false, lease_expires_at = NULL");
