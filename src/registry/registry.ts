@@ -274,7 +274,7 @@ export class Registry {
               writerEpoch: input.writerEpoch,
               caller: actor.caller,
             });
-            if (taken) return answer("ACCEPTED", taken);
+            if (taken) return { ...answer("ACCEPTED", taken), takenOver: true };
             break; // someone else moved the record first: re-read and decide again
           }
           case "mark_unknown": {

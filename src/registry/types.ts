@@ -95,6 +95,8 @@ export interface ReserveResult {
   retryAfterMs?: number;
   enforced: boolean;
   schemaRevision: number;
+  /** ACCEPTED by taking over a record whose lease ended with nothing possible (not a new record, nor a reused tombstone). */
+  takenOver?: boolean;
 }
 
 export interface ClaimInput {

@@ -75,7 +75,7 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
       );
       const record = result.record;
       metrics?.decisions.inc({ operation: req.operation, decision: result.decision, enforced: String(result.enforced) });
-      if (result.decision === "ACCEPTED" && record && record.generation > 1) metrics?.takeovers.inc({ operation: req.operation, mode: "RESERVE" });
+      if (result.takenOver) metrics?.takeovers.inc({ operation: req.operation, mode: "RESERVE" });
       return create(ReserveResponseSchema, {
         decision: toProtoDecision(result.decision),
         operationId: record?.operationId ?? "",

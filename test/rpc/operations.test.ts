@@ -154,6 +154,9 @@ describe("retention", () => {
     expect(racers.every((r) => r.decision === Decision.ACCEPTED || r.decision === Decision.IN_PROGRESS || r.decision === Decision.PAYLOAD_CONFLICT)).toBe(true);
     const { rows } = await t.pool.query("SELECT generation::int, tombstoned_at FROM idem_record WHERE operation_id = $1", [winners[0]!.operationId]);
     expect(rows).toEqual([{ generation: 2, tombstoned_at: null }]);
+    // A new operation in a reused scope: generation 2, yet no takeover of anyone's work.
+    const metrics = await (await fetch(`${server.adminUrl}/metrics`)).text();
+    expect(metrics).not.toMatch(/idem_takeovers_total\{operation="holds.create",mode="RESERVE"\}/);
   });
 });
 
