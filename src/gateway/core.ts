@@ -2,7 +2,7 @@ import { createHash, randomUUID } from "node:crypto";
 import { downstreamKey } from "../contract/effects.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import type { CoordinatorClient } from "./client.js";
-import { CoordinatorError, toCoordinatorError } from "./errors.js";
+import { CoordinatorError, isDefiniteFailure, toCoordinatorError } from "./errors.js";
 import {
   KEY_HEADER,
   outcomeForStatus,
@@ -14,7 +14,7 @@ import {
   snapshotOf,
   type Problem,
 } from "./http.js";
-import { defaultIsDefinite, OwnedOperation, type OwnedOperationInit } from "./operation.js";
+import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
 import { silentLogger, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
 export interface GatewayOptions {
@@ -117,7 +117,7 @@ export class IdempotencyGateway {
     this.statusUrl = options.statusUrl ?? ((id) => `/operations/${encodeURIComponent(id)}`);
     this.problemBase = options.problemTypeBase ?? DEFAULT_PROBLEM_BASE;
     this.forwardHeaders = options.forwardHeaders ? new Set(options.forwardHeaders.map((h) => h.toLowerCase())) : undefined;
-    this.isDefinite = options.isDefinite ?? defaultIsDefinite;
+    this.isDefinite = options.isDefinite ?? isDefiniteFailure;
   }
 
   /** A problem+json response with this gateway's type URIs. */

@@ -1,7 +1,7 @@
 import type pg from "pg";
 import { failpoint } from "../failpoints.js";
 import type { CoordinatorClient } from "./client.js";
-import { isDefiniteFailure, isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
+import { isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { LeaseKeeper, type LeaseClock } from "./lease.js";
 import type { ColocatedCompletion, EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
@@ -248,13 +248,13 @@ export abstract class OwnedOperation {
     }
   }
 
-  /** ResolveEffectAttempt for one of this operation's attempts. */
+  /** ResolveEffectAttempt for one of this operation's attempts (e.g. after asking the downstream system by handle or downstream key). */
   async resolve(attempt: AttemptResolution): Promise<EffectAttempt> {
     return this.resolveAttempt(attempt, undefined);
   }
 
   /** ResolveEffectAttempt, recorded in the ledger under `effect` (known before the answer) or the answer's. */
-  private async resolveAttempt(attempt: AttemptResolution, effect: string | undefined): Promise<EffectAttempt> {
+  protected async resolveAttempt(attempt: AttemptResolution, effect: string | undefined): Promise<EffectAttempt> {
     const resolved = await this.client.resolveEffectAttempt({ ref: this.ref, generation: this.generation, ...attempt });
     this.ledger.set(effect ?? resolved.effect, attempt.attemptNumber, resolved.status);
     return resolved;
@@ -307,6 +307,3 @@ export abstract class OwnedOperation {
     await this.client.abandon({ ref: this.ref, generation: this.generation });
   }
 }
-
-/** The default test of `effect()` errors: a DefiniteFailure means nothing happened downstream. */
-export const defaultIsDefinite = isDefiniteFailure;

@@ -5,9 +5,9 @@
  */
 import type pg from "pg";
 import type { CoordinatorClient } from "./client.js";
-import { LeaseLostError, toCoordinatorError } from "./errors.js";
+import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
-import { defaultIsDefinite, OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedOperationInit } from "./operation.js";
+import { OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedOperationInit } from "./operation.js";
 import {
   silentLogger,
   type ClaimMode,
@@ -188,7 +188,7 @@ export class RecoveryWorker {
         generation: claimed.generation,
         owned: true,
         attempts: claimed.effectAttempts,
-        isDefinite: this.options.isDefinite ?? defaultIsDefinite,
+        isDefinite: this.options.isDefinite ?? isDefiniteFailure,
         logger: this.logger,
       },
       { ...record, generation: claimed.generation, recovering: claimed.recovering, effectAttempts: claimed.effectAttempts },
@@ -271,9 +271,13 @@ export class RecoveryContext extends OwnedOperation {
     return this.effect(effect, registered.provider, fn, options);
   }
 
-  /** Resolves an attempt after querying the downstream system (e.g. by handle or downstream key). */
-  override async resolve(attempt: AttemptResolution): Promise<EffectAttempt> {
-    const resolved = await super.resolve(attempt);
+  /**
+   * Every resolution (`resolve()` after querying the downstream system by
+   * handle or downstream key, or `replay()`'s) also updates the record the
+   * resolver reads.
+   */
+  protected override async resolveAttempt(attempt: AttemptResolution, effect: string | undefined): Promise<EffectAttempt> {
+    const resolved = await super.resolveAttempt(attempt, effect);
     this.record.effectAttempts = this.record.effectAttempts.map((a) => (a.attemptNumber === attempt.attemptNumber ? resolved : a));
     return resolved;
   }
