@@ -1,5 +1,5 @@
 /**
- * The launch gate (`npm run gate`, CONTRACT.md section 9): drives HTTP
+ * The launch gate (`npm run gate`, docs/contract.md "Launch gate"): drives HTTP
  * requests through the payments example and the coordinator, with many
  * concurrent and late replays per key and a share of conflicting payloads,
  * kills (SIGKILL) and restarts the service and the coordinator during the

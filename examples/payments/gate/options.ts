@@ -165,7 +165,7 @@ function validate(o: GateOptions): void {
 
 export const USAGE = `usage: idemctl gate [options]        (or: npm run gate -- [options])
 
-The launch gate (CONTRACT.md section 9): drives HTTP requests with concurrent and late
+The launch gate (docs/contract.md, "Launch gate"): drives HTTP requests with concurrent and late
 replays and conflicting payloads through the payments example and the coordinator,
 SIGKILLs and restarts the service and the coordinator during the run, then reads the
 database and the card provider and prints the gate's table. Exit code 0 when every line
