@@ -77,7 +77,8 @@ const RECOVERY_HINT_MAX_MS = 60_000;
  *   end (then the retry may take over). Most owners answer well within
  *   their lease, which only bounds a silent one;
  * - UNKNOWN: the recovery cadence (the recoverer's interval), growing to a
- *   quarter of the time the record has waited, at most a minute: a record
+ *   quarter of the time the record has waited, at most a minute (or the
+ *   cadence, when it is longer: sooner than that nothing changes): a record
  *   that recovery has not settled for long needs a person, not more retries.
  */
 export function retryAfterMs(record: StoredRecord, recoveryCadenceMs: number): number {
@@ -163,6 +164,10 @@ function refuseLiveLease(record: StoredRecord): void {
 export function checkRenew(record: StoredRecord, generation: number): void {
   requireGeneration(record, generation);
   if (isTerminal(record.state)) refuseFinished(record);
+  if (record.state === "RESERVED" && record.leaseExpiresAt === null) {
+    // Released: it waits for the next identical retry to take it over; a lease would keep that retry out.
+    refuse("INVALID_TRANSITION", "the reservation was released; nothing holds it any more (Claim OWNER takes it again)", { state: record.state });
+  }
   if (record.state === "UNKNOWN") {
     refuse(
       "LEASE_EXPIRED",

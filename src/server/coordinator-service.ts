@@ -93,9 +93,10 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
 
     async claim(req, ctx) {
       const caller = callerOf(ctx.values);
+      // The role first, as every RPC: a caller without one learns nothing of what else is wrong.
+      requireRole(caller, "gateway", "worker");
       const mode = fromProtoClaimMode(req.mode);
       if (mode === "RECOVER") requireRole(caller, "worker");
-      else requireRole(caller, "gateway", "worker");
       const { record, attempts } = await registry.claim(
         db,
         {

@@ -36,14 +36,25 @@ export function authentication(callers: Callers): Interceptor {
  */
 export function unknownFieldsRefused(): Interceptor {
   return (next) => async (req) => {
-    if (!req.stream) {
-      const path = unknownFieldPath(req.message, "");
-      if (path !== undefined) {
-        refuse("UNKNOWN_FIELD", `the request carries fields this coordinator does not know${path ? ` (in ${path})` : ""}; upgrade the coordinator or the client's proto`);
-      }
-    }
+    // A streaming RPC's request messages are checked as the handler reads them.
+    if (req.stream) return next({ ...req, message: checkedEach(req.message) });
+    refuseUnknownFields(req.message);
     return next(req);
   };
+}
+
+function refuseUnknownFields(message: unknown): void {
+  const path = unknownFieldPath(message, "");
+  if (path !== undefined) {
+    refuse("UNKNOWN_FIELD", `the request carries fields this coordinator does not know${path ? ` (in ${path})` : ""}; upgrade the coordinator or the client's proto`);
+  }
+}
+
+async function* checkedEach<M>(messages: AsyncIterable<M>): AsyncIterable<M> {
+  for await (const message of messages) {
+    refuseUnknownFields(message);
+    yield message;
+  }
 }
 
 function unknownFieldPath(value: unknown, path: string): string | undefined {

@@ -9,7 +9,7 @@ import { FINGERPRINT_SCHEME, fingerprint } from "../../src/contract/fingerprint.
 import { IdempotencyError } from "../../src/contract/errors.js";
 import { parseKeyring } from "../../src/crypto/sealing.js";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
-import { AdminService, OperationMode, StreamEventsResponseSchema } from "../../src/gen/idempotency/v1/admin_pb.js";
+import { AdminService, OperationMode, StreamEventsRequestSchema, StreamEventsResponseSchema } from "../../src/gen/idempotency/v1/admin_pb.js";
 import {
   ClaimMode,
   CoordinatorService,
@@ -759,6 +759,12 @@ describe("unknown fields", () => {
     policy.$unknown = unknown();
     await expectRefused(admin.publishPolicy({ policy }, as(TOKENS.allTenantsOperator)), Code.InvalidArgument, "UNKNOWN_FIELD");
     expect((await admin.listPolicies({ operation: "unknown.fields" }, as(TOKENS.allTenantsOperator))).policies).toEqual([]);
+  });
+
+  it("are refused in the request of a streaming RPC too: a filter this server does not know is never served unfiltered", async () => {
+    const request = create(StreamEventsRequestSchema, { tenant: "acme" });
+    request.$unknown = unknown();
+    await expectRefused(drain(admin.streamEvents(request, as(TOKENS.operator))), Code.InvalidArgument, "UNKNOWN_FIELD");
   });
 });
 

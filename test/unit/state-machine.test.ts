@@ -331,6 +331,7 @@ describe("checkRenew", () => {
     ["renews an ended lease that nobody took over", record({ lease: "ended" }), GENERATION, ALLOWED],
     ["renews an ended lease with a possible effect that the recoverer has not marked yet", record({ lease: "ended", effectPossible: true }), GENERATION, ALLOWED],
     ["renews a RESERVED record's lease", record({ state: "RESERVED" }), GENERATION, ALLOWED],
+    ["refuses a released record (RESERVED, no lease): a lease would keep the next retry from taking it over", record({ state: "RESERVED", lease: "none" }), GENERATION, transition("RESERVED")],
   ] as const)("%s", (_name, stored, generation, expected) => {
     expect(decide(() => checkRenew(stored, generation))).toStrictEqual(expected);
   });
