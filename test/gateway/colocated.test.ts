@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
+import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ColocatedRegistry } from "../../src/colocated/index.js";
+import { ColocatedRegistry, CommitUnknownError } from "../../src/colocated/index.js";
 import {
   CoordinatorClient,
   IdempotencyGateway,
@@ -181,6 +182,70 @@ describe("co-located sealing", () => {
       plaintext.stop();
     } finally {
       await pool.end();
+    }
+  });
+});
+
+/**
+ * A pool whose connections, once `arm()` is called, lose the answer to their
+ * next COMMIT: `carried` says whether the database carried the COMMIT out
+ * first (the answer was lost on its way back) or never got it.
+ */
+function commitAnswerLost(pool: pg.Pool, failure: { carried: boolean; error: () => Error }) {
+  let armed = false;
+  const losing = new Proxy(pool, {
+    get(target, property) {
+      if (property !== "connect") return Reflect.get(target, property);
+      return async () => {
+        const client = await target.connect();
+        return new Proxy(client, {
+          get(inner, name) {
+            const value = Reflect.get(inner, name) as unknown;
+            if (name !== "query") return typeof value === "function" ? value.bind(inner) : value;
+            return async (text: string, values?: unknown[]) => {
+              if (text !== "COMMIT" || !armed) return inner.query(text, values);
+              armed = false;
+              if (failure.carried) await inner.query(text);
+              else await inner.query("ROLLBACK");
+              throw failure.error();
+            };
+          },
+        });
+      };
+    },
+  });
+  return { pool: losing, arm: () => (armed = true) };
+}
+
+describe("the business transaction's COMMIT", () => {
+  const connectionError = (message: string, fields: { code?: string; syscall?: string } = {}) => Object.assign(new Error(message), fields);
+
+  it("throws the database's refusal at COMMIT as it is: the transaction rolled back", async () => {
+    await t.pool.query("CREATE TABLE parcels (id int PRIMARY KEY, parent int REFERENCES parcels (id) DEFERRABLE INITIALLY DEFERRED)");
+    const error = await colocated.transaction(async (tx) => tx.query("INSERT INTO parcels VALUES (1, 2)")).catch((e: unknown) => e);
+    expect(error).not.toBeInstanceOf(CommitUnknownError);
+    expect((error as { code?: string }).code).toBe("23503");
+    expect((await t.pool.query("SELECT count(*)::int AS n FROM parcels")).rows[0].n).toBe(0);
+  });
+
+  it.each([
+    { name: "the connection ended while the answer was on its way", carried: true, error: () => connectionError("Connection terminated unexpectedly") },
+    { name: "the socket broke before COMMIT reached the server", carried: false, error: () => connectionError("write EPIPE", { code: "EPIPE", syscall: "write" }) },
+    { name: "the server shut down", carried: false, error: () => connectionError("terminating connection due to administrator command", { code: "57P01" }) },
+  ])("reports an unknown outcome when $name: CommitUnknownError", async ({ carried, error }) => {
+    await t.pool.query("CREATE TABLE IF NOT EXISTS shipments (id uuid PRIMARY KEY)");
+    const losing = commitAnswerLost(t.openPool(), { carried, error });
+    const registry = await ColocatedRegistry.open({ pool: losing.pool, caller: "orders-service", allowPlaintextSnapshots: true });
+    try {
+      const id = randomUUID();
+      losing.arm();
+      const failure = await registry.transaction(async (tx) => tx.query("INSERT INTO shipments VALUES ($1)", [id])).catch((e: unknown) => e);
+      expect(failure).toBeInstanceOf(CommitUnknownError);
+      // Unknown to the caller, not to the database: re-reading tells.
+      expect((await t.pool.query("SELECT count(*)::int AS n FROM shipments WHERE id = $1", [id])).rows[0].n).toBe(carried ? 1 : 0);
+    } finally {
+      registry.stop();
+      await losing.pool.end();
     }
   });
 });
