@@ -1,4 +1,5 @@
 import type { Logger } from "pino";
+import { every, systemClock, type Clock, type Timer } from "../clock.js";
 import type { PolicyDocument } from "./document.js";
 import {
   DEFAULT_CONTROL,
@@ -32,6 +33,8 @@ export interface PolicyCacheOptions {
   /** How often the cache re-reads: the bound on how long a new revision, mode or epoch takes to apply. */
   refreshMs: number;
   logger: Logger;
+  /** When to re-read, and how recent the last read is. Default: the system clock. */
+  clock?: Clock;
 }
 
 /**
@@ -47,23 +50,25 @@ export class PolicyCache implements PolicySource {
   private index = new RevisionIndex([]);
   private loadedAt = 0;
   private loading: Promise<void> | undefined;
-  private timer: NodeJS.Timeout | undefined;
+  private timer: Timer | undefined;
+  private readonly clock: Clock;
 
-  constructor(private readonly options: PolicyCacheOptions) {}
+  constructor(private readonly options: PolicyCacheOptions) {
+    this.clock = options.clock ?? systemClock;
+  }
 
   /** Loads once, then keeps refreshing in the background until `stop`. */
   async start(): Promise<void> {
     await this.refresh();
-    this.timer = setInterval(() => {
+    this.timer = every(this.clock, this.options.refreshMs, () => {
       this.refresh().catch((error: unknown) =>
         this.options.logger.warn({ error: (error as Error).message }, "policy refresh failed; serving the policies loaded before"),
       );
-    }, this.options.refreshMs);
-    this.timer.unref();
+    });
   }
 
   stop(): void {
-    clearInterval(this.timer);
+    this.timer?.cancel();
   }
 
   /** Re-reads the registry now (concurrent callers share one read). */
@@ -76,7 +81,7 @@ export class PolicyCache implements PolicySource {
             toOperationPolicy(document, snapshot.controls.get(operationKey(document.operation, document.apiRevision)) ?? DEFAULT_CONTROL),
           ),
         );
-        this.loadedAt = Date.now();
+        this.loadedAt = this.clock.now();
       })
       .finally(() => (this.loading = undefined));
     return this.loading;
@@ -98,6 +103,6 @@ export class PolicyCache implements PolicySource {
 
   /** Re-reads for an unknown operation, unless the last read is very recent (a flood of unknown names costs one read per quarter interval). */
   private async refreshIfUnknown(operation: string, apiRevision: number): Promise<void> {
-    if (!this.index.has(operation, apiRevision) && Date.now() - this.loadedAt > this.options.refreshMs / 4) await this.refresh();
+    if (!this.index.has(operation, apiRevision) && this.clock.now() - this.loadedAt > this.options.refreshMs / 4) await this.refresh();
   }
 }

@@ -2,6 +2,7 @@ import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
+import { systemClock, type Clock } from "../clock.js";
 import { ConfigError, SNAPSHOT_KEYS_REQUIRED, type Config } from "../config.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
@@ -19,7 +20,7 @@ import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
 import { coordinatorService } from "./coordinator-service.js";
 import { errorMapping } from "./errors.js";
-import { HealthStatus, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
+import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { accessLog, authentication, InFlight, peerKey, unknownFieldsRefused } from "./interceptors.js";
 import { BackgroundJob } from "./jobs.js";
 import { listenRpc, peerCertificateOf, type RpcListener } from "./listener.js";
@@ -37,13 +38,14 @@ const JOB_BATCH = 500;
  * sweep (finished records past retention become tombstones), each run by one
  * replica at a time.
  */
-function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Config, logger: Logger): BackgroundJob[] {
+function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Config, logger: Logger, clock: Clock): BackgroundJob[] {
   const recoverer = new BackgroundJob({
     name: "recoverer",
     intervalMs: config.recovererIntervalMs,
     registry,
     db,
     logger,
+    clock,
     run: async () => {
       for (;;) {
         const { unknown, claimable } = await registry.recoverExpiredLeases(db, { batchSize: JOB_BATCH, caller: "recoverer" });
@@ -60,11 +62,13 @@ function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Co
     registry,
     db,
     logger,
+    clock,
     run: async () => {
       const { tombstoned } = await registry.sweepRetention(db, {
         batchSize: JOB_BATCH,
         // Never longer than half the interval: the next pass continues.
         budgetMs: config.sweepIntervalMs / 2,
+        now: () => clock.now(),
         caller: "retention-sweep",
         onBatch: (n) => metrics.tombstoned.inc(n),
       });
@@ -87,6 +91,8 @@ export interface StartOptions {
   applicationName?: string;
   /** Traces every RPC (startTracing gives one when a collector is configured). */
   tracer?: Tracer;
+  /** The time of the background work: policy refreshes, jobs, readiness probes, the sweep's budget. Default: the system clock. */
+  clock?: Clock;
 }
 
 export interface RunningCoordinator {
@@ -98,7 +104,7 @@ export interface RunningCoordinator {
 }
 
 /** Migrates (as the owner), opens the serving pool (as the unprivileged role), and serves both ports. */
-export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer }: StartOptions): Promise<RunningCoordinator> {
+export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer, clock = systemClock }: StartOptions): Promise<RunningCoordinator> {
   // Before anything is touched: bodies are sealed, or plaintext was asked for by name.
   if (!config.snapshotKeys && !config.allowPlaintextSnapshots) throw new ConfigError(`the configuration cannot be used: ${SNAPSHOT_KEYS_REQUIRED}`);
   const poolSettings = (connectionString: string, max: number) => ({
@@ -170,7 +176,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       const { created } = await publishPolicy(db, document, "configuration");
       if (created) logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
     }
-    policies = new PolicyCache({ load: () => loadPolicies(db), refreshMs: config.policyRefreshMs, logger });
+    policies = new PolicyCache({ load: () => loadPolicies(db), refreshMs: config.policyRefreshMs, logger, clock });
     await policies.start();
     const policyCache = policies;
     if (!config.snapshotKeys) {
@@ -179,7 +185,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     const registry = new Registry(policyCache, config.snapshotKeys, config.recovererIntervalMs);
     metrics = new Metrics({ pool, census: () => registry.census(db), unknownSloSeconds: config.unknownSloSeconds });
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
-    readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger);
+    readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock);
     const ready = readiness;
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
@@ -205,7 +211,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
     });
 
-    jobs = backgroundJobs(registry, db, metrics, config, logger);
+    jobs = backgroundJobs(registry, db, metrics, config, logger, clock);
     rpc = await listenRpc(handler, config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(

@@ -2,6 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { EventEmitter, on } from "node:events";
 import type { Logger } from "pino";
+import { systemClock, type Clock, type Timer } from "../clock.js";
 import { Health, HealthCheckResponseSchema, HealthCheckResponse_ServingStatus as Status } from "../gen/grpc/health/v1/health_pb.js";
 
 /**
@@ -81,17 +82,19 @@ export const READINESS_PROBE_TIMEOUT_MS = 1000;
 export class Readiness {
   private database = false;
   private stopping = false;
-  private timer: NodeJS.Timeout | undefined;
+  private timer: Timer | undefined;
 
   /**
    * `probe` resolves when the database answers and rejects otherwise; it must
    * bound itself (a query timeout) so that a hanging database rejects too.
+   * `clock` says when the next probe is due.
    */
   constructor(
     private readonly health: HealthStatus,
     private readonly probe: () => Promise<unknown>,
     private readonly logger: Logger,
     private readonly intervalMs = READINESS_PROBE_INTERVAL_MS,
+    private readonly clock: Clock = systemClock,
   ) {}
 
   /** Probes once, so that the server starts with a real answer, then keeps probing. */
@@ -102,7 +105,7 @@ export class Readiness {
   /** Shutdown began: NOT_SERVING from now on, whatever the database says. */
   stop(): void {
     this.stopping = true;
-    clearTimeout(this.timer);
+    this.timer?.cancel();
     this.health.setAll(Status.NOT_SERVING);
   }
 
@@ -128,8 +131,7 @@ export class Readiness {
     if (reachable && !this.database) this.logger.info("the registry database answers: SERVING");
     this.database = reachable;
     this.health.setAll(reachable ? Status.SERVING : Status.NOT_SERVING);
-    this.timer = setTimeout(() => void this.check(), this.intervalMs);
-    // The probe never keeps a process alive on its own.
-    this.timer.unref();
+    // The next probe never keeps a process alive on its own: the clock's timers are unref'd.
+    this.timer = this.clock.setTimer(() => void this.check(), this.intervalMs);
   }
 }

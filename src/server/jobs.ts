@@ -1,6 +1,7 @@
 import { hostname } from "node:os";
 import { randomBytes } from "node:crypto";
 import type { Logger } from "pino";
+import { every, systemClock, type Clock, type Timer } from "../clock.js";
 import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
 
@@ -14,26 +15,34 @@ export const JOB_HOLDER = `${hostname()}:${process.pid}:${randomBytes(3).toStrin
  * takes over. Nothing here touches the request path.
  */
 export class BackgroundJob {
-  private timer: NodeJS.Timeout | undefined;
+  private timer: Timer | undefined;
   private running: Promise<void> = Promise.resolve();
   private stopped = false;
 
   constructor(
-    private readonly options: { name: string; intervalMs: number; registry: Registry; db: Db; logger: Logger; run: () => Promise<void> },
+    private readonly options: {
+      name: string;
+      intervalMs: number;
+      registry: Registry;
+      db: Db;
+      logger: Logger;
+      run: () => Promise<void>;
+      /** When each tick is due. Default: the system clock. */
+      clock?: Clock;
+    },
   ) {}
 
   start(): void {
-    this.timer = setInterval(() => {
+    this.timer = every(this.options.clock ?? systemClock, this.options.intervalMs, () => {
       // One tick at a time: a slow pass delays the next instead of overlapping it.
       this.running = this.running.then(() => this.tick());
-    }, this.options.intervalMs);
-    this.timer.unref();
+    });
   }
 
   /** Stops ticking, waits for the pass under way, and hands the lease over at once. */
   async stop(): Promise<void> {
     this.stopped = true;
-    clearInterval(this.timer);
+    this.timer?.cancel();
     await this.running;
     await this.options.registry.releaseJobLease(this.options.db, { job: this.options.name, holder: JOB_HOLDER }).catch(() => undefined);
   }

@@ -1,12 +1,13 @@
 import { readFile } from "node:fs/promises";
-import { describe, expect, it, vi } from "vitest";
+import { describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
 import { parsePolicyDocument, policyDigest, type PolicyDocument } from "../../src/policy/document.js";
-import { PolicyCache } from "../../src/policy/cache.js";
+import { PolicyCache, type PolicySnapshot } from "../../src/policy/cache.js";
 import { parsePolicyDocuments, StaticPolicies, toOperationPolicy } from "../../src/policy/operations.js";
 import { loadPolicies, publishPolicy, setOperationControl } from "../../src/registry/policy-store.js";
 import { Registry } from "../../src/registry/registry.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
+import { ManualClock } from "../support/clock.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { actor, jsonParts, newKey, reserveInput, testDocument } from "../support/fixtures.js";
 import { expectReason } from "../support/refusals.js";
@@ -109,20 +110,48 @@ describe("revisions stored by an older release", () => {
   });
 });
 
+/**
+ * The registry's policies as the coordinator reads them, each read kept so
+ * that a test can await the one the cache started on its own.
+ */
+function observedLoads() {
+  const reads: Array<Promise<PolicySnapshot>> = [];
+  return {
+    load: () => {
+      const read = loadPolicies(t.db);
+      reads.push(read);
+      return read;
+    },
+    /**
+     * Waits for the `n`th read (from 1) to be done, and so for the cache to
+     * hold what it read: the cache's own continuation of a read was attached
+     * before this one. Fails at once when the cache did not start that read.
+     */
+    async done(n: number): Promise<void> {
+      const read = reads[n - 1];
+      if (!read) throw new Error(`the cache started ${reads.length} reads of the registry, not ${n}`);
+      await read;
+    },
+  };
+}
+
 describe("the policy cache", () => {
   it("applies a newly published revision and a mode change on a running coordinator, without a restart", async () => {
     const op = operation("transfers.create");
     await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "alice");
-    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 100, logger: silentLogger });
+    const clock = new ManualClock();
+    const loads = observedLoads();
+    const cache = new PolicyCache({ load: loads.load, refreshMs: 100, logger: silentLogger, clock });
     await cache.start();
     try {
       expect((await cache.current(op.operation, 1))?.fingerprint.schemaRevision).toBe(1);
       await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
       await setOperationControl(t.db, op.operation, 1, { mode: "DRAINING", writerEpoch: 3 }, "alice");
-      await vi.waitFor(async () => {
-        const current = await cache.current(op.operation, 1);
-        expect(current).toMatchObject({ mode: "DRAINING", writerEpoch: 3, fingerprint: { schemaRevision: 2 } });
-      });
+      // One refresh interval: the cache reads the registry again by itself (its second read).
+      clock.advance(100);
+      await loads.done(2);
+      const current = await cache.current(op.operation, 1);
+      expect(current).toMatchObject({ mode: "DRAINING", writerEpoch: 3, fingerprint: { schemaRevision: 2 } });
       // The older revision stays available for records made under it.
       expect((await cache.revision(op.operation, 1, 1))?.mode).toBe("DRAINING");
     } finally {
@@ -131,12 +160,15 @@ describe("the policy cache", () => {
   });
 
   it("reads the registry at once when asked for an operation it does not know yet", async () => {
-    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 400, logger: silentLogger });
+    const clock = new ManualClock();
+    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 400, logger: silentLogger, clock });
     await cache.start();
     try {
-      await new Promise((r) => setTimeout(r, 150));
-      await publishPolicy(t.db, testDocument({ ...operation("payouts.create"), schemaRevision: 1 }), "alice");
-      expect(await cache.current("payouts.create", 1)).toBeDefined();
+      // More than a quarter interval since the last read, less than the interval: only asking triggers a read.
+      clock.advance(150);
+      // An operation of this test's own: another test of this file publishes payouts.create.
+      await publishPolicy(t.db, testDocument({ ...operation("loans.create"), schemaRevision: 1 }), "alice");
+      expect(await cache.current("loans.create", 1)).toBeDefined();
       expect(await cache.current("ledger.post", 1)).toBeUndefined();
     } finally {
       cache.stop();
@@ -148,7 +180,8 @@ describe("the policy cache and revisions published elsewhere", () => {
   it("reads the registry at once for a record's revision it does not know yet, however recent its last read", async () => {
     const op = operation("invoices.create");
     await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "alice");
-    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 3_600_000, logger: silentLogger });
+    // Time stands still: however recent, the last read is the one of start().
+    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 3_600_000, logger: silentLogger, clock: new ManualClock() });
     await cache.start();
     try {
       // Another replica publishes revision 2 and stores a record under it.
