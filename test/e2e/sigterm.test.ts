@@ -11,6 +11,7 @@ import { transactionDb } from "../../src/registry/db.js";
 import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
 import { freePort } from "../../src/net.js";
+import { printed, until } from "../support/wait.js";
 
 const t = useTestDatabase();
 let child: ChildProcess | undefined;
@@ -41,10 +42,8 @@ describe("SIGTERM", () => {
     let output = "";
     child.stdout!.on("data", (chunk) => (output += chunk));
     child.stderr!.on("data", (chunk) => (output += chunk));
-    while (!output.includes("idempotency coordinator serving")) {
-      if (child.exitCode !== null) throw new Error(output);
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    // A process starting from scratch (tsx compiles the sources): the longest wait of this file.
+    await printed(child, () => output, "idempotency coordinator serving", 30_000);
 
     // An uncommitted reservation of the same scope keeps ten Reserves waiting inside the server.
     const key = newKey();
@@ -64,19 +63,14 @@ describe("SIGTERM", () => {
         { headers: { authorization: `Bearer ${token}` } },
       ),
     );
-    for (;;) {
+    await until(async () => {
       const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'idempotency-coordinator' AND wait_event_type = 'Lock'");
-      if (rows[0].n >= 10) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
+      return rows[0].n >= 10;
+    }, "all ten Reserves to wait on the uncommitted reservation's lock");
 
     const exited = new Promise<number | null>((resolve) => child!.once("exit", (code) => resolve(code)));
     child.kill("SIGTERM");
-    for (;;) {
-      const ready = await fetch(`http://127.0.0.1:${adminPort}/readyz`).then((r) => r.status, () => 0);
-      if (ready === 503) break;
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await until(async () => (await fetch(`http://127.0.0.1:${adminPort}/readyz`).then((r) => r.status, () => 0)) === 503, "/readyz to answer 503 after SIGTERM");
     await blocker.query("COMMIT");
     blocker.release();
     const answers = await Promise.all(inFlight);

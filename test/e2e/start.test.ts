@@ -12,6 +12,7 @@ import { ENVIRONMENT } from "../../src/config.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { freePort } from "../../src/net.js";
+import { printed } from "../support/wait.js";
 
 const run = promisify(execFile);
 const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
@@ -44,11 +45,8 @@ beforeAll(async () => {
   child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
   child.stdout!.on("data", (chunk) => (output += chunk));
   child.stderr!.on("data", (chunk) => (output += chunk));
-  const deadline = Date.now() + 90_000;
-  while (!output.includes("idempotency coordinator serving")) {
-    if (child.exitCode !== null || Date.now() > deadline) throw new Error(`npm start did not serve:\n${output}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  // Its first start initializes the embedded cluster: by far the longest wait of this file.
+  await printed(child, () => output, "idempotency coordinator serving", 90_000);
 }, 120_000);
 
 afterAll(async () => {

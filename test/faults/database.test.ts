@@ -21,6 +21,7 @@ import { silentLogger, useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testDocument, testRegistry } from "../support/fixtures.js";
 import { expectRefusal } from "../support/registry-helpers.js";
 import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 const t = useTestDatabase();
 afterEach(() => disarmFailpoints());
@@ -268,9 +269,10 @@ describe("PostgreSQL restarted under load", () => {
       }
     })();
     try {
-      await new Promise((r) => setTimeout(r, 500));
+      await until(() => accepted.length > 0, "the load to be accepted before the database goes away");
       await database.stop();
-      await new Promise((r) => setTimeout(r, 1000));
+      // The database stays away until the load has met its absence (what the refusals said is checked below).
+      await until(() => [...outcomes.keys()].some((outcome) => outcome !== "ACCEPTED"), "a Reserve refused while the database is down");
       const acceptedBeforeRestart = accepted.length;
       database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
       await vi.waitFor(() => expect(accepted.length).toBeGreaterThan(acceptedBeforeRestart + 5), { timeout: 15_000 });

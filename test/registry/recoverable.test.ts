@@ -1,9 +1,10 @@
 import { describe, expect, it } from "vitest";
-import { useTestDatabase } from "../support/database.js";
+import { useTestDatabasePerTest } from "../support/database.js";
 import { actor, newKey, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
 import { expectRefusal, expireLease } from "../support/registry-helpers.js";
 
-const t = useTestDatabase();
+// A listing without a filter shows every tenant's records: each test has a schema of its own.
+const t = useTestDatabasePerTest();
 const registry = testRegistry(testPolicy(), testPolicy({ operation: "refunds.create" }));
 const gateway = actor();
 

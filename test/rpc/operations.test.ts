@@ -1,17 +1,21 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
-import { useTestDatabase } from "../support/database.js";
+import { useTestDatabasePerTest } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
+import { EVENT_TIMEOUT_MS, until } from "../support/wait.js";
 
-const t = useTestDatabase();
+// The tests here list every record and event of the registry and change
+// switches that apply to every tenant (modes, epochs): each has a schema and a
+// server of its own, so that none sees what another left behind.
+const t = useTestDatabasePerTest();
 let server: TestServer;
 let admin: Client<typeof AdminService>;
 let coordinator: Client<typeof CoordinatorService>;
@@ -19,7 +23,7 @@ let coordinator: Client<typeof CoordinatorService>;
 // Retention can be short here: no window is declared longer than a second.
 const windows = { keep: "1s", clientRetryWindow: "0s", queueBacklogWindow: "0s", reconciliationWindow: "0s", backupRestoreWindow: "0s" };
 
-beforeAll(async () => {
+beforeEach(async () => {
   server = await startTestServer(t, {
     operations: [
       testDocument(),
@@ -33,7 +37,7 @@ beforeAll(async () => {
   admin = createClient(AdminService, transport);
   coordinator = createClient(CoordinatorService, transport);
 });
-afterAll(async () => {
+afterEach(async () => {
   await server?.stop();
 });
 
@@ -78,8 +82,9 @@ describe("the recoverer", () => {
     await endLease(withEffect.operationId);
     await endLease(withoutEffect.operationId);
 
-    await vi.waitFor(async () => expect((await stateOf(withEffect.operationId)).state).toBe("UNKNOWN"));
-    await vi.waitFor(async () => expect((await stateOf(withoutEffect.operationId)).lease_expires_at).toBeNull());
+    // The recoverer's next passes (every 100 ms here) find both.
+    await vi.waitFor(async () => expect((await stateOf(withEffect.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
+    await vi.waitFor(async () => expect((await stateOf(withoutEffect.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
     expect(await stateOf(withoutEffect.operationId)).toMatchObject({ state: "EXECUTING", generation: 1 });
     const { rows } = await t.pool.query("SELECT kind, caller FROM idem_event WHERE operation_id = ANY($1) AND caller = 'recoverer' ORDER BY event_id", [
       [withEffect.operationId, withoutEffect.operationId],
@@ -103,7 +108,7 @@ describe("reconciliation", () => {
 
     await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, workerCalls());
     await endLease(accepted.operationId);
-    await vi.waitFor(async () => expect((await stateOf(accepted.operationId)).state).toBe("UNKNOWN"));
+    await vi.waitFor(async () => expect((await stateOf(accepted.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
 
     const queue = await admin.listRecords({ states: [RecordState.UNKNOWN], tenant: "acme" }, operatorCalls());
     expect(queue.records.map((r) => r.operationId)).toContain(accepted.operationId);
@@ -271,16 +276,22 @@ describe("the event log", () => {
     const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`);
     process.on("warning", onWarning);
     const abort = new AbortController();
+    const streamed = new Set<string>();
     try {
       const following = (async () => {
-        for await (const _ of admin.streamEvents({ follow: true, tenant: "acme", operation: "nothing.happens" }, { ...operatorCalls(), signal: abort.signal })) {
-          // No event of that operation: the stream only polls.
+        for await (const event of admin.streamEvents({ follow: true, tenant: "acme", operation: "holds.create" }, { ...operatorCalls(), signal: abort.signal })) {
+          streamed.add(event.operationId);
         }
       })().catch((error: unknown) => {
         if (!abort.signal.aborted) throw error;
       });
-      // The server polls every 500 ms: well over ten polls, Node's listener warning threshold.
-      await new Promise((r) => setTimeout(r, 8000));
+      // Each round's event is found by a poll after the one that found the round
+      // before's, and between two polls the server waits on the call's signal:
+      // fifteen rounds are well over ten polls, Node's listener warning threshold.
+      for (let round = 1; round <= 15; round++) {
+        const { operationId } = await reserve(newKey(), "{}", { operation: "holds.create" });
+        await until(() => streamed.has(operationId), `poll ${round} of the followed stream to send the acceptance of ${operationId}`);
+      }
       abort.abort();
       await following;
     } finally {
@@ -292,6 +303,13 @@ describe("the event log", () => {
 
 describe("metrics", () => {
   it("expose every family on the admin port", async () => {
+    // What puts a sample in each family: a decision, a refusal, and a takeover of a lease the recoverer cleared.
+    const key = newKey();
+    const first = await reserve(key, "{}", { claim: true });
+    await endLease(first.operationId);
+    await vi.waitFor(async () => expect((await stateOf(first.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
+    expect(await reserve(key, "{}")).toMatchObject({ decision: Decision.ACCEPTED, generation: 2n });
+    expect(await refusedWith(reserve(newKey(), "{}", { operation: "ledger.post" }))).toBe("UNKNOWN_OPERATION");
     const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
     for (const family of [
       "idem_rpc_duration_seconds_bucket",
@@ -413,6 +431,8 @@ describe("an operator granted some tenants", () => {
   });
 
   it("sees only its tenants' records and events, and every operation-wide event", async () => {
+    // An operation-wide event: a mode set (even to the one it has) concerns every tenant.
+    await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, allTenantsCalls());
     await reserve(newKey(), "{}");
     await reserve(newKey(), "{}", { tenant: "globex" });
     const streamed = async (calls: ReturnType<typeof as>) => {

@@ -5,6 +5,7 @@ import { transactionDb } from "../../src/registry/db.js";
 import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
 import { gatewayClient, startTestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 const t = useTestDatabase();
 
@@ -34,19 +35,19 @@ describe("graceful stop", () => {
         call,
       ),
     );
-    // Wait until all ten are blocked in the database.
-    for (let i = 0; i < 100; i++) {
-      const { rows } = await t.pool.query(
-        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-        [server.applicationName],
-      );
-      if (rows[0].n >= 10) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    const lockWaits = async () =>
+      (
+        await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", [
+          server.applicationName,
+        ])
+      ).rows[0].n as number;
+    await until(async () => (await lockWaits()) >= 10, "all ten Reserves to wait on the uncommitted reservation's lock");
 
     let stopped = false;
     const stopping = server.stop().then(() => (stopped = true));
-    await new Promise((r) => setTimeout(r, 200));
+    // The stop has reached its drain: the RPC port takes no new connection, while
+    // the ten (still waiting on the lock, which only this test releases) are in flight.
+    await until(() => fetch(`${server.baseUrl}/`).then(() => false, () => true), "the RPC port to refuse new connections");
     expect(server.coordinator.health.get("")).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
     expect((await fetch(`${server.adminUrl}/readyz`)).status).toBe(503);
     expect(stopped).toBe(false);

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import pg from "pg";
 import pino from "pino";
-import { afterAll, beforeAll, inject } from "vitest";
+import { afterAll, afterEach, beforeAll, beforeEach, inject } from "vitest";
 import { openPool, poolDb, type Db, type PoolSettings } from "../../src/registry/db.js";
 import { migrate } from "../../src/registry/migrate.js";
 
@@ -82,6 +82,24 @@ export function useTestDatabase(): TestDatabase {
     Object.assign(database, await createTestDatabase());
   });
   afterAll(async () => {
+    await database.drop?.();
+  });
+  return database;
+}
+
+/**
+ * Gives each test of the calling file a migrated schema of its own: created
+ * before it, dropped after it. For tests that read everything a schema holds
+ * (every tenant's records), so that none depends on what another left behind
+ * and each passes alone or in any order. The returned object is filled in by
+ * the time each test runs.
+ */
+export function useTestDatabasePerTest(): TestDatabase {
+  const database = {} as TestDatabase;
+  beforeEach(async () => {
+    Object.assign(database, await createTestDatabase());
+  });
+  afterEach(async () => {
     await database.drop?.();
   });
   return database;

@@ -14,6 +14,7 @@ import type { TestDatabase } from "./database.js";
 import { silentLogger } from "./database.js";
 import { testDocument } from "./fixtures.js";
 import { expireLease } from "./registry-helpers.js";
+import { EVENT_TIMEOUT_MS } from "./wait.js";
 
 /** Tokens of the callers every test server knows. */
 export interface TestTokens {
@@ -114,8 +115,13 @@ export async function driveToUnknown(t: TestDatabase, server: TestServer, operat
   const ref = create(OperationRefSchema, { tenant: "acme", operationId });
   await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
   await expireLease(t.pool, operationId);
-  await vi.waitFor(async () => {
-    const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
-    expect(rows[0].state).toBe("UNKNOWN");
-  });
+  // The recoverer's next pass finds it, within one of the server's intervals: a
+  // second by default, as long as vi.waitFor's default bound, hence a longer one.
+  await vi.waitFor(
+    async () => {
+      const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
+      expect(rows[0].state, `the recoverer to turn ${operationId} UNKNOWN`).toBe("UNKNOWN");
+    },
+    { timeout: EVENT_TIMEOUT_MS },
+  );
 }
