@@ -1,4 +1,5 @@
 import type pg from "pg";
+import type { FaultHooks } from "../../src/fault-hooks.js";
 import { ColocatedRegistry, type SnapshotKeyring } from "../../src/colocated/index.js";
 import { CoordinatorClient, IdempotencyGateway, type GatewayLogger, type Subject } from "../../src/gateway/index.js";
 import { RecoveryWorker, type RecoveryEvent } from "../../src/gateway/recovery.js";
@@ -31,6 +32,8 @@ export interface PaymentsAppOptions {
   deliveryHeaders?: () => Record<string, string>;
   logger?: GatewayLogger;
   onRecovery?: (event: RecoveryEvent) => void;
+  /** Fault hooks for the gateway, the recovery worker and co-located mode (the fault suite's failpoints); none by default. */
+  hooks?: FaultHooks;
 }
 
 /** The payments service, its gateway and its recovery worker, calling a card provider that runs elsewhere. */
@@ -85,9 +88,11 @@ export async function startPaymentsBackend(options: PaymentsAppOptions & { provi
       tenants: ["acme"],
       operations: [PAYMENTS_OPERATION.operation],
       snapshotKeys: options.snapshotKeys,
+      ...(options.hooks ? { hooks: options.hooks } : {}),
     });
   }
-  const gateway = new IdempotencyGateway({ client, ...(colocated ? { colocated } : {}), ...(options.logger ? { logger: options.logger } : {}) });
+  const hooks = options.hooks ? { hooks: options.hooks } : {};
+  const gateway = new IdempotencyGateway({ client, ...(colocated ? { colocated } : {}), ...(options.logger ? { logger: options.logger } : {}), ...hooks });
   const service = await startPaymentsService({
     gateway,
     pool: options.pool,
@@ -103,6 +108,7 @@ export async function startPaymentsBackend(options: PaymentsAppOptions & { provi
     ...(colocated ? { colocated } : {}),
     pollIntervalMs: 1000,
     ...(options.logger ? { logger: options.logger } : {}),
+    ...hooks,
     ...(options.onRecovery ? { onProgress: options.onRecovery } : {}),
   });
   return {

@@ -65,7 +65,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   // The coordinator's key ring, which the co-located service seals with too.
   const snapshotKeys = JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } });
 
-  const coordinator = await member(["src/main.ts"], {
+  // Through the example's entry, which hands IDEM_FAILPOINTS to the coordinator (npm start has no such switch).
+  const coordinator = await member(["examples/payments/main.ts", "coordinator"], {
     ...base,
     IDEM_RPC_PORT: String(rpcPort),
     IDEM_ADMIN_PORT: String(adminPort),

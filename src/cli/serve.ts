@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import pino from "pino";
+import type { FaultHooks } from "../fault-hooks.js";
 import type { CallerGrant, Config } from "../config.js";
 import { startEmbeddedPostgres, type EmbeddedPostgres } from "../dev/embedded-postgres.js";
 import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
@@ -15,7 +16,7 @@ import { listenFailure, requireListenable } from "../net.js";
  * first starts the embedded PostgreSQL, and when no caller is configured it
  * mints a development token so that a first call works out of the box.
  */
-export async function serve(config: Config): Promise<void> {
+export async function serve(config: Config, options: { hooks?: FaultHooks } = {}): Promise<void> {
   const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator" } });
   // Before the database: a second start on the same ports stops here, in one line, touching nothing.
   await requireListenable(config.host, config.rpcPort, "IDEM_RPC_PORT");
@@ -48,6 +49,7 @@ export async function serve(config: Config): Promise<void> {
       ...(embedded ? { databaseSetting: "IDEM_EMBEDDED_PG_PORT" } : {}),
       logger,
       ...(tracing ? { tracer: tracing.tracer } : {}),
+      ...(options.hooks ? { hooks: options.hooks } : {}),
     });
   } catch (error) {
     await embedded?.stop();

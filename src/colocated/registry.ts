@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import type pg from "pg";
 import pino, { type Logger } from "pino";
 import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
-import { failpoint } from "../failpoints.js";
+import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import { toCoordinatorError } from "../gateway/errors.js";
 import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
@@ -27,6 +27,8 @@ interface ColocatedRegistryBaseOptions {
   /** How often the policies are re-read (default 2000 ms, like the coordinator). */
   policyRefreshMs?: number;
   logger?: Logger;
+  /** Fault tests' hooks around the business COMMIT (src/fault-hooks.ts); none by default. */
+  hooks?: FaultHooks;
 }
 
 /**
@@ -88,9 +90,10 @@ export class ColocatedRegistry implements ColocatedCompletion {
     private readonly policies: PolicyCache,
     actor: Actor,
     snapshotKeys: SnapshotKeyring | undefined,
+    private readonly hooks: FaultHooks,
   ) {
     this.pool = pool;
-    this.registry = new Registry(policies, snapshotKeys);
+    this.registry = new Registry({ policies, ...(snapshotKeys ? { keyring: snapshotKeys } : {}), hooks });
     this.actor = actor;
   }
 
@@ -122,6 +125,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
         mayOperate: (operation) => operations === "*" || operations.includes(operation),
       },
       options.snapshotKeys,
+      options.hooks ?? NO_FAULTS,
     );
   }
 
@@ -165,10 +169,10 @@ export class ColocatedRegistry implements ColocatedCompletion {
   async transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
     const result = await runTransaction(this.pool, async (tx) => {
       const done = await work(tx);
-      await failpoint("gateway.business.before-commit");
+      await this.hooks.reached("gateway.business.before-commit");
       return done;
     });
-    await failpoint("gateway.business.after-commit");
+    await this.hooks.reached("gateway.business.after-commit");
     return result;
   }
 

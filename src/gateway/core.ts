@@ -1,6 +1,7 @@
 import { createHash, randomUUID } from "node:crypto";
 import { downstreamKey } from "../contract/effects.js";
 import { isNeverStored } from "../contract/snapshot.js";
+import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import { CoordinatorError, isDefiniteFailure, toCoordinatorError } from "./errors.js";
 import {
@@ -46,6 +47,8 @@ export interface GatewayOptions {
   /** Whether an effect's error means "definitely nothing happened" (default: `DefiniteFailure`). */
   isDefinite?: (error: unknown) => boolean;
   logger?: GatewayLogger;
+  /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
+  hooks?: FaultHooks;
 }
 
 /** One idempotent route. */
@@ -107,6 +110,7 @@ export class IdempotencyGateway {
   private readonly problemBase: string;
   private readonly forwardHeaders: ReadonlySet<string> | undefined;
   private readonly isDefinite: (error: unknown) => boolean;
+  private readonly hooks: FaultHooks;
 
   constructor(options: GatewayOptions) {
     this.client = options.client;
@@ -118,6 +122,7 @@ export class IdempotencyGateway {
     this.problemBase = options.problemTypeBase ?? DEFAULT_PROBLEM_BASE;
     this.forwardHeaders = options.forwardHeaders ? new Set(options.forwardHeaders.map((h) => h.toLowerCase())) : undefined;
     this.isDefinite = options.isDefinite ?? isDefiniteFailure;
+    this.hooks = options.hooks ?? NO_FAULTS;
   }
 
   /** A problem+json response with this gateway's type URIs. */
@@ -431,6 +436,7 @@ export class IdempotencyGateway {
         owned: true,
         isDefinite: this.isDefinite,
         logger: this.logger,
+        hooks: this.hooks,
       },
       { route, subject, key, decision: reserved.decision, enforced, body: request.body },
     );

@@ -1,5 +1,5 @@
 import type pg from "pg";
-import { failpoint } from "../failpoints.js";
+import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import { isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
@@ -81,6 +81,8 @@ export interface OwnedOperationInit {
   logger: GatewayLogger;
   /** Key for effects of an operation this process does not own (shadow mode). */
   unownedKey?: (effect: string) => string;
+  /** Fault tests' hooks (src/fault-hooks.ts); none by default. */
+  hooks?: FaultHooks;
 }
 
 /**
@@ -100,6 +102,7 @@ export abstract class OwnedOperation {
   private keeper: LeaseKeeper | undefined;
   private readonly isDefinite: (error: unknown) => boolean;
   private readonly unownedKey: ((effect: string) => string) | undefined;
+  private readonly hooks: FaultHooks;
   private readonly abort = new AbortController();
   private lostReason: string | undefined;
   /** Set once a co-located transaction committed the terminal state. */
@@ -115,6 +118,7 @@ export abstract class OwnedOperation {
     this.isDefinite = init.isDefinite;
     this.logger = init.logger;
     this.unownedKey = init.unownedKey;
+    this.hooks = init.hooks ?? NO_FAULTS;
   }
 
   /** The operation id the coordinator minted (empty when there is none). */
@@ -226,7 +230,7 @@ export abstract class OwnedOperation {
       await this.resolveQuietly(attempt, definite ? "NO_EFFECT" : "INDETERMINATE", "");
       throw error;
     }
-    await failpoint("gateway.effect.after-call");
+    await this.hooks.reached("gateway.effect.after-call");
     await this.resolveQuietly(attempt, "CONFIRMED", options.handle?.(result) ?? "");
     return result;
   }

@@ -4,6 +4,7 @@
  * section 4.
  */
 import type pg from "pg";
+import type { FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
@@ -70,6 +71,8 @@ export interface RecoveryWorkerOptions {
   logger?: GatewayLogger;
   /** Called for every record's progress. */
   onProgress?: (event: RecoveryEvent) => void;
+  /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
+  hooks?: FaultHooks;
 }
 
 /** Refusals of Claim meaning another worker (or the owner, or a client's retry) got there first. */
@@ -190,6 +193,7 @@ export class RecoveryWorker {
         attempts: claimed.effectAttempts,
         isDefinite: this.options.isDefinite ?? isDefiniteFailure,
         logger: this.logger,
+        ...(this.options.hooks ? { hooks: this.options.hooks } : {}),
       },
       { ...record, generation: claimed.generation, recovering: claimed.recovering, effectAttempts: claimed.effectAttempts },
       mode,

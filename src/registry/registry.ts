@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { IdempotencyError, refuse, type Reason } from "../contract/errors.js";
-import { failpoint } from "../failpoints.js";
+import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import { downstreamKey, validateEffectName } from "../contract/effects.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
 import { validateKey } from "../contract/keys.js";
@@ -76,16 +76,26 @@ const RESERVE_ROUNDS = 5;
  * of an embedding business service (co-located mode).
  */
 export class Registry {
-  constructor(
-    private readonly policies: PolicySource,
+  private readonly policies: PolicySource;
+  private readonly keyring: SnapshotKeyring | undefined;
+  private readonly recoveryCadenceMs: number;
+  private readonly hooks: FaultHooks;
+
+  constructor(options: {
+    /** Where the operations' rules come from (the policy cache). */
+    policies: PolicySource;
     /** Seals stored response bodies at rest; without one they are stored as they are. */
-    private readonly keyring?: SnapshotKeyring,
-    /**
-     * How often recovery looks at UNKNOWN records (the recoverer's interval):
-     * the Retry-After of a request that finds one.
-     */
-    private readonly recoveryCadenceMs = 1000,
-  ) {}
+    keyring?: SnapshotKeyring;
+    /** How often recovery looks at UNKNOWN records (the recoverer's interval): the Retry-After of a request that finds one. Default 1 s. */
+    recoveryCadenceMs?: number;
+    /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
+    hooks?: FaultHooks;
+  }) {
+    this.policies = options.policies;
+    this.keyring = options.keyring;
+    this.recoveryCadenceMs = options.recoveryCadenceMs ?? 1000;
+    this.hooks = options.hooks ?? NO_FAULTS;
+  }
 
   /** A record with its response body opened (plaintext), for answers that show it. */
   opened<T extends { record: StoredRecord }>(view: T): T;
@@ -291,7 +301,7 @@ export class Registry {
       }
       refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
     }, "reserve");
-    if (result.decision === "ACCEPTED") await failpoint("registry.reserve.after-commit");
+    if (result.decision === "ACCEPTED") await this.hooks.reached("registry.reserve.after-commit");
     return result;
   }
 
@@ -428,10 +438,10 @@ export class Registry {
         keepMs: policy.retention.keepMs,
         ...this.snapshotColumns(record, snapshot, digest),
       });
-      await failpoint("registry.complete.before-commit");
+      await this.hooks.reached("registry.complete.before-commit");
       return this.opened(finished);
     }, "complete");
-    await failpoint("registry.complete.after-commit");
+    await this.hooks.reached("registry.complete.after-commit");
     return completed;
   }
 

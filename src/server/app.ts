@@ -3,6 +3,7 @@ import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import { systemClock, type Clock } from "../clock.js";
+import type { FaultHooks } from "../fault-hooks.js";
 import { ConfigError, SNAPSHOT_KEYS_REQUIRED, type Config } from "../config.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
@@ -93,6 +94,8 @@ export interface StartOptions {
   tracer?: Tracer;
   /** The time of the background work: policy refreshes, jobs, readiness probes, the sweep's budget. Default: the system clock. */
   clock?: Clock;
+  /** Fault tests' and rehearsals' hooks at exact steps of the registry (src/fault-hooks.ts); none by default. */
+  hooks?: FaultHooks;
 }
 
 export interface RunningCoordinator {
@@ -104,7 +107,7 @@ export interface RunningCoordinator {
 }
 
 /** Migrates (as the owner), opens the serving pool (as the unprivileged role), and serves both ports. */
-export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer, clock = systemClock }: StartOptions): Promise<RunningCoordinator> {
+export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer, clock = systemClock, hooks }: StartOptions): Promise<RunningCoordinator> {
   // Before anything is touched: bodies are sealed, or plaintext was asked for by name.
   if (!config.snapshotKeys && !config.allowPlaintextSnapshots) throw new ConfigError(`the configuration cannot be used: ${SNAPSHOT_KEYS_REQUIRED}`);
   const poolSettings = (connectionString: string, max: number) => ({
@@ -182,7 +185,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     if (!config.snapshotKeys) {
       logger.warn("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS is on and no key ring is set (IDEM_SNAPSHOT_KEYS): response bodies are stored unsealed. Never do this in production; see SECURITY.md");
     }
-    const registry = new Registry(policyCache, config.snapshotKeys, config.recovererIntervalMs);
+    const registry = new Registry({ policies: policyCache, keyring: config.snapshotKeys, recoveryCadenceMs: config.recovererIntervalMs, hooks });
     metrics = new Metrics({ pool, census: () => registry.census(db), unknownSloSeconds: config.unknownSloSeconds });
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock);

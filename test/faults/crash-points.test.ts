@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { startCluster, type Cluster, type Member } from "../../examples/payments/cluster.js";
-import type { FailpointName } from "../../src/failpoints.js";
+import type { HookPoint } from "../../src/fault-hooks.js";
 import { useTestDatabase } from "../support/database.js";
 
 // Kills a real process exactly at each failpoint in the middle of a request,
@@ -55,7 +55,7 @@ async function retryUntilFinal(key: string, body: unknown): Promise<{ status: nu
   throw new Error(`no final answer for ${key}`);
 }
 
-async function crashAt(target: Member, point: FailpointName, extra: Record<string, string> = {}): Promise<void> {
+async function crashAt(target: Member, point: HookPoint, extra: Record<string, string> = {}): Promise<void> {
   await target.kill();
   await target.restart({ IDEM_FAILPOINTS: `${point}=kill`, ...extra });
 }

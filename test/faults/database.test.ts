@@ -8,7 +8,7 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import type pg from "pg";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { loadConfig } from "../../src/config.js";
-import { armFailpoint, disarmFailpoints } from "../../src/failpoints.js";
+import { Failpoints } from "../../src/failpoints.js";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
@@ -24,7 +24,9 @@ import { gatewayClient, startTestServer, type TestServer } from "../support/serv
 import { until } from "../support/wait.js";
 
 const t = useTestDatabase();
-afterEach(() => disarmFailpoints());
+/** The failpoints of the servers these tests start (none is armed unless a test arms it). */
+const failpoints = new Failpoints();
+afterEach(() => failpoints.disarm());
 
 const registry = testRegistry();
 const gateway = actor();
@@ -147,12 +149,12 @@ describe("connections killed inside a transaction", () => {
     (await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [operationId])).rows[0].n as number;
 
   it("re-runs a Complete whose connection was terminated before its COMMIT: one terminal state, one event", async () => {
-    const server = await startTestServer(t);
+    const server = await startTestServer(t, { hooks: failpoints });
     try {
       const { client, call, reserve } = rpc(server);
       const { operationId } = await reserve();
       // Complete pauses with its terminal state written and not committed; its backend is killed meanwhile.
-      const paused = armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
+      const paused = failpoints.arm("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
       await paused;
       const { rows: killed } = await t.pool.query(
@@ -168,7 +170,7 @@ describe("connections killed inside a transaction", () => {
   });
 
   it("re-runs a Complete whose connection was terminated during its COMMIT: one terminal state, one event", async () => {
-    const server = await startTestServer(t);
+    const server = await startTestServer(t, { hooks: failpoints });
     // A deferred trigger holds every COMMIT that updated a record inside PostgreSQL for a while.
     await t.pool.query(`
       CREATE FUNCTION ${t.schema}.slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$;
@@ -191,12 +193,12 @@ describe("connections killed inside a transaction", () => {
   });
 
   it("answers UNAVAILABLE with nothing half-written when the pool is exhausted", async () => {
-    const server = await startTestServer(t, { config: { db: { ...loadConfig({}).db, poolMax: 1, connectTimeoutMs: 300 } } });
+    const server = await startTestServer(t, { config: { db: { ...loadConfig({}).db, poolMax: 1, connectTimeoutMs: 300 } }, hooks: failpoints });
     try {
       const { client, call, reserve } = rpc(server);
       // Holds the server's only connection: a Complete paused inside its transaction.
       const { operationId } = await reserve();
-      const paused = armFailpoint("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
+      const paused = failpoints.arm("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const holding = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
       await paused;
       const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");

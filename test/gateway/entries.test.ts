@@ -60,13 +60,15 @@ async function modulesLoadedBy(entry: URL, name: string): Promise<string[]> {
 }
 
 const src = (folder: string) => new URL(`src/${folder}/`, root).href;
-/** Modules no gateway entry may load: the driver (pg and its parts), the registry, and what only the server or co-located mode needs. */
+/** Modules no gateway entry may load: the driver (pg and its parts), the registry, what only the server or co-located mode needs, and the failpoints. */
 const SERVER_SIDE: Array<[string, (url: string) => boolean]> = [
   ["pg", (url) => /\/node_modules\/pg(-[a-z-]+)?\//.test(url)],
   ["src/registry/", (url) => url.startsWith(src("registry"))],
   ["src/colocated/", (url) => url.startsWith(src("colocated"))],
   ["src/policy/", (url) => url.startsWith(src("policy"))],
   ["src/server/", (url) => url.startsWith(src("server"))],
+  // The armable failpoints (and their SIGKILL): only the fault suite and the gate hand them in.
+  ["src/failpoints.ts", (url) => url === new URL("src/failpoints.ts", root).href],
 ];
 
 const gatewayEntries = Object.keys(exportsMap).filter((entry) => entry === "./gateway" || entry.startsWith("./gateway/"));

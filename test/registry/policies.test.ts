@@ -199,8 +199,8 @@ describe("a retry after a new revision is published", () => {
   // Revision 2 counts the x-api-version header and requires a body of at most 16 bytes.
   const rev1 = toOperationPolicy(testDocument({ schemaRevision: 1 }));
   const rev2 = toOperationPolicy(testDocument({ schemaRevision: 2, fingerprint: { headers: ["x-api-version"], maxBodyBytes: 16 } }));
-  const before = new Registry(new StaticPolicies([rev1]));
-  const after = new Registry(new StaticPolicies([rev1, rev2]));
+  const before = new Registry({ policies: new StaticPolicies([rev1]) });
+  const after = new Registry({ policies: new StaticPolicies([rev1, rev2]) });
   const longBody = { amount: 10, memo: "a body of more than 16 bytes" };
 
   it("is judged under its record's revision: replayed, not a false conflict, even when the new rules would refuse it", async () => {

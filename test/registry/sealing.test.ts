@@ -12,7 +12,7 @@ const gateway = actor();
 const key = () => randomBytes(32).toString("base64");
 const [k1, k2] = [key(), key()];
 const policies = new StaticPolicies([testPolicy()]);
-const ring = (active: string, keys: Record<string, string>) => new Registry(policies, parseKeyring({ active, keys }));
+const ring = (active: string, keys: Record<string, string>) => new Registry({ policies, keyring: parseKeyring({ active, keys }) });
 
 const secret = "card 4242 4242 4242 4242, cvc 123";
 
@@ -59,7 +59,7 @@ describe("response bodies sealed at rest", () => {
     const withoutOldKey = ring("k2", { k2 });
     const refusal = await expectRefusal(withoutOldKey.reserve(t.db, reserveInput(old), gateway), "SNAPSHOT_UNREADABLE");
     expect(refusal.metadata).toEqual({ key_id: "k1" });
-    const plain = new Registry(policies);
+    const plain = new Registry({ policies });
     await expectRefusal(plain.reserve(t.db, reserveInput(old), gateway), "SNAPSHOT_UNREADABLE");
   });
 

@@ -117,7 +117,7 @@ beforeAll(async () => {
   await policies.start();
   // Bodies are sealed where they are stored, as on every production coordinator: answers must carry them opened.
   const keyring = parseKeyring({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } });
-  const transport = serverTransport({ registry: new Registry(policies, keyring), db: t.db, policies, callers: new Callers(GRANTS, false) });
+  const transport = serverTransport({ registry: new Registry({ policies, keyring }), db: t.db, policies, callers: new Callers(GRANTS, false) });
   coordinator = createClient(CoordinatorService, transport);
   admin = createClient(AdminService, transport);
 });

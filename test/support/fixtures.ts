@@ -19,7 +19,7 @@ export function testPolicy(overrides: Record<string, unknown> & Partial<Operatio
 }
 
 export function testRegistry(...policies: OperationPolicy[]): Registry {
-  return new Registry(new StaticPolicies(policies.length > 0 ? policies : [testPolicy()]));
+  return new Registry({ policies: new StaticPolicies(policies.length > 0 ? policies : [testPolicy()]) });
 }
 
 /** A caller granted everything (or what `grants` narrows). */

@@ -5,6 +5,7 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import { expect, vi } from "vitest";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
+import type { FaultHooks } from "../../src/fault-hooks.js";
 import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
 import type { SnapshotKeyring } from "../../src/crypto/sealing.js";
@@ -46,7 +47,7 @@ export interface TestServer {
 /** A real coordinator on ephemeral ports, over the test file's schema. */
 export async function startTestServer(
   t: TestDatabase,
-  options: { operations?: PolicyDocument[]; config?: Partial<Config>; tracer?: Tracer } = {},
+  options: { operations?: PolicyDocument[]; config?: Partial<Config>; tracer?: Tracer; hooks?: FaultHooks } = {},
 ): Promise<TestServer> {
   const tokens: TestTokens = {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
@@ -82,6 +83,7 @@ export async function startTestServer(
     databaseOptions: `-c search_path=${t.schema}`,
     applicationName,
     ...(options.tracer ? { tracer: options.tracer } : {}),
+    ...(options.hooks ? { hooks: options.hooks } : {}),
   });
   return {
     coordinator,
