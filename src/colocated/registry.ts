@@ -7,7 +7,7 @@ import { toCoordinatorError } from "../gateway/errors.js";
 import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
 import { poolDb, runTransaction, transactionDb, type Queryable } from "../registry/db.js";
-import { loadPolicies } from "../registry/policy-store.js";
+import { PolicyStore } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
 
@@ -111,7 +111,8 @@ export class ColocatedRegistry implements ColocatedCompletion {
       );
     }
     if (!options.snapshotKeys) logger.warn("co-located completion without a key ring (allowPlaintextSnapshots): response bodies are stored unsealed");
-    const policies = new PolicyCache({ load: () => loadPolicies(poolDb(options.pool, logger)), refreshMs: options.policyRefreshMs ?? 2000, logger });
+    const store = new PolicyStore(poolDb(options.pool, logger));
+    const policies = new PolicyCache({ load: () => store.load(), refreshMs: options.policyRefreshMs ?? 2000, logger });
     await policies.start();
     const tenants = options.tenants ?? "*";
     const operations = options.operations ?? "*";

@@ -21,7 +21,7 @@ import {
 import type { PolicyCache } from "../policy/cache.js";
 import type { OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
-import { listControls, listPolicies, publishPolicy, setOperationControl, type ControlRow } from "../registry/policy-store.js";
+import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent } from "../registry/types.js";
 import { requireAllTenants, requireRole, type Caller } from "./callers.js";
@@ -33,6 +33,8 @@ import { policyFromProto, publishedToProto } from "./policy-convert.js";
 export interface AdminDeps {
   db: Db;
   registry: Registry;
+  /** Published policies and the operations' switches. */
+  store: PolicyStore;
   /** Re-read after a change, so that this replica applies it at once. */
   policies: PolicyCache;
   /** How often other replicas re-read (reported to the operator). */
@@ -40,7 +42,7 @@ export interface AdminDeps {
 }
 
 /** AdminService: operator actions, each refused without the operator role. */
-export function adminService({ db, registry, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
+export function adminService({ db, registry, store, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
   /**
    * Sets switches and logs the change in one transaction, and applies it here
    * at once (elsewhere within the refresh interval). A switch applies to every
@@ -54,7 +56,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
     if (!(await policies.current(operation, apiRevision))) {
       refuse("NOT_FOUND", `${operation} API revision ${apiRevision} has no published policy`);
     }
-    const control = await setOperationControl(db, operation, apiRevision, change, caller.caller, { appliesEverywhereWithinMs: policyRefreshMs });
+    const control = await store.setControl({ operation, apiRevision, change, updatedBy: caller.caller, detail: { appliesEverywhereWithinMs: policyRefreshMs } });
     if (control.changed) await policies.refresh();
     return toProtoControl(control);
   };
@@ -67,7 +69,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       requireAllTenants(caller, "publishing a policy");
       const document = policyFromProto(req.policy);
       if (!caller.mayOperate(document.operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${document.operation}`);
-      const { stored, created } = await publishPolicy(db, document, caller.caller);
+      const { stored, created } = await store.publish(document, caller.caller);
       if (created) await policies.refresh();
       return create(PublishPolicyResponseSchema, { published: publishedToProto(stored), created });
     },
@@ -76,7 +78,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
       requireRole(callerOf(ctx.values), "operator");
       validateOperationName(req.operation);
       validateApiRevision(req.apiRevision);
-      const revisions = (await listPolicies(db, req.operation)).filter((p) => p.document.apiRevision === req.apiRevision);
+      const revisions = (await store.list(req.operation)).filter((p) => p.document.apiRevision === req.apiRevision);
       const found = req.schemaRevision === 0 ? revisions.at(-1) : revisions.find((p) => p.document.schemaRevision === req.schemaRevision);
       if (!found) {
         refuse("NOT_FOUND", `no published policy for ${req.operation} API revision ${req.apiRevision}${req.schemaRevision ? ` schema revision ${req.schemaRevision}` : ""}`);
@@ -87,7 +89,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
     async listPolicies(req, ctx) {
       requireRole(callerOf(ctx.values), "operator");
       if (req.operation) validateOperationName(req.operation);
-      const all = await listPolicies(db, req.operation || undefined);
+      const all = await store.list(req.operation || undefined);
       // Without an operation: only the newest revision of each operation.
       const shown = req.operation
         ? all
@@ -117,7 +119,7 @@ export function adminService({ db, registry, policies, policyRefreshMs }: AdminD
     async listOperationControls(_req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
-      const controls = (await listControls(db)).filter((c) => caller.mayOperate(c.operation));
+      const controls = (await store.listControls()).filter((c) => caller.mayOperate(c.operation));
       return create(ListOperationControlsResponseSchema, { controls: controls.map(toProtoControl) });
     },
 

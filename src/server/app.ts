@@ -13,16 +13,14 @@ import { openPool, poolDb, type Db } from "../registry/db.js";
 import { migrate } from "../registry/migrate.js";
 import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
 import { ping, reportUnreachable } from "../registry/reachability.js";
-import { loadPolicies, publishPolicy } from "../registry/policy-store.js";
+import { PolicyStore } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
-import { adminService } from "./admin-service.js";
 import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
-import { coordinatorService } from "./coordinator-service.js";
-import { errorMapping } from "./errors.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
-import { accessLog, authentication, InFlight, peerKey, unknownFieldsRefused } from "./interceptors.js";
+import { accessLog, InFlight, peerKey } from "./interceptors.js";
+import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
 import { BackgroundJob } from "./jobs.js";
 import { listenRpc, peerCertificateOf, type RpcListener } from "./listener.js";
 import { Metrics } from "./metrics.js";
@@ -175,11 +173,12 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
       crossTenantPool,
     );
     for (const notice of config.notices ?? []) logger.warn(notice);
+    const store = new PolicyStore(db);
     for (const document of config.operations) {
-      const { created } = await publishPolicy(db, document, "configuration");
+      const { created } = await store.publish(document, "configuration");
       if (created) logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
     }
-    policies = new PolicyCache({ load: () => loadPolicies(db), refreshMs: config.policyRefreshMs, logger, clock });
+    policies = new PolicyCache({ load: () => store.load(), refreshMs: config.policyRefreshMs, logger, clock });
     await policies.start();
     const policyCache = policies;
     if (!config.snapshotKeys) {
@@ -193,22 +192,18 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
-        router.service(CoordinatorService, coordinatorService({ registry, db, metrics }));
-        router.service(AdminService, adminService({ db, registry, policies: policyCache, policyRefreshMs: config.policyRefreshMs }));
+        serviceRoutes({ registry, db, metrics, store, policies: policyCache, policyRefreshMs: config.policyRefreshMs })(router);
         router.service(Health, health.service());
       },
-      // Outermost first: count, trace, time and log the RPC, map any error, then authenticate and check the message.
+      // Outermost first: count, trace, time and log the RPC; then map any error, authenticate and check the message.
       interceptors: [
         inFlight.interceptor,
         ...(tracer ? [tracingInterceptor(tracer)] : []),
         metrics.interceptor(),
         accessLog(logger),
-        errorMapping(logger),
-        authentication(callers),
-        unknownFieldsRefused(),
+        ...refusalInterceptors(logger, callers),
       ],
-      // Unknown JSON members are refused like unknown binary fields (see unknownFieldsRefused).
-      jsonOptions: { ignoreUnknownFields: false },
+      jsonOptions: JSON_OPTIONS,
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
       contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
@@ -223,7 +218,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
         databaseReachable: async () => ready.databaseReachable,
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
-      [consoleRoutes({ db, registry, callers })],
+      [consoleRoutes({ db, registry, store, callers })],
       config.host,
       config.adminPort,
       logger,

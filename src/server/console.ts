@@ -1,7 +1,7 @@
 import type http from "node:http";
 import { IdempotencyError, REFUSALS, STATUS_CODES } from "../contract/errors.js";
 import type { Db } from "../registry/db.js";
-import { listControls } from "../registry/policy-store.js";
+import type { PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { RecordState } from "../registry/types.js";
 import { reply, type AdminRoute } from "./admin-http.js";
@@ -17,8 +17,8 @@ const MAX_BODY = 1024 * 1024;
  * operator's bearer token exactly like the RPCs (the page keeps the token in
  * the tab's session storage only).
  */
-export function consoleRoutes(deps: { db: Db; registry: Registry; callers: Callers }): AdminRoute {
-  const { db, registry, callers } = deps;
+export function consoleRoutes(deps: { db: Db; registry: Registry; store: PolicyStore; callers: Callers }): AdminRoute {
+  const { db, registry, store, callers } = deps;
   return async (req, res, path) => {
     if (path === "/console" || path === "/console/") {
       res.writeHead(200, {
@@ -52,7 +52,7 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; callers: Calle
       const scope = { ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}) };
       const [census, controls, conflicts] = await Promise.all([
         registry.census(db, scope),
-        listControls(db),
+        store.listControls(),
         registry.recentEvents(db, { ...scope, kinds: ["CONFLICT"], limit: 20 }),
       ]);
       return reply(res, 200, {

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { CoordinatorClient, DefiniteFailure, IdempotencyGateway, LeaseLostError, type IdempotencyContext } from "../../src/gateway/index.js";
 import { withIdempotency, writeResponse, type NodeIdempotentHandler } from "../../src/gateway/node.js";
-import { setOperationControl } from "../../src/registry/policy-store.js";
+import { PolicyStore } from "../../src/registry/policy-store.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
@@ -32,8 +32,8 @@ const OPERATIONS = {
 
 beforeAll(async () => {
   // Switches set before the coordinator loads its policies.
-  await setOperationControl(t.db, "drain.create", 1, { mode: "DRAINING" }, "test");
-  await setOperationControl(t.db, "shadow.create", 1, { mode: "SHADOW" }, "test");
+  await new PolicyStore(t.db).setControl({ operation: "drain.create", apiRevision: 1, change: { mode: "DRAINING" }, updatedBy: "test" });
+  await new PolicyStore(t.db).setControl({ operation: "shadow.create", apiRevision: 1, change: { mode: "SHADOW" }, updatedBy: "test" });
   coordinator = await startTestServer(t, {
     operations: [
       paymentsPolicy(),

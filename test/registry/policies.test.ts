@@ -1,10 +1,10 @@
 import { readFile } from "node:fs/promises";
-import { describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
 import { parsePolicyDocument, policyDigest, type PolicyDocument } from "../../src/policy/document.js";
 import { PolicyCache, type PolicySnapshot } from "../../src/policy/cache.js";
 import { parsePolicyDocuments, StaticPolicies, toOperationPolicy } from "../../src/policy/operations.js";
-import { loadPolicies, publishPolicy, setOperationControl } from "../../src/registry/policy-store.js";
+import { PolicyStore } from "../../src/registry/policy-store.js";
 import { Registry } from "../../src/registry/registry.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
 import { ManualClock } from "../support/clock.js";
@@ -14,6 +14,11 @@ import { expectReason } from "../support/refusals.js";
 import { expectRefusal, expireLease } from "../support/registry-helpers.js";
 
 const t = useTestDatabase();
+/** The published policies of the test file's schema (set once the schema exists). */
+let store: PolicyStore;
+beforeAll(() => {
+  store = new PolicyStore(t.db);
+});
 const gateway = actor();
 
 const operation = (name: string) => ({ operation: name, apiRevision: 1 });
@@ -21,23 +26,23 @@ const operation = (name: string) => ({ operation: name, apiRevision: 1 });
 describe("publishing policy revisions", () => {
   it("publishes once, accepts an identical republication, refuses changed rules and lower revisions", async () => {
     const op = operation("orders.create");
-    const first = await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
+    const first = await store.publish(testDocument({ ...op, schemaRevision: 2 }), "alice");
     expect(first.created).toBe(true);
     expect(Buffer.from(first.stored.digest).equals(Buffer.from(policyDigest(testDocument({ ...op, schemaRevision: 2 }))))).toBe(true);
     // The same rules written differently (another duration spelling, another order) are the same revision.
-    const again = await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2, lease: { default: "30000ms" }, snapshot: { headerAllowlist: ["location", "content-type", "etag", "cache-control", "content-language"] } }), "bob");
+    const again = await store.publish(testDocument({ ...op, schemaRevision: 2, lease: { default: "30000ms" }, snapshot: { headerAllowlist: ["location", "content-type", "etag", "cache-control", "content-language"] } }), "bob");
     expect(again).toMatchObject({ created: false, stored: { publishedBy: "alice" } });
 
-    await expectRefusal(publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2, maxActivePerPrincipal: 5 }), "bob"), "POLICY_REVISION_EXISTS");
-    const lower = await expectRefusal(publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "bob"), "POLICY_REVISION_NOT_NEWER");
+    await expectRefusal(store.publish(testDocument({ ...op, schemaRevision: 2, maxActivePerPrincipal: 5 }), "bob"), "POLICY_REVISION_EXISTS");
+    const lower = await expectRefusal(store.publish(testDocument({ ...op, schemaRevision: 1 }), "bob"), "POLICY_REVISION_NOT_NEWER");
     expect(lower.metadata).toEqual({ schema_revision: "2" });
-    expect((await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 3, maxActivePerPrincipal: 5 }), "bob")).created).toBe(true);
+    expect((await store.publish(testDocument({ ...op, schemaRevision: 3, maxActivePerPrincipal: 5 }), "bob")).created).toBe(true);
   });
 
   it("lets exactly one of many concurrent publications of one new revision win", async () => {
     const op = operation("refunds.create");
     const results = await Promise.allSettled(
-      Array.from({ length: 8 }, (_, i) => publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1, maxActivePerPrincipal: 10 + i }), `publisher-${i}`)),
+      Array.from({ length: 8 }, (_, i) => store.publish(testDocument({ ...op, schemaRevision: 1, maxActivePerPrincipal: 10 + i }), `publisher-${i}`)),
     );
     expect(results.filter((r) => r.status === "fulfilled")).toHaveLength(1);
     const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_policy WHERE operation = 'refunds.create'");
@@ -45,7 +50,7 @@ describe("publishing policy revisions", () => {
   });
 
   it("never changes a published revision, even by hand", async () => {
-    await publishPolicy(t.db, testDocument({ ...operation("holds.create"), schemaRevision: 1 }), "alice");
+    await store.publish(testDocument({ ...operation("holds.create"), schemaRevision: 1 }), "alice");
     await expect(t.pool.query("UPDATE idem_policy SET published_by = 'mallory' WHERE operation = 'holds.create'")).rejects.toThrow(/never change/);
     await expect(t.pool.query("DELETE FROM idem_policy WHERE operation = 'holds.create'")).rejects.toThrow(/never change/);
   });
@@ -90,11 +95,11 @@ describe("revisions stored by an older release", () => {
       "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
       [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older as unknown as PolicyDocument))],
     );
-    const stored = (await loadPolicies(t.db)).policies.find((p) => p.document.operation === op.operation)!;
+    const stored = (await store.load()).policies.find((p) => p.document.operation === op.operation)!;
     expect(stored.document).toEqual(testDocument(op));
     expect(Buffer.from(stored.digest).equals(Buffer.from(policyDigest(testDocument(op))))).toBe(true);
-    expect(await publishPolicy(t.db, testDocument(op), "configuration")).toMatchObject({ created: false, stored: { publishedBy: "older" } });
-    await expectRefusal(publishPolicy(t.db, testDocument({ ...op, keys: { minEntropyBits: 64 } }), "configuration"), "POLICY_REVISION_EXISTS");
+    expect(await store.publish(testDocument(op), "configuration")).toMatchObject({ created: false, stored: { publishedBy: "older" } });
+    await expectRefusal(store.publish(testDocument({ ...op, keys: { minEntropyBits: 64 } }), "configuration"), "POLICY_REVISION_EXISTS");
   });
 
   it("keep a stricter key floor as it was written", async () => {
@@ -104,7 +109,7 @@ describe("revisions stored by an older release", () => {
       "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
       [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older))],
     );
-    const stored = (await loadPolicies(t.db)).policies.find((p) => p.document.operation === op.operation)!;
+    const stored = (await store.load()).policies.find((p) => p.document.operation === op.operation)!;
     expect(stored.document.keys.minEntropyBits).toBe(128);
     expect(Buffer.from(stored.digest).equals(Buffer.from(policyDigest(older)))).toBe(true);
   });
@@ -118,7 +123,7 @@ function observedLoads() {
   const reads: Array<Promise<PolicySnapshot>> = [];
   return {
     load: () => {
-      const read = loadPolicies(t.db);
+      const read = store.load();
       reads.push(read);
       return read;
     },
@@ -138,15 +143,15 @@ function observedLoads() {
 describe("the policy cache", () => {
   it("applies a newly published revision and a mode change on a running coordinator, without a restart", async () => {
     const op = operation("transfers.create");
-    await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "alice");
+    await store.publish(testDocument({ ...op, schemaRevision: 1 }), "alice");
     const clock = new ManualClock();
     const loads = observedLoads();
     const cache = new PolicyCache({ load: loads.load, refreshMs: 100, logger: silentLogger, clock });
     await cache.start();
     try {
       expect((await cache.current(op.operation, 1))?.fingerprint.schemaRevision).toBe(1);
-      await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
-      await setOperationControl(t.db, op.operation, 1, { mode: "DRAINING", writerEpoch: 3 }, "alice");
+      await store.publish(testDocument({ ...op, schemaRevision: 2 }), "alice");
+      await store.setControl({ operation: op.operation, apiRevision: 1, change: { mode: "DRAINING", writerEpoch: 3 }, updatedBy: "alice" });
       // One refresh interval: the cache reads the registry again by itself (its second read).
       clock.advance(100);
       await loads.done(2);
@@ -161,13 +166,13 @@ describe("the policy cache", () => {
 
   it("reads the registry at once when asked for an operation it does not know yet", async () => {
     const clock = new ManualClock();
-    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 400, logger: silentLogger, clock });
+    const cache = new PolicyCache({ load: () => store.load(), refreshMs: 400, logger: silentLogger, clock });
     await cache.start();
     try {
       // More than a quarter interval since the last read, less than the interval: only asking triggers a read.
       clock.advance(150);
       // An operation of this test's own: another test of this file publishes payouts.create.
-      await publishPolicy(t.db, testDocument({ ...operation("loans.create"), schemaRevision: 1 }), "alice");
+      await store.publish(testDocument({ ...operation("loans.create"), schemaRevision: 1 }), "alice");
       expect(await cache.current("loans.create", 1)).toBeDefined();
       expect(await cache.current("ledger.post", 1)).toBeUndefined();
     } finally {
@@ -179,13 +184,13 @@ describe("the policy cache", () => {
 describe("the policy cache and revisions published elsewhere", () => {
   it("reads the registry at once for a record's revision it does not know yet, however recent its last read", async () => {
     const op = operation("invoices.create");
-    await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 1 }), "alice");
+    await store.publish(testDocument({ ...op, schemaRevision: 1 }), "alice");
     // Time stands still: however recent, the last read is the one of start().
-    const cache = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 3_600_000, logger: silentLogger, clock: new ManualClock() });
+    const cache = new PolicyCache({ load: () => store.load(), refreshMs: 3_600_000, logger: silentLogger, clock: new ManualClock() });
     await cache.start();
     try {
       // Another replica publishes revision 2 and stores a record under it.
-      await publishPolicy(t.db, testDocument({ ...op, schemaRevision: 2 }), "alice");
+      await store.publish(testDocument({ ...op, schemaRevision: 2 }), "alice");
       expect((await cache.current(op.operation, 1))?.fingerprint.schemaRevision).toBe(1);
       expect((await cache.revision(op.operation, 1, 2))?.fingerprint.schemaRevision).toBe(2);
       expect(await cache.revision(op.operation, 1, 9)).toBeUndefined();

@@ -23,14 +23,11 @@ import {
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState, ResponseSnapshotSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { PolicyCache } from "../../src/policy/cache.js";
 import type { Db } from "../../src/registry/db.js";
-import { loadPolicies, publishPolicy } from "../../src/registry/policy-store.js";
+import { PolicyStore } from "../../src/registry/policy-store.js";
 import { Registry } from "../../src/registry/registry.js";
-import { adminService } from "../../src/server/admin-service.js";
 import { Callers, tokenHash } from "../../src/server/callers.js";
-import { coordinatorService } from "../../src/server/coordinator-service.js";
-import { errorMapping } from "../../src/server/errors.js";
-import { authentication, unknownFieldsRefused } from "../../src/server/interceptors.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
+import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "../../src/server/routes.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { jsonParts, newKey, testDocument, testPolicy } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
@@ -78,24 +75,14 @@ const GRANTS: CallerGrant[] = [
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });
 
 /**
- * The two services as the server assembles them (src/server/app.ts): the
- * interceptors from error mapping inwards, in the server's order, and its
- * JSON options. The server's outer interceptors (in-flight count, tracing,
- * metrics, access log) only observe an RPC and are left out.
+ * The two services and the interceptors that decide refusals, exactly as the
+ * server mounts them (src/server/routes.ts); the server's outer interceptors
+ * (in-flight count, tracing, metrics, access log) only observe an RPC.
  */
 function serverTransport(deps: { registry: Registry; db: Db; policies: PolicyCache; callers: Callers }): Transport {
-  return createRouterTransport(
-    (router: ConnectRouter) => {
-      router.service(CoordinatorService, coordinatorService({ registry: deps.registry, db: deps.db }));
-      router.service(AdminService, adminService({ db: deps.db, registry: deps.registry, policies: deps.policies, policyRefreshMs: 60_000 }));
-    },
-    {
-      router: {
-        interceptors: [errorMapping(silentLogger), authentication(deps.callers), unknownFieldsRefused()],
-        jsonOptions: { ignoreUnknownFields: false },
-      },
-    },
-  );
+  return createRouterTransport(serviceRoutes({ ...deps, store: new PolicyStore(deps.db), policyRefreshMs: 60_000 }), {
+    router: { interceptors: refusalInterceptors(silentLogger, deps.callers), jsonOptions: JSON_OPTIONS },
+  });
 }
 
 let policies: PolicyCache;
@@ -111,9 +98,9 @@ beforeAll(async () => {
     testDocument({ operation: "payouts.create" }),
     testDocument({ operation: "drain.create" }),
   ]) {
-    await publishPolicy(t.db, document, "test");
+    await new PolicyStore(t.db).publish(document, "test");
   }
-  policies = new PolicyCache({ load: () => loadPolicies(t.db), refreshMs: 60_000, logger: silentLogger });
+  policies = new PolicyCache({ load: () => new PolicyStore(t.db).load(), refreshMs: 60_000, logger: silentLogger });
   await policies.start();
   // Bodies are sealed where they are stored, as on every production coordinator: answers must carry them opened.
   const keyring = parseKeyring({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } });
@@ -906,7 +893,7 @@ describe("error mapping", () => {
           },
         });
       },
-      { router: { interceptors: [errorMapping(silentLogger), authentication(new Callers(GRANTS, false)), unknownFieldsRefused()] } },
+      { router: { interceptors: refusalInterceptors(silentLogger, new Callers(GRANTS, false)) } },
     );
   }
   let failing: Client<typeof CoordinatorService>;
