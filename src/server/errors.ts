@@ -26,7 +26,8 @@ export function errorMapping(logger: Logger): Interceptor {
   return (next) => async (req) => {
     const mapped = (error: unknown): unknown => {
       if (error instanceof IdempotencyError) {
-        if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc: req.method.name }, "registry unavailable");
+        // A refusal with a cause was made from a failure below (the database, a sealed body): the cause is for the operator only.
+        if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc: req.method.name }, `refused with ${error.reason} after a failure; the cause is attached`);
         return refusalToConnectError(error);
       }
       if (error instanceof ConnectError) return error;
