@@ -36,9 +36,7 @@ export function openClients(options: { baseUrl: string; token: string; connectio
   const { baseUrl, values } = options;
   const managers = Array.from({ length: options.connections }, () => new Http2SessionManager(baseUrl));
   const transports = managers.map((sessionManager) =>
-    options.protocol === "grpc"
-      ? createGrpcTransport({ baseUrl, sessionManager })
-      : createConnectTransport({ baseUrl, httpVersion: "2", sessionManager, useBinaryFormat: true }),
+    options.protocol === "grpc" ? createGrpcTransport({ baseUrl, sessionManager }) : createConnectTransport({ baseUrl, httpVersion: "2", sessionManager, useBinaryFormat: true }),
   );
   const coordinators = transports.map((t) => createClient(CoordinatorService, t));
   const healths = transports.map((t) => createClient(Health, t));

@@ -20,7 +20,6 @@ export interface BenchDatabase {
   stop(): Promise<void>;
 }
 
-
 /**
  * Server settings of the embedded cluster. Both sides use this one server,
  * so whatever is chosen applies to both; `durable` keeps synchronous_commit
@@ -70,13 +69,20 @@ export async function databaseFacts(url: string): Promise<{ version: string; set
   return withClient(url, async (client) => {
     const version = (await client.query<{ v: string }>("SELECT version() AS v")).rows[0]!.v;
     const names = [
-      "server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes", "shared_buffers",
-      "max_connections", "checkpoint_timeout", "max_wal_size", "autovacuum", "jit", "shared_preload_libraries",
+      "server_version",
+      "fsync",
+      "synchronous_commit",
+      "wal_sync_method",
+      "full_page_writes",
+      "shared_buffers",
+      "max_connections",
+      "checkpoint_timeout",
+      "max_wal_size",
+      "autovacuum",
+      "jit",
+      "shared_preload_libraries",
     ];
-    const { rows } = await client.query<{ name: string; setting: string; unit: string | null }>(
-      "SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1)",
-      [names],
-    );
+    const { rows } = await client.query<{ name: string; setting: string; unit: string | null }>("SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1)", [names]);
     const settings: Record<string, string> = {};
     for (const name of names) {
       const row = rows.find((r) => r.name === name);

@@ -103,17 +103,25 @@ export async function runPgbench(run: PgbenchRun): Promise<PgbenchResult> {
   const seconds = Math.ceil((run.warmupMs + run.measureMs) / 1000) + connectSlackSec(run.clients);
   const args = [
     "-n", // no vacuum of pgbench's own tables (there are none)
-    "-M", "simple", // one message per statement, and BEGIN with the tenant binding in one, as the coordinator sends them
-    "-c", String(run.clients),
-    "-j", String(Math.min(2, run.clients)),
-    "-T", String(seconds),
+    "-M",
+    "simple", // one message per statement, and BEGIN with the tenant binding in one, as the coordinator sends them
+    "-c",
+    String(run.clients),
+    "-j",
+    String(Math.min(2, run.clients)),
+    "-T",
+    String(seconds),
     ...(run.rate !== undefined ? ["-R", run.rate.toFixed(2)] : []),
-    "-f", run.scriptFile,
-    "--log", `--log-prefix=${join(run.logDir, run.logPrefix)}`,
+    "-f",
+    run.scriptFile,
+    "--log",
+    `--log-prefix=${join(run.logDir, run.logPrefix)}`,
     ...Object.entries(run.variables).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
   ];
   const shown = args.filter((a, i) => a !== "-D" && args[i - 1] !== "-D");
-  const command = ["pgbench", ...shown.map((a) => (a === run.scriptFile ? "reserve-complete.sql" : a.startsWith("--log-prefix") ? "--log-prefix=…" : a)), "-D name=value…"].join(" ");
+  const command = ["pgbench", ...shown.map((a) => (a === run.scriptFile ? "reserve-complete.sql" : a.startsWith("--log-prefix") ? "--log-prefix=…" : a)), "-D name=value…"].join(
+    " ",
+  );
   const { code, output } = await new Promise<{ code: number | null; output: string }>((resolve, reject) => {
     const child = spawn(run.bin, args, {
       env: environmentFor(run),
@@ -190,8 +198,20 @@ export async function runPgbenchTransactions(
   transactions: number,
   onChild?: (child: ChildProcess | undefined) => void,
 ): Promise<{ ok: boolean; output: string }> {
-  const args = ["-n", "-M", "simple", "-c", "1", "-j", "1", "-t", String(transactions), "-f", scriptFile,
-    ...Object.entries(variables).flatMap(([name, value]) => ["-D", `${name}=${value}`])];
+  const args = [
+    "-n",
+    "-M",
+    "simple",
+    "-c",
+    "1",
+    "-j",
+    "1",
+    "-t",
+    String(transactions),
+    "-f",
+    scriptFile,
+    ...Object.entries(variables).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
+  ];
   return new Promise((resolve) => {
     const child = spawn(target.bin, args, { env: environmentFor(target), stdio: ["ignore", "pipe", "pipe"], detached: true });
     onChild?.(child);

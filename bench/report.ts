@@ -83,20 +83,38 @@ const rate = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? "-
 const ratio = (v: number | null | undefined) => (v === null || v === undefined || !Number.isFinite(v) ? "-" : v.toFixed(2));
 
 const HEADERS = [
-  "mode", "conc", "offered/s",
-  "coord ops/s", "p50 ms", "p99 ms",
-  "pgbench ops/s", "p50 ms", "p99 ms",
-  "no-op ops/s", "p50 ms", "p99 ms",
-  "c/pgb ops", "c/pgb p99", "c/no-op ops", "c/no-op p99",
+  "mode",
+  "conc",
+  "offered/s",
+  "coord ops/s",
+  "p50 ms",
+  "p99 ms",
+  "pgbench ops/s",
+  "p50 ms",
+  "p99 ms",
+  "no-op ops/s",
+  "p50 ms",
+  "p99 ms",
+  "c/pgb ops",
+  "c/pgb p99",
+  "c/no-op ops",
+  "c/no-op p99",
 ];
 
 function cells(row: Row): string[] {
   const mode = row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`;
   const s = (x: Summary | null) => [rate(x?.opsPerSec), ms(x?.p50Ms), ms(x?.p99Ms)];
   return [
-    mode, row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency), row.offeredPerSec ? rate(row.offeredPerSec) : "-",
-    ...s(row.coordinator), ...s(row.pgbench), ...s(row.noop),
-    ratio(row.ratios.throughputVsPgbench), ratio(row.ratios.p99VsPgbench), ratio(row.ratios.throughputVsNoop), ratio(row.ratios.p99VsNoop),
+    mode,
+    row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency),
+    row.offeredPerSec ? rate(row.offeredPerSec) : "-",
+    ...s(row.coordinator),
+    ...s(row.pgbench),
+    ...s(row.noop),
+    ratio(row.ratios.throughputVsPgbench),
+    ratio(row.ratios.p99VsPgbench),
+    ratio(row.ratios.throughputVsNoop),
+    ratio(row.ratios.p99VsNoop),
   ];
 }
 
@@ -104,7 +122,10 @@ function cells(row: Row): string[] {
 export function aligned(headers: string[], rows: string[][]): string {
   const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
   const line = (r: string[]) =>
-    r.map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!))).join("  ").trimEnd();
+    r
+      .map((c, i) => (i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!)))
+      .join("  ")
+      .trimEnd();
   return [line(headers), widths.map((w) => "-".repeat(w)).join("  "), ...rows.map(line)].join("\n");
 }
 
@@ -126,9 +147,13 @@ function cpuCells(row: Row): string[] | undefined {
   return [
     row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`,
     row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency),
-    f(c?.coordinator), f(c?.postgres), f(c?.client),
-    f(p?.postgres), f(p?.client),
-    f(n?.coordinator), f(n?.client),
+    f(c?.coordinator),
+    f(c?.postgres),
+    f(c?.client),
+    f(p?.postgres),
+    f(p?.client),
+    f(n?.coordinator),
+    f(n?.client),
     Math.max(sum(c), sum(p), sum(n)).toFixed(2),
   ];
 }
@@ -147,9 +172,13 @@ function cpuPerOpRows(result: BenchResult): string[][] {
     .map((row) => [
       row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`,
       row.mode === "open" ? `≤${row.concurrency}` : String(row.concurrency),
-      per(row.coordinator.cpu?.coordinator, row.coordinator), per(row.coordinator.cpu?.postgres, row.coordinator), per(row.coordinator.cpu?.client, row.coordinator),
-      per(row.pgbench?.cpu?.postgres, row.pgbench), per(row.pgbench?.cpu?.client, row.pgbench),
-      per(row.noop.cpu?.coordinator, row.noop), per(row.noop.cpu?.client, row.noop),
+      per(row.coordinator.cpu?.coordinator, row.coordinator),
+      per(row.coordinator.cpu?.postgres, row.coordinator),
+      per(row.coordinator.cpu?.client, row.coordinator),
+      per(row.pgbench?.cpu?.postgres, row.pgbench),
+      per(row.pgbench?.cpu?.client, row.pgbench),
+      per(row.noop.cpu?.coordinator, row.noop),
+      per(row.noop.cpu?.client, row.noop),
     ]);
 }
 
@@ -157,7 +186,11 @@ function errorLines(result: BenchResult): string[] {
   const lines: string[] = [];
   for (const row of result.rows) {
     const label = row.mode === "closed" ? `closed c=${row.concurrency}` : `open ${Math.round((row.fraction ?? 0) * 100)}%`;
-    for (const [side, s] of [["coordinator", row.coordinator], ["pgbench", row.pgbench], ["no-op", row.noop]] as const) {
+    for (const [side, s] of [
+      ["coordinator", row.coordinator],
+      ["pgbench", row.pgbench],
+      ["no-op", row.noop],
+    ] as const) {
       if (s && s.errors > 0) lines.push(`${label} ${side}: ${s.errors} failed (${s.firstError ?? "?"})`);
     }
   }
@@ -250,14 +283,21 @@ export function renderMarkdown(result: BenchResult): string {
   const rt = result.roundTrips;
   const costRow = (name: string, c: RpcCost | NonNullable<RoundTrips["pgbench"]> | undefined) =>
     c
-      ? [name, n2(c.roundTrips), n2(c.statements), c.databaseMs === undefined ? "-" : c.databaseMs.toFixed(3), "clientMs" in c ? c.clientMs.toFixed(2) : "-", "handlerMs" in c ? ms(c.handlerMs) : "-"]
+      ? [
+          name,
+          n2(c.roundTrips),
+          n2(c.statements),
+          c.databaseMs === undefined ? "-" : c.databaseMs.toFixed(3),
+          "clientMs" in c ? c.clientMs.toFixed(2) : "-",
+          "handlerMs" in c ? ms(c.handlerMs) : "-",
+        ]
       : undefined;
   const costs = [costRow("Reserve", rt.reserve), costRow("Complete", rt.complete), costRow("pgbench transaction", rt.pgbench ?? undefined)].filter(
     (r): r is string[] => r !== undefined,
   );
-  const statementNames = [...new Set([...(rt.reserve?.statementList ?? []), ...(rt.complete?.statementList ?? []), ...(rt.pgbench?.statementList ?? [])].map((s) => s.statement))].sort(
-    (a, b) => statementRank(a) - statementRank(b),
-  );
+  const statementNames = [
+    ...new Set([...(rt.reserve?.statementList ?? []), ...(rt.complete?.statementList ?? []), ...(rt.pgbench?.statementList ?? [])].map((s) => s.statement)),
+  ].sort((a, b) => statementRank(a) - statementRank(b));
   const per = (c: { statementList?: StatementShare[] } | null | undefined, name: string) => {
     const s = c?.statementList?.find((x) => x.statement === name);
     return s ? `${s.perCall.toFixed(2)} (${s.meanMs.toFixed(3)} ms)` : "-";

@@ -78,7 +78,6 @@ interface Options {
   out: string;
 }
 
-
 class UsageError extends Error {}
 
 function parseArgs(argv: string[]): Options | { render: string; markdown: boolean } | "help" | "script" {
@@ -120,7 +119,9 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
       case "--quick":
         break;
       case "--concurrency":
-        options.concurrency = value().split(",").map((c) => positive("--concurrency", c, 1000));
+        options.concurrency = value()
+          .split(",")
+          .map((c) => positive("--concurrency", c, 1000));
         break;
       case "--duration":
         options.measureSec = positive("--duration", value(), 3600);
@@ -190,7 +191,6 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
 
 // ---------------------------------------------------------------------------
 // Process lifetime: every child and the database are stopped on any exit.
-
 
 // ---------------------------------------------------------------------------
 // Process lifetime: every child and the database are stopped on any exit.
@@ -277,7 +277,10 @@ function operationValues(): OperationValues {
 /** Sum and count of the coordinator's own RPC timer (idem_rpc_duration_seconds on /metrics), by method. */
 async function handlerTimes(adminUrl: string): Promise<Map<string, { sum: number; count: number }>> {
   const times = new Map<string, { sum: number; count: number }>();
-  const text = await fetch(`${adminUrl}/metrics`).then((r) => r.text(), () => "");
+  const text = await fetch(`${adminUrl}/metrics`).then(
+    (r) => r.text(),
+    () => "",
+  );
   for (const m of text.matchAll(/^idem_rpc_duration_seconds_(sum|count)\{[^}]*method="(\w+)"[^}]*code="ok"[^}]*\} (\S+)$/gm)) {
     const entry = times.get(m[2]!) ?? { sum: 0, count: 0 };
     entry[m[1] as "sum" | "count"] += Number(m[3]);
@@ -312,7 +315,11 @@ function line(label: string, s: Summary | null): string {
   if (!s) return `${label}: skipped`;
   const errors = s.errors ? `, ${s.errors} failed (${s.firstError})` : "";
   const cores = s.cpu
-    ? `; cores busy: ${[["coordinator", s.cpu.coordinator], ["postgres", s.cpu.postgres], ["client", s.cpu.client]]
+    ? `; cores busy: ${[
+        ["coordinator", s.cpu.coordinator],
+        ["postgres", s.cpu.postgres],
+        ["client", s.cpu.client],
+      ]
         .filter(([, v]) => v !== undefined && (v as number) >= 0.005)
         .map(([name, v]) => `${name} ${(v as number).toFixed(2)}`)
         .join(", ")}`
@@ -334,7 +341,12 @@ interface Context {
 }
 
 /** A coordinator with its clients, stopped on any exit. */
-async function coordinator(ctx: Context, label: string, databaseUrl: string, extraEnvironment?: Record<string, string>): Promise<{ server: BenchServer; clients: BenchClients; stop(): Promise<void> }> {
+async function coordinator(
+  ctx: Context,
+  label: string,
+  databaseUrl: string,
+  extraEnvironment?: Record<string, string>,
+): Promise<{ server: BenchServer; clients: BenchClients; stop(): Promise<void> }> {
   const server = await startServer({
     databaseUrl,
     token: ctx.token,
@@ -396,9 +408,7 @@ async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<Round
       cost: {
         calls: k,
         ...(wire.encrypted === 0 ? { roundTrips: wire.roundTrips / k } : {}),
-        ...(statementsOn
-          ? { statements: list.reduce((a, s) => a + s.perCall, 0), databaseMs: rows.reduce((a, r) => a + r.totalMs, 0) / k, statementList: list }
-          : {}),
+        ...(statementsOn ? { statements: list.reduce((a, s) => a + s.perCall, 0), databaseMs: rows.reduce((a, r) => a + r.totalMs, 0) / k, statementList: list } : {}),
         ...(handlerMs !== undefined ? { handlerMs } : {}),
       },
     };
@@ -444,9 +454,7 @@ async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<Round
       const names = new Set([...coordinatorStatements.keys(), ...pgbenchStatements.keys()]);
       pgbenchCost = {
         ...cost,
-        ...(statementsOn
-          ? { sameStatements: [...names].every((n) => Math.abs((coordinatorStatements.get(n) ?? 0) - (pgbenchStatements.get(n) ?? 0)) < 0.02) }
-          : {}),
+        ...(statementsOn ? { sameStatements: [...names].every((n) => Math.abs((coordinatorStatements.get(n) ?? 0) - (pgbenchStatements.get(n) ?? 0)) < 0.02) } : {}),
       };
     }
   }
@@ -470,14 +478,22 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
   const loadBefore = os.loadavg();
   const phases = options.concurrency.length * 3 + options.open.length * 3;
   const estimate = phases * (options.warmupSec + options.measureSec + 1) + (options.concurrency.length + options.open.length) * 2 + 15 + options.roundTripOps * 0.06;
-  progress(`idempotency coordinator benchmark${options.quick ? " (quick)" : ""}: ${phases} phases of ${options.warmupSec} s warm-up + ${options.measureSec} s measured, about ${Math.round(estimate / 5) * 5} s`);
+  progress(
+    `idempotency coordinator benchmark${options.quick ? " (quick)" : ""}: ${phases} phases of ${options.warmupSec} s warm-up + ${options.measureSec} s measured, about ${Math.round(estimate / 5) * 5} s`,
+  );
   const logger = pino({ level: "warn" }, pino.destination(2));
 
   const pgbench = await findPgbench();
-  let pgbenchSkipped = pgbench ? undefined : "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)";
+  let pgbenchSkipped = pgbench
+    ? undefined
+    : "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)";
   progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgbenchSkipped}; the pgbench baseline is skipped`);
 
-  progress(options.databaseUrl ? "database: --database-url" : `starting a dedicated embedded PostgreSQL (synchronous_commit=${options.durable ? "on" : "off"}, fsync=on, pg_stat_statements)`);
+  progress(
+    options.databaseUrl
+      ? "database: --database-url"
+      : `starting a dedicated embedded PostgreSQL (synchronous_commit=${options.durable ? "on" : "off"}, fsync=on, pg_stat_statements)`,
+  );
   const database = await startDatabase({ ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}), durable: options.durable, logger });
   cleanups.push({ name: "the database", run: () => database.stop() });
   checkpoint();

@@ -92,9 +92,10 @@ export async function startServer(options: ServerOptions): Promise<BenchServer> 
   }
 
   // Inherit nothing that would change the coordinator's behaviour (tracing, another database).
-  const inherited = Object.fromEntries(
-    Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/.test(name)),
-  ) as Record<string, string>;
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/.test(name))) as Record<
+    string,
+    string
+  >;
   const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
     cwd: ROOT,
     env: { ...inherited, ...environment },

@@ -62,8 +62,7 @@ const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
 export function pgbenchScript(v: OperationValues): { script: string; variables: Record<string, string> } {
   const scope = "sha256(convert_to('scope:' || ':seed', 'UTF8'))";
   const operationId =
-    "(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || " +
-    "substr(md5(':seed'), 1, 3) || '8' || substr(md5(':seed'), 4, 15))::uuid";
+    "(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || " + "substr(md5(':seed'), 1, 3) || '8' || substr(md5(':seed'), 4, 15))::uuid";
   const acquisitionId = "md5('acquisition:' || ':seed')::uuid";
   /** A statement's text with each named parameter written as the pgbench expression given for it. */
   const bind = <Values extends object>(statement: Statement<Values>, values: { [name in keyof Values]: string }) =>
@@ -78,18 +77,37 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
   const principal = `(${q("principal")} || '-' || :client_id)`;
   const owner = { state: q("state"), leaseMs: q("lease_ms"), acquisitionId, writerEpoch: q("writer_epoch") };
   const reserve = bind(STATEMENTS.reserve, {
-    tenant: q("tenant"), scope, operationId, principal, operation: q("operation"), apiRevision: q("api_revision"),
-    schemaRevision: q("schema_revision"), fingerprint: q("fingerprint"), ...owner, caller: q("caller"),
+    tenant: q("tenant"),
+    scope,
+    operationId,
+    principal,
+    operation: q("operation"),
+    apiRevision: q("api_revision"),
+    schemaRevision: q("schema_revision"),
+    fingerprint: q("fingerprint"),
+    ...owner,
+    caller: q("caller"),
   });
   const who = { tenant: q("tenant"), principal, operation: q("operation"), apiRevision: q("api_revision"), scope, acquisitionId };
   const gate = bind(STATEMENTS.gate, who);
   const count = bind(STATEMENTS.count, { ...who, limit: q("quota_limit") });
   const ref = { tenant: q("tenant"), operationId: q("r_operation_id") };
   const finish = bind(STATEMENTS.finish, {
-    ...ref, generation: q("r_generation"), caller: q("caller"), eventDetail: q("event_detail"), outcome: q("outcome"), keepMs: q("keep_ms"),
+    ...ref,
+    generation: q("r_generation"),
+    caller: q("caller"),
+    eventDetail: q("event_detail"),
+    outcome: q("outcome"),
+    keepMs: q("keep_ms"),
     // pgbench cannot define an empty variable: the empty location and business version are written as such.
-    snapshotStatus: q("status_code"), snapshotMediaType: q("media_type"), snapshotLocation: "''", snapshotBusinessVersion: "''",
-    snapshotHeaders: q("headers"), snapshotBody: q("snapshot_body"), snapshotDigest: q("snapshot_digest"), snapshotKeyId: q("key_id"),
+    snapshotStatus: q("status_code"),
+    snapshotMediaType: q("media_type"),
+    snapshotLocation: "''",
+    snapshotBusinessVersion: "''",
+    snapshotHeaders: q("headers"),
+    snapshotBody: q("snapshot_body"),
+    snapshotDigest: q("snapshot_digest"),
+    snapshotKeyId: q("key_id"),
   });
   const begin = `BEGIN \\; ${BINDING.replace("$1", q("tenant")).replace("$2", "'off'")};`;
   const script = [

@@ -83,7 +83,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_MIGRATION_DATABASE_URL", default: "(DATABASE_URL)", meaning: "connection string of the tables' owner, for migrations" },
   { name: "IDEM_DB_ROLE", default: "idem_server", meaning: "role the server acts as on its connections: owns nothing, row security applies; empty: the login's own" },
   { name: "IDEM_DB_POOL_MAX", default: "20", meaning: "most registry connections per process" },
-  { name: "IDEM_CROSS_TENANT_DATABASE_URL", default: "(DATABASE_URL)", meaning: "login of the work that spans tenants (jobs, operators' listings): a member of idem_cross_tenant only" },
+  {
+    name: "IDEM_CROSS_TENANT_DATABASE_URL",
+    default: "(DATABASE_URL)",
+    meaning: "login of the work that spans tenants (jobs, operators' listings): a member of idem_cross_tenant only",
+  },
   { name: "IDEM_DB_CROSS_TENANT_ROLE", default: "idem_cross_tenant", meaning: "role that work acts as: sees every tenant; empty: the login's own" },
   { name: "IDEM_DB_CROSS_TENANT_POOL_MAX", default: "4", meaning: "most connections of that work per process" },
   { name: "IDEM_DB_CONNECT_TIMEOUT_MS", default: "2000", meaning: "wait for a free connection before UNAVAILABLE" },
@@ -107,7 +111,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_TLS_RELOAD_MS", default: "10000", meaning: "how often changed certificate, key and CA files are reloaded" },
   { name: "IDEM_SNAPSHOT_KEYS", default: "(embedded: generated)", meaning: "key ring sealing stored response bodies (AES-256-GCM); required with DATABASE_URL" },
   { name: "IDEM_SNAPSHOT_KEYS_FILE", default: "(none)", meaning: "path of a file holding that key ring instead" },
-  { name: "IDEM_ALLOW_PLAINTEXT_SNAPSHOTS", default: "false", meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)" },
+  {
+    name: "IDEM_ALLOW_PLAINTEXT_SNAPSHOTS",
+    default: "false",
+    meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)",
+  },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -328,12 +336,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     problems.push("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: a key ring is configured, so bodies are sealed; remove the setting");
   }
 
-  const logLevel = read("LOG_LEVEL", (raw) => {
-    if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(raw)) {
-      throw new Error(`must be one of fatal, error, warn, info, debug, trace, silent, got '${raw}'`);
-    }
-    return raw;
-  }, "info");
+  const logLevel = read(
+    "LOG_LEVEL",
+    (raw) => {
+      if (!["fatal", "error", "warn", "info", "debug", "trace", "silent"].includes(raw)) {
+        throw new Error(`must be one of fatal, error, warn, info, debug, trace, silent, got '${raw}'`);
+      }
+      return raw;
+    },
+    "info",
+  );
 
   const config: Config = {
     databaseUrl,

@@ -30,7 +30,10 @@ export class Failpoints implements FaultHooks {
    */
   static fromSpec(spec: string): Failpoints {
     const failpoints = new Failpoints();
-    for (const entry of spec.split(",").map((e) => e.trim()).filter((e) => e.length > 0)) {
+    for (const entry of spec
+      .split(",")
+      .map((e) => e.trim())
+      .filter((e) => e.length > 0)) {
       const match = /^([a-z.-]+)=(once:)?(kill|fail|pause\((\d+)\))$/.exec(entry);
       if (!match || !HOOK_POINTS.includes(match[1] as HookPoint)) {
         throw new Error(`'${entry}' is not point=action with a point among ${HOOK_POINTS.join(", ")} and an action kill, fail or pause(ms), optionally once:`);

@@ -77,7 +77,12 @@ export async function startPaymentsBackend(options: PaymentsAppOptions & { provi
   const store = new PaymentsStore(options.schema);
   await store.migrate(options.pool);
   const providerClient = new CardProviderClient(options.providerUrl, options.providerTimeoutMs ?? 2000);
-  const client = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.gatewayToken, timeoutMs: options.coordinatorTimeoutMs ?? 2000, ...(options.logger ? { logger: options.logger } : {}) });
+  const client = new CoordinatorClient({
+    baseUrl: options.coordinatorUrl,
+    token: options.gatewayToken,
+    timeoutMs: options.coordinatorTimeoutMs ?? 2000,
+    ...(options.logger ? { logger: options.logger } : {}),
+  });
   const workerClient = new CoordinatorClient({ baseUrl: options.coordinatorUrl, token: options.workerToken, ...(options.logger ? { logger: options.logger } : {}) });
   let colocated: ColocatedRegistry | undefined;
   if (colocatedMode) {

@@ -66,32 +66,42 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   const snapshotKeys = JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } });
 
   // Through the example's entry, which hands IDEM_FAILPOINTS to the coordinator (npm start has no such switch).
-  const coordinator = await member(["examples/payments/main.ts", "coordinator"], {
-    ...base,
-    IDEM_RPC_PORT: String(rpcPort),
-    IDEM_ADMIN_PORT: String(adminPort),
-    IDEM_HOST: "127.0.0.1",
-    IDEM_CALLERS: JSON.stringify([
-      { name: "payments-gateway", tokenSha256: tokenHash(tokens.gateway), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] },
-      { name: "payments-recovery", tokenSha256: tokenHash(tokens.worker), tenants: ["acme"], operations: ["payments.create"], roles: ["worker"] },
-      { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
-    ]),
-    IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
-    IDEM_SNAPSHOT_KEYS: snapshotKeys,
-    IDEM_SHUTDOWN_GRACE_MS: "2000",
-    ...options.coordinatorEnv,
-  }, `http://127.0.0.1:${rpcPort}`, options.verbose);
+  const coordinator = await member(
+    ["examples/payments/main.ts", "coordinator"],
+    {
+      ...base,
+      IDEM_RPC_PORT: String(rpcPort),
+      IDEM_ADMIN_PORT: String(adminPort),
+      IDEM_HOST: "127.0.0.1",
+      IDEM_CALLERS: JSON.stringify([
+        { name: "payments-gateway", tokenSha256: tokenHash(tokens.gateway), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] },
+        { name: "payments-recovery", tokenSha256: tokenHash(tokens.worker), tenants: ["acme"], operations: ["payments.create"], roles: ["worker"] },
+        { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
+      ]),
+      IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
+      IDEM_SNAPSHOT_KEYS: snapshotKeys,
+      IDEM_SHUTDOWN_GRACE_MS: "2000",
+      ...options.coordinatorEnv,
+    },
+    `http://127.0.0.1:${rpcPort}`,
+    options.verbose,
+  );
   const provider = await member(["examples/payments/main.ts", "provider", "--port", String(providerPort)], base, `http://127.0.0.1:${providerPort}`, options.verbose);
-  const service = await member(["examples/payments/main.ts", "service", "--port", String(servicePort)], {
-    ...base,
-    COORDINATOR_URL: coordinator.url,
-    GATEWAY_TOKEN: tokens.gateway,
-    WORKER_TOKEN: tokens.worker,
-    PROVIDER_URL: provider.url,
-    PAYMENTS_COLOCATED: String(options.colocated ?? true),
-    IDEM_SNAPSHOT_KEYS: options.coordinatorEnv?.IDEM_SNAPSHOT_KEYS ?? snapshotKeys,
-    ...options.serviceEnv,
-  }, `http://127.0.0.1:${servicePort}`, options.verbose);
+  const service = await member(
+    ["examples/payments/main.ts", "service", "--port", String(servicePort)],
+    {
+      ...base,
+      COORDINATOR_URL: coordinator.url,
+      GATEWAY_TOKEN: tokens.gateway,
+      WORKER_TOKEN: tokens.worker,
+      PROVIDER_URL: provider.url,
+      PAYMENTS_COLOCATED: String(options.colocated ?? true),
+      IDEM_SNAPSHOT_KEYS: options.coordinatorEnv?.IDEM_SNAPSHOT_KEYS ?? snapshotKeys,
+      ...options.serviceEnv,
+    },
+    `http://127.0.0.1:${servicePort}`,
+    options.verbose,
+  );
 
   return {
     coordinator,
@@ -148,4 +158,3 @@ async function member(args: string[], env: Record<string, string>, url: string, 
     restart: (extra) => start(extra),
   };
 }
-

@@ -82,7 +82,6 @@ function tally(responses: Sent[]): string {
   return [...counts].map(([label, n]) => `      ${String(n).padStart(3)} × ${label}`).join("\n");
 }
 
-
 async function main(): Promise<void> {
   const started = Date.now();
   const cleanups: Array<() => Promise<unknown>> = [];

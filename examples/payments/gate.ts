@@ -121,7 +121,12 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
   try {
     // --- start ------------------------------------------------------------------
     db = await openGateDatabase({ databaseUrl: options.databaseUrl, durable: options.durable, keep: options.keep });
-    environment.database = { kind: db.kind, version: db.version, settings: db.kind === "embedded" ? db.settings : "the server's own", schema: db.schema ?? "public (a fresh database)" };
+    environment.database = {
+      kind: db.kind,
+      version: db.version,
+      settings: db.kind === "embedded" ? db.settings : "the server's own",
+      schema: db.schema ?? "public (a fresh database)",
+    };
     if (signal.aborted) throw new GateAborted("aborted");
     const adminPort = await freePort();
     log(`starting the coordinator, the card provider and the payments service (${db.schema ? `schema ${db.schema}` : "a fresh database"})…`);
@@ -215,7 +220,9 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     while (remaining.unknown + remaining.leased > 0 && Date.now() - settleStarted < options.settleTimeoutMs && !signal.aborted) {
       if (Date.now() - lastNote >= 5000) {
         lastNote = Date.now();
-        log(`settling: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased (${remaining.recovering} recovering); waited ${formatDuration(Date.now() - settleStarted)} of at most ${formatDuration(options.settleTimeoutMs)}`);
+        log(
+          `settling: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased (${remaining.recovering} recovering); waited ${formatDuration(Date.now() - settleStarted)} of at most ${formatDuration(options.settleTimeoutMs)}`,
+        );
       }
       await sleep(1000, signal);
       remaining = await unsettledCounts(db.pool);
@@ -223,7 +230,11 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     if (signal.aborted) throw new GateAborted("aborted");
     phases.settleSeconds = (Date.now() - settleStarted) / 1000;
     const settled = remaining.unknown + remaining.leased === 0;
-    log(settled ? `settled after ${formatDuration(Date.now() - settleStarted)}` : `not settled within ${formatDuration(options.settleTimeoutMs)}: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased`);
+    log(
+      settled
+        ? `settled after ${formatDuration(Date.now() - settleStarted)}`
+        : `not settled within ${formatDuration(options.settleTimeoutMs)}: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased`,
+    );
 
     // --- measure ------------------------------------------------------------------
     const measureStarted = Date.now();
@@ -251,10 +262,17 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
         ...measurement.facts,
         { name: "throughput", value: `${(load.stats.sent / loadSeconds).toFixed(0)} requests/s over ${formatDuration(loadSeconds * 1000)} of load` },
         ...(cpu
-          ? [{ name: "machine during the load", value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}` }]
+          ? [
+              {
+                name: "machine during the load",
+                value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}`,
+              },
+            ]
           : []),
         ...(chaos.unexpectedExits.length ? [{ name: "unexpected process exits", value: chaos.unexpectedExits.map((e) => `${e.target} at ${e.at}`).join(", ") }] : []),
-        ...(settled ? [] : [{ name: "not settled", value: `${remaining.unknown} UNKNOWN and ${remaining.leased} leased records after ${formatDuration(options.settleTimeoutMs)}` }]),
+        ...(settled
+          ? []
+          : [{ name: "not settled", value: `${remaining.unknown} UNKNOWN and ${remaining.leased} leased records after ${formatDuration(options.settleTimeoutMs)}` }]),
       ],
       load: {
         httpRequests: load.stats.sent,

@@ -50,7 +50,7 @@ if (role === "coordinator") {
   try {
     await serve(loadConfig(), { hooks });
   } catch (error) {
-    process.stderr.write(`${error instanceof ConfigError ? error.message : (error as Error).stack ?? String(error)}\n`);
+    process.stderr.write(`${error instanceof ConfigError ? error.message : ((error as Error).stack ?? String(error))}\n`);
     process.exit(1);
   }
 } else if (role === "provider") {
@@ -77,5 +77,12 @@ if (role === "coordinator") {
   });
   backend.worker.start();
   process.stdout.write(`ready ${backend.service.url}\n`);
-  process.on("SIGTERM", () => void backend.close().then(() => pool.end()).then(() => process.exit(0)));
+  process.on(
+    "SIGTERM",
+    () =>
+      void backend
+        .close()
+        .then(() => pool.end())
+        .then(() => process.exit(0)),
+  );
 }

@@ -90,58 +90,57 @@ export async function startPaymentsService(options: PaymentsServiceOptions): Pro
     }
   };
 
-  const createPayment = withIdempotency(
-    gateway,
-    { ...PAYMENTS_OPERATION, subject: subjectOf, statusUrl: (id) => `/v1/operations/${id}` },
-    async (_req, res, ctx) => {
-      stats.handlerRuns++;
-      if (faults.throwBeforeCharge > 0) {
-        faults.throwBeforeCharge--;
-        throw new Error("simulated failure before the charge (e.g. a dependency was down)");
-      }
-      // The coordinator already checked the body against the policy's schema.
-      const input = ctx.json<{ amount: number; currency: string; card: string }>();
-      if (!Number.isSafeInteger(input.amount) || input.amount <= 0 || !/^[A-Z]{3}$/.test(input.currency)) {
-        // Refused before any effect: REJECTED, and replayed as such.
-        writeResponse(res, { status: 400, json: { title: "Invalid payment", detail: "amount must be a positive integer (minor units), currency an ISO 4217 code" } });
+  const createPayment = withIdempotency(gateway, { ...PAYMENTS_OPERATION, subject: subjectOf, statusUrl: (id) => `/v1/operations/${id}` }, async (_req, res, ctx) => {
+    stats.handlerRuns++;
+    if (faults.throwBeforeCharge > 0) {
+      faults.throwBeforeCharge--;
+      throw new Error("simulated failure before the charge (e.g. a dependency was down)");
+    }
+    // The coordinator already checked the body against the policy's schema.
+    const input = ctx.json<{ amount: number; currency: string; card: string }>();
+    if (!Number.isSafeInteger(input.amount) || input.amount <= 0 || !/^[A-Z]{3}$/.test(input.currency)) {
+      // Refused before any effect: REJECTED, and replayed as such.
+      writeResponse(res, { status: 400, json: { title: "Invalid payment", detail: "amount must be a positive integer (minor units), currency an ISO 4217 code" } });
+      return;
+    }
+    const subject = ctx.subject!;
+    let chargeId: string;
+    try {
+      const charge = await ctx.effect(
+        "card.charge",
+        "card-provider",
+        async (downstreamKey) => {
+          // The intent first: whoever recovers this operation knows what to charge.
+          await store.recordIntent(pool, { operationId: ctx.operationId, downstreamKey, tenant: subject.tenant, principal: subject.principal, ...input });
+          return provider.charge(downstreamKey, input);
+        },
+        { handle: (c) => c.id },
+      );
+      chargeId = charge.id;
+    } catch (error) {
+      if (error instanceof CardDeclined) {
+        // Definitely no charge (NO_EFFECT): the 402 is recorded and replayed.
+        const response = await settle(ctx, async (q) => paymentResponse(await store.decline(q, ctx.operationId)));
+        writeResponse(res, withDelivery(response, deliveryHeaders()));
         return;
       }
-      const subject = ctx.subject!;
-      let chargeId: string;
-      try {
-        const charge = await ctx.effect(
-          "card.charge",
-          "card-provider",
-          async (downstreamKey) => {
-            // The intent first: whoever recovers this operation knows what to charge.
-            await store.recordIntent(pool, { operationId: ctx.operationId, downstreamKey, tenant: subject.tenant, principal: subject.principal, ...input });
-            return provider.charge(downstreamKey, input);
+      if (error instanceof ProviderUnavailable) {
+        // The charge may exist: nothing is recorded; the recovery worker settles the payment.
+        writeResponse(res, {
+          status: 502,
+          headers: { "retry-after": "2" },
+          json: {
+            title: "Card provider unavailable",
+            detail: "The payment is being settled. Retry with the same Idempotency-Key to get its result; it will not be charged twice.",
           },
-          { handle: (c) => c.id },
-        );
-        chargeId = charge.id;
-      } catch (error) {
-        if (error instanceof CardDeclined) {
-          // Definitely no charge (NO_EFFECT): the 402 is recorded and replayed.
-          const response = await settle(ctx, async (q) => paymentResponse(await store.decline(q, ctx.operationId)));
-          writeResponse(res, withDelivery(response, deliveryHeaders()));
-          return;
-        }
-        if (error instanceof ProviderUnavailable) {
-          // The charge may exist: nothing is recorded; the recovery worker settles the payment.
-          writeResponse(res, {
-            status: 502,
-            headers: { "retry-after": "2" },
-            json: { title: "Card provider unavailable", detail: "The payment is being settled. Retry with the same Idempotency-Key to get its result; it will not be charged twice." },
-          });
-          return;
-        }
-        throw error;
+        });
+        return;
       }
-      const response = await settle(ctx, async (q) => paymentResponse(await store.capture(q, ctx.operationId, chargeId)));
-      writeResponse(res, withDelivery(response, deliveryHeaders()));
-    },
-  );
+      throw error;
+    }
+    const response = await settle(ctx, async (q) => paymentResponse(await store.capture(q, ctx.operationId, chargeId)));
+    writeResponse(res, withDelivery(response, deliveryHeaders()));
+  });
 
   const route = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const path = (req.url ?? "/").split("?")[0]!;
@@ -151,7 +150,9 @@ export async function startPaymentsService(options: PaymentsServiceOptions): Pro
     const payment = /^\/v1\/payments\/([^/]+)$/.exec(path);
     if (req.method === "GET" && payment) {
       const row = await store.byId(pool, payment[1]!, subject.tenant);
-      return row && row.principal === subject.principal ? writeResponse(res, { status: 200, json: paymentJson(row) }) : writeResponse(res, { status: 404, json: { title: "Not found" } });
+      return row && row.principal === subject.principal
+        ? writeResponse(res, { status: 200, json: paymentJson(row) })
+        : writeResponse(res, { status: 404, json: { title: "Not found" } });
     }
     const operation = /^\/v1\/operations\/([^/]+)$/.exec(path);
     if (req.method === "GET" && operation) {

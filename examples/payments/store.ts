@@ -162,7 +162,13 @@ export function paymentResponse(row: PaymentRow): HandlerResponse {
     return {
       status: 402,
       headers: { "content-type": "application/problem+json" },
-      json: { type: "https://payments.example/problems/card-declined", title: "Card declined", status: 402, detail: "The card was declined; nothing was charged.", payment: paymentJson(row) },
+      json: {
+        type: "https://payments.example/problems/card-declined",
+        title: "Card declined",
+        status: 402,
+        detail: "The card was declined; nothing was charged.",
+        payment: paymentJson(row),
+      },
     };
   }
   return {

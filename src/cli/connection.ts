@@ -28,7 +28,12 @@ export async function resolveConnection(values: { url?: string | undefined; toke
   const url = values.url ?? process.env.IDEM_URL ?? "http://127.0.0.1:7070";
   const stateDir = process.env.IDEM_STATE_DIR ?? ".idem";
   const token =
-    values.token ?? process.env.IDEM_TOKEN ?? (await readFile(join(stateDir, "dev-token"), "utf8").then((t) => t.trim(), () => undefined));
+    values.token ??
+    process.env.IDEM_TOKEN ??
+    (await readFile(join(stateDir, "dev-token"), "utf8").then(
+      (t) => t.trim(),
+      () => undefined,
+    ));
   if (!token) throw new UsageError("no token: pass --token or set IDEM_TOKEN (a caller with the operator role)");
   return { url, token };
 }
@@ -51,5 +56,12 @@ export function clientsOf(connection: Connection): {
 export function table(header: readonly string[], rows: ReadonlyArray<readonly string[]>): string {
   const all = [header, ...rows];
   const widths = header.map((_, c) => Math.max(...all.map((row) => (row[c] ?? "").length)));
-  return all.map((row) => row.map((cell, c) => cell.padEnd(widths[c]!)).join("  ").trimEnd()).join("\n");
+  return all
+    .map((row) =>
+      row
+        .map((cell, c) => cell.padEnd(widths[c]!))
+        .join("  ")
+        .trimEnd(),
+    )
+    .join("\n");
 }

@@ -53,9 +53,7 @@ safe. --status lists applied and pending versions without applying.`,
       // Migrations store no response body: no key ring needed (the migrate Job has none).
       const config = loadConfig(process.env, { forMigrations: true });
       const logger = pino({ level: config.logLevel === "info" ? "warn" : config.logLevel });
-      const embedded = config.databaseUrl
-        ? undefined
-        : await startEmbeddedPostgres({ stateDir: join(config.stateDir, "postgres"), port: config.embeddedPostgresPort, logger });
+      const embedded = config.databaseUrl ? undefined : await startEmbeddedPostgres({ stateDir: join(config.stateDir, "postgres"), port: config.embeddedPostgresPort, logger });
       const connectionString = config.migrationDatabaseUrl ?? config.databaseUrl ?? embedded!.url;
       const unreachable = reportUnreachable(
         connectionString,
@@ -115,7 +113,12 @@ ${CONNECTION_HELP}`,
         case "get": {
           const { values, positionals } = parseArgs({
             args: rest,
-            options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, revision: { type: "string", default: "0" }, json: { type: "boolean", default: false } },
+            options: {
+              ...CONNECTION_OPTIONS,
+              "api-revision": { type: "string", default: "1" },
+              revision: { type: "string", default: "0" },
+              json: { type: "boolean", default: false },
+            },
             allowPositionals: true,
           });
           if (positionals.length !== 1) throw new UsageError("get takes one OPERATION");
@@ -143,7 +146,10 @@ ${CONNECTION_HELP}`,
     help: `Reads a record by its operation id (as an operator: any principal of the tenants you are granted).
 ${CONNECTION_HELP}`,
     async run(args) {
-      const { values } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, tenant: { type: "string" }, "operation-id": { type: "string" }, json: { type: "boolean", default: false } } });
+      const { values } = parseArgs({
+        args,
+        options: { ...CONNECTION_OPTIONS, tenant: { type: "string" }, "operation-id": { type: "string" }, json: { type: "boolean", default: false } },
+      });
       if (!values.tenant || !values["operation-id"]) throw new UsageError("--tenant and --operation-id are required");
       await lookupCommand(values.tenant, values["operation-id"], values.json, await resolveConnection(values), print);
     },
@@ -240,7 +246,11 @@ nothing new while accepted operations finish; ENFORCE is normal service. Every r
 change within IDEM_POLICY_REFRESH_MS. Without arguments: every operation's mode and epoch.
 ${CONNECTION_HELP}`,
     async run(args) {
-      const { values, positionals } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, json: { type: "boolean", default: false } }, allowPositionals: true });
+      const { values, positionals } = parseArgs({
+        args,
+        options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, json: { type: "boolean", default: false } },
+        allowPositionals: true,
+      });
       if (positionals.length !== 0 && positionals.length !== 2) throw new UsageError("give OPERATION and MODE, or nothing to list");
       await modeCommand(positionals[0], positionals[1], wholeNumber(values["api-revision"], "--api-revision"), values.json, await resolveConnection(values), print);
     },
@@ -252,9 +262,20 @@ ${CONNECTION_HELP}`,
 it here; writers still running with an older epoch get STALE_WRITER_EPOCH. The epoch only grows.
 ${CONNECTION_HELP}`,
     async run(args) {
-      const { values, positionals } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, json: { type: "boolean", default: false } }, allowPositionals: true });
+      const { values, positionals } = parseArgs({
+        args,
+        options: { ...CONNECTION_OPTIONS, "api-revision": { type: "string", default: "1" }, json: { type: "boolean", default: false } },
+        allowPositionals: true,
+      });
       if (positionals.length !== 2) throw new UsageError("give OPERATION and EPOCH");
-      await epochCommand(positionals[0]!, BigInt(wholeNumber(positionals[1]!, "EPOCH")), wholeNumber(values["api-revision"], "--api-revision"), values.json, await resolveConnection(values), print);
+      await epochCommand(
+        positionals[0]!,
+        BigInt(wholeNumber(positionals[1]!, "EPOCH")),
+        wholeNumber(values["api-revision"], "--api-revision"),
+        values.json,
+        await resolveConnection(values),
+        print,
+      );
     },
   },
   events: {
@@ -277,7 +298,12 @@ ${CONNECTION_HELP}`,
       });
       const stop = new AbortController();
       process.once("SIGINT", () => stop.abort());
-      await eventsCommand({ after: values.after, follow: values.follow, tenant: values.tenant, operation: values.operation, json: values.json }, await resolveConnection(values), print, stop.signal);
+      await eventsCommand(
+        { after: values.after, follow: values.follow, tenant: values.tenant, operation: values.operation, json: values.json },
+        await resolveConnection(values),
+        print,
+        stop.signal,
+      );
     },
   },
   keygen: {
@@ -335,7 +361,11 @@ tenants, all operations, the gateway role.`,
       });
       if (!values.name) throw new UsageError("--name is required, e.g. --name payments-gateway");
       const token = `idem_${randomBytes(32).toString("base64url")}`;
-      const split = (list: string) => list.split(",").map((s) => s.trim()).filter(Boolean);
+      const split = (list: string) =>
+        list
+          .split(",")
+          .map((s) => s.trim())
+          .filter(Boolean);
       let entry;
       try {
         [entry] = parseCallerGrants([
@@ -348,7 +378,6 @@ tenants, all operations, the gateway role.`,
     },
   },
 };
-
 
 const print = (text: string) => process.stdout.write(`${text}\n`);
 
@@ -368,7 +397,7 @@ function overview(): string {
     "commands:",
     ...Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`),
     "",
-    "Configuration comes from the environment; see README.md, \"Configuration\".",
+    'Configuration comes from the environment; see README.md, "Configuration".',
     "",
   ].join("\n");
 }

@@ -29,7 +29,10 @@ export async function applyPolicies(file: string, connection: Connection, out: (
       throw error;
     }
   });
-  const { admin: client, call: { headers } } = clientsOf(connection);
+  const {
+    admin: client,
+    call: { headers },
+  } = clientsOf(connection);
   for (const [i, document] of documents.entries()) {
     out(`publishing ${describe(document.operation, document.apiRevision, document.schemaRevision)} (${i + 1}/${documents.length})…`);
     const { published, created } = await client.publishPolicy({ policy: policyToProto(document) }, { headers });
@@ -44,21 +47,38 @@ export async function getPolicy(
   connection: Connection,
   out: (text: string) => void,
 ): Promise<void> {
-  const { admin: client, call: { headers } } = clientsOf(connection);
+  const {
+    admin: client,
+    call: { headers },
+  } = clientsOf(connection);
   const { published } = await client.getPolicy({ operation, apiRevision: options.apiRevision, schemaRevision: options.schemaRevision }, { headers });
   out(render(published!, options.json));
 }
 
 /** `idemctl policy list [OPERATION]`: the newest revision of each operation, or every revision of one. */
 export async function listPolicies(operation: string | undefined, json: boolean, connection: Connection, out: (text: string) => void): Promise<void> {
-  const { admin: client, call: { headers } } = clientsOf(connection);
+  const {
+    admin: client,
+    call: { headers },
+  } = clientsOf(connection);
   const { policies } = await client.listPolicies({ operation: operation ?? "" }, { headers });
   if (json) {
-    out(JSON.stringify(policies.map((p) => facts(p)), null, 2));
+    out(
+      JSON.stringify(
+        policies.map((p) => facts(p)),
+        null,
+        2,
+      ),
+    );
     return;
   }
   const rows = policies.map((p) => facts(p));
-  out(table(["OPERATION", "API", "REVISION", "MODE", "PUBLISHED", "BY"], rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy])));
+  out(
+    table(
+      ["OPERATION", "API", "REVISION", "MODE", "PUBLISHED", "BY"],
+      rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy]),
+    ),
+  );
 }
 
 function facts(published: PublishedPolicy) {

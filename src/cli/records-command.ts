@@ -36,7 +36,8 @@ export async function listCommand(
   const { admin, call } = clientsOf(connection);
   const states = filter.states.map((name) => {
     const state = RecordState[name.toUpperCase() as keyof typeof RecordState];
-    if (typeof state !== "number" || state === RecordState.UNSPECIFIED) throw new UsageError(`--state ${name}: use RESERVED, EXECUTING, SUCCEEDED, FAILED_FINAL, REJECTED or UNKNOWN`);
+    if (typeof state !== "number" || state === RecordState.UNSPECIFIED)
+      throw new UsageError(`--state ${name}: use RESERVED, EXECUTING, SUCCEEDED, FAILED_FINAL, REJECTED or UNKNOWN`);
     return state;
   });
   const records: OperationRecord[] = [];
@@ -56,7 +57,14 @@ export async function listCommand(
     records.push(...page.records);
     pageToken = page.nextPageToken;
   } while (pageToken && records.length < filter.limit);
-  if (json) return out(JSON.stringify(records.map((r) => toJson(OperationRecordSchema, r)), null, 2));
+  if (json)
+    return out(
+      JSON.stringify(
+        records.map((r) => toJson(OperationRecordSchema, r)),
+        null,
+        2,
+      ),
+    );
   const now = Date.now();
   out(
     table(
@@ -138,15 +146,28 @@ export async function eventsCommand(
 ): Promise<void> {
   const { admin, call } = clientsOf(connection);
   try {
-    for await (const event of admin.streamEvents(
-      { after: options.after, follow: options.follow, tenant: options.tenant, operation: options.operation },
-      { ...call, signal },
-    )) {
+    for await (const event of admin.streamEvents({ after: options.after, follow: options.follow, tenant: options.tenant, operation: options.operation }, { ...call, signal })) {
       const at = new Date(Number(event.at?.seconds ?? 0n) * 1000).toISOString();
       if (options.json) {
-        out(JSON.stringify({ cursor: event.cursor, eventId: String(event.eventId), at, tenant: event.tenant, operationId: event.operationId, operation: event.operation, kind: event.kind, generation: String(event.generation), state: event.state, caller: event.caller, detail: event.detail }));
+        out(
+          JSON.stringify({
+            cursor: event.cursor,
+            eventId: String(event.eventId),
+            at,
+            tenant: event.tenant,
+            operationId: event.operationId,
+            operation: event.operation,
+            kind: event.kind,
+            generation: String(event.generation),
+            state: event.state,
+            caller: event.caller,
+            detail: event.detail,
+          }),
+        );
       } else {
-        out(`${at}  ${event.kind.padEnd(18)} ${event.tenant || "-"} ${event.operationId || event.operation} gen=${event.generation} ${event.state} by ${event.caller}${event.detail && Object.keys(event.detail).length > 0 ? ` ${JSON.stringify(event.detail)}` : ""}`);
+        out(
+          `${at}  ${event.kind.padEnd(18)} ${event.tenant || "-"} ${event.operationId || event.operation} gen=${event.generation} ${event.state} by ${event.caller}${event.detail && Object.keys(event.detail).length > 0 ? ` ${JSON.stringify(event.detail)}` : ""}`,
+        );
       }
     }
   } catch (error) {
@@ -155,9 +176,18 @@ export async function eventsCommand(
 }
 
 function renderControls(controls: OperationControl[], json: boolean): string {
-  const rows = controls.map((c) => ({ operation: c.operation, apiRevision: c.apiRevision, mode: OperationMode[c.mode], writerEpoch: String(c.writerEpoch), updatedBy: c.updatedBy }));
+  const rows = controls.map((c) => ({
+    operation: c.operation,
+    apiRevision: c.apiRevision,
+    mode: OperationMode[c.mode],
+    writerEpoch: String(c.writerEpoch),
+    updatedBy: c.updatedBy,
+  }));
   if (json) return JSON.stringify(rows, null, 2);
-  return table(["OPERATION", "API", "MODE", "WRITER EPOCH", "CHANGED BY"], rows.map((r) => [r.operation, String(r.apiRevision), String(r.mode), r.writerEpoch, r.updatedBy]));
+  return table(
+    ["OPERATION", "API", "MODE", "WRITER EPOCH", "CHANGED BY"],
+    rows.map((r) => [r.operation, String(r.apiRevision), String(r.mode), r.writerEpoch, r.updatedBy]),
+  );
 }
 
 function describeRecord(r: OperationRecord): string {

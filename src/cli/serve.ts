@@ -128,4 +128,3 @@ function banner(config: Config, rpcPort: number, adminPort: number, token: strin
   ];
   return `${lines.join("\n")}\n`;
 }
-

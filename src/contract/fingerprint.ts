@@ -52,25 +52,13 @@ export function fingerprint(parts: RequestParts, rules: FingerprintRules): Uint8
 /** The fingerprint of an already canonical request. */
 export function fingerprintOf(request: CanonicalRequest, schemaRevision: number): Uint8Array {
   const headerItems = request.headers.flatMap(([name, value]) => [fieldBytes(name), fieldBytes(value)]);
-  return framedDigest(
-    FINGERPRINT_SCHEME,
-    request.method,
-    request.target,
-    request.mediaType,
-    schemaRevision,
-    encodeList(headerItems),
-    request.payload,
-  );
+  return framedDigest(FINGERPRINT_SCHEME, request.method, request.target, request.mediaType, schemaRevision, encodeList(headerItems), request.payload);
 }
 
 /** Reduces request parts to their canonical form, refusing what cannot be canonical. */
 export function canonicalRequest(parts: RequestParts, rules: FingerprintRules): CanonicalRequest {
   if (parts.body.byteLength > rules.maxBodyBytes) {
-    refuse(
-      "INVALID_PAYLOAD",
-      `parts.body has ${parts.body.byteLength} bytes; this operation accepts at most ${rules.maxBodyBytes}`,
-      { limit: String(rules.maxBodyBytes) },
-    );
+    refuse("INVALID_PAYLOAD", `parts.body has ${parts.body.byteLength} bytes; this operation accepts at most ${rules.maxBodyBytes}`, { limit: String(rules.maxBodyBytes) });
   }
   return {
     method: canonicalMethod(parts.method),
@@ -260,10 +248,7 @@ function unquote(value: string): string {
 }
 
 /** The headers the policy names, as [lower-case name, trimmed value], sorted by name. */
-export function selectHeaders(
-  headers: ReadonlyArray<{ name: string; value: string }>,
-  names: readonly string[],
-): Array<[string, string]> {
+export function selectHeaders(headers: ReadonlyArray<{ name: string; value: string }>, names: readonly string[]): Array<[string, string]> {
   if (names.length === 0) return [];
   const wanted = new Set(names.map((n) => n.toLowerCase()));
   const selected: Array<[string, string]> = [];

@@ -44,9 +44,7 @@ export class JsonPath {
     const segments: string[] = [];
     for (let at: JsonPath | undefined = this; at?.parent !== undefined; at = at.parent) {
       const key = at.key;
-      segments.push(
-        typeof key === "number" ? `[${key}]` : IDENTIFIER.test(key) ? `.${key}` : `[${canonicalString(key)}]`,
-      );
+      segments.push(typeof key === "number" ? `[${key}]` : IDENTIFIER.test(key) ? `.${key}` : `[${canonicalString(key)}]`);
     }
     return `$${segments.reverse().join("")}`;
   }
@@ -85,9 +83,7 @@ function fail(path: JsonPath | string, message: string): never {
 
 const NUMBER = /-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?/y;
 
-type OpenContainer =
-  | { kind: "object"; node: JsonValue & { kind: "object" }; names: Set<string>; pending: string }
-  | { kind: "array"; node: JsonValue & { kind: "array" } };
+type OpenContainer = { kind: "object"; node: JsonValue & { kind: "object" }; names: Set<string>; pending: string } | { kind: "array"; node: JsonValue & { kind: "array" } };
 
 /**
  * Parses a body as one strict RFC 8259 JSON text. Refuses a body larger than
@@ -132,10 +128,7 @@ class Parser {
       const ch = this.text.charCodeAt(this.pos);
       if (ch === 0x7b /* { */ || ch === 0x5b /* [ */) {
         if (stack.length + 1 > this.maxDepth) {
-          fail(
-            path,
-            `nesting is deeper than ${this.maxDepth}; expected at most ${this.maxDepth} levels of objects and arrays`,
-          );
+          fail(path, `nesting is deeper than ${this.maxDepth}; expected at most ${this.maxDepth} levels of objects and arrays`);
         }
         this.pos++;
         this.skipWhitespace();
@@ -199,12 +192,7 @@ class Parser {
           value = top.node;
           continue;
         }
-        fail(
-          top.node.path,
-          top.kind === "object"
-            ? `unexpected ${this.found()} in an object; expected ',' or '}'`
-            : `unexpected ${this.found()} in an array; expected ',' or ']'`,
-        );
+        fail(top.node.path, top.kind === "object" ? `unexpected ${this.found()} in an object; expected ',' or '}'` : `unexpected ${this.found()} in an array; expected ',' or ']'`);
       }
     }
   }
@@ -242,10 +230,7 @@ class Parser {
       }
     }
     const hint = ch === 0x27 ? " (strings need double quotes)" : ch === 0x2b ? " (numbers have no leading '+')" : "";
-    fail(
-      path,
-      `unexpected ${this.found()}${hint}; expected a JSON value (object, array, string, number, true, false or null)`,
-    );
+    fail(path, `unexpected ${this.found()}${hint}; expected a JSON value (object, array, string, number, true, false or null)`);
   }
 
   private number(path: JsonPath): string {
@@ -264,10 +249,7 @@ class Parser {
       fail(path, `malformed number ${this.at()}; expected digits after '.', 'e' or 'E'`);
     }
     if (!Number.isFinite(Number(literal))) {
-      fail(
-        path,
-        `non-finite or overflowing number ${abbreviate(literal)}; expected a number within the range of a double`,
-      );
+      fail(path, `non-finite or overflowing number ${abbreviate(literal)}; expected a number within the range of a double`);
     }
     this.pos = end;
     return literal;
@@ -292,11 +274,7 @@ class Parser {
       }
       if (ch < 0x20) {
         this.pos = pos;
-        fail(
-          path,
-          `unescaped control character U+${hex4(ch)} in a string ${this.at()}; ` +
-            `expected it escaped as \\u${hex4(ch).toLowerCase()}`,
-        );
+        fail(path, `unescaped control character U+${hex4(ch)} in a string ${this.at()}; ` + `expected it escaped as \\u${hex4(ch).toLowerCase()}`);
       }
       if (ch !== 0x5c /* \ */) {
         pos++;
@@ -312,20 +290,13 @@ class Parser {
       } else if (escape === 0x75 /* u */) {
         const unit = this.hexEscape(pos, path);
         if (unit >= 0xdc00 && unit <= 0xdfff) {
-          fail(
-            path,
-            `lone low surrogate escape \\u${hex4(unit)} ${this.at()}; expected a high surrogate escape before it`,
-          );
+          fail(path, `lone low surrogate escape \\u${hex4(unit)} ${this.at()}; expected a high surrogate escape before it`);
         }
         if (unit >= 0xd800 && unit <= 0xdbff) {
           const followedByEscape = text.charCodeAt(pos + 6) === 0x5c && text.charCodeAt(pos + 7) === 0x75;
           const low = followedByEscape ? this.hexEscape(pos + 6, path) : -1;
           if (low < 0xdc00 || low > 0xdfff) {
-            fail(
-              path,
-              `lone high surrogate escape \\u${hex4(unit)} ${this.at()}; ` +
-                "expected a low surrogate escape (\\uDC00-\\uDFFF) right after it",
-            );
+            fail(path, `lone high surrogate escape \\u${hex4(unit)} ${this.at()}; ` + "expected a low surrogate escape (\\uDC00-\\uDFFF) right after it");
           }
           out += String.fromCharCode(unit, low);
           pos += 12;
@@ -334,9 +305,7 @@ class Parser {
           pos += 6;
         }
       } else {
-        const what = Number.isNaN(escape)
-          ? "an unterminated escape"
-          : `the invalid escape \\${describeChar(text, pos + 1)}`;
+        const what = Number.isNaN(escape) ? "an unterminated escape" : `the invalid escape \\${describeChar(text, pos + 1)}`;
         fail(path, `${what} ${this.at()}; expected one of \\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX`);
       }
       runStart = pos;
@@ -470,8 +439,7 @@ export function plainDecimal(literal: string, scale: "significant" | "normalized
   const integerDigits = parts[2] ?? "";
   const fractionDigits = parts[3] ?? "";
   const exponentDigits = (parts[5] ?? "0").replace(/^0+(?=.)/, "");
-  const exponentMagnitude =
-    exponentDigits.length > MAX_EXPONENT_DIGITS ? 10 ** MAX_EXPONENT_DIGITS : Number(exponentDigits);
+  const exponentMagnitude = exponentDigits.length > MAX_EXPONENT_DIGITS ? 10 ** MAX_EXPONENT_DIGITS : Number(exponentDigits);
   const exponent = parts[4] === "-" ? -exponentMagnitude : exponentMagnitude;
 
   // value = digits × 10^-fractionScale
@@ -602,8 +570,7 @@ function record(frame: Frame, text: string): void {
     const member = frame.node.members[frame.next];
     const schema = frame.schemas[frame.next];
     if (member !== undefined && schema !== undefined) {
-      const omitted =
-        schema.fingerprint === false || (member.value.kind === "null" && schema.nullEqualsAbsent === true);
+      const omitted = schema.fingerprint === false || (member.value.kind === "null" && schema.nullEqualsAbsent === true);
       frame.out.push(omitted ? undefined : [member.name, text]);
     }
   }
@@ -633,11 +600,7 @@ function enter(value: JsonValue, schema: FieldSchema): Step {
       if (value.kind !== "number") mismatch(value, schema);
       const text = plainDecimal(value.text, schema.scale ?? "significant");
       if (text === undefined) {
-        fail(
-          value.path,
-          `overflowing decimal ${abbreviate(value.text)}; ` +
-            `expected a decimal whose plain form has at most ${MAX_DECIMAL_CHARS} characters`,
-        );
+        fail(value.path, `overflowing decimal ${abbreviate(value.text)}; ` + `expected a decimal whose plain form has at most ${MAX_DECIMAL_CHARS} characters`);
       }
       return { done: text };
     }
@@ -666,11 +629,7 @@ function enter(value: JsonValue, schema: FieldSchema): Step {
       }
       for (const [name, memberSchema] of Object.entries(properties)) {
         if (memberSchema.required === true && !present.has(name)) {
-          fail(
-            value.path.member(name),
-            `required member ${canonicalString(name)} is missing; ` +
-              `expected ${TYPE_NAMES[memberSchema.type] ?? "a value"}`,
-          );
+          fail(value.path.member(name), `required member ${canonicalString(name)} is missing; ` + `expected ${TYPE_NAMES[memberSchema.type] ?? "a value"}`);
         }
       }
       return { frame: { kind: "object", node: value, schemas, next: 0, out: [] } };
@@ -706,10 +665,7 @@ function finish(frame: Frame): string {
   frame.out.forEach((text, index) => {
     const first = seen.get(text);
     if (first !== undefined) {
-      fail(
-        frame.node.path.index(index),
-        `duplicate of element ${frame.node.path.index(first).toString()} in a set; expected distinct elements`,
-      );
+      fail(frame.node.path.index(index), `duplicate of element ${frame.node.path.index(first).toString()} in a set; expected distinct elements`);
     }
     seen.set(text, index);
   });

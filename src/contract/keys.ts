@@ -35,8 +35,7 @@ const KEY_ALPHABET = /^[A-Za-z0-9._~:-]*$/;
 const WHITESPACE_OR_CONTROL = /[\s\p{Cc}\p{Cf}]/u;
 const ADVICE = "use a random value such as a UUIDv4 generated once per logical request";
 const HIGH_ENTROPY_ADVICE =
-  "send a UUIDv4 or 128 random bits (22 base64url or 32 hex characters), generated once per logical request, " +
-  "instead of a counter, a date or time, or a business identifier";
+  "send a UUIDv4 or 128 random bits (22 base64url or 32 hex characters), generated once per logical request, " + "instead of a counter, a date or time, or a business identifier";
 
 /**
  * Checks an Idempotency-Key and refuses it with `INVALID_KEY` and a message
@@ -49,16 +48,10 @@ export function validateKey(key: string, rules: KeyRules = DEFAULT_KEY_RULES): v
     refuse("INVALID_KEY", `the idempotency key is missing: ${ADVICE}`);
   }
   if (key.length < rules.minLength || key.length > rules.maxLength) {
-    refuse(
-      "INVALID_KEY",
-      `the idempotency key has ${key.length} characters; it must have ${rules.minLength} to ${rules.maxLength}: ${HIGH_ENTROPY_ADVICE}`,
-    );
+    refuse("INVALID_KEY", `the idempotency key has ${key.length} characters; it must have ${rules.minLength} to ${rules.maxLength}: ${HIGH_ENTROPY_ADVICE}`);
   }
   if (key.includes("@")) {
-    refuse(
-      "INVALID_KEY",
-      `the idempotency key looks like an e-mail address; keys must never carry personal data: ${ADVICE}`,
-    );
+    refuse("INVALID_KEY", `the idempotency key looks like an e-mail address; keys must never carry personal data: ${ADVICE}`);
   }
   if (WHITESPACE_OR_CONTROL.test(key)) {
     refuse("INVALID_KEY", "the idempotency key contains whitespace or control characters");
@@ -136,10 +129,7 @@ const DATE = new RegExp(
 );
 // Times of day: with colons (10:00, 10:00:00), or after ISO 8601's `T`
 // (T10:00:00, T100000); a trailing `Z` belongs to the time.
-const TIME = new RegExp(
-  [String.raw`t(?:[01]\d|2[0-3])(:?)[0-5]\d(?:\1[0-5]\d)?z?`, String.raw`(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d)?z?`].join("|"),
-  "g",
-);
+const TIME = new RegExp([String.raw`t(?:[01]\d|2[0-3])(:?)[0-5]\d(?:\1[0-5]\d)?z?`, String.raw`(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d)?z?`].join("|"), "g");
 // The orders a sequence may follow, each read forwards or backwards: digits
 // then letters (0123, 789a, abcd, fedc), and the rows of a QWERTY keyboard.
 const ORDERS = ["0123456789abcdefghijklmnopqrstuvwxyz", "1234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm"];
@@ -208,7 +198,10 @@ export function keyEntropy(key: string): KeyEntropy {
   }
   // Dates, then times that overlap no date, matched in the key with its separators.
   const dated = new Array<boolean>(key.length).fill(false);
-  for (const [kind, pattern, carries] of [["date", DATE, DATE_BITS], ["time", TIME, TIME_BITS]] as const) {
+  for (const [kind, pattern, carries] of [
+    ["date", DATE, DATE_BITS],
+    ["time", TIME, TIME_BITS],
+  ] as const) {
     for (const match of folded.matchAll(pattern)) {
       const at = Array.from({ length: match[0].length }, (_, k) => match.index + k);
       if (at.some((i) => dated[i])) continue;
@@ -221,7 +214,11 @@ export function keyEntropy(key: string): KeyEntropy {
   // and how long it is; the first ones keep their bits.
   const characters = positions.map((i) => folded[i]!);
   const describeRun = (kind: KeyStructure, run: readonly number[]) =>
-    describe(kind, run.map((k) => positions[k]!), where + Math.log2(run.length));
+    describe(
+      kind,
+      run.map((k) => positions[k]!),
+      where + Math.log2(run.length),
+    );
   for (let period = 1; period <= characters.length / 2; period++) {
     for (const run of runs(characters.length, period, (k) => characters[k] === characters[k - period])) {
       if (run.length >= Math.max(REPEATED_CHARACTERS, period)) describeRun("repetition", run);

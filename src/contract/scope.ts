@@ -24,14 +24,7 @@ export interface ScopeInput {
  * the same operation must see each other's records.
  */
 export function scopeDigest(input: ScopeInput): Uint8Array {
-  return framedDigest(
-    "idem-scope-v1",
-    input.subject.tenant,
-    input.subject.principal,
-    input.operation,
-    input.apiRevision,
-    input.idempotencyKey,
-  );
+  return framedDigest("idem-scope-v1", input.subject.tenant, input.subject.principal, input.operation, input.apiRevision, input.idempotencyKey);
 }
 
 const PRINTABLE = /^[^\p{Cc}\p{Cf}\p{Zl}\p{Zp}]+$/u;
@@ -48,10 +41,7 @@ export function validateSubject(subject: Subject | undefined, field = "subject")
 /** Refuses an operation name that is not like `payments.create`. */
 export function validateOperationName(operation: string, field = "operation"): void {
   if (operation.length === 0 || operation.length > 128 || !OPERATION_NAME.test(operation)) {
-    refuse(
-      "INVALID_REQUEST",
-      `${field} must be a dotted lower-case name of at most 128 characters, e.g. payments.create`,
-    );
+    refuse("INVALID_REQUEST", `${field} must be a dotted lower-case name of at most 128 characters, e.g. payments.create`);
   }
 }
 

@@ -124,9 +124,7 @@ export function storedSnapshot(input: Snapshot, rules: SnapshotRules): Snapshot 
   bounded("snapshot.location", utf8Bytes(input.location), rules.maxLocationBytes, "maxLocationBytes");
   bounded("snapshot.business_version", utf8Bytes(input.businessVersion), rules.maxBusinessVersionBytes, "maxBusinessVersionBytes");
   const hopByHop = new Set(
-    input.headers
-      .filter(([name]) => name.toLowerCase() === "connection")
-      .flatMap(([, value]) => value.split(",").map((token) => token.trim().toLowerCase())),
+    input.headers.filter(([name]) => name.toLowerCase() === "connection").flatMap(([, value]) => value.split(",").map((token) => token.trim().toLowerCase())),
   );
   const allowed = new Set(rules.headerAllowlist.map((n) => n.toLowerCase()));
   const headers = input.headers

@@ -71,8 +71,7 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
     await initialise(binaries.initdb, dataDir, passwordFile, owner);
   }
   const password = (await readFile(passwordFile, "utf8")).trim();
-  const url = (database: string) =>
-    `postgres://postgres:${encodeURIComponent(password)}@127.0.0.1:${options.port}/${database}`;
+  const url = (database: string) => `postgres://postgres:${encodeURIComponent(password)}@127.0.0.1:${options.port}/${database}`;
 
   // Registered before looking, so that a user stopping meanwhile sees this one and leaves the cluster running.
   const users = await registerUser(stateDir);
@@ -240,14 +239,7 @@ async function initialise(initdb: string, dataDir: string, passwordFile: string,
   await writeFile(pwfile, `${password}\n`, { mode: 0o600 });
   if (owner) await chown(pwfile, owner.uid, owner.gid);
   try {
-    await run(initdb, [
-      `--pgdata=${dataDir}`,
-      "--username=postgres",
-      "--auth=scram-sha-256",
-      `--pwfile=${pwfile}`,
-      "--encoding=UTF8",
-      "--no-locale",
-    ], owner);
+    await run(initdb, [`--pgdata=${dataDir}`, "--username=postgres", "--auth=scram-sha-256", `--pwfile=${pwfile}`, "--encoding=UTF8", "--no-locale"], owner);
   } finally {
     await rm(pwfile, { force: true });
   }
@@ -260,9 +252,7 @@ function run(command: string, args: string[], owner?: { uid: number; gid: number
     child.stdout.on("data", (chunk) => (output += chunk));
     child.stderr.on("data", (chunk) => (output += chunk));
     child.on("error", reject);
-    child.on("close", (code) =>
-      code === 0 ? resolvePromise() : reject(new Error(`${command} exited with ${code}: ${output.slice(-2000)}`)),
-    );
+    child.on("close", (code) => (code === 0 ? resolvePromise() : reject(new Error(`${command} exited with ${code}: ${output.slice(-2000)}`))));
   });
 }
 
@@ -327,7 +317,13 @@ async function stopByPidFile(dataDir: string): Promise<void> {
     return;
   }
   for (let i = 0; i < 150; i++) {
-    if (!(await access(pidFile, fsConstants.F_OK).then(() => true, () => false))) return;
+    if (
+      !(await access(pidFile, fsConstants.F_OK).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return;
     await new Promise((r) => setTimeout(r, 100));
   }
 }

@@ -2,12 +2,7 @@ import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { Code, createClient, type Client, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import {
-  ClaimMode as ProtoClaimMode,
-  CoordinatorService,
-  Decision as ProtoDecision,
-  LookupRequestSchema,
-} from "../gen/idempotency/v1/coordinator_pb.js";
+import { ClaimMode as ProtoClaimMode, CoordinatorService, Decision as ProtoDecision, LookupRequestSchema } from "../gen/idempotency/v1/coordinator_pb.js";
 import {
   EffectStatus as ProtoEffectStatus,
   HttpRequestPartsSchema,
@@ -285,10 +280,7 @@ export class CoordinatorClient {
   /** Lists records a recovery worker should act on (worker role). */
   async listRecoverable(input: ListRecoverableInput = {}, call?: CallOptions): Promise<ListRecoverableResult> {
     const res = await this.call("ListRecoverable", call, (client, options) =>
-      client.listRecoverable(
-        { tenant: input.tenant ?? "", operations: [...(input.operations ?? [])], pageSize: input.pageSize ?? 0, pageToken: input.pageToken ?? "" },
-        options,
-      ),
+      client.listRecoverable({ tenant: input.tenant ?? "", operations: [...(input.operations ?? [])], pageSize: input.pageSize ?? 0, pageToken: input.pageToken ?? "" }, options),
     );
     return {
       records: res.records.map((r) => ({ record: fromRecord(r.record!), claimMode: fromClaimMode(r.claimMode) })),

@@ -4,17 +4,7 @@ import { isNeverStored } from "../contract/snapshot.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import { CoordinatorError, isDefiniteFailure, toCoordinatorError } from "./errors.js";
-import {
-  KEY_HEADER,
-  outcomeForStatus,
-  problemResponse,
-  readKeyHeader,
-  responseOfSnapshot,
-  retryAfterSeconds,
-  sameStatusAndBody,
-  snapshotOf,
-  type Problem,
-} from "./http.js";
+import { KEY_HEADER, outcomeForStatus, problemResponse, readKeyHeader, responseOfSnapshot, retryAfterSeconds, sameStatusAndBody, snapshotOf, type Problem } from "./http.js";
 import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
 import { silentLogger, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
@@ -144,13 +134,21 @@ export class IdempotencyGateway {
         run: false,
         response: this.problem(
           key === undefined
-            ? { status: 400, slug: "idempotency-key-missing", title: "Idempotency-Key is required", detail: "Send an Idempotency-Key header with a new random value (e.g. a UUIDv4) for each logical request, and the same value on its retries." }
+            ? {
+                status: 400,
+                slug: "idempotency-key-missing",
+                title: "Idempotency-Key is required",
+                detail: "Send an Idempotency-Key header with a new random value (e.g. a UUIDv4) for each logical request, and the same value on its retries.",
+              }
             : { status: 400, slug: "idempotency-key-invalid", title: "Idempotency-Key is malformed", detail: "Send exactly one Idempotency-Key header." },
         ),
       };
     }
     if (!subject) {
-      return { run: false, response: this.problem({ status: 401, slug: "unauthenticated", title: "Not authenticated", detail: "The request carries no identity this service accepts." }) };
+      return {
+        run: false,
+        response: this.problem({ status: 401, slug: "unauthenticated", title: "Not authenticated", detail: "The request carries no identity this service accepts." }),
+      };
     }
 
     let reserved: ReserveResult;
@@ -280,7 +278,12 @@ export class IdempotencyGateway {
       this.logger.warn({ operationId: context.operationId, outcome, reason: failure.reason, error: failure.message }, "Complete failed");
       if (failure.reason === "SNAPSHOT_TOO_LARGE" && !context.effectPossible) {
         await this.releaseQuietly(context);
-        return this.problem({ status: 500, slug: "outcome-not-recorded", title: "The response could not be recorded", detail: "The response is larger than this operation may store. Nothing was done." });
+        return this.problem({
+          status: 500,
+          slug: "outcome-not-recorded",
+          title: "The response could not be recorded",
+          detail: "The response is larger than this operation may store. Nothing was done.",
+        });
       }
       return this.problem({
         status: 503,

@@ -51,7 +51,10 @@ export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRo
         body = await readBody(req, gateway.maxBodyBytes);
       } catch (error) {
         if (error instanceof BodyTooLarge) {
-          sendResponse(res, gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }));
+          sendResponse(
+            res,
+            gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }),
+          );
           return;
         }
         next(error);

@@ -30,14 +30,21 @@ export type NodeIdempotentHandler = (req: IncomingMessage, res: ServerResponse, 
  * }));
  * ```
  */
-export function withIdempotency(gateway: IdempotencyGateway, route: NodeRouteOptions, handler: NodeIdempotentHandler): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
+export function withIdempotency(
+  gateway: IdempotencyGateway,
+  route: NodeRouteOptions,
+  handler: NodeIdempotentHandler,
+): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
   return async (req, res) => {
     let body: Buffer;
     try {
       body = await readBody(req, gateway.maxBodyBytes);
     } catch (error) {
       if (error instanceof BodyTooLarge) {
-        sendResponse(res, gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }));
+        sendResponse(
+          res,
+          gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }),
+        );
       } else {
         res.destroy();
       }

@@ -174,9 +174,7 @@ export interface OperationRecord {
   contractVersion: string;
 }
 
-export type LookupInput =
-  | { ref: OperationRef; subject?: Subject }
-  | { scope: { subject: Subject; operation: string; apiRevision: number; idempotencyKey: string } };
+export type LookupInput = { ref: OperationRef; subject?: Subject } | { scope: { subject: Subject; operation: string; apiRevision: number; idempotencyKey: string } };
 
 export interface ListRecoverableInput {
   tenant?: string;

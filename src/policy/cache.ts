@@ -1,15 +1,7 @@
 import type { Logger } from "pino";
 import { every, systemClock, type Clock, type Timer } from "../clock.js";
 import type { PolicyDocument } from "./document.js";
-import {
-  DEFAULT_CONTROL,
-  operationKey,
-  RevisionIndex,
-  toOperationPolicy,
-  type OperationControl,
-  type OperationPolicy,
-  type PolicySource,
-} from "./operations.js";
+import { DEFAULT_CONTROL, operationKey, RevisionIndex, toOperationPolicy, type OperationControl, type OperationPolicy, type PolicySource } from "./operations.js";
 
 /** A published revision as stored. */
 export interface StoredPolicy {
@@ -25,7 +17,6 @@ export interface PolicySnapshot {
   /** Keyed by `operationKey`. */
   controls: Map<string, OperationControl>;
 }
-
 
 export interface PolicyCacheOptions {
   /** Reads every revision and switch from the registry. */
@@ -61,9 +52,7 @@ export class PolicyCache implements PolicySource {
   async start(): Promise<void> {
     await this.refresh();
     this.timer = every(this.clock, this.options.refreshMs, () => {
-      this.refresh().catch((error: unknown) =>
-        this.options.logger.warn({ error: (error as Error).message }, "policy refresh failed; serving the policies loaded before"),
-      );
+      this.refresh().catch((error: unknown) => this.options.logger.warn({ error: (error as Error).message }, "policy refresh failed; serving the policies loaded before"));
     });
   }
 
@@ -77,9 +66,7 @@ export class PolicyCache implements PolicySource {
       .load()
       .then((snapshot) => {
         this.index = new RevisionIndex(
-          snapshot.policies.map(({ document }) =>
-            toOperationPolicy(document, snapshot.controls.get(operationKey(document.operation, document.apiRevision)) ?? DEFAULT_CONTROL),
-          ),
+          snapshot.policies.map(({ document }) => toOperationPolicy(document, snapshot.controls.get(operationKey(document.operation, document.apiRevision)) ?? DEFAULT_CONTROL)),
         );
         this.loadedAt = this.clock.now();
       })

@@ -58,10 +58,7 @@ export function toOperationPolicy(document: PolicyDocument, control: OperationCo
       queryParameters: fp.queryParameters,
       headers: fp.headers,
       maxBodyBytes: fp.maxBodyBytes,
-      payload:
-        fp.mode === "json"
-          ? { mode: "json", json: { root: fp.schema!, maxDepth: fp.maxDepth!, maxBytes: fp.maxBodyBytes } }
-          : { mode: "raw" },
+      payload: fp.mode === "json" ? { mode: "json", json: { root: fp.schema!, maxDepth: fp.maxDepth!, maxBytes: fp.maxBodyBytes } } : { mode: "raw" },
     },
     keys: { ...document.keys },
     lease: { defaultMs: ms(document.lease.default), maxMs: ms(document.lease.max) },

@@ -179,8 +179,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {},
         const client = await (tenant === ALL_TENANTS ? crossTenantPool : pool).connect();
         // A checked-out client has no error listener of the pool's: without
         // this one, a connection killed mid-transaction would crash the process.
-        const onError = (error: Error) =>
-          logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
+        const onError = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
         client.on("error", onError);
         let broken = false;
         try {
@@ -327,12 +326,7 @@ function classify(error: unknown): unknown {
   }
   const poolTimeout = error instanceof Error && /timeout exceeded when trying to connect/i.test(error.message);
   if (state === "57014" || state === "53300" || poolTimeout || isConnectionLoss(error)) {
-    return new IdempotencyError(
-      "REGISTRY_UNAVAILABLE",
-      "the registry database did not answer in time; nothing was decided, retry with backoff",
-      {},
-      { cause: error },
-    );
+    return new IdempotencyError("REGISTRY_UNAVAILABLE", "the registry database did not answer in time; nothing was decided, retry with backoff", {}, { cause: error });
   }
   return error;
 }

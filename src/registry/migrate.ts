@@ -63,9 +63,7 @@ export async function migrate(pool: pg.Pool, logger: Logger, dir = MIGRATIONS_DI
           applied_at timestamptz NOT NULL DEFAULT now()
         )`);
       const applied = new Map(
-        (await client.query<{ version: number; checksum: string }>("SELECT version, checksum FROM idem_schema_migrations")).rows.map(
-          (r) => [r.version, r.checksum],
-        ),
+        (await client.query<{ version: number; checksum: string }>("SELECT version, checksum FROM idem_schema_migrations")).rows.map((r) => [r.version, r.checksum]),
       );
       const newest = migrations.at(-1)?.version ?? 0;
       const unknown = [...applied.keys()].filter((v) => v > newest);
@@ -85,11 +83,7 @@ export async function migrate(pool: pg.Pool, logger: Logger, dir = MIGRATIONS_DI
         await client.query("BEGIN");
         try {
           await client.query(m.sql);
-          await client.query("INSERT INTO idem_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", [
-            m.version,
-            m.name,
-            m.checksum,
-          ]);
+          await client.query("INSERT INTO idem_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", [m.version, m.name, m.checksum]);
           await client.query("COMMIT");
         } catch (error) {
           await client.query("ROLLBACK").catch(() => undefined);

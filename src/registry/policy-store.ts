@@ -57,11 +57,9 @@ export class PolicyStore {
       }
       const newest = published.at(-1)?.document.schemaRevision ?? 0;
       if (document.schemaRevision < newest) {
-        refuse(
-          "POLICY_REVISION_NOT_NEWER",
-          `schema revision ${document.schemaRevision} is lower than the newest published one (${newest}); revisions only grow`,
-          { schema_revision: String(newest) },
-        );
+        refuse("POLICY_REVISION_NOT_NEWER", `schema revision ${document.schemaRevision} is lower than the newest published one (${newest}); revisions only grow`, {
+          schema_revision: String(newest),
+        });
       }
       const inserted = await policyStatements.insertPolicy.run(q, {
         ...key,

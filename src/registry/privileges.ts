@@ -15,13 +15,7 @@ export async function requireLeastPrivilege(q: Queryable): Promise<void> {
        FROM pg_roles r WHERE r.rolname = current_user`,
   );
   const { role, superuser, bypass, owned } = rows[0]!;
-  const problem = superuser
-    ? "is a superuser"
-    : bypass
-      ? "bypasses row-level security"
-      : owned?.length
-        ? `owns ${owned.join(", ")}`
-        : undefined;
+  const problem = superuser ? "is a superuser" : bypass ? "bypasses row-level security" : owned?.length ? `owns ${owned.join(", ")}` : undefined;
   if (problem) {
     throw new Error(
       `the coordinator would serve as database role ${role}, which ${problem}: serve as a role that owns nothing ` +

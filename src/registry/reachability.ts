@@ -32,10 +32,9 @@ export function unreachableDatabase(error: unknown, connectionString: string, se
     const message = cause instanceof Error ? cause.message : "";
     // The driver ends a connection that does not answer within its timeout, and says only that it ended.
     if (/timeout exceeded when trying to connect|connection timeout|Connection terminated unexpectedly/i.test(message)) {
-      return new OperatorError(
-        `cannot reach ${where}: no answer (timed out after IDEM_DB_CONNECT_TIMEOUT_MS, or closed); start PostgreSQL there or correct ${setting}`,
-        { cause: error },
-      );
+      return new OperatorError(`cannot reach ${where}: no answer (timed out after IDEM_DB_CONNECT_TIMEOUT_MS, or closed); start PostgreSQL there or correct ${setting}`, {
+        cause: error,
+      });
     }
     const state = sqlState(cause);
     // 28xxx: the login was refused (password, pg_hba.conf); 3D000: no such database.

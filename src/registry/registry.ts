@@ -4,14 +4,7 @@ import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import { downstreamKey, validateEffectName } from "../contract/effects.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
 import { validateKey } from "../contract/keys.js";
-import {
-  type ScopeInput,
-  scopeDigest,
-  validateApiRevision,
-  validateOperationName,
-  validateSubject,
-  validateText,
-} from "../contract/scope.js";
+import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
 import { ALL_TENANTS, bindingFor, type Db, type Queryable } from "./db.js";
@@ -25,18 +18,7 @@ import * as jobStatements from "./statements/jobs.js";
 import * as quotaStatements from "./statements/quota.js";
 import * as recordStatements from "./statements/records.js";
 import * as viewStatements from "./statements/views.js";
-import {
-  checkRecordEffect,
-  checkRenew,
-  effectFlags,
-  planAbandon,
-  planClaim,
-  planComplete,
-  planRelease,
-  planResolve,
-  reserveVerdict,
-  retryAfterMs,
-} from "./state-machine.js";
+import { checkRecordEffect, checkRenew, effectFlags, planAbandon, planClaim, planComplete, planRelease, planResolve, reserveVerdict, retryAfterMs } from "./state-machine.js";
 import type {
   Actor,
   Census,
@@ -112,10 +94,7 @@ export class Registry {
   async policy(operation: string, apiRevision: number): Promise<OperationPolicy> {
     const policy = await this.policies.current(operation, apiRevision);
     if (!policy) {
-      refuse(
-        "UNKNOWN_OPERATION",
-        `operation ${operation} at API revision ${apiRevision} has no published policy; publish one (idemctl policy apply)`,
-      );
+      refuse("UNKNOWN_OPERATION", `operation ${operation} at API revision ${apiRevision} has no published policy; publish one (idemctl policy apply)`);
     }
     return policy;
   }
@@ -153,11 +132,9 @@ export class Registry {
     }
     const policy = await this.policy(input.operation, input.apiRevision);
     if (input.writerEpoch < policy.writerEpoch) {
-      refuse(
-        "STALE_WRITER_EPOCH",
-        `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}: this deployment was rolled back; stop writing`,
-        { writer_epoch: String(policy.writerEpoch) },
-      );
+      refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}: this deployment was rolled back; stop writing`, {
+        writer_epoch: String(policy.writerEpoch),
+      });
     }
     const scope = scopeDigest(input);
     // Judged under the newest revision. A request that fails it may still be a
@@ -198,109 +175,120 @@ export class Registry {
       schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
     });
 
-    const result = await db.transaction(subject.tenant, async (q): Promise<ReserveResult> => {
-      for (let round = 0; round < RESERVE_ROUNDS; round++) {
-        let found: { record: StoredRecord; inserted: boolean } | undefined;
-        if (policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined) {
-          const admitted = await insertOrFind(q, {
-            tenant: subject.tenant,
-            scope,
-            operationId,
-            principal: subject.principal,
-            operation: input.operation,
-            apiRevision: input.apiRevision,
-            schemaRevision: policy.fingerprint.schemaRevision,
-            fingerprint: fp,
-            state,
-            leaseMs,
-            acquisitionId,
-            writerEpoch: input.writerEpoch,
-            caller: actor.caller,
-            quota: policy.maxActivePerPrincipal,
-          });
-          // Refused before COMMIT: the new record and its event roll back.
-          if (admitted?.inserted && admitted.active > policy.maxActivePerPrincipal) refuseQuota(policy);
-          found = admitted;
-        }
-        // The statement's snapshot predates a record committed concurrently
-        // (the insert waited for it and found the conflict): read it anew.
-        found ??= await findByScope(q, subject.tenant, scope);
-        if (!found) {
-          if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
-          refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
-        }
-        const { record, inserted } = found;
-        if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
-
-        if (record.tombstonedAt !== null && (await this.reusable(record))) {
-          // The policy says old effects cannot reappear and the horizon passed:
-          // the scope starts afresh, and one racing reservation wins it.
-          if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
-          const recycled = await firstRecord(recordStatements.recycleByScope, q, {
-            tenant: record.tenant,
-            scope: Buffer.from(record.scope),
-            generation: record.generation,
-            operationId,
-            schemaRevision: policy.fingerprint.schemaRevision,
-            fingerprint: Buffer.from(fp!),
-            state,
-            leaseMs,
-            acquisitionId,
-            writerEpoch: input.writerEpoch,
-            previousOperationId: record.operationId,
-            caller: actor.caller,
-          });
-          if (recycled) {
-            // The recycled scope is unfinished again: it counts against the quota like a new record.
-            const active = await countActiveUnderGate(q, { ...subject, operation: input.operation, apiRevision: input.apiRevision, scope, acquisitionId, quota: policy.maxActivePerPrincipal });
-            if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
-            return answer("ACCEPTED", recycled);
-          }
-          continue;
-        }
-        const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
-        if (sameRevision && refusal) throw refusal;
-        const recordFp = sameRevision ? fp! : await this.fingerprintUnder(record, input.request);
-        const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
-        switch (verdict.kind) {
-          case "conflict":
-            // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
-            await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
-            return answer("PAYLOAD_CONFLICT");
-          case "expired":
-            return answer("EXPIRED", record);
-          case "replay":
-            return answer("REPLAY", record);
-          case "in_progress":
-            return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
-          case "takeover": {
-            const taken = await firstRecord(recordStatements.takeOverByScope, q, {
-              tenant: record.tenant,
-              scope: Buffer.from(record.scope),
-              generation: record.generation,
+    const result = await db.transaction(
+      subject.tenant,
+      async (q): Promise<ReserveResult> => {
+        for (let round = 0; round < RESERVE_ROUNDS; round++) {
+          let found: { record: StoredRecord; inserted: boolean } | undefined;
+          if (policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined) {
+            const admitted = await insertOrFind(q, {
+              tenant: subject.tenant,
+              scope,
+              operationId,
+              principal: subject.principal,
+              operation: input.operation,
+              apiRevision: input.apiRevision,
+              schemaRevision: policy.fingerprint.schemaRevision,
+              fingerprint: fp,
               state,
               leaseMs,
               acquisitionId,
               writerEpoch: input.writerEpoch,
               caller: actor.caller,
+              quota: policy.maxActivePerPrincipal,
             });
-            if (taken) return { ...answer("ACCEPTED", taken), takenOver: true };
-            break; // someone else moved the record first: re-read and decide again
+            // Refused before COMMIT: the new record and its event roll back.
+            if (admitted?.inserted && admitted.active > policy.maxActivePerPrincipal) refuseQuota(policy);
+            found = admitted;
           }
-          case "mark_unknown": {
-            const unknown = await firstRecord(recordStatements.markUnknownByScope, q, {
+          // The statement's snapshot predates a record committed concurrently
+          // (the insert waited for it and found the conflict): read it anew.
+          found ??= await findByScope(q, subject.tenant, scope);
+          if (!found) {
+            if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
+            refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
+          }
+          const { record, inserted } = found;
+          if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
+
+          if (record.tombstonedAt !== null && (await this.reusable(record))) {
+            // The policy says old effects cannot reappear and the horizon passed:
+            // the scope starts afresh, and one racing reservation wins it.
+            if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
+            const recycled = await firstRecord(recordStatements.recycleByScope, q, {
               tenant: record.tenant,
               scope: Buffer.from(record.scope),
               generation: record.generation,
+              operationId,
+              schemaRevision: policy.fingerprint.schemaRevision,
+              fingerprint: Buffer.from(fp!),
+              state,
+              leaseMs,
+              acquisitionId,
+              writerEpoch: input.writerEpoch,
+              previousOperationId: record.operationId,
               caller: actor.caller,
             });
-            if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
-            break;
+            if (recycled) {
+              // The recycled scope is unfinished again: it counts against the quota like a new record.
+              const active = await countActiveUnderGate(q, {
+                ...subject,
+                operation: input.operation,
+                apiRevision: input.apiRevision,
+                scope,
+                acquisitionId,
+                quota: policy.maxActivePerPrincipal,
+              });
+              if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
+              return answer("ACCEPTED", recycled);
+            }
+            continue;
+          }
+          const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
+          if (sameRevision && refusal) throw refusal;
+          const recordFp = sameRevision ? fp! : await this.fingerprintUnder(record, input.request);
+          const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
+          switch (verdict.kind) {
+            case "conflict":
+              // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
+              await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
+              return answer("PAYLOAD_CONFLICT");
+            case "expired":
+              return answer("EXPIRED", record);
+            case "replay":
+              return answer("REPLAY", record);
+            case "in_progress":
+              return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
+            case "takeover": {
+              const taken = await firstRecord(recordStatements.takeOverByScope, q, {
+                tenant: record.tenant,
+                scope: Buffer.from(record.scope),
+                generation: record.generation,
+                state,
+                leaseMs,
+                acquisitionId,
+                writerEpoch: input.writerEpoch,
+                caller: actor.caller,
+              });
+              if (taken) return { ...answer("ACCEPTED", taken), takenOver: true };
+              break; // someone else moved the record first: re-read and decide again
+            }
+            case "mark_unknown": {
+              const unknown = await firstRecord(recordStatements.markUnknownByScope, q, {
+                tenant: record.tenant,
+                scope: Buffer.from(record.scope),
+                generation: record.generation,
+                caller: actor.caller,
+              });
+              if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
+              break;
+            }
           }
         }
-      }
-      refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
-    }, "reserve");
+        refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
+      },
+      "reserve",
+    );
     if (result.decision === "ACCEPTED") await this.hooks.reached("registry.reserve.after-commit");
     return result;
   }
@@ -330,52 +318,60 @@ export class Registry {
   async claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
     validateRef(input.ref);
     const acquisitionId = randomUUID();
-    return db.transaction(input.ref.tenant, async (q) => {
-      const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
-      // A re-run after a lost COMMIT: the claim already happened.
-      if (record.acquisitionId === acquisitionId) return { record, attempts };
-      const policy = await this.policyOf(record);
-      if (input.mode !== "OWNER" && input.writerEpoch < policy.writerEpoch) {
-        refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}`, {
-          writer_epoch: String(policy.writerEpoch),
-        });
-      }
-      const leaseMs = grantLease(policy, input.leaseMs);
-      const plan = planClaim(record, input.mode, input.generation);
-      const by = { caller: actor.caller };
-      const next = { leaseMs, acquisitionId, writerEpoch: input.writerEpoch };
-      let updated: StoredRecord;
-      switch (plan) {
-        case "own":
-          updated = await changeLocked(q, recordStatements.claimOwnership, record, by, { leaseMs });
-          break;
-        case "renew":
-          updated = await changeLocked(q, recordStatements.renewLease, record, by, { leaseMs });
-          break;
-        case "takeover":
-          updated = await changeLocked(q, recordStatements.claimTakeover, record, by, next);
-          break;
-        case "recover":
-          if (record.state !== "UNKNOWN") {
-            // Recorded as its own step so that the event log shows the record went UNKNOWN.
-            await appendEvent(q, record, { ...by, kind: "UNKNOWN", state: "UNKNOWN" });
-          }
-          updated = await changeLocked(q, recordStatements.claimRecovery, record, by, next);
-          break;
-      }
-      return { record: updated, attempts };
-    }, "claim");
+    return db.transaction(
+      input.ref.tenant,
+      async (q) => {
+        const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
+        // A re-run after a lost COMMIT: the claim already happened.
+        if (record.acquisitionId === acquisitionId) return { record, attempts };
+        const policy = await this.policyOf(record);
+        if (input.mode !== "OWNER" && input.writerEpoch < policy.writerEpoch) {
+          refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}`, {
+            writer_epoch: String(policy.writerEpoch),
+          });
+        }
+        const leaseMs = grantLease(policy, input.leaseMs);
+        const plan = planClaim(record, input.mode, input.generation);
+        const by = { caller: actor.caller };
+        const next = { leaseMs, acquisitionId, writerEpoch: input.writerEpoch };
+        let updated: StoredRecord;
+        switch (plan) {
+          case "own":
+            updated = await changeLocked(q, recordStatements.claimOwnership, record, by, { leaseMs });
+            break;
+          case "renew":
+            updated = await changeLocked(q, recordStatements.renewLease, record, by, { leaseMs });
+            break;
+          case "takeover":
+            updated = await changeLocked(q, recordStatements.claimTakeover, record, by, next);
+            break;
+          case "recover":
+            if (record.state !== "UNKNOWN") {
+              // Recorded as its own step so that the event log shows the record went UNKNOWN.
+              await appendEvent(q, record, { ...by, kind: "UNKNOWN", state: "UNKNOWN" });
+            }
+            updated = await changeLocked(q, recordStatements.claimRecovery, record, by, next);
+            break;
+        }
+        return { record: updated, attempts };
+      },
+      "claim",
+    );
   }
 
   /** Extends the lease of the generation the caller holds. */
   async renewLease(db: Db, { ref, generation, leaseMs }: RenewLeaseInput, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
-    return db.transaction(ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, ref, actor);
-      checkRenew(record, generation);
-      const policy = await this.policyOf(record);
-      return changeLocked(q, recordStatements.renewLease, record, { caller: actor.caller }, { leaseMs: grantLease(policy, leaseMs) });
-    }, "renew_lease");
+    return db.transaction(
+      ref.tenant,
+      async (q) => {
+        const record = await this.lockRecord(q, ref, actor);
+        checkRenew(record, generation);
+        const policy = await this.policyOf(record);
+        return changeLocked(q, recordStatements.renewLease, record, { caller: actor.caller }, { leaseMs: grantLease(policy, leaseMs) });
+      },
+      "renew_lease",
+    );
   }
 
   /** Registers an effect attempt before its downstream call; returns it with the stable downstream key. */
@@ -385,24 +381,28 @@ export class Registry {
     if (provider.length > 0) validateText(provider, "provider", 128);
     // Minted once, outside the retried work: a re-run after a lost COMMIT finds its own attempt.
     const registrationId = randomUUID();
-    return db.transaction(ref.tenant, async (q) => {
-      const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
-      const registered = attempts.find((a) => a.registrationId === registrationId);
-      if (registered) return registered;
-      checkRecordEffect(record, attempts, generation, effect);
-      const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
-      const { rows } = await attemptStatements.insertAttempt.run(q, {
-        ...ref,
-        attemptNumber,
-        effect,
-        provider,
-        downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
-        generation,
-        registrationId,
-      });
-      await changeLocked(q, recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, effect } }, {});
-      return toAttempt(rows[0]!);
-    }, "record_effect_attempt");
+    return db.transaction(
+      ref.tenant,
+      async (q) => {
+        const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
+        const registered = attempts.find((a) => a.registrationId === registrationId);
+        if (registered) return registered;
+        checkRecordEffect(record, attempts, generation, effect);
+        const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
+        const { rows } = await attemptStatements.insertAttempt.run(q, {
+          ...ref,
+          attemptNumber,
+          effect,
+          provider,
+          downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
+          generation,
+          registrationId,
+        });
+        await changeLocked(q, recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, effect } }, {});
+        return toAttempt(rows[0]!);
+      },
+      "record_effect_attempt",
+    );
   }
 
   /** Records what a downstream call did. */
@@ -410,37 +410,57 @@ export class Registry {
     validateRef(ref);
     if (status === "PENDING") refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
     if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
-    return db.transaction(ref.tenant, async (q) => {
-      const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
-      const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
-      if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
-      const { rows } = await attemptStatements.resolveAttempt.run(q, { ...ref, attemptNumber, status, providerHandle });
-      const resolved = toAttempt(rows[0]!);
-      const after = attempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
-      await changeLocked(q, recordStatements.setEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, status } }, {
-        effectPossible: effectFlags(after).possible,
-      });
-      return resolved;
-    }, "resolve_effect_attempt");
+    return db.transaction(
+      ref.tenant,
+      async (q) => {
+        const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
+        const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
+        if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
+        const { rows } = await attemptStatements.resolveAttempt.run(q, { ...ref, attemptNumber, status, providerHandle });
+        const resolved = toAttempt(rows[0]!);
+        const after = attempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
+        await changeLocked(
+          q,
+          recordStatements.setEffectPossible,
+          record,
+          { caller: actor.caller, detail: { attempt: attemptNumber, status } },
+          {
+            effectPossible: effectFlags(after).possible,
+          },
+        );
+        return resolved;
+      },
+      "resolve_effect_attempt",
+    );
   }
 
   /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
   async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
-    const completed = await db.transaction(input.ref.tenant, async (q) => {
-      const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
-      const policy = await this.policyOf(record);
-      const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
-      const digest = snapshotDigest(snapshot);
-      if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
-      const finished = await changeLocked(q, recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, {
-        outcome: input.outcome,
-        keepMs: policy.retention.keepMs,
-        ...this.snapshotColumns(record, snapshot, digest),
-      });
-      await this.hooks.reached("registry.complete.before-commit");
-      return this.opened(finished);
-    }, "complete");
+    const completed = await db.transaction(
+      input.ref.tenant,
+      async (q) => {
+        const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
+        const policy = await this.policyOf(record);
+        const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
+        const digest = snapshotDigest(snapshot);
+        if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
+        const finished = await changeLocked(
+          q,
+          recordStatements.finish,
+          record,
+          { caller: actor.caller, detail: { outcome: input.outcome } },
+          {
+            outcome: input.outcome,
+            keepMs: policy.retention.keepMs,
+            ...this.snapshotColumns(record, snapshot, digest),
+          },
+        );
+        await this.hooks.reached("registry.complete.before-commit");
+        return this.opened(finished);
+      },
+      "complete",
+    );
     await this.hooks.reached("registry.complete.after-commit");
     return completed;
   }
@@ -448,11 +468,15 @@ export class Registry {
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
   async release(db: Db, { ref, generation }: HolderInput, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
-    return db.transaction(ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, ref, actor);
-      if (planRelease(record, generation) === "repeat") return record;
-      return changeLocked(q, recordStatements.release, record, { caller: actor.caller }, {});
-    }, "release");
+    return db.transaction(
+      ref.tenant,
+      async (q) => {
+        const record = await this.lockRecord(q, ref, actor);
+        if (planRelease(record, generation) === "repeat") return record;
+        return changeLocked(q, recordStatements.release, record, { caller: actor.caller }, {});
+      },
+      "release",
+    );
   }
 
   /**
@@ -462,18 +486,22 @@ export class Registry {
    */
   async abandon(db: Db, { ref, generation }: HolderInput, actor: Actor): Promise<StoredRecord> {
     validateRef(ref);
-    return db.transaction(ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, ref, actor);
-      const by = { caller: actor.caller, detail: { abandoned: true } };
-      switch (planAbandon(record, generation)) {
-        case "repeat":
-          return record;
-        case "release":
-          return changeLocked(q, recordStatements.release, record, by, {});
-        case "unknown":
-          return changeLocked(q, recordStatements.handToRecovery, record, by, {});
-      }
-    }, "abandon");
+    return db.transaction(
+      ref.tenant,
+      async (q) => {
+        const record = await this.lockRecord(q, ref, actor);
+        const by = { caller: actor.caller, detail: { abandoned: true } };
+        switch (planAbandon(record, generation)) {
+          case "repeat":
+            return record;
+          case "release":
+            return changeLocked(q, recordStatements.release, record, by, {});
+          case "unknown":
+            return changeLocked(q, recordStatements.handToRecovery, record, by, {});
+        }
+      },
+      "abandon",
+    );
   }
 
   /**
@@ -488,24 +516,28 @@ export class Registry {
     validateText(input.operatorName, "operator", 256);
     // Minted once, outside the retried work: a re-run after a lost COMMIT recognizes its own reconciliation.
     const acquisitionId = randomUUID();
-    return db.transaction(input.ref.tenant, async (q) => {
-      const record = await this.lockRecord(q, input.ref, actor);
-      if (record.acquisitionId === acquisitionId) return record;
-      if (record.state !== "UNKNOWN") {
-        refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
-          state: record.state,
-        });
-      }
-      const policy = await this.policyOf(record);
-      const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
-      return changeLocked(
-        q,
-        recordStatements.reconcile,
-        record,
-        { caller: actor.caller, detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
-        { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot), acquisitionId },
-      );
-    }, "reconcile");
+    return db.transaction(
+      input.ref.tenant,
+      async (q) => {
+        const record = await this.lockRecord(q, input.ref, actor);
+        if (record.acquisitionId === acquisitionId) return record;
+        if (record.state !== "UNKNOWN") {
+          refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
+            state: record.state,
+          });
+        }
+        const policy = await this.policyOf(record);
+        const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
+        return changeLocked(
+          q,
+          recordStatements.reconcile,
+          record,
+          { caller: actor.caller, detail: { outcome: input.outcome, evidence: input.evidence, operator: input.operatorName } },
+          { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot), acquisitionId },
+        );
+      },
+      "reconcile",
+    );
   }
 
   /**
@@ -526,7 +558,11 @@ export class Registry {
     validateOperationName(input.operation);
     validateApiRevision(input.apiRevision);
     requireTenant(actor, subject.tenant);
-    const view = await db.transaction(subject.tenant, (q) => firstView(viewStatements.viewByScope, q, { tenant: subject.tenant, scope: Buffer.from(scopeDigest(input)) }), "lookup");
+    const view = await db.transaction(
+      subject.tenant,
+      (q) => firstView(viewStatements.viewByScope, q, { tenant: subject.tenant, scope: Buffer.from(scopeDigest(input)) }),
+      "lookup",
+    );
     return this.opened(visibleTo(view, subject.principal, actor));
   }
 
@@ -590,9 +626,7 @@ export class Registry {
    * one: of every tenant (metrics), or of a scope (what an operator is shown).
    */
   async census(db: Db, scope: ViewScope = {}): Promise<Census> {
-    const { rows } = await db.transaction(bindingFor(scope.tenants), (q) =>
-      jobStatements.census.run(q, { tenants: scope.tenants ?? null, operations: scope.operations ?? null }),
-    );
+    const { rows } = await db.transaction(bindingFor(scope.tenants), (q) => jobStatements.census.run(q, { tenants: scope.tenants ?? null, operations: scope.operations ?? null }));
     return {
       byState: new Map(rows.map((r) => [r.state as RecordState, r.n])),
       oldestUnknownSeconds: Math.max(0, ...rows.map((r) => r.oldest_unknown ?? 0)),
@@ -753,11 +787,9 @@ function requestFingerprint(request: RequestIdentity, policy: OperationPolicy): 
     refuse("UNSUPPORTED_FINGERPRINT_SCHEME", `fingerprint.scheme must be ${FINGERPRINT_SCHEME}`);
   }
   if (schemaRevision !== rules.schemaRevision) {
-    refuse(
-      "SCHEMA_REVISION_MISMATCH",
-      `fingerprint computed under schema revision ${schemaRevision}; compute it under revision ${rules.schemaRevision}`,
-      { schema_revision: String(rules.schemaRevision) },
-    );
+    refuse("SCHEMA_REVISION_MISMATCH", `fingerprint computed under schema revision ${schemaRevision}; compute it under revision ${rules.schemaRevision}`, {
+      schema_revision: String(rules.schemaRevision),
+    });
   }
   if (digest.byteLength !== 32) refuse("INVALID_REQUEST", "fingerprint.digest must be the 32-byte SHA-256 digest");
   return digest;
@@ -821,11 +853,9 @@ async function countActiveUnderGate(
 }
 
 function refuseQuota(policy: OperationPolicy): never {
-  refuse(
-    "QUOTA_EXCEEDED",
-    `this principal already has ${policy.maxActivePerPrincipal} unfinished ${policy.operation} operations; finish some first`,
-    { limit: String(policy.maxActivePerPrincipal) },
-  );
+  refuse("QUOTA_EXCEEDED", `this principal already has ${policy.maxActivePerPrincipal} unfinished ${policy.operation} operations; finish some first`, {
+    limit: String(policy.maxActivePerPrincipal),
+  });
 }
 
 /** The one record a statement returns, or undefined. */

@@ -41,13 +41,7 @@ export function effectFlags(attempts: readonly StoredAttempt[]): { possible: boo
   return { possible, unresolved };
 }
 
-export type ReserveVerdict =
-  | { kind: "conflict" }
-  | { kind: "expired" }
-  | { kind: "replay" }
-  | { kind: "in_progress" }
-  | { kind: "takeover" }
-  | { kind: "mark_unknown" };
+export type ReserveVerdict = { kind: "conflict" } | { kind: "expired" } | { kind: "replay" } | { kind: "in_progress" } | { kind: "takeover" } | { kind: "mark_unknown" };
 
 /**
  * What an existing record means for a new Reserve. A different fingerprint is
@@ -96,8 +90,7 @@ export function requireGeneration(record: StoredRecord, generation: number): voi
   if (generation !== record.generation) {
     refuse(
       "STALE_GENERATION",
-      `generation ${generation} is not current (the record is at generation ${record.generation}): ` +
-        "another owner took over; stop and do not repeat this write",
+      `generation ${generation} is not current (the record is at generation ${record.generation}): ` + "another owner took over; stop and do not repeat this write",
       { current_generation: String(record.generation) },
     );
   }
@@ -133,11 +126,7 @@ export function planClaim(record: StoredRecord, mode: ClaimMode, generation: num
       }
       refuseLiveLease(record);
       if (record.effectPossible) {
-        refuse(
-          "INVALID_TRANSITION",
-          "an effect may have happened, so the record cannot be executed again; claim it with RECOVER",
-          { state: record.state },
-        );
+        refuse("INVALID_TRANSITION", "an effect may have happened, so the record cannot be executed again; claim it with RECOVER", { state: record.state });
       }
       return "takeover";
     case "RECOVER":
@@ -171,20 +160,14 @@ export function checkRenew(record: StoredRecord, generation: number): void {
   if (record.state === "UNKNOWN") {
     refuse(
       "LEASE_EXPIRED",
-      "your lease expired with a possible effect and the record is UNKNOWN: it cannot be renewed, " +
-        "but you may still resolve your attempts and Complete",
+      "your lease expired with a possible effect and the record is UNKNOWN: it cannot be renewed, " + "but you may still resolve your attempts and Complete",
       { state: record.state },
     );
   }
 }
 
 /** Whether the holder of `generation` may register an attempt of `effect` now. */
-export function checkRecordEffect(
-  record: StoredRecord,
-  attempts: readonly StoredAttempt[],
-  generation: number,
-  effect: string,
-): void {
+export function checkRecordEffect(record: StoredRecord, attempts: readonly StoredAttempt[], generation: number, effect: string): void {
   requireGeneration(record, generation);
   if (isTerminal(record.state)) refuseFinished(record);
   if (record.state === "RESERVED") {
@@ -200,8 +183,7 @@ export function checkRecordEffect(
   if (record.recovering && !attempts.some((a) => a.effect === effect)) {
     refuse(
       "NEW_EFFECT_IN_RECOVERY",
-      `recovery may only replay effects already registered (${[...new Set(attempts.map((a) => a.effect))].join(", ")}), ` +
-        "with their original downstream keys",
+      `recovery may only replay effects already registered (${[...new Set(attempts.map((a) => a.effect))].join(", ")}), ` + "with their original downstream keys",
     );
   }
 }
@@ -209,13 +191,7 @@ export function checkRecordEffect(
 export type ResolvePlan = "resolve" | "unchanged";
 
 /** Whether attempt `attempt` may take `status`. */
-export function planResolve(
-  record: StoredRecord,
-  attempt: StoredAttempt | undefined,
-  generation: number,
-  status: EffectStatus,
-  providerHandle: string,
-): ResolvePlan {
+export function planResolve(record: StoredRecord, attempt: StoredAttempt | undefined, generation: number, status: EffectStatus, providerHandle: string): ResolvePlan {
   requireGeneration(record, generation);
   if (isTerminal(record.state)) refuseFinished(record);
   if (!attempt) refuse("ATTEMPT_NOT_FOUND", "no effect attempt with this number on the operation");
@@ -233,13 +209,7 @@ export function planResolve(
 export type CompletePlan = "complete" | "repeat";
 
 /** Whether the holder of `generation` may finish the operation with `outcome`. */
-export function planComplete(
-  record: StoredRecord,
-  attempts: readonly StoredAttempt[],
-  generation: number,
-  outcome: Outcome,
-  digest: Uint8Array,
-): CompletePlan {
+export function planComplete(record: StoredRecord, attempts: readonly StoredAttempt[], generation: number, outcome: Outcome, digest: Uint8Array): CompletePlan {
   if (isTerminal(record.state)) {
     const identical = record.state === outcome && Buffer.from(record.snapshot!.digest).equals(digest);
     if (identical && generation === record.generation) return "repeat";
@@ -255,10 +225,7 @@ export function planComplete(
     });
   }
   if (effectFlags(attempts).unresolved) {
-    refuse(
-      "UNRESOLVED_EFFECTS",
-      "an effect's latest attempt is still PENDING or INDETERMINATE: resolve it (ResolveEffectAttempt) before completing",
-    );
+    refuse("UNRESOLVED_EFFECTS", "an effect's latest attempt is still PENDING or INDETERMINATE: resolve it (ResolveEffectAttempt) before completing");
   }
   if (outcome === "REJECTED" && record.effectPossible) {
     refuse("EFFECT_POSSIBLE", "an effect happened or may have, so the operation cannot be REJECTED; use FAILED_FINAL");

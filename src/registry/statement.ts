@@ -23,10 +23,7 @@ export interface Statement<Values extends object, Row extends pg.QueryResultRow 
 const NAMED = /(?<![:\w]):([a-zA-Z][a-zA-Z0-9]*)/g;
 
 /** Defines a statement from text with named parameters (see Statement). */
-export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(
-  name: string,
-  namedText: string,
-): Statement<Values, Row> {
+export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(name: string, namedText: string): Statement<Values, Row> {
   const parameters: string[] = [];
   const text = namedText.replace(NAMED, (_, parameter: string) => {
     let position = parameters.indexOf(parameter);

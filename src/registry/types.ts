@@ -72,9 +72,7 @@ export interface OperationRef {
   operationId: string;
 }
 
-export type RequestIdentity =
-  | { kind: "parts"; parts: RequestParts }
-  | { kind: "fingerprint"; scheme: string; schemaRevision: number; digest: Uint8Array };
+export type RequestIdentity = { kind: "parts"; parts: RequestParts } | { kind: "fingerprint"; scheme: string; schemaRevision: number; digest: Uint8Array };
 
 export interface ReserveInput {
   subject: Subject;

@@ -150,11 +150,7 @@ export function adminService({ db, registry, store, policies, policyRefreshMs }:
       const outcome = fromProtoOutcome(req.outcome);
       if (outcome === "REJECTED") refuse("INVALID_REQUEST", "outcome must be SUCCEEDED or FAILED_FINAL: an UNKNOWN record may have had an effect");
       const ref = fromProtoRef(req.ref);
-      const record = await registry.reconcile(
-        db,
-        { ref, outcome, snapshot: fromProtoSnapshot(req.snapshot), evidence: req.evidence, operatorName: req.operator },
-        caller,
-      );
+      const record = await registry.reconcile(db, { ref, outcome, snapshot: fromProtoSnapshot(req.snapshot), evidence: req.evidence, operatorName: req.operator }, caller);
       const view = await registry.lookupById(db, { ref }, caller);
       return create(ReconcileResponseSchema, { record: toProtoRecord({ ...view, record: registry.opened(record) }) });
     },

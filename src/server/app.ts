@@ -105,7 +105,17 @@ export interface RunningCoordinator {
 }
 
 /** Migrates (as the owner), opens the serving pool (as the unprivileged role), and serves both ports. */
-export async function startCoordinator({ config, databaseUrl, databaseSetting = "DATABASE_URL", logger, databaseOptions, applicationName, tracer, clock = systemClock, hooks }: StartOptions): Promise<RunningCoordinator> {
+export async function startCoordinator({
+  config,
+  databaseUrl,
+  databaseSetting = "DATABASE_URL",
+  logger,
+  databaseOptions,
+  applicationName,
+  tracer,
+  clock = systemClock,
+  hooks,
+}: StartOptions): Promise<RunningCoordinator> {
   // Before anything is touched: bodies are sealed, or plaintext was asked for by name.
   if (!config.snapshotKeys && !config.allowPlaintextSnapshots) throw new ConfigError(`the configuration cannot be used: ${SNAPSHOT_KEYS_REQUIRED}`);
   const poolSettings = (connectionString: string, max: number) => ({
@@ -122,9 +132,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     const owner = openPool(poolSettings(config.migrationDatabaseUrl ?? databaseUrl, 1), logger);
     try {
       const migrationUrl = config.migrationDatabaseUrl ?? databaseUrl;
-      const applied = await migrate(owner, logger).catch(
-        reportUnreachable(migrationUrl, config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : databaseSetting),
-      );
+      const applied = await migrate(owner, logger).catch(reportUnreachable(migrationUrl, config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : databaseSetting));
       if (applied.length > 0) logger.info({ applied }, "registry migrated");
     } finally {
       await owner.end();
@@ -144,9 +152,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
   let readiness: Readiness | undefined;
   try {
     await requireLeastPrivilege(pool).catch(reportUnreachable(databaseUrl, databaseSetting));
-    await requireLeastPrivilege(crossTenantPool).catch(
-      reportUnreachable(crossTenantUrl, config.crossTenantDatabaseUrl ? "IDEM_CROSS_TENANT_DATABASE_URL" : databaseSetting),
-    );
+    await requireLeastPrivilege(crossTenantPool).catch(reportUnreachable(crossTenantUrl, config.crossTenantDatabaseUrl ? "IDEM_CROSS_TENANT_DATABASE_URL" : databaseSetting));
     // The embedded default has one superuser login; elsewhere say so when the serving login could switch roles.
     const loose = config.databaseUrl === undefined ? undefined : await servingLoginCanWiden(pool, config.db.crossTenantRole);
     if (loose) {
@@ -176,13 +182,16 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
     const store = new PolicyStore(db);
     for (const document of config.operations) {
       const { created } = await store.publish(document, "configuration");
-      if (created) logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
+      if (created)
+        logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
     }
     policies = new PolicyCache({ load: () => store.load(), refreshMs: config.policyRefreshMs, logger, clock });
     await policies.start();
     const policyCache = policies;
     if (!config.snapshotKeys) {
-      logger.warn("IDEM_ALLOW_PLAINTEXT_SNAPSHOTS is on and no key ring is set (IDEM_SNAPSHOT_KEYS): response bodies are stored unsealed. Never do this in production; see SECURITY.md");
+      logger.warn(
+        "IDEM_ALLOW_PLAINTEXT_SNAPSHOTS is on and no key ring is set (IDEM_SNAPSHOT_KEYS): response bodies are stored unsealed. Never do this in production; see SECURITY.md",
+      );
     }
     const registry = new Registry({ policies: policyCache, keyring: config.snapshotKeys, recoveryCadenceMs: config.recovererIntervalMs, hooks });
     metrics = new Metrics({ pool, census: () => registry.census(db), unknownSloSeconds: config.unknownSloSeconds });
@@ -196,13 +205,7 @@ export async function startCoordinator({ config, databaseUrl, databaseSetting = 
         router.service(Health, health.service());
       },
       // Outermost first: count, trace, time and log the RPC; then map any error, authenticate and check the message.
-      interceptors: [
-        inFlight.interceptor,
-        ...(tracer ? [tracingInterceptor(tracer)] : []),
-        metrics.interceptor(),
-        accessLog(logger),
-        ...refusalInterceptors(logger, callers),
-      ],
+      interceptors: [inFlight.interceptor, ...(tracer ? [tracingInterceptor(tracer)] : []), metrics.interceptor(), accessLog(logger), ...refusalInterceptors(logger, callers)],
       jsonOptions: JSON_OPTIONS,
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,

@@ -42,9 +42,7 @@ export class Callers {
       if (grant.tokenSha256) this.byHash.set(grant.tokenSha256, caller);
       if (grant.certificate) this.byCertificate.set(grant.certificate, caller);
     }
-    this.anonymous = allowAnonymous
-      ? toCaller({ name: "anonymous", tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] })
-      : undefined;
+    this.anonymous = allowAnonymous ? toCaller({ name: "anonymous", tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] }) : undefined;
   }
 
   /** The caller behind a request's client certificate or Authorization header, or UNAUTHENTICATED. */
@@ -106,9 +104,6 @@ export function requireRole(caller: Caller, ...roles: Role[]): void {
  */
 export function requireAllTenants(caller: Caller, action: string): void {
   if (caller.tenants !== "*") {
-    refuse(
-      "PERMISSION_DENIED",
-      `${action} affects every tenant: it needs a grant of all tenants ("*"); caller ${caller.caller} is granted ${[...caller.tenants].join(", ")}`,
-    );
+    refuse("PERMISSION_DENIED", `${action} affects every tenant: it needs a grant of all tenants ("*"); caller ${caller.caller} is granted ${[...caller.tenants].join(", ")}`);
   }
 }

@@ -78,7 +78,14 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; store: PolicyS
           generation: record.generation,
           recovering: record.recovering,
           createdAt: record.createdAt,
-          attempts: attempts.map((a) => ({ number: a.attemptNumber, effect: a.effect, provider: a.provider, status: a.status, downstreamKey: a.downstreamKey, handle: a.providerHandle })),
+          attempts: attempts.map((a) => ({
+            number: a.attemptNumber,
+            effect: a.effect,
+            provider: a.provider,
+            status: a.status,
+            downstreamKey: a.downstreamKey,
+            handle: a.providerHandle,
+          })),
         })),
       });
     }

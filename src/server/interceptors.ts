@@ -120,7 +120,10 @@ export function accessLog(logger: Logger): Interceptor {
     const requested = operationIdOf(req.message);
     try {
       const res = await next(req);
-      logger.debug({ rpc: req.method.name, caller: caller(), code: "ok", ms: Math.round(performance.now() - started), operationId: requested ?? operationIdOf(res.message) }, "rpc");
+      logger.debug(
+        { rpc: req.method.name, caller: caller(), code: "ok", ms: Math.round(performance.now() - started), operationId: requested ?? operationIdOf(res.message) },
+        "rpc",
+      );
       return res;
     } catch (error) {
       const code = error instanceof ConnectError ? Code[error.code] : "unknown";

@@ -83,24 +83,26 @@ export function listenRpc(handler: DualHandler, host: string, port: number, tlsO
   });
   const stopReloading = tlsServer ? reloadOnChange(tlsServer, tlsOptions!.config, tlsOptions!.logger) : () => undefined;
 
-  const tcp = tlsServer ?? net.createServer((socket) => {
-    track(socket);
-    let received = Buffer.alloc(0);
-    const onData = (chunk: Buffer) => {
-      received = Buffer.concat([received, chunk]);
-      const compared = Math.min(received.length, HTTP2_PREFACE.length);
-      const isHttp2 = received.subarray(0, compared).equals(HTTP2_PREFACE.subarray(0, compared));
-      // Wait for more bytes only while they could still be the HTTP/2 preface.
-      if (isHttp2 && received.length < HTTP2_PREFACE.length) return;
-      socket.removeListener("data", onData);
-      socket.pause();
-      socket.unshift(received);
-      if (isHttp2) h2.emit("connection", socket as Duplex);
-      else toH1(socket);
-      process.nextTick(() => socket.resume());
-    };
-    socket.on("data", onData);
-  });
+  const tcp =
+    tlsServer ??
+    net.createServer((socket) => {
+      track(socket);
+      let received = Buffer.alloc(0);
+      const onData = (chunk: Buffer) => {
+        received = Buffer.concat([received, chunk]);
+        const compared = Math.min(received.length, HTTP2_PREFACE.length);
+        const isHttp2 = received.subarray(0, compared).equals(HTTP2_PREFACE.subarray(0, compared));
+        // Wait for more bytes only while they could still be the HTTP/2 preface.
+        if (isHttp2 && received.length < HTTP2_PREFACE.length) return;
+        socket.removeListener("data", onData);
+        socket.pause();
+        socket.unshift(received);
+        if (isHttp2) h2.emit("connection", socket as Duplex);
+        else toH1(socket);
+        process.nextTick(() => socket.resume());
+      };
+      socket.on("data", onData);
+    });
 
   return new Promise((resolve, reject) => {
     tcp.once("error", reject);
@@ -179,9 +181,7 @@ export function peerCertificateOf(socket: unknown): PeerCertificate | undefined 
   if (typeof tlsSocket?.getPeerCertificate !== "function") return undefined;
   const certificate = tlsSocket.getPeerCertificate();
   if (!certificate || Object.keys(certificate).length === 0) return undefined;
-  const identities = (certificate.subjectaltname ?? "")
-    .split(", ")
-    .filter((name) => name.startsWith("URI:") || name.startsWith("DNS:"));
+  const identities = (certificate.subjectaltname ?? "").split(", ").filter((name) => name.startsWith("URI:") || name.startsWith("DNS:"));
   const cn = certificate.subject?.CN;
   if (typeof cn === "string" && cn.length > 0) identities.push(`CN:${cn}`);
   return { authorized: tlsSocket.authorized === true, identities };

@@ -127,9 +127,7 @@ function fieldSchemaFromProto(schema: FieldSchema): Record<string, unknown> {
     required: schema.required || undefined,
     scale: schema.scale === DecimalScale.NORMALIZED ? "normalized" : schema.scale === DecimalScale.SIGNIFICANT ? "significant" : undefined,
     properties:
-      Object.keys(schema.properties).length > 0
-        ? Object.fromEntries(Object.entries(schema.properties).map(([name, member]) => [name, fieldSchemaFromProto(member)]))
-        : undefined,
+      Object.keys(schema.properties).length > 0 ? Object.fromEntries(Object.entries(schema.properties).map(([name, member]) => [name, fieldSchemaFromProto(member)])) : undefined,
     items: schema.items && fieldSchemaFromProto(schema.items),
     set: schema.set || undefined,
   });

@@ -112,7 +112,10 @@ afterAll(async () => {
 function expectAllChecks(result: Run, language: string): void {
   const report = `exit ${result.code}\n--- stdout\n${result.stdout}\n--- stderr\n${result.stderr}`;
   expect(result.code, report).toBe(0);
-  const passed = result.stdout.split("\n").filter((line) => line.startsWith("PASS ")).map((line) => line.slice(5, line.indexOf(":")));
+  const passed = result.stdout
+    .split("\n")
+    .filter((line) => line.startsWith("PASS "))
+    .map((line) => line.slice(5, line.indexOf(":")));
   expect(passed, report).toEqual(CHECKS);
   expect(result.stdout, report).not.toContain("FAIL ");
   expect(result.stdout, report).toContain(`${language}: all ${CHECKS.length} checks passed`);

@@ -87,7 +87,9 @@ describe.skipIf(skipHere)("the operator console", () => {
 
     await expect.poll(() => page.getByTestId("message").textContent()).toContain(`Reconciled ${operationId}: SUCCEEDED at generation 2`);
     await expect.poll(() => row.count()).toBe(0);
-    const { rows } = await t.pool.query("SELECT r.state, e.detail FROM idem_record r JOIN idem_event e USING (operation_id) WHERE operation_id = $1 AND e.kind = 'RECONCILED'", [operationId]);
+    const { rows } = await t.pool.query("SELECT r.state, e.detail FROM idem_record r JOIN idem_event e USING (operation_id) WHERE operation_id = $1 AND e.kind = 'RECONCILED'", [
+      operationId,
+    ]);
     expect(rows).toEqual([{ state: "SUCCEEDED", detail: { outcome: "SUCCEEDED", evidence: "charge ch_1 found in the provider dashboard", operator: "dana" } }]);
     await page.close();
   }, 60_000);
@@ -127,7 +129,10 @@ describe("the operator console's overview", () => {
     const key = newKey();
     const stuck = await globex(key, '{"amount":1}', true);
     const ref = create(OperationRefSchema, { tenant: "globex", operationId: stuck.operationId });
-    await gatewayClient(server).client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "cards" }, { headers: { authorization: `Bearer ${server.tokens.globex}` } });
+    await gatewayClient(server).client.recordEffectAttempt(
+      { ref, generation: 1n, effect: "card.charge", provider: "cards" },
+      { headers: { authorization: `Bearer ${server.tokens.globex}` } },
+    );
     await expireLease(t.pool, stuck.operationId);
     await expect.poll(async () => (await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [stuck.operationId])).rows[0].state).toBe("UNKNOWN");
     await t.pool.query("UPDATE idem_record SET updated_at = now() - interval '1 hour' WHERE operation_id = $1", [stuck.operationId]);

@@ -64,7 +64,13 @@ describe("the launch gate (npm run gate), small", () => {
     expect(result.report.load.httpRequests).toBeGreaterThanOrEqual(400);
     expect(result.report.load.replayedAnswers).toBeGreaterThan(0);
     expect(result.report.latency.reserve.count).toBeGreaterThan(0);
-    for (const line of ["duplicate logical effects", "false payload-conflict hits", "replay snapshot digest agreement", "UNKNOWN records older than the recovery SLO", "P99 of the reservation transaction"]) {
+    for (const line of [
+      "duplicate logical effects",
+      "false payload-conflict hits",
+      "replay snapshot digest agreement",
+      "UNKNOWN records older than the recovery SLO",
+      "P99 of the reservation transaction",
+    ]) {
       expect(result.table).toContain(line);
     }
     expect(result.table).toContain("GATE PASSED");

@@ -70,21 +70,65 @@ describe("idemctl", { timeout: 120_000 }, () => {
     expect(shown.stdout).toContain("state       UNKNOWN, generation 1");
     expect(shown.stdout).toMatch(/attempt 1 {3}card\.charge via card-provider: PENDING, key [A-Za-z0-9_-]{43}/);
 
-    const missingEvidence = await idemctl("reconcile", "--tenant", "acme", "--operation-id", accepted.operationId, "--outcome", "SUCCEEDED", "--status", "201", "--operator", "dana");
+    const missingEvidence = await idemctl(
+      "reconcile",
+      "--tenant",
+      "acme",
+      "--operation-id",
+      accepted.operationId,
+      "--outcome",
+      "SUCCEEDED",
+      "--status",
+      "201",
+      "--operator",
+      "dana",
+    );
     expect(missingEvidence.code).toBe(2);
     expect(missingEvidence.stderr).toContain("--evidence is required");
     const reconciled = await idemctl(
-      "reconcile", "--tenant", "acme", "--operation-id", accepted.operationId, "--outcome", "SUCCEEDED", "--status", "201",
-      "--body", '{"id":"p_1"}', "--evidence", "charge ch_1 in the provider dashboard", "--operator", "dana",
+      "reconcile",
+      "--tenant",
+      "acme",
+      "--operation-id",
+      accepted.operationId,
+      "--outcome",
+      "SUCCEEDED",
+      "--status",
+      "201",
+      "--body",
+      '{"id":"p_1"}',
+      "--evidence",
+      "charge ch_1 in the provider dashboard",
+      "--operator",
+      "dana",
     );
     expect(reconciled.stderr).toBe("");
     expect(reconciled.stdout).toContain(`reconciled: ${accepted.operationId} is SUCCEEDED at generation 2`);
-    const again = await idemctl("reconcile", "--tenant", "acme", "--operation-id", accepted.operationId, "--outcome", "SUCCEEDED", "--status", "201", "--evidence", "x", "--operator", "dana");
+    const again = await idemctl(
+      "reconcile",
+      "--tenant",
+      "acme",
+      "--operation-id",
+      accepted.operationId,
+      "--outcome",
+      "SUCCEEDED",
+      "--status",
+      "201",
+      "--evidence",
+      "x",
+      "--operator",
+      "dana",
+    );
     expect(again.code).toBe(1);
     expect(again.stderr).toContain("(INVALID_TRANSITION)");
 
     const events = await idemctl("events", "--tenant", "acme", "--json");
-    const kinds = events.stdout.trim().split("\n").map((line) => JSON.parse(line) as { kind: string; operationId: string }).filter((e) => e.operationId === accepted.operationId).map((e) => e.kind);
+    const kinds = events.stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { kind: string; operationId: string })
+      .filter((e) => e.operationId === accepted.operationId)
+      .map((e) => e.kind);
     expect(kinds).toEqual(["ACCEPTED", "EFFECT_RECORDED", "UNKNOWN", "RECONCILED"]);
   });
 
@@ -101,7 +145,10 @@ describe("idemctl", { timeout: 120_000 }, () => {
     // Every mode change is logged: one event each, whatever the earlier tests left.
     const admin = createClient(AdminService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" }));
     const logEvent = () =>
-      admin.setOperationMode({ operation: "payments.create", apiRevision: 1, mode: OperationMode.ENFORCE }, { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } });
+      admin.setOperationMode(
+        { operation: "payments.create", apiRevision: 1, mode: OperationMode.ENFORCE },
+        { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } },
+      );
     await logEvent();
     const child = spawn(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "events", "--json", "--follow"], {
       env: { ...process.env, IDEM_URL: server.baseUrl, IDEM_TOKEN: server.tokens.operator },

@@ -47,15 +47,30 @@ describe.each(["co-located", "remote"] as const)("recovering payments whose char
 
     const { operationId, downstreamKey } = await failAndGoUnknown(app(), key, body);
     // The provider did charge, under the coordinator's downstream key.
-    expect(app().provider.charges().filter((c) => c.idempotencyKey === downstreamKey)).toHaveLength(1);
+    expect(
+      app()
+        .provider.charges()
+        .filter((c) => c.idempotencyKey === downstreamKey),
+    ).toHaveLength(1);
 
     const seen = events.length;
     const summary = await app().worker.runOnce();
 
     expect(summary).toMatchObject({ claimed: 1, completed: 1, failed: 0 });
-    expect(events.slice(seen).filter((e) => e.operationId === operationId).map((e) => e.kind)).toEqual(["claimed", "completed"]);
-    const charge = app().provider.charges().find((c) => c.idempotencyKey === downstreamKey)!;
-    expect(app().provider.charges().filter((c) => c.amount === 2500)).toHaveLength(1);
+    expect(
+      events
+        .slice(seen)
+        .filter((e) => e.operationId === operationId)
+        .map((e) => e.kind),
+    ).toEqual(["claimed", "completed"]);
+    const charge = app()
+      .provider.charges()
+      .find((c) => c.idempotencyKey === downstreamKey)!;
+    expect(
+      app()
+        .provider.charges()
+        .filter((c) => c.amount === 2500),
+    ).toHaveLength(1);
     const settled = await app().client.lookup({ ref: { tenant: "acme", operationId }, subject: alice });
     expect(settled.state).toBe("SUCCEEDED");
     expect(settled.generation).toBe(2); // the recovery owner's
@@ -79,14 +94,24 @@ describe.each(["co-located", "remote"] as const)("recovering payments whose char
     app().provider.faults.ambiguousCharges = false;
 
     const { operationId, downstreamKey } = await failAndGoUnknown(app(), key, body);
-    expect(app().provider.charges().filter((c) => c.idempotencyKey === downstreamKey)).toHaveLength(0);
+    expect(
+      app()
+        .provider.charges()
+        .filter((c) => c.idempotencyKey === downstreamKey),
+    ).toHaveLength(0);
 
     const summary = await app().worker.runOnce();
     expect(summary).toMatchObject({ claimed: 1, completed: 1, failed: 0 });
 
     // The worker charged with the very key the first attempt used, and only once.
-    expect(app().provider.chargeRequests().filter((k) => k === downstreamKey)).toHaveLength(2);
-    const charges = app().provider.charges().filter((c) => c.idempotencyKey === downstreamKey);
+    expect(
+      app()
+        .provider.chargeRequests()
+        .filter((k) => k === downstreamKey),
+    ).toHaveLength(2);
+    const charges = app()
+      .provider.charges()
+      .filter((c) => c.idempotencyKey === downstreamKey);
     expect(charges).toHaveLength(1);
     const after = await post(`${app().service.url}/v1/payments`, key, body, ALICE);
     expect(after.status).toBe(201);

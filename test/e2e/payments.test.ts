@@ -190,4 +190,3 @@ describe("failing closed", () => {
     expect(app.service.stats.handlerRuns).toBe(runs);
   });
 });
-

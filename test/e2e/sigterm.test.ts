@@ -19,7 +19,6 @@ afterAll(() => {
   if (child?.exitCode === null) child.kill("SIGKILL");
 });
 
-
 describe("SIGTERM", () => {
   it("stops taking new RPCs but finishes the ones in flight, then exits 0", async () => {
     const [rpcPort, adminPort] = [await freePort(), await freePort()];
@@ -58,7 +57,15 @@ describe("SIGTERM", () => {
           operation: "payments.create",
           apiRevision: 1,
           idempotencyKey: key,
-          request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode(JSON.stringify({ amount: 10 })) }) },
+          request: {
+            case: "parts",
+            value: create(HttpRequestPartsSchema, {
+              method: "POST",
+              path: "/v1/payments",
+              mediaType: "application/json",
+              body: new TextEncoder().encode(JSON.stringify({ amount: 10 })),
+            }),
+          },
         },
         { headers: { authorization: `Bearer ${token}` } },
       ),
@@ -70,7 +77,14 @@ describe("SIGTERM", () => {
 
     const exited = new Promise<number | null>((resolve) => child!.once("exit", (code) => resolve(code)));
     child.kill("SIGTERM");
-    await until(async () => (await fetch(`http://127.0.0.1:${adminPort}/readyz`).then((r) => r.status, () => 0)) === 503, "/readyz to answer 503 after SIGTERM");
+    await until(
+      async () =>
+        (await fetch(`http://127.0.0.1:${adminPort}/readyz`).then(
+          (r) => r.status,
+          () => 0,
+        )) === 503,
+      "/readyz to answer 503 after SIGTERM",
+    );
     await blocker.query("COMMIT");
     blocker.release();
     const answers = await Promise.all(inFlight);

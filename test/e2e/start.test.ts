@@ -25,7 +25,6 @@ function readmeBlock(heading: string): string {
   return match[1]!;
 }
 
-
 let stateDir: string;
 let child: ChildProcess;
 let output = "";
@@ -69,7 +68,10 @@ describe("npm start on the embedded default", () => {
   it("answers the README's first call with decisions", async () => {
     const script = readmeBlock("First call").replaceAll("127.0.0.1:7070", `127.0.0.1:${rpcPort}`).replaceAll(".idem/dev-token", join(stateDir, "dev-token"));
     const { stdout } = await run("bash", ["-euo", "pipefail", "-c", script]);
-    const decisions = stdout.trim().split("\n").map((line) => JSON.parse(line).decision);
+    const decisions = stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line).decision);
     expect(decisions).toEqual(["DECISION_ACCEPTED", "DECISION_IN_PROGRESS", "DECISION_PAYLOAD_CONFLICT"]);
   });
 
@@ -92,7 +94,10 @@ describe("npm start on the embedded default", () => {
         operation: "payments.create",
         apiRevision: 1,
         idempotencyKey: randomUUID(),
-        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }) },
+        request: {
+          case: "parts",
+          value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
+        },
       },
       { headers: { authorization: `Bearer ${token}` } },
     );
@@ -107,7 +112,10 @@ describe("npm start on the embedded default", () => {
     process.kill(-child.pid!, "SIGINT");
     await closed;
     expect(output).toMatch(/"msg":"stopped"/);
-    const stillUp = await fetch(`http://127.0.0.1:${adminPort}/healthz`).then(() => true, () => false);
+    const stillUp = await fetch(`http://127.0.0.1:${adminPort}/healthz`).then(
+      () => true,
+      () => false,
+    );
     expect(stillUp).toBe(false);
     await expect(readFile(join(stateDir, "postgres", "pgdata", "postmaster.pid"))).rejects.toThrow();
   }, 60_000);
@@ -136,7 +144,9 @@ function withDatabase(databaseUrl: string, extra: NodeJS.ProcessEnv = {}): NodeJ
 describe("npm start on a database without a snapshot key ring", () => {
   it("exits non-zero with one line naming the key ring's variables, before it touches the database", async () => {
     const closed = await freePort();
-    const result = await runMain(withDatabase(`postgres://idem@127.0.0.1:${closed}/registry`, { IDEM_RPC_PORT: String(await freePort()), IDEM_ADMIN_PORT: String(await freePort()) }));
+    const result = await runMain(
+      withDatabase(`postgres://idem@127.0.0.1:${closed}/registry`, { IDEM_RPC_PORT: String(await freePort()), IDEM_ADMIN_PORT: String(await freePort()) }),
+    );
     expect(result.code).not.toBe(0);
     const lines = result.stderr.trim().split("\n");
     expect(lines).toHaveLength(1);
@@ -169,7 +179,12 @@ describe("the README", () => {
       readme
         .split("\n")
         .filter((line) => line.startsWith("| `"))
-        .map((line) => line.replaceAll("`", "").split("|").map((cell) => cell.trim()))
+        .map((line) =>
+          line
+            .replaceAll("`", "")
+            .split("|")
+            .map((cell) => cell.trim()),
+        )
         .map(([, name, ...rest]) => [name, rest.slice(0, 2)] as const),
     );
     for (const variable of ENVIRONMENT) {

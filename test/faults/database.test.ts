@@ -39,14 +39,15 @@ const gateway = actor();
  */
 function failing(db: Db, code: string, times: number, syscall?: string): { db: Db; failures: () => number } {
   let failures = 0;
-  const inject = <T>(work: (q: Queryable) => Promise<T>) => (q: Queryable) => {
-    const fails = failures < times;
-    if (fails) failures++;
-    return work({
-      query: (text, values) =>
-        fails ? Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) })) : q.query(text, values),
-    });
-  };
+  const inject =
+    <T>(work: (q: Queryable) => Promise<T>) =>
+    (q: Queryable) => {
+      const fails = failures < times;
+      if (fails) failures++;
+      return work({
+        query: (text, values) => (fails ? Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) })) : q.query(text, values)),
+      });
+    };
   return { db: { transaction: (tenant, work, name) => db.transaction(tenant, inject(work), name) }, failures: () => failures };
 }
 
@@ -202,7 +203,10 @@ describe("connections killed inside a transaction", () => {
       const holding = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
       await paused;
       const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
-      const refused = await reserve().then(() => undefined, (e: unknown) => ConnectError.from(e));
+      const refused = await reserve().then(
+        () => undefined,
+        (e: unknown) => ConnectError.from(e),
+      );
       expect(refused?.code).toBe(Code.Unavailable);
       expect(refused?.findDetails(ErrorInfoSchema)[0]?.reason).toBe("REGISTRY_UNAVAILABLE");
       await holding;
@@ -219,7 +223,14 @@ function rpc(server: TestServer) {
   const { client, call } = gatewayClient(server);
   const reserve = () =>
     client.reserve(
-      { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: newKey(), claim: true, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
+      {
+        subject: { tenant: "acme", principal: "alice" },
+        operation: "payments.create",
+        apiRevision: 1,
+        idempotencyKey: newKey(),
+        claim: true,
+        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) },
+      },
       call,
     );
   return { client, call, reserve };
@@ -251,7 +262,13 @@ describe("PostgreSQL restarted under load", () => {
     const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: `http://127.0.0.1:${coordinator.rpcPort}`, httpVersion: "2" }));
     const reserve = (key: string) =>
       client.reserve(
-        { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: key, request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) } },
+        {
+          subject: { tenant: "acme", principal: "alice" },
+          operation: "payments.create",
+          apiRevision: 1,
+          idempotencyKey: key,
+          request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/p" }) },
+        },
         { headers: { authorization: `Bearer ${token}` }, timeoutMs: 10_000 },
       );
     const outcomes = new Map<string, number>();

@@ -52,14 +52,18 @@ describe("requests at the edges of the contract", () => {
 
   it("refuses duplicate members, even equal ones, before anything is stored or charged", async () => {
     const before = charges();
-    const { rows: [{ n: records }] } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+    const {
+      rows: [{ n: records }],
+    } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
     for (const body of ['{"amount":700,"amount":70000,"currency":"EUR","card":"tok_visa"}', '{"amount":700,"\\u0061mount":700,"currency":"EUR","card":"tok_visa"}']) {
       const refused = await post(url(), randomUUID(), body, ALICE);
       expect(refused.status).toBe(400);
       expect(refused.headers.get("content-type")).toBe("application/problem+json");
     }
     expect(charges()).toBe(before);
-    const { rows: [{ n: after }] } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+    const {
+      rows: [{ n: after }],
+    } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
     expect(after).toBe(records);
   });
 
@@ -81,7 +85,18 @@ describe("requests at the edges of the contract", () => {
     const revision2 = paymentsPolicy({
       schemaRevision: 2,
       retention: windows,
-      fingerprint: { mode: "json", schema: { type: "object", properties: { amount: { type: "integer", required: true }, currency: { type: "string", required: true }, card: { type: "string", required: true }, description: { type: "string" } } } },
+      fingerprint: {
+        mode: "json",
+        schema: {
+          type: "object",
+          properties: {
+            amount: { type: "integer", required: true },
+            currency: { type: "string", required: true },
+            card: { type: "string", required: true },
+            description: { type: "string" },
+          },
+        },
+      },
     });
     await admin.publishPolicy({ policy: policyToProto(revision2) }, { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } });
     const retry = await post(url(), key, body, ALICE);

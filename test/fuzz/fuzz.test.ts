@@ -17,10 +17,7 @@ afterAll(async () => {
 
 describe("hostile input", () => {
   it("gets a decision or a clean refusal for every mutated or random request, over gRPC and Connect JSON, and refusals change nothing", async () => {
-    const report = await fuzzRpc(
-      { baseUrl: server.baseUrl, grpcAddress: `127.0.0.1:${server.coordinator.rpcPort}`, tokens: server.tokens, pool: t.pool },
-      600,
-    );
+    const report = await fuzzRpc({ baseUrl: server.baseUrl, grpcAddress: `127.0.0.1:${server.coordinator.rpcPort}`, tokens: server.tokens, pool: t.pool }, 600);
     expect(report.cases).toBe(600);
     // The cases reached past decoding too: some were refused by validation or authorization, some decided.
     expect(report.outcomes.INVALID_ARGUMENT).toBeGreaterThan(0);

@@ -32,7 +32,13 @@ function template(input: DescMessage, key: string): Uint8Array {
   const subject = { tenant: "acme", principal: "fuzz" };
   const ref = { tenant: "acme", operationId: "01a22a20-0000-7000-8000-000000000000" };
   const byName: Record<string, Record<string, unknown>> = {
-    "idempotency.v1.ReserveRequest": { subject, operation: "payments.create", apiRevision: 1, idempotencyKey: key, request: { case: "parts", value: { method: "POST", path: "/v1/p", mediaType: "application/json", body: new TextEncoder().encode('{"amount":1}') } } },
+    "idempotency.v1.ReserveRequest": {
+      subject,
+      operation: "payments.create",
+      apiRevision: 1,
+      idempotencyKey: key,
+      request: { case: "parts", value: { method: "POST", path: "/v1/p", mediaType: "application/json", body: new TextEncoder().encode('{"amount":1}') } },
+    },
     "idempotency.v1.ClaimRequest": { ref, mode: 1, generation: 1n },
     "idempotency.v1.CompleteRequest": { ref, generation: 1n, outcome: 1, snapshot: { statusCode: 201, body: new Uint8Array([1]) } },
     "idempotency.v1.LookupRequest": { by: { case: "ref", value: ref }, subject },
@@ -41,7 +47,19 @@ function template(input: DescMessage, key: string): Uint8Array {
   return toBinary(input, create(input, (byName[input.typeName] ?? {}) as never));
 }
 
-const CLEAN_CODES = new Set(["OK", "UNDECODABLE", "INVALID_ARGUMENT", "NOT_FOUND", "UNAUTHENTICATED", "PERMISSION_DENIED", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "UNIMPLEMENTED", "OUT_OF_RANGE"]);
+const CLEAN_CODES = new Set([
+  "OK",
+  "UNDECODABLE",
+  "INVALID_ARGUMENT",
+  "NOT_FOUND",
+  "UNAUTHENTICATED",
+  "PERMISSION_DENIED",
+  "FAILED_PRECONDITION",
+  "RESOURCE_EXHAUSTED",
+  "UNAVAILABLE",
+  "UNIMPLEMENTED",
+  "OUT_OF_RANGE",
+]);
 
 async function counts(pool: pg.Pool): Promise<string> {
   const { rows } = await pool.query(
@@ -54,7 +72,7 @@ function mutate(bytes: Uint8Array, edits: Array<{ at: number; op: number; value:
   let out = Array.from(bytes);
   for (const { at, op, value } of edits) {
     const i = out.length === 0 ? 0 : at % out.length;
-    if (op === 0) out[i] = (out[i] ?? 0) ^ (1 << value % 8);
+    if (op === 0) out[i] = (out[i] ?? 0) ^ (1 << (value % 8));
     else if (op === 1) out.splice(i, 0, value);
     else out.splice(i, 1);
   }
@@ -76,13 +94,21 @@ export async function fuzzRpc(target: FuzzTarget, runs: number, onProgress?: (do
     new Promise<string>((resolve) => {
       const metadata = new grpc.Metadata();
       if (token) metadata.set("authorization", `Bearer ${token}`);
-      client.makeUnaryRequest(path, (b: Uint8Array) => Buffer.from(b), (b: Buffer) => b, bytes, metadata, { deadline: Date.now() + 10_000 }, (error) => {
-        if (!error) return resolve("OK");
-        // Bytes that are no protobuf message at all: the RPC framework answers INTERNAL, as gRPC does.
-        // (grpc-js leaves the message's percent-encoded reserved characters as they are: decode them.)
-        if (error.code === grpc.status.INTERNAL && decodeURIComponent(error.details).startsWith("parse binary:")) return resolve("UNDECODABLE");
-        resolve(grpc.status[error.code] ?? String(error.code));
-      });
+      client.makeUnaryRequest(
+        path,
+        (b: Uint8Array) => Buffer.from(b),
+        (b: Buffer) => b,
+        bytes,
+        metadata,
+        { deadline: Date.now() + 10_000 },
+        (error) => {
+          if (!error) return resolve("OK");
+          // Bytes that are no protobuf message at all: the RPC framework answers INTERNAL, as gRPC does.
+          // (grpc-js leaves the message's percent-encoded reserved characters as they are: decode them.)
+          if (error.code === grpc.status.INTERNAL && decodeURIComponent(error.details).startsWith("parse binary:")) return resolve("UNDECODABLE");
+          resolve(grpc.status[error.code] ?? String(error.code));
+        },
+      );
     });
   const jsonCall = async (path: string, body: string | Uint8Array, token: string | undefined) => {
     const res = await fetch(`${target.baseUrl}${path}`, {
@@ -128,7 +154,13 @@ export async function fuzzRpc(target: FuzzTarget, runs: number, onProgress?: (do
         } else {
           const validJson = toJsonString(method.input, fromBinary(method.input, valid));
           const body =
-            c.shape === "random" ? (typeof c.json === "string" ? c.json : JSON.stringify(c.json)) : c.shape === "mutated" ? mutate(new TextEncoder().encode(validJson), c.edits) : validJson;
+            c.shape === "random"
+              ? typeof c.json === "string"
+                ? c.json
+                : JSON.stringify(c.json)
+              : c.shape === "mutated"
+                ? mutate(new TextEncoder().encode(validJson), c.edits)
+                : validJson;
           outcome = await jsonCall(path, body, token);
         }
         outcomes[outcome] = (outcomes[outcome] ?? 0) + 1;
@@ -149,14 +181,23 @@ export async function fuzzRpc(target: FuzzTarget, runs: number, onProgress?: (do
 export function fuzzPolicyLoader(runs: number): number {
   let cases = 0;
   fc.assert(
-    fc.property(fc.oneof(fc.anything(), fc.record({ operation: fc.string(), apiRevision: fc.anything(), fingerprint: fc.anything(), retention: fc.anything(), keys: fc.anything(), lease: fc.anything() }, { requiredKeys: [] })), (input) => {
-      cases++;
-      try {
-        parsePolicyDocument(input);
-      } catch (error) {
-        if (!(error instanceof IdempotencyError) || error.reason !== "INVALID_POLICY") throw error;
-      }
-    }),
+    fc.property(
+      fc.oneof(
+        fc.anything(),
+        fc.record(
+          { operation: fc.string(), apiRevision: fc.anything(), fingerprint: fc.anything(), retention: fc.anything(), keys: fc.anything(), lease: fc.anything() },
+          { requiredKeys: [] },
+        ),
+      ),
+      (input) => {
+        cases++;
+        try {
+          parsePolicyDocument(input);
+        } catch (error) {
+          if (!(error instanceof IdempotencyError) || error.reason !== "INVALID_POLICY") throw error;
+        }
+      },
+    ),
     { numRuns: runs },
   );
   return cases;
@@ -171,7 +212,11 @@ export function fuzzJsonParser(runs: number): number {
   let cases = 0;
   const documents = fc.json({ maxDepth: 6 }).map((text) => new TextEncoder().encode(text));
   const edits = fc.array(fc.record({ at: fc.nat(), op: fc.integer({ min: 0, max: 2 }), value: fc.integer({ min: 0, max: 255 }) }), { minLength: 1, maxLength: 6 });
-  const input = fc.oneof(fc.uint8Array({ maxLength: 300 }), documents, fc.tuple(documents, edits).map(([bytes, e]) => mutate(bytes, e)));
+  const input = fc.oneof(
+    fc.uint8Array({ maxLength: 300 }),
+    documents,
+    fc.tuple(documents, edits).map(([bytes, e]) => mutate(bytes, e)),
+  );
   fc.assert(
     fc.property(input, (bytes) => {
       cases++;

@@ -21,7 +21,14 @@ import { parsePolicyDocument } from "../../src/policy/document.js";
 import { fuzzJsonParser, fuzzPolicyLoader, fuzzRpc } from "./harness.js";
 import { freePort } from "../../src/net.js";
 
-const { values } = parseArgs({ options: { cases: { type: "string", default: "100000" }, "policy-cases": { type: "string", default: "100000" }, "json-cases": { type: "string", default: "100000" }, help: { type: "boolean", default: false } } });
+const { values } = parseArgs({
+  options: {
+    cases: { type: "string", default: "100000" },
+    "policy-cases": { type: "string", default: "100000" },
+    "json-cases": { type: "string", default: "100000" },
+    help: { type: "boolean", default: false },
+  },
+});
 if (values.help) {
   process.stdout.write("usage: npm run fuzz -- [--cases N] [--policy-cases N] [--json-cases N]\n");
   process.exit(0);
@@ -31,7 +38,13 @@ const started = Date.now();
 
 const embedded = process.env.DATABASE_URL
   ? undefined
-  : await startEmbeddedPostgres({ stateDir: await mkdtemp(join(tmpdir(), "idem-fuzz-")), port: await freePort(), logger, ephemeral: true, settings: { fsync: "off", synchronous_commit: "off" } });
+  : await startEmbeddedPostgres({
+      stateDir: await mkdtemp(join(tmpdir(), "idem-fuzz-")),
+      port: await freePort(),
+      logger,
+      ephemeral: true,
+      settings: { fsync: "off", synchronous_commit: "off" },
+    });
 const databaseUrl = process.env.DATABASE_URL ?? embedded!.url;
 const schema = `fuzz_${randomBytes(4).toString("hex")}`;
 const admin = new pg.Client({ connectionString: databaseUrl });
@@ -59,7 +72,18 @@ const coordinator = await startCoordinator({
   databaseOptions: `-c search_path=${schema}`,
 });
 // The owner's view, to see every tenant's rows when checking that nothing changed.
-const pool = openPool({ connectionString: databaseUrl, max: 2, connectionTimeoutMs: 5000, statementTimeoutMs: 5000, lockTimeoutMs: 2000, idleInTransactionTimeoutMs: 10_000, options: `-c search_path=${schema}` }, logger);
+const pool = openPool(
+  {
+    connectionString: databaseUrl,
+    max: 2,
+    connectionTimeoutMs: 5000,
+    statementTimeoutMs: 5000,
+    lockTimeoutMs: 2000,
+    idleInTransactionTimeoutMs: 10_000,
+    options: `-c search_path=${schema}`,
+  },
+  logger,
+);
 const cases = Number(values.cases);
 let exitCode = 0;
 try {

@@ -8,7 +8,12 @@ import { CoordinatorClient, CoordinatorError } from "../../src/gateway/index.js"
 import { closedPort } from "./helpers.js";
 
 const refusal = (code: Code, reason?: string) =>
-  new ConnectError(`refused: ${reason ?? "no reason"}`, code, undefined, reason ? [{ desc: ErrorInfoSchema, value: create(ErrorInfoSchema, { reason, domain: "idempotency.v1" }) }] : []);
+  new ConnectError(
+    `refused: ${reason ?? "no reason"}`,
+    code,
+    undefined,
+    reason ? [{ desc: ErrorInfoSchema, value: create(ErrorInfoSchema, { reason, domain: "idempotency.v1" }) }] : [],
+  );
 
 /** A client over an in-memory coordinator whose Reserve fails with `failures` in turn, then accepts. */
 function scripted(failures: ConnectError[], options: { attempts?: number } = {}) {
@@ -20,7 +25,15 @@ function scripted(failures: ConnectError[], options: { attempts?: number } = {})
         seen.authorization.push(ctx.requestHeader.get("authorization"));
         const failure = failures.shift();
         if (failure) throw failure;
-        return create(ReserveResponseSchema, { decision: Decision.ACCEPTED, operationId: "0190f3a2-0000-7000-8000-000000000001", state: RecordState.EXECUTING, generation: 1n, enforced: true, schemaRevision: 1, contractVersion: "http.idempotency.v1" });
+        return create(ReserveResponseSchema, {
+          decision: Decision.ACCEPTED,
+          operationId: "0190f3a2-0000-7000-8000-000000000001",
+          state: RecordState.EXECUTING,
+          generation: 1n,
+          enforced: true,
+          schemaRevision: 1,
+          contractVersion: "http.idempotency.v1",
+        });
       },
     });
   });
@@ -69,7 +82,10 @@ describe("the coordinator client's retries", () => {
   });
 
   it("gives up after a bounded number of attempts", async () => {
-    const { client, seen } = scripted(Array.from({ length: 10 }, () => refusal(Code.Unavailable)), { attempts: 3 });
+    const { client, seen } = scripted(
+      Array.from({ length: 10 }, () => refusal(Code.Unavailable)),
+      { attempts: 3 },
+    );
     const error = (await reserve(client).catch((e: unknown) => e)) as CoordinatorError;
     expect(error).toBeInstanceOf(CoordinatorError);
     expect(error.code).toBe(Code.Unavailable);
@@ -81,8 +97,7 @@ describe("the coordinator client's retries", () => {
   it("enforces a deadline on every call", async () => {
     const transport = createRouterTransport(({ service }) => {
       service(CoordinatorService, {
-        reserve: (_req, ctx) =>
-          new Promise((_resolve, reject) => ctx.signal.addEventListener("abort", () => reject(new ConnectError("gone", Code.Canceled)))),
+        reserve: (_req, ctx) => new Promise((_resolve, reject) => ctx.signal.addEventListener("abort", () => reject(new ConnectError("gone", Code.Canceled)))),
       });
     });
     const client = new CoordinatorClient({ transport, timeoutMs: 50, retry: { attempts: 1 } });

@@ -2,14 +2,7 @@ import { randomUUID } from "node:crypto";
 import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ColocatedRegistry, CommitUnknownError } from "../../src/colocated/index.js";
-import {
-  CoordinatorClient,
-  IdempotencyGateway,
-  toHttpResponse,
-  type GatewayRequest,
-  type HttpResponse,
-  type IdempotencyContext,
-} from "../../src/gateway/index.js";
+import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type GatewayRequest, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
@@ -27,7 +20,13 @@ beforeAll(async () => {
   client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
   // The service's pool reaches the registry's tables (the same schema here).
   // The coordinator's key ring: bodies completed here are sealed as the coordinator seals them, and open there.
-  colocated = await ColocatedRegistry.open({ pool: t.openPool(), caller: "orders-service", tenants: ["acme"], operations: ["payments.create"], snapshotKeys: coordinator.snapshotKeys! });
+  colocated = await ColocatedRegistry.open({
+    pool: t.openPool(),
+    caller: "orders-service",
+    tenants: ["acme"],
+    operations: ["payments.create"],
+    snapshotKeys: coordinator.snapshotKeys!,
+  });
   gateway = new IdempotencyGateway({ client, colocated });
   await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
 });
@@ -87,9 +86,11 @@ describe("co-located completion", () => {
     const answer = await run(key, async (ctx) => {
       operationId = ctx.operationId;
       // A charge whose outcome is unknown: the operation cannot complete yet.
-      await ctx.effect("card.charge", "cards", async () => {
-        throw new Error("timeout");
-      }).catch(() => undefined);
+      await ctx
+        .effect("card.charge", "cards", async () => {
+          throw new Error("timeout");
+        })
+        .catch(() => undefined);
       try {
         await ctx.transaction(async (tx) => {
           await tx.query("INSERT INTO orders (operation_id, amount) VALUES ($1, 10)", [ctx.operationId]);

@@ -29,7 +29,10 @@ beforeAll(async () => {
   };
   const handler = expressIdempotency(gateway, route, (req, res, ctx) => {
     runs++;
-    res.status(201).set("x-request-id", randomUUID()).json({ id: `pay_${ctx.operationId}`, amount: (req.body as { amount: number }).amount, run: runs });
+    res
+      .status(201)
+      .set("x-request-id", randomUUID())
+      .json({ id: `pay_${ctx.operationId}`, amount: (req.body as { amount: number }).amount, run: runs });
   });
 
   const app = express();

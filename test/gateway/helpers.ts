@@ -36,7 +36,6 @@ async function read(response: Response): Promise<Exchange> {
   return { status: response.status, headers: response.headers, text, json };
 }
 
-
 /**
  * Waits until `condition` holds (checked every 20 ms), failing after
  * `timeoutMs`: for a state nothing announces (prefer `within` or `EventLog`

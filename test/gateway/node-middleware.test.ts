@@ -169,7 +169,15 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
     const email = await post(`${base}/payments`, "someone@example.com-0123456789", body(), ALICE);
     expect(email.status).toBe(400);
     expect(email.json.type).toBe("urn:problem-type:idempotency:idempotency-key-invalid");
-    const twoKeys = await fetch(`${base}/payments`, { method: "POST", headers: [["idempotency-key", randomUUID()], ["idempotency-key", randomUUID()], ["x-user", "alice"]], body: JSON.stringify(body()) });
+    const twoKeys = await fetch(`${base}/payments`, {
+      method: "POST",
+      headers: [
+        ["idempotency-key", randomUUID()],
+        ["idempotency-key", randomUUID()],
+        ["x-user", "alice"],
+      ],
+      body: JSON.stringify(body()),
+    });
     expect(twoKeys.status).toBe(400);
     const anonymous = await post(`${base}/payments`, randomUUID(), body(), {});
     expect(anonymous.status).toBe(401);

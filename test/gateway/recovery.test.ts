@@ -46,7 +46,8 @@ async function abandoned(options: { effect?: "PENDING" | "INDETERMINATE" } = {})
   if (options.effect) {
     const attempt = await gateway.recordEffectAttempt({ ref, generation: reserved.generation, effect: "card.charge", provider: "card-provider" });
     downstreamKey = attempt.downstreamKey;
-    if (options.effect === "INDETERMINATE") await gateway.resolveEffectAttempt({ ref, generation: reserved.generation, attemptNumber: attempt.attemptNumber, status: "INDETERMINATE" });
+    if (options.effect === "INDETERMINATE")
+      await gateway.resolveEffectAttempt({ ref, generation: reserved.generation, attemptNumber: attempt.attemptNumber, status: "INDETERMINATE" });
   }
   await expireLease(t.pool, reserved.operationId);
   return { ref, downstreamKey };
@@ -84,10 +85,14 @@ describe("the recovery worker", () => {
       calls++;
       expect(ctx.claimMode).toBe("RECOVER");
       expect(ctx.latestAttempt("card.charge")).toMatchObject({ downstreamKey, status: "INDETERMINATE" });
-      const charge = await ctx.replay("card.charge", async (key) => {
-        keysSent.push(key);
-        return { id: "ch_recovered" };
-      }, { handle: (c) => c.id });
+      const charge = await ctx.replay(
+        "card.charge",
+        async (key) => {
+          keysSent.push(key);
+          return { id: "ch_recovered" };
+        },
+        { handle: (c) => c.id },
+      );
       await ctx.completeWith({ status: 201, headers: { location: `/v1/payments/${charge.id}` }, json: { charge: charge.id } });
     };
     const events: RecoveryEvent[] = [];

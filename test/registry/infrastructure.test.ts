@@ -87,10 +87,7 @@ describe("connections", () => {
     const pool = t.openPool({ applicationName, max: 2 });
     await pool.query("SELECT 1");
     const lost = once(pool, "error");
-    const { rows } = await t.pool.query(
-      "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1",
-      [applicationName],
-    );
+    const { rows } = await t.pool.query("SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1", [applicationName]);
     expect(rows[0].n).toBe(1);
     const [error] = await lost;
     expect((error as { code?: string }).code).toBe("57P01");
@@ -175,15 +172,21 @@ describe("co-located mode", () => {
       await client.query("BEGIN");
       await client.query("INSERT INTO business_payment VALUES ($1, 10)", [ref.operationId]);
       const db = transactionDb(client);
-      await registry.complete(db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array() } }, gateway);
+      await registry.complete(
+        db,
+        {
+          ref,
+          generation: 1,
+          outcome: "SUCCEEDED",
+          snapshot: { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array() },
+        },
+        gateway,
+      );
       await client.query("COMMIT");
     } finally {
       client.release();
     }
-    const { rows } = await t.pool.query(
-      "SELECT r.state, p.amount FROM idem_record r JOIN business_payment p USING (operation_id) WHERE operation_id = $1",
-      [ref.operationId],
-    );
+    const { rows } = await t.pool.query("SELECT r.state, p.amount FROM idem_record r JOIN business_payment p USING (operation_id) WHERE operation_id = $1", [ref.operationId]);
     expect(rows).toEqual([{ state: "SUCCEEDED", amount: 10 }]);
   });
 });
@@ -203,4 +206,3 @@ describe("the event log", () => {
     expect(dump).not.toContain("4242424242424242");
   });
 });
-

@@ -121,8 +121,14 @@ describe("effects", () => {
     await registry.recordEffectAttempt(t.db, { ref, generation: 1, effect: "card.charge", provider: "card-provider" }, gateway);
     await registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "CONFIRMED", providerHandle: "ch_1" }, gateway);
     expect((await registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "CONFIRMED", providerHandle: "ch_1" }, gateway)).status).toBe("CONFIRMED");
-    await expectRefusal(registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "NO_EFFECT", providerHandle: "" }, gateway), "ATTEMPT_ALREADY_RESOLVED");
-    await expectRefusal(registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "CONFIRMED", providerHandle: "ch_other" }, gateway), "ATTEMPT_ALREADY_RESOLVED");
+    await expectRefusal(
+      registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "NO_EFFECT", providerHandle: "" }, gateway),
+      "ATTEMPT_ALREADY_RESOLVED",
+    );
+    await expectRefusal(
+      registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "CONFIRMED", providerHandle: "ch_other" }, gateway),
+      "ATTEMPT_ALREADY_RESOLVED",
+    );
     await expectRefusal(registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 7, status: "CONFIRMED", providerHandle: "" }, gateway), "ATTEMPT_NOT_FOUND");
     await expectRefusal(registry.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "PENDING", providerHandle: "" }, gateway), "INVALID_REQUEST");
   });
@@ -284,15 +290,25 @@ describe("refusals change nothing", () => {
     const { ref } = await accepted();
     await registry.recordEffectAttempt(t.db, { ref, generation: 1, effect: "card.charge", provider: "p" }, gateway);
     const before = await countRows(t.pool);
-    const { rows: [snapshotBefore] } = await t.pool.query("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    const {
+      rows: [snapshotBefore],
+    } = await t.pool.query("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
     await expectRefusal(registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: okSnapshot }, gateway), "UNRESOLVED_EFFECTS");
-    await expectRefusal(registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { ...okSnapshot, body: new Uint8Array(2 * 1024 * 1024) } }, gateway), "SNAPSHOT_TOO_LARGE");
+    await expectRefusal(
+      registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { ...okSnapshot, body: new Uint8Array(2 * 1024 * 1024) } }, gateway),
+      "SNAPSHOT_TOO_LARGE",
+    );
     await expectRefusal(registry.release(t.db, { ref, generation: 1 }, gateway), "EFFECT_POSSIBLE");
     await expectRefusal(registry.claim(t.db, { ref, mode: "TAKEOVER", generation: 1, writerEpoch: 0 }, worker), "LEASE_HELD");
-    await expectRefusal(registry.recordEffectAttempt(t.db, { ref: { ...ref, operationId: "not-a-uuid" }, generation: 1, effect: "card.charge", provider: "p" }, gateway), "INVALID_REQUEST");
+    await expectRefusal(
+      registry.recordEffectAttempt(t.db, { ref: { ...ref, operationId: "not-a-uuid" }, generation: 1, effect: "card.charge", provider: "p" }, gateway),
+      "INVALID_REQUEST",
+    );
     await expectRefusal(registry.recordEffectAttempt(t.db, { ref, generation: 1, effect: "card.charge", provider: "p" }, actor({ operations: ["refunds.create"] })), "NOT_FOUND");
     expect(await countRows(t.pool)).toEqual(before);
-    const { rows: [snapshotAfter] } = await t.pool.query("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    const {
+      rows: [snapshotAfter],
+    } = await t.pool.query("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
     expect(snapshotAfter).toEqual(snapshotBefore);
   });
 });

@@ -30,7 +30,15 @@ describe("publishing policy revisions", () => {
     expect(first.created).toBe(true);
     expect(Buffer.from(first.stored.digest).equals(Buffer.from(policyDigest(testDocument({ ...op, schemaRevision: 2 }))))).toBe(true);
     // The same rules written differently (another duration spelling, another order) are the same revision.
-    const again = await store.publish(testDocument({ ...op, schemaRevision: 2, lease: { default: "30000ms" }, snapshot: { headerAllowlist: ["location", "content-type", "etag", "cache-control", "content-language"] } }), "bob");
+    const again = await store.publish(
+      testDocument({
+        ...op,
+        schemaRevision: 2,
+        lease: { default: "30000ms" },
+        snapshot: { headerAllowlist: ["location", "content-type", "etag", "cache-control", "content-language"] },
+      }),
+      "bob",
+    );
     expect(again).toMatchObject({ created: false, stored: { publishedBy: "alice" } });
 
     await expectRefusal(store.publish(testDocument({ ...op, schemaRevision: 2, maxActivePerPrincipal: 5 }), "bob"), "POLICY_REVISION_EXISTS");
@@ -91,10 +99,11 @@ describe("revisions stored by an older release", () => {
     // As the release with the 24-bit Shannon estimate and no snapshot bounds but the body's stored it.
     const today = testDocument(op);
     const older = { ...today, keys: { minLength: 16, maxLength: 255, minEntropyBits: 24 }, snapshot: { headerAllowlist: today.snapshot.headerAllowlist, maxBodyBytes: 1048576 } };
-    await t.pool.query(
-      "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
-      [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older as unknown as PolicyDocument))],
-    );
+    await t.pool.query("INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')", [
+      op.operation,
+      JSON.stringify(older),
+      Buffer.from(policyDigest(older as unknown as PolicyDocument)),
+    ]);
     const stored = (await store.load()).policies.find((p) => p.document.operation === op.operation)!;
     expect(stored.document).toEqual(testDocument(op));
     expect(Buffer.from(stored.digest).equals(Buffer.from(policyDigest(testDocument(op))))).toBe(true);
@@ -105,10 +114,11 @@ describe("revisions stored by an older release", () => {
   it("keep a stricter key floor as it was written", async () => {
     const op = operation("chargebacks.create");
     const older = { ...testDocument(op), keys: { minLength: 16, maxLength: 255, minEntropyBits: 128 } };
-    await t.pool.query(
-      "INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')",
-      [op.operation, JSON.stringify(older), Buffer.from(policyDigest(older))],
-    );
+    await t.pool.query("INSERT INTO idem_policy (operation, api_revision, schema_revision, document, digest, published_by) VALUES ($1, 1, 1, $2, $3, 'older')", [
+      op.operation,
+      JSON.stringify(older),
+      Buffer.from(policyDigest(older)),
+    ]);
     const stored = (await store.load()).policies.find((p) => p.document.operation === op.operation)!;
     expect(stored.document.keys.minEntropyBits).toBe(128);
     expect(Buffer.from(stored.digest).equals(Buffer.from(policyDigest(older)))).toBe(true);
@@ -213,7 +223,11 @@ describe("a retry after a new revision is published", () => {
     const first = await before.reserve(t.db, reserveInput(key, longBody, { claim: true }), gateway);
     expect(first.record?.schemaRevision).toBe(1);
     const ref = { tenant: "acme", operationId: first.record!.operationId };
-    await after.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) } }, gateway);
+    await after.complete(
+      t.db,
+      { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) } },
+      gateway,
+    );
 
     const retry = await after.reserve(t.db, reserveInput(key, longBody), gateway);
     expect(retry).toMatchObject({ decision: "REPLAY", schemaRevision: 1 });
@@ -229,7 +243,12 @@ describe("a retry after a new revision is published", () => {
     const key = newKey();
     const parts = jsonParts({ amount: 3 });
     await before.reserve(t.db, reserveInput(key, { amount: 3 }), gateway);
-    const digestUnder = (policy: typeof rev1) => ({ kind: "fingerprint" as const, scheme: "idem-fp-v1", schemaRevision: policy.fingerprint.schemaRevision, digest: fingerprint(parts, policy.fingerprint) });
+    const digestUnder = (policy: typeof rev1) => ({
+      kind: "fingerprint" as const,
+      scheme: "idem-fp-v1",
+      schemaRevision: policy.fingerprint.schemaRevision,
+      digest: fingerprint(parts, policy.fingerprint),
+    });
 
     expect((await after.reserve(t.db, reserveInput(key, undefined, { request: digestUnder(rev1) }), gateway)).decision).toBe("IN_PROGRESS");
     const wrong = await expectRefusal(after.reserve(t.db, reserveInput(key, undefined, { request: digestUnder(rev2) }), gateway), "SCHEMA_REVISION_MISMATCH");

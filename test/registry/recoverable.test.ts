@@ -22,7 +22,11 @@ describe("listing records to recover", () => {
     const otherOperation = await accepted("acme", "refunds.create");
     const live = await accepted();
     const finished = await accepted();
-    await registry.complete(t.db, { ref: finished, generation: 1, outcome: "REJECTED", snapshot: { statusCode: 400, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array() } }, gateway);
+    await registry.complete(
+      t.db,
+      { ref: finished, generation: 1, outcome: "REJECTED", snapshot: { statusCode: 400, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array() } },
+      gateway,
+    );
     const released = await accepted();
     await registry.release(t.db, { ref: released, generation: 1 }, gateway);
     for (const ref of [withEffect, withoutEffect, otherTenant, otherOperation, finished]) await expireLease(t.pool, ref.operationId);

@@ -17,7 +17,14 @@ const registry = testRegistry(
   testPolicy({
     operation: "grants.create",
     maxActivePerPrincipal: 1,
-    retention: { keep: "1s", clientRetryWindow: "0s", queueBacklogWindow: "0s", reconciliationWindow: "0s", backupRestoreWindow: "0s", tombstoneReuse: { allowed: true, horizon: "1s" } },
+    retention: {
+      keep: "1s",
+      clientRetryWindow: "0s",
+      queueBacklogWindow: "0s",
+      reconciliationWindow: "0s",
+      backupRestoreWindow: "0s",
+      tombstoneReuse: { allowed: true, horizon: "1s" },
+    },
   }),
 );
 const gateway = actor();
@@ -53,10 +60,26 @@ describe("the acceptance point", () => {
 
   it("counts only the policy's query parameters and headers in the fingerprint", async () => {
     const key = newKey();
-    const base = jsonParts({ amount: 10 }, { query: "currency=EUR&debug=1", headers: [{ name: "X-Api-Version", value: "2" }, { name: "X-Request-Id", value: "a" }] });
+    const base = jsonParts(
+      { amount: 10 },
+      {
+        query: "currency=EUR&debug=1",
+        headers: [
+          { name: "X-Api-Version", value: "2" },
+          { name: "X-Request-Id", value: "a" },
+        ],
+      },
+    );
     const first = await registry.reserve(t.db, reserveInput(key, undefined, { request: { kind: "parts", parts: base } }), gateway);
     expect(first.decision).toBe("ACCEPTED");
-    const noise = { ...base, query: "debug=0&currency=EUR", headers: [{ name: "x-api-version", value: " 2 " }, { name: "x-request-id", value: "b" }] };
+    const noise = {
+      ...base,
+      query: "debug=0&currency=EUR",
+      headers: [
+        { name: "x-api-version", value: " 2 " },
+        { name: "x-request-id", value: "b" },
+      ],
+    };
     const retry = await registry.reserve(t.db, reserveInput(key, undefined, { request: { kind: "parts", parts: noise } }), gateway);
     expect(retry.decision).toBe("IN_PROGRESS");
     const otherCurrency = { ...base, query: "currency=USD" };
@@ -70,11 +93,7 @@ describe("the acceptance point", () => {
     const parts = jsonParts({ amount: 7 });
     await registry.reserve(t.db, reserveInput(key, { amount: 7 }), gateway);
     const digest = fingerprint(parts, policy.fingerprint);
-    const retry = await registry.reserve(
-      t.db,
-      reserveInput(key, undefined, { request: { kind: "fingerprint", scheme: "idem-fp-v1", schemaRevision: 1, digest } }),
-      gateway,
-    );
+    const retry = await registry.reserve(t.db, reserveInput(key, undefined, { request: { kind: "fingerprint", scheme: "idem-fp-v1", schemaRevision: 1, digest } }), gateway);
     expect(retry.decision).toBe("IN_PROGRESS");
     await expectRefusal(
       registry.reserve(t.db, reserveInput(newKey(), undefined, { request: { kind: "fingerprint", scheme: "idem-fp-v1", schemaRevision: 2, digest } }), gateway),
@@ -97,10 +116,7 @@ describe("the acceptance point", () => {
     const key = newKey();
     const first = await registry.reserve(t.db, reserveInput(key), gateway);
     await expireLease(t.pool, first.record!.operationId);
-    const [a, b] = await Promise.all([
-      registry.reserve(t.db, reserveInput(key), gateway),
-      registry.reserve(t.db, reserveInput(key), gateway),
-    ]);
+    const [a, b] = await Promise.all([registry.reserve(t.db, reserveInput(key), gateway), registry.reserve(t.db, reserveInput(key), gateway)]);
     expect([a.decision, b.decision].sort()).toEqual(["ACCEPTED", "IN_PROGRESS"]);
     const taken = a.decision === "ACCEPTED" ? a : b;
     expect(taken.record?.generation).toBe(2);
@@ -202,7 +218,10 @@ describe("bad input is refused and stores nothing", () => {
     expect((await registry.reserve(t.db, grant(newKey()), gateway)).decision).toBe("ACCEPTED");
 
     await expectRefusal(registry.reserve(t.db, grant(oldKey), gateway), "QUOTA_EXCEEDED");
-    const { rows } = await t.pool.query("SELECT operation_id, tombstoned_at IS NOT NULL AS tombstone FROM idem_record WHERE principal = $1 AND operation_id = $2", [subject.principal, first.record!.operationId]);
+    const { rows } = await t.pool.query("SELECT operation_id, tombstoned_at IS NOT NULL AS tombstone FROM idem_record WHERE principal = $1 AND operation_id = $2", [
+      subject.principal,
+      first.record!.operationId,
+    ]);
     expect(rows).toEqual([{ operation_id: first.record!.operationId, tombstone: true }]);
   });
 });

@@ -22,7 +22,12 @@ async function finished(registry: Registry, body = secret) {
   const ref = { tenant: "acme", operationId: record!.operationId };
   const done = await registry.complete(
     t.db,
-    { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "text/plain", location: "", businessVersion: "", headers: [], body: new TextEncoder().encode(body) } },
+    {
+      ref,
+      generation: 1,
+      outcome: "SUCCEEDED",
+      snapshot: { statusCode: 201, mediaType: "text/plain", location: "", businessVersion: "", headers: [], body: new TextEncoder().encode(body) },
+    },
     gateway,
   );
   return { idempotencyKey, ref, done };
@@ -45,7 +50,16 @@ describe("response bodies sealed at rest", () => {
     expect(Buffer.from(replay.record!.snapshot!.digest).equals(Buffer.from(done.snapshot!.digest))).toBe(true);
     expect(new TextDecoder().decode((await registry.lookupById(t.db, { ref, principal: "alice" }, gateway)).record.snapshot!.body)).toBe(secret);
     // A repeated identical Complete is still recognized (digests are over the plaintext).
-    const again = await registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { statusCode: 201, mediaType: "text/plain", location: "", businessVersion: "", headers: [], body: new TextEncoder().encode(secret) } }, gateway);
+    const again = await registry.complete(
+      t.db,
+      {
+        ref,
+        generation: 1,
+        outcome: "SUCCEEDED",
+        snapshot: { statusCode: 201, mediaType: "text/plain", location: "", businessVersion: "", headers: [], body: new TextEncoder().encode(secret) },
+      },
+      gateway,
+    );
     expect(again.state).toBe("SUCCEEDED");
   });
 
@@ -67,7 +81,10 @@ describe("response bodies sealed at rest", () => {
     const registry = ring("k1", { k1 });
     const a = await finished(registry, "body of a");
     const b = await finished(registry, "body of b");
-    await t.pool.query("UPDATE idem_record SET snapshot_body = (SELECT snapshot_body FROM idem_record WHERE operation_id = $1) WHERE operation_id = $2", [a.ref.operationId, b.ref.operationId]);
+    await t.pool.query("UPDATE idem_record SET snapshot_body = (SELECT snapshot_body FROM idem_record WHERE operation_id = $1) WHERE operation_id = $2", [
+      a.ref.operationId,
+      b.ref.operationId,
+    ]);
     await expectRefusal(registry.reserve(t.db, reserveInput(b.idempotencyKey), gateway), "SNAPSHOT_UNREADABLE");
     await t.pool.query("UPDATE idem_record SET snapshot_body = set_byte(snapshot_body, 20, get_byte(snapshot_body, 20) # 1) WHERE operation_id = $1", [a.ref.operationId]);
     await expectRefusal(registry.reserve(t.db, reserveInput(a.idempotencyKey), gateway), "SNAPSHOT_UNREADABLE");

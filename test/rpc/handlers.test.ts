@@ -341,7 +341,9 @@ describe("a lifecycle through the handlers", () => {
     const { key, ref } = await accepted();
     const precomputed = (body: unknown) =>
       coordinator.reserve(
-        reserveRequest(key, { request: { case: "fingerprint", value: { scheme: FINGERPRINT_SCHEME, schemaRevision: 1, digest: fingerprint(jsonParts(body), testPolicy().fingerprint) } } }),
+        reserveRequest(key, {
+          request: { case: "fingerprint", value: { scheme: FINGERPRINT_SCHEME, schemaRevision: 1, digest: fingerprint(jsonParts(body), testPolicy().fingerprint) } },
+        }),
         as(TOKENS.gateway),
       );
     expect(await precomputed({ amount: 10 })).toMatchObject({ decision: Decision.IN_PROGRESS, operationId: ref.operationId });
@@ -417,8 +419,12 @@ describe("refusals of the lifecycle", () => {
     const { ref } = await accepted();
     const before = await stored(ref.operationId);
     const lease = before.lease_expires_at!.toISOString();
-    await expectRefused(coordinator.claim({ ref, mode: ClaimMode.OWNER, generation: 2n }, as(TOKENS.gateway)), Code.FailedPrecondition, "STALE_GENERATION", { current_generation: "1" });
-    await expectRefused(coordinator.claim({ ref, mode: ClaimMode.TAKEOVER, generation: 1n }, as(TOKENS.gateway)), Code.FailedPrecondition, "LEASE_HELD", { lease_expires_at: lease });
+    await expectRefused(coordinator.claim({ ref, mode: ClaimMode.OWNER, generation: 2n }, as(TOKENS.gateway)), Code.FailedPrecondition, "STALE_GENERATION", {
+      current_generation: "1",
+    });
+    await expectRefused(coordinator.claim({ ref, mode: ClaimMode.TAKEOVER, generation: 1n }, as(TOKENS.gateway)), Code.FailedPrecondition, "LEASE_HELD", {
+      lease_expires_at: lease,
+    });
     await expectRefused(coordinator.claim({ ref, mode: ClaimMode.RECOVER, generation: 1n }, as(TOKENS.worker)), Code.FailedPrecondition, "LEASE_HELD", { lease_expires_at: lease });
     await expectRefused(
       coordinator.resolveEffectAttempt({ ref, generation: 1n, attemptNumber: 9, status: EffectStatus.CONFIRMED }, as(TOKENS.gateway)),
@@ -442,7 +448,9 @@ describe("refusals of the lifecycle", () => {
     expect((await stored(ref.operationId)).state).toBe("EXECUTING");
 
     await coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot }, as(TOKENS.gateway));
-    await expectRefused(coordinator.complete({ ref, generation: 1n, outcome: Outcome.FAILED_FINAL, snapshot }, as(TOKENS.gateway)), Code.FailedPrecondition, "ALREADY_COMPLETED", { state: "SUCCEEDED" });
+    await expectRefused(coordinator.complete({ ref, generation: 1n, outcome: Outcome.FAILED_FINAL, snapshot }, as(TOKENS.gateway)), Code.FailedPrecondition, "ALREADY_COMPLETED", {
+      state: "SUCCEEDED",
+    });
     await expectRefused(coordinator.renewLease({ ref, generation: 1n }, as(TOKENS.gateway)), Code.FailedPrecondition, "INVALID_TRANSITION", { state: "SUCCEEDED" });
     await expectRefused(coordinator.abandon({ ref, generation: 1n }, as(TOKENS.gateway)), Code.FailedPrecondition, "INVALID_TRANSITION", { state: "SUCCEEDED" });
   });
@@ -453,16 +461,23 @@ describe("refusals of the lifecycle", () => {
     await coordinator.abandon({ ref, generation: 1n }, as(TOKENS.gateway));
     const before = await stored(ref.operationId);
     await expectRefused(coordinator.renewLease({ ref, generation: 1n }, as(TOKENS.gateway)), Code.FailedPrecondition, "LEASE_EXPIRED", { state: "UNKNOWN" });
-    await expectRefused(coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge" }, as(TOKENS.gateway)), Code.FailedPrecondition, "LEASE_EXPIRED", { state: "UNKNOWN" });
+    await expectRefused(coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge" }, as(TOKENS.gateway)), Code.FailedPrecondition, "LEASE_EXPIRED", {
+      state: "UNKNOWN",
+    });
     await expectRefused(coordinator.claim({ ref, mode: ClaimMode.OWNER, generation: 1n }, as(TOKENS.gateway)), Code.FailedPrecondition, "INVALID_TRANSITION", { state: "UNKNOWN" });
-    await expectRefused(coordinator.claim({ ref, mode: ClaimMode.TAKEOVER, generation: 1n }, as(TOKENS.worker)), Code.FailedPrecondition, "INVALID_TRANSITION", { state: "UNKNOWN" });
+    await expectRefused(coordinator.claim({ ref, mode: ClaimMode.TAKEOVER, generation: 1n }, as(TOKENS.worker)), Code.FailedPrecondition, "INVALID_TRANSITION", {
+      state: "UNKNOWN",
+    });
     expect(await stored(ref.operationId)).toEqual(before);
   });
 
   it("refuse a snapshot beyond the policy's bounds with SNAPSHOT_TOO_LARGE, completing nothing", async () => {
     const { ref } = await accepted({ token: TOKENS.worker, overrides: { operation: "quota.create", subject: { tenant: "acme", principal: "snapshots" } } });
     const snapshot = { statusCode: 201, body: encode('{"id":"seventeen b"}') };
-    await expectRefused(coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot }, as(TOKENS.worker)), Code.ResourceExhausted, "SNAPSHOT_TOO_LARGE", { field: "snapshot.body", limit: "16" });
+    await expectRefused(coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot }, as(TOKENS.worker)), Code.ResourceExhausted, "SNAPSHOT_TOO_LARGE", {
+      field: "snapshot.body",
+      limit: "16",
+    });
     expect((await stored(ref.operationId)).state).toBe("EXECUTING");
   });
 });
@@ -480,7 +495,14 @@ describe("Reserve's refusals", () => {
     ["a lease longer than a year", { lease: { seconds: 86_400n * 366n } }, TOKENS.gateway, Code.InvalidArgument, "INVALID_REQUEST"],
     ["a malformed HTTP method", { request: parts({ method: "PO ST", path: "/v1/payments" }) }, TOKENS.gateway, Code.InvalidArgument, "INVALID_PAYLOAD"],
     ["a fingerprint of another scheme", { request: precomputed("sha1", 1, new Uint8Array(32)) }, TOKENS.gateway, Code.InvalidArgument, "UNSUPPORTED_FINGERPRINT_SCHEME"],
-    ["a fingerprint of another schema revision", { request: precomputed(FINGERPRINT_SCHEME, 2, new Uint8Array(32)) }, TOKENS.gateway, Code.InvalidArgument, "SCHEMA_REVISION_MISMATCH", { schema_revision: "1" }],
+    [
+      "a fingerprint of another schema revision",
+      { request: precomputed(FINGERPRINT_SCHEME, 2, new Uint8Array(32)) },
+      TOKENS.gateway,
+      Code.InvalidArgument,
+      "SCHEMA_REVISION_MISMATCH",
+      { schema_revision: "1" },
+    ],
     ["a fingerprint digest that is not 32 bytes", { request: precomputed(FINGERPRINT_SCHEME, 1, new Uint8Array(31)) }, TOKENS.gateway, Code.InvalidArgument, "INVALID_REQUEST"],
     ["another tenant than the caller's", { subject: { tenant: "globex", principal: "alice" } }, TOKENS.gateway, Code.PermissionDenied, "PERMISSION_DENIED"],
     ["an operation the caller is not granted", { operation: "refunds.create" }, TOKENS.gateway, Code.PermissionDenied, "PERMISSION_DENIED"],
@@ -497,7 +519,9 @@ describe("Reserve's refusals", () => {
     const subject = { tenant: "acme", principal: `quota-${randomBytes(4).toString("hex")}` };
     await accepted({ token: TOKENS.worker, overrides: { operation: "quota.create", subject } });
     const before = await countRows(t.pool);
-    await expectRefused(coordinator.reserve(reserveRequest(newKey(), { operation: "quota.create", subject }), as(TOKENS.worker)), Code.ResourceExhausted, "QUOTA_EXCEEDED", { limit: "1" });
+    await expectRefused(coordinator.reserve(reserveRequest(newKey(), { operation: "quota.create", subject }), as(TOKENS.worker)), Code.ResourceExhausted, "QUOTA_EXCEEDED", {
+      limit: "1",
+    });
     expect(await countRows(t.pool)).toEqual(before);
   });
 
@@ -539,19 +563,31 @@ describe("request validation of the other coordinator RPCs", () => {
     ["Claim without a mode", () => coordinator.claim({ ref: ref(), generation: 1n }, as(TOKENS.gateway))],
     ["Claim without a ref", () => coordinator.claim({ mode: ClaimMode.OWNER, generation: 1n }, as(TOKENS.gateway))],
     ["Claim with a generation beyond what the registry holds exactly", () => coordinator.claim({ ref: ref(), mode: ClaimMode.OWNER, generation: 2n ** 60n }, as(TOKENS.gateway))],
-    ["Claim with an operation id Reserve never returns", () => coordinator.claim({ ref: { tenant: "acme", operationId: "nope" }, mode: ClaimMode.OWNER, generation: 1n }, as(TOKENS.gateway))],
+    [
+      "Claim with an operation id Reserve never returns",
+      () => coordinator.claim({ ref: { tenant: "acme", operationId: "nope" }, mode: ClaimMode.OWNER, generation: 1n }, as(TOKENS.gateway)),
+    ],
     ["RenewLease with a negative lease", () => coordinator.renewLease({ ref: ref(), generation: 1n, lease: { seconds: 0n, nanos: -1 } }, as(TOKENS.gateway))],
     ["RecordEffectAttempt with a malformed effect name", () => coordinator.recordEffectAttempt({ ref: ref(), generation: 1n, effect: "card charge" }, as(TOKENS.gateway))],
     ["ResolveEffectAttempt without a status", () => coordinator.resolveEffectAttempt({ ref: ref(), generation: 1n, attemptNumber: 1 }, as(TOKENS.gateway))],
-    ["ResolveEffectAttempt back to PENDING", () => coordinator.resolveEffectAttempt({ ref: ref(), generation: 1n, attemptNumber: 1, status: EffectStatus.PENDING }, as(TOKENS.gateway))],
+    [
+      "ResolveEffectAttempt back to PENDING",
+      () => coordinator.resolveEffectAttempt({ ref: ref(), generation: 1n, attemptNumber: 1, status: EffectStatus.PENDING }, as(TOKENS.gateway)),
+    ],
     ["Complete without an outcome", () => coordinator.complete({ ref: ref(), generation: 1n, snapshot: { statusCode: 200 } }, as(TOKENS.gateway))],
     ["Complete without a snapshot", () => coordinator.complete({ ref: ref(), generation: 1n, outcome: Outcome.SUCCEEDED }, as(TOKENS.gateway))],
     ["Release without a ref", () => coordinator.release({ generation: 1n }, as(TOKENS.gateway))],
     ["Abandon without a ref", () => coordinator.abandon({ generation: 1n }, as(TOKENS.gateway))],
     ["Lookup by neither ref nor scope", () => coordinator.lookup({}, as(TOKENS.gateway))],
     ["Lookup by ref without a subject, by a gateway", () => coordinator.lookup({ by: { case: "ref", value: ref() } }, as(TOKENS.gateway))],
-    ["Lookup by ref with a subject of another tenant", () => coordinator.lookup({ by: { case: "ref", value: ref() }, subject: { tenant: "globex", principal: "alice" } }, as(TOKENS.gateway))],
-    ["Lookup by scope without a subject", () => coordinator.lookup({ by: { case: "scope", value: { operation: "payments.create", apiRevision: 1, idempotencyKey: newKey() } } }, as(TOKENS.gateway))],
+    [
+      "Lookup by ref with a subject of another tenant",
+      () => coordinator.lookup({ by: { case: "ref", value: ref() }, subject: { tenant: "globex", principal: "alice" } }, as(TOKENS.gateway)),
+    ],
+    [
+      "Lookup by scope without a subject",
+      () => coordinator.lookup({ by: { case: "scope", value: { operation: "payments.create", apiRevision: 1, idempotencyKey: newKey() } } }, as(TOKENS.gateway)),
+    ],
     ["ListRecoverable with a page token it never returned", () => coordinator.listRecoverable({ pageToken: "bm9wZQ" }, as(TOKENS.worker))],
     ["ListRecoverable with a page of 501", () => coordinator.listRecoverable({ pageSize: 501 }, as(TOKENS.worker))],
   ];
@@ -705,7 +741,12 @@ describe("no existence oracle", () => {
   it("answers a Lookup by scope of another principal's key NOT_FOUND, exactly as for an unused key", async () => {
     const { key } = await accepted();
     const lookup = (principal: string, idempotencyKey: string) =>
-      refusalOf(coordinator.lookup({ by: { case: "scope", value: { subject: { tenant: "acme", principal }, operation: "payments.create", apiRevision: 1, idempotencyKey } } }, as(TOKENS.gateway)));
+      refusalOf(
+        coordinator.lookup(
+          { by: { case: "scope", value: { subject: { tenant: "acme", principal }, operation: "payments.create", apiRevision: 1, idempotencyKey } } },
+          as(TOKENS.gateway),
+        ),
+      );
     const other = await lookup("mallory", key);
     expect(other).toMatchObject({ code: "NotFound", reason: "NOT_FOUND", domain: DOMAIN });
     expect(other).toStrictEqual(await lookup("mallory", newKey()));
@@ -731,7 +772,9 @@ describe("unknown fields", () => {
     inSubject.subject!.$unknown = unknown();
     expect((await expectRefused(coordinator.reserve(inSubject, as(TOKENS.gateway)), Code.InvalidArgument, "UNKNOWN_FIELD")).message).toMatch(/\(in subject\)/);
 
-    const inHeader = reserveRequest(newKey(), { request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", headers: [{ name: "x-a", value: "1" }] }) } });
+    const inHeader = reserveRequest(newKey(), {
+      request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", headers: [{ name: "x-a", value: "1" }] }) },
+    });
     (inHeader.request.value as { headers: Array<{ $unknown?: unknown }> }).headers[0]!.$unknown = unknown();
     expect((await expectRefused(coordinator.reserve(inHeader, as(TOKENS.gateway)), Code.InvalidArgument, "UNKNOWN_FIELD")).message).toMatch(/\(in request\.value\.headers\[0\]\)/);
     expect(await countRows(t.pool)).toEqual(before);
@@ -784,8 +827,16 @@ describe("AdminService", () => {
 
   it("maps operation controls and refuses a mode without a value, an operation without a policy, and a lower epoch", async () => {
     await expectRefused(admin.setOperationMode({ operation: "payouts.create", apiRevision: 1 }, as(TOKENS.allTenantsOperator)), Code.InvalidArgument, "INVALID_REQUEST");
-    await expectRefused(admin.setOperationMode({ operation: "nothing.here", apiRevision: 1, mode: OperationMode.DRAINING }, as(TOKENS.allTenantsOperator)), Code.NotFound, "NOT_FOUND");
-    await expectRefused(admin.raiseWriterEpoch({ operation: "payouts.create", apiRevision: 1, writerEpoch: 2n ** 60n }, as(TOKENS.allTenantsOperator)), Code.InvalidArgument, "INVALID_REQUEST");
+    await expectRefused(
+      admin.setOperationMode({ operation: "nothing.here", apiRevision: 1, mode: OperationMode.DRAINING }, as(TOKENS.allTenantsOperator)),
+      Code.NotFound,
+      "NOT_FOUND",
+    );
+    await expectRefused(
+      admin.raiseWriterEpoch({ operation: "payouts.create", apiRevision: 1, writerEpoch: 2n ** 60n }, as(TOKENS.allTenantsOperator)),
+      Code.InvalidArgument,
+      "INVALID_REQUEST",
+    );
     const raised = await admin.raiseWriterEpoch({ operation: "payouts.create", apiRevision: 1, writerEpoch: 6n }, as(TOKENS.allTenantsOperator));
     expect(raised.control).toMatchObject({ operation: "payouts.create", apiRevision: 1, writerEpoch: 6n, updatedBy: "all-tenants-operator" });
     expect(raised.control?.updatedAt).toBeDefined();

@@ -92,10 +92,7 @@ describe("health follows the registry database", () => {
         proxy.set(outage);
         await vi.waitFor(async () => expect(await checked()).toBe("NOT_SERVING"), { timeout: 15_000, interval: 200 });
         expect(await readiness()).toEqual({ status: 503, body: { status: "not ready", serving: true, database: false } });
-        expect(
-          (await health().check({ service: "idempotency.v1.CoordinatorService" })).status,
-          "every service of the server follows the database",
-        ).toBe(Status.NOT_SERVING);
+        expect((await health().check({ service: "idempotency.v1.CoordinatorService" })).status, "every service of the server follows the database").toBe(Status.NOT_SERVING);
 
         proxy.set("forwarding");
         await vi.waitFor(async () => expect(await checked()).toBe("SERVING"), { timeout: 15_000, interval: 200 });

@@ -37,7 +37,10 @@ function reserve(target: TestServer, key: string, options: { operation?: string;
       operation: options.operation ?? "payments.create",
       apiRevision: 1,
       idempotencyKey: key,
-      request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }) },
+      request: {
+        case: "parts",
+        value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
+      },
     },
     as(options.token ?? target.tokens.gateway),
   );
@@ -95,7 +98,14 @@ async function storeOlderRevision(database: TestDatabase): Promise<void> {
     fingerprint: { mode: "raw", queryParameters: [], headers: [], maxBodyBytes: 1048576 },
     keys: { minLength: 16, maxLength: 255, minEntropyBits: 24 },
     lease: { default: "30s", max: "5m" },
-    retention: { keep: "3d", clientRetryWindow: "1d", queueBacklogWindow: "1h", reconciliationWindow: "1d", backupRestoreWindow: "1d", tombstoneReuse: { allowed: false, horizon: "0s" } },
+    retention: {
+      keep: "3d",
+      clientRetryWindow: "1d",
+      queueBacklogWindow: "1h",
+      reconciliationWindow: "1d",
+      backupRestoreWindow: "1d",
+      tombstoneReuse: { allowed: false, horizon: "0s" },
+    },
     maxActivePerPrincipal: 1000,
     snapshot: { headerAllowlist: ["cache-control", "content-language", "content-type", "etag", "location"], maxBodyBytes: 1048576 },
   };

@@ -69,8 +69,7 @@ async function stateOf(operationId: string) {
   return rows[0];
 }
 
-const endLease = (operationId: string) =>
-  t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [operationId]);
+const endLease = (operationId: string) => t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [operationId]);
 
 describe("the recoverer", () => {
   it("turns an ended lease with a possible effect into UNKNOWN, and one without into a claimable record", async () => {
@@ -140,7 +139,10 @@ describe("retention", () => {
     const { key, operationId } = await finished("refunds.create", '{"a":1}');
     const swept = await admin.runRetentionSweep({}, allTenantsCalls());
     expect(swept.tombstoned).toBeGreaterThanOrEqual(1n);
-    const { rows } = await t.pool.query("SELECT state, snapshot_body, snapshot_digest IS NOT NULL AS has_digest, tombstoned_at IS NOT NULL AS tombstoned FROM idem_record WHERE operation_id = $1", [operationId]);
+    const { rows } = await t.pool.query(
+      "SELECT state, snapshot_body, snapshot_digest IS NOT NULL AS has_digest, tombstoned_at IS NOT NULL AS tombstoned FROM idem_record WHERE operation_id = $1",
+      [operationId],
+    );
     expect(rows[0]).toEqual({ state: "SUCCEEDED", snapshot_body: null, has_digest: true, tombstoned: true });
     expect((await reserve(key, '{"a":1}', { operation: "refunds.create" })).decision).toBe(Decision.EXPIRED);
     expect((await reserve(key, '{"a":2}', { operation: "refunds.create" })).decision).toBe(Decision.PAYLOAD_CONFLICT);
@@ -313,15 +315,15 @@ describe("metrics", () => {
     const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
     for (const family of [
       "idem_rpc_duration_seconds_bucket",
-      "idem_registry_transaction_seconds_bucket{le=\"0.0005\",transaction=\"reserve\"}",
+      'idem_registry_transaction_seconds_bucket{le="0.0005",transaction="reserve"}',
       "idem_decisions_total",
       "idem_refusals_total",
       "idem_takeovers_total",
       "idem_recoverer_transitions_total",
-      "idem_records{state=\"UNKNOWN\"}",
+      'idem_records{state="UNKNOWN"}',
       "idem_unknown_oldest_age_seconds",
       "idem_unknown_recovery_slo_seconds 3600",
-      "idem_db_pool_connections{state=\"total\"}",
+      'idem_db_pool_connections{state="total"}',
       "idem_db_retries_total",
       "idem_tombstoned_total",
       "idem_process_cpu_user_seconds_total",
@@ -417,7 +419,9 @@ describe("an operator granted some tenants", () => {
 
     const before = await everything();
     for (const [name, action] of Object.entries(actions)) {
-      expect(await refusal(action(operatorCalls())), name).toMatch(/^PERMISSION_DENIED: .* affects every tenant: it needs a grant of all tenants \("\*"\); caller operator is granted acme$/);
+      expect(await refusal(action(operatorCalls())), name).toMatch(
+        /^PERMISSION_DENIED: .* affects every tenant: it needs a grant of all tenants \("\*"\); caller operator is granted acme$/,
+      );
     }
     expect(await everything()).toEqual(before);
     expect((await stateOf(globex.operationId)).tombstoned_at).toBeNull();

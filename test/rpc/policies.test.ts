@@ -43,7 +43,10 @@ function reserve(key: string, body: string, operation = "payments.create") {
       operation,
       apiRevision: 1,
       idempotencyKey: key,
-      request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode(body) }) },
+      request: {
+        case: "parts",
+        value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode(body) }),
+      },
     },
     as(server.tokens.gateway),
   );
@@ -138,12 +141,18 @@ describe("JSON fingerprints over the wire", () => {
     const accepted = await reserve(key, body);
     const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
     await coordinator.claim({ ref, mode: ClaimMode.OWNER, generation: accepted.generation }, as(server.tokens.gateway));
-    await coordinator.complete({ ref, generation: accepted.generation, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new TextEncoder().encode('{"id":"p_9"}') } }, as(server.tokens.gateway));
+    await coordinator.complete(
+      { ref, generation: accepted.generation, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new TextEncoder().encode('{"id":"p_9"}') } },
+      as(server.tokens.gateway),
+    );
 
     // Revision 2 makes `currency` optional and adds `reference`: the same body fingerprints differently under it.
     const revision2 = testDocument({
       schemaRevision: 2,
-      fingerprint: { mode: "json", schema: { type: "object", properties: { amount: { type: "decimal", scale: "normalized", required: true }, currency: { type: "string" }, reference: { type: "string" } } } },
+      fingerprint: {
+        mode: "json",
+        schema: { type: "object", properties: { amount: { type: "decimal", scale: "normalized", required: true }, currency: { type: "string" }, reference: { type: "string" } } },
+      },
     });
     const { created } = await admin.publishPolicy({ policy: policyToProto(revision2) }, as(server.tokens.allTenantsOperator));
     expect(created).toBe(true);

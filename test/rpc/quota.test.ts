@@ -30,7 +30,10 @@ function reserve(server: TestServer, principal: string, key = newKey()) {
       operation: "payments.create",
       apiRevision: 1,
       idempotencyKey: key,
-      request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":1}') }) },
+      request: {
+        case: "parts",
+        value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":1}') }),
+      },
     }),
     call,
   );

@@ -34,7 +34,10 @@ function reserveRequest(key: string, claim = false) {
     apiRevision: 1,
     idempotencyKey: key,
     claim,
-    request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }) },
+    request: {
+      case: "parts",
+      value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
+    },
   });
 }
 

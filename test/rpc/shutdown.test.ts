@@ -36,18 +36,22 @@ describe("graceful stop", () => {
       ),
     );
     const lockWaits = async () =>
-      (
-        await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", [
-          server.applicationName,
-        ])
-      ).rows[0].n as number;
+      (await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", [server.applicationName])).rows[0]
+        .n as number;
     await until(async () => (await lockWaits()) >= 10, "all ten Reserves to wait on the uncommitted reservation's lock");
 
     let stopped = false;
     const stopping = server.stop().then(() => (stopped = true));
     // The stop has reached its drain: the RPC port takes no new connection, while
     // the ten (still waiting on the lock, which only this test releases) are in flight.
-    await until(() => fetch(`${server.baseUrl}/`).then(() => false, () => true), "the RPC port to refuse new connections");
+    await until(
+      () =>
+        fetch(`${server.baseUrl}/`).then(
+          () => false,
+          () => true,
+        ),
+      "the RPC port to refuse new connections",
+    );
     expect(server.coordinator.health.get("")).toBe(HealthCheckResponse_ServingStatus.NOT_SERVING);
     expect((await fetch(`${server.adminUrl}/readyz`)).status).toBe(503);
     expect(stopped).toBe(false);

@@ -76,7 +76,10 @@ async function reserveOwned(): Promise<string> {
       apiRevision: 1,
       idempotencyKey: randomUUID(),
       claim: true,
-      request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }) },
+      request: {
+        case: "parts",
+        value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
+      },
     },
     call,
   );
@@ -123,7 +126,10 @@ describe("Complete stores every part of a snapshot within its bound", () => {
     const { client, call } = gatewayClient(server);
     const operationId = await reserveOwned();
     const ref = create(OperationRefSchema, { tenant: "acme", operationId });
-    const noisy: Snapshot = { ...within, headers: [...Array.from({ length: 200 }, (_, i) => ({ name: `x-unlisted-${i}`, value: "u".repeat(9000) })), { name: "etag", value: '"v1"' }] };
+    const noisy: Snapshot = {
+      ...within,
+      headers: [...Array.from({ length: 200 }, (_, i) => ({ name: `x-unlisted-${i}`, value: "u".repeat(9000) })), { name: "etag", value: '"v1"' }],
+    };
     expect((await client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: noisy }, call)).state).toBe(RecordState.SUCCEEDED);
   });
 });

@@ -63,7 +63,11 @@ const reserve = async (via: Transport, headers: Record<string, string> = {}) =>
     { headers, timeoutMs: 5000 },
   );
 
-const failure = (call: Promise<unknown>) => call.then(() => undefined, (e: unknown) => ConnectError.from(e));
+const failure = (call: Promise<unknown>) =>
+  call.then(
+    () => undefined,
+    (e: unknown) => ConnectError.from(e),
+  );
 
 describe("mutual TLS on the RPC port", () => {
   it("authenticates a caller by its client certificate, over HTTP/2 and HTTP/1.1", async () => {
@@ -104,8 +108,24 @@ describe("mutual TLS on the RPC port", () => {
     const renewed = await mkdtemp(join(tmpdir(), "idem-tls-renewed-"));
     await copyFile(join(dir, "ca.pem"), join(renewed, "ca.pem"));
     await copyFile(join(dir, "ca.key"), join(renewed, "ca.key"));
-    await run("openssl", ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", join(renewed, "server.key"), "-out", join(renewed, "server.csr"), "-subj", "/CN=localhost"]);
-    await run("bash", ["-c", `printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ${renewed}/ext && openssl x509 -req -in ${renewed}/server.csr -CA ${renewed}/ca.pem -CAkey ${renewed}/ca.key -CAcreateserial -days 1 -extfile ${renewed}/ext -out ${renewed}/server.pem`]);
+    await run("openssl", [
+      "req",
+      "-newkey",
+      "ec",
+      "-pkeyopt",
+      "ec_paramgen_curve:P-256",
+      "-nodes",
+      "-keyout",
+      join(renewed, "server.key"),
+      "-out",
+      join(renewed, "server.csr"),
+      "-subj",
+      "/CN=localhost",
+    ]);
+    await run("bash", [
+      "-c",
+      `printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ${renewed}/ext && openssl x509 -req -in ${renewed}/server.csr -CA ${renewed}/ca.pem -CAkey ${renewed}/ca.key -CAcreateserial -days 1 -extfile ${renewed}/ext -out ${renewed}/server.pem`,
+    ]);
     await copyFile(join(renewed, "server.key"), join(dir, "server.key"));
     await copyFile(join(renewed, "server.pem"), join(dir, "server.pem"));
     await vi.waitFor(async () => expect(await served()).not.toBe(before), { timeout: 5000 });

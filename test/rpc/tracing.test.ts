@@ -32,7 +32,10 @@ describe("OpenTelemetry", () => {
         operation: "payments.create",
         apiRevision: 1,
         idempotencyKey: newKey(),
-        request: { case: "parts", value: { $typeName: "idempotency.v1.HttpRequestParts", method: "POST", path: "/v1/p", query: "", mediaType: "", headers: [], body: new Uint8Array() } },
+        request: {
+          case: "parts",
+          value: { $typeName: "idempotency.v1.HttpRequestParts", method: "POST", path: "/v1/p", query: "", mediaType: "", headers: [], body: new Uint8Array() },
+        },
       },
       { headers },
     );

@@ -173,7 +173,11 @@ describe("one lifecycle across every protocol", () => {
           statusCode: 201,
           mediaType: "application/json",
           location: "/v1/payments/p_1",
-          headers: [{ name: "Content-Type", value: "application/json" }, { name: "Set-Cookie", value: "s=1" }, { name: "Date", value: "today" }],
+          headers: [
+            { name: "Content-Type", value: "application/json" },
+            { name: "Set-Cookie", value: "s=1" },
+            { name: "Date", value: "today" },
+          ],
           body: responseBody,
         },
       }),
@@ -194,7 +198,13 @@ describe("one lifecycle across every protocol", () => {
     }
     const jsonReplay = await connectJson(
       "Reserve",
-      { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: key, parts: { method: "POST", path: "/v1/payments", mediaType: "application/json", body: Buffer.from(JSON.stringify(payment)).toString("base64") } },
+      {
+        subject: { tenant: "acme", principal: "alice" },
+        operation: "payments.create",
+        apiRevision: 1,
+        idempotencyKey: key,
+        parts: { method: "POST", path: "/v1/payments", mediaType: "application/json", body: Buffer.from(JSON.stringify(payment)).toString("base64") },
+      },
       server.tokens.gateway,
     );
     expect(jsonReplay.body.decision).toBe("DECISION_REPLAY");
@@ -204,7 +214,9 @@ describe("one lifecycle across every protocol", () => {
   it("answers 100 identical concurrent reservations and one different over the wire with exactly one ACCEPTED", async () => {
     const key = newKey();
     const calls = [
-      ...Array.from({ length: 100 }, () => connectH2.reserve(reserveRequest(key, { amount: 5 }, { subject: { tenant: "acme", principal: "wire-racer" } }), { headers: bearer(server.tokens.gateway) })),
+      ...Array.from({ length: 100 }, () =>
+        connectH2.reserve(reserveRequest(key, { amount: 5 }, { subject: { tenant: "acme", principal: "wire-racer" } }), { headers: bearer(server.tokens.gateway) }),
+      ),
       connectH2.reserve(reserveRequest(key, { amount: 6 }, { subject: { tenant: "acme", principal: "wire-racer" } }), { headers: bearer(server.tokens.gateway) }),
     ];
     const decisions = (await Promise.all(calls)).map((r) => r.decision);
@@ -227,7 +239,12 @@ describe("health", () => {
       create(HealthCheckRequestSchema, { service: "idempotency.v1.CoordinatorService" }),
     );
     expect(service.response?.status).toBe(HealthCheckResponse_ServingStatus.SERVING);
-    const unknown = await grpcCall("/grpc.health.v1.Health/Check", HealthCheckRequestSchema, HealthCheckResponseSchema, create(HealthCheckRequestSchema, { service: "nope.Service" }));
+    const unknown = await grpcCall(
+      "/grpc.health.v1.Health/Check",
+      HealthCheckRequestSchema,
+      HealthCheckResponseSchema,
+      create(HealthCheckRequestSchema, { service: "nope.Service" }),
+    );
     expect(unknown.error?.code).toBe(grpc.status.NOT_FOUND);
     expect((await fetch(`${server.adminUrl}/healthz`)).status).toBe(200);
     const ready = await fetch(`${server.adminUrl}/readyz`);
@@ -248,10 +265,22 @@ describe("callers", () => {
 
   it("refuses a tenant, an operation or a role the caller is not granted", async () => {
     const before = await countRows(t.pool);
-    const otherTenant = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, reserveRequest(newKey(), {}, { subject: { tenant: "acme", principal: "alice" } }), server.tokens.globex);
+    const otherTenant = await grpcCall(
+      RESERVE,
+      ReserveRequestSchema,
+      ReserveResponseSchema,
+      reserveRequest(newKey(), {}, { subject: { tenant: "acme", principal: "alice" } }),
+      server.tokens.globex,
+    );
     expect(otherTenant.error?.code).toBe(grpc.status.PERMISSION_DENIED);
     expect(otherTenant.reason).toBe("PERMISSION_DENIED");
-    const otherOperation = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, reserveRequest(newKey(), {}, { operation: "refunds.create" }), server.tokens.gateway);
+    const otherOperation = await grpcCall(
+      RESERVE,
+      ReserveRequestSchema,
+      ReserveResponseSchema,
+      reserveRequest(newKey(), {}, { operation: "refunds.create" }),
+      server.tokens.gateway,
+    );
     expect(otherOperation.reason).toBe("PERMISSION_DENIED");
     const operatorWrites = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, reserveRequest(newKey(), {}), server.tokens.operator);
     expect(operatorWrites.reason).toBe("PERMISSION_DENIED");
@@ -274,9 +303,22 @@ describe("callers", () => {
     expect(own.record?.operationId).toBe(ref.operationId);
     const lookups = [
       connectH2.lookup({ by: { case: "ref", value: ref }, subject: { tenant: "acme", principal: "mallory" } }, { headers: bearer(server.tokens.gateway) }),
-      connectH2.lookup({ by: { case: "ref", value: create(OperationRefSchema, { tenant: "acme", operationId: "01a229d0-0f4c-7516-846e-0457ee592196" }) }, subject: { tenant: "acme", principal: "alice" } }, { headers: bearer(server.tokens.gateway) }),
+      connectH2.lookup(
+        {
+          by: { case: "ref", value: create(OperationRefSchema, { tenant: "acme", operationId: "01a229d0-0f4c-7516-846e-0457ee592196" }) },
+          subject: { tenant: "acme", principal: "alice" },
+        },
+        { headers: bearer(server.tokens.gateway) },
+      ),
     ];
-    for (const error of await Promise.all(lookups.map((lookup) => lookup.then(() => undefined, (e: unknown) => ConnectError.from(e))))) {
+    for (const error of await Promise.all(
+      lookups.map((lookup) =>
+        lookup.then(
+          () => undefined,
+          (e: unknown) => ConnectError.from(e),
+        ),
+      ),
+    )) {
       expect(error?.code).toBe(Code.NotFound);
       expect(reasonOf(error)).toBe("NOT_FOUND");
       // The same answer whether the record exists or not: no existence oracle.
@@ -358,7 +400,10 @@ describe("bad input over the wire", () => {
       expect(result.reason).toBe("INVALID_REQUEST");
       expect(result.error?.details).toMatch(message);
     }
-    const page = await connectH2.listRecoverable({ pageSize: 501 }, { headers: bearer(server.tokens.worker) }).then(() => undefined, (e: unknown) => ConnectError.from(e));
+    const page = await connectH2.listRecoverable({ pageSize: 501 }, { headers: bearer(server.tokens.worker) }).then(
+      () => undefined,
+      (e: unknown) => ConnectError.from(e),
+    );
     expect([reasonOf(page), page?.rawMessage]).toEqual(["INVALID_REQUEST", "page_size must be from 1 to 500"]);
 
     // Headers (gRPC metadata) beyond what the server reads are refused before any handler runs.
@@ -382,10 +427,7 @@ describe("bad input over the wire", () => {
 describe("the registry's connections", () => {
   it("keeps serving after the database kills the server's idle connections", async () => {
     await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) });
-    const { rows } = await t.pool.query(
-      "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1",
-      [server.applicationName],
-    );
+    const { rows } = await t.pool.query("SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1", [server.applicationName]);
     expect(rows[0].n).toBeGreaterThan(0);
     const after = await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) });
     expect(after.decision).toBe(Decision.ACCEPTED);

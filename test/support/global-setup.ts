@@ -35,4 +35,3 @@ export async function setup(project: TestProject): Promise<void> {
 export async function teardown(): Promise<void> {
   await embedded?.stop();
 }
-

@@ -4,10 +4,7 @@ export { expectRefusal } from "./refusals.js";
 
 /** Ends a record's lease now, as if its owner had gone silent (time travel in database time). */
 export async function expireLease(pool: pg.Pool, operationId: string): Promise<void> {
-  const { rowCount } = await pool.query(
-    "UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1",
-    [operationId],
-  );
+  const { rowCount } = await pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [operationId]);
   expect(rowCount).toBe(1);
 }
 

@@ -127,12 +127,21 @@ describe("callers", () => {
   it("takes a second credential of one caller while rotating (same name, same grants), never one that grants otherwise", () => {
     const next = tokenHash("the-next-sufficiently-long-token");
     const grant = { name: "gw", tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] };
-    const callers = new Callers(parseCallerGrants([{ ...grant, tokenSha256: hash }, { ...grant, tokenSha256: next, tenants: ["acme"] }]), false);
+    const callers = new Callers(
+      parseCallerGrants([
+        { ...grant, tokenSha256: hash },
+        { ...grant, tokenSha256: next, tenants: ["acme"] },
+      ]),
+      false,
+    );
     expect(callers.authenticate("Bearer a-sufficiently-long-token").caller).toBe("gw");
     expect(callers.authenticate("Bearer the-next-sufficiently-long-token").caller).toBe("gw");
-    expect(() => parseCallerGrants([{ ...grant, tokenSha256: hash }, { ...grant, tokenSha256: next, tenants: ["*"] }])).toThrow(
-      /callers\[1\]\.name 'gw' is used by callers\[0\] with other grants/,
-    );
+    expect(() =>
+      parseCallerGrants([
+        { ...grant, tokenSha256: hash },
+        { ...grant, tokenSha256: next, tenants: ["*"] },
+      ]),
+    ).toThrow(/callers\[1\]\.name 'gw' is used by callers\[0\] with other grants/);
   });
 
   it("authenticates by token hash and grants only what was configured", () => {

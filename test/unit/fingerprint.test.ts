@@ -18,7 +18,6 @@ import { scopeDigest } from "../../src/contract/scope.js";
 import { DEFAULT_SNAPSHOT_BOUNDS, snapshotDigest, storedSnapshot } from "../../src/contract/snapshot.js";
 import { expectReason } from "../support/refusals.js";
 
-
 // --- An independent implementation of the framing, for golden vectors. ---
 
 function u32be(n: number): Buffer {
@@ -84,9 +83,7 @@ describe("canonicalMethod", () => {
 describe("canonicalTarget", () => {
   it("keeps only the named query parameters, sorted by name", () => {
     expect(canonicalTarget("/p", "z=1&c=3&b=2&a=0", ["c", "a"])).toBe("/p?a=0&c=3");
-    expect(canonicalTarget("/p", "mode=live&utm_source=mail&currency=EUR", ["mode", "currency"])).toBe(
-      "/p?currency=EUR&mode=live",
-    );
+    expect(canonicalTarget("/p", "mode=live&utm_source=mail&currency=EUR", ["mode", "currency"])).toBe("/p?currency=EUR&mode=live");
   });
 
   it("treats parameter names case-sensitively", () => {
@@ -102,9 +99,7 @@ describe("canonicalTarget", () => {
 
   it("keeps the received order of repeated names", () => {
     expect(canonicalTarget("/p", "b=2&a=second&a=first&a=third", ["a", "b"])).toBe("/p?a=second&a=first&a=third&b=2");
-    expect(canonicalTarget("/p", "a=first&b=2&a=second", ["a", "b"])).not.toBe(
-      canonicalTarget("/p", "a=second&b=2&a=first", ["a", "b"]),
-    );
+    expect(canonicalTarget("/p", "a=first&b=2&a=second", ["a", "b"])).not.toBe(canonicalTarget("/p", "a=second&b=2&a=first", ["a", "b"]));
   });
 
   it("decodes '+' to a space and re-encodes it as %20", () => {
@@ -385,7 +380,16 @@ describe("fingerprint", () => {
     it("a different selected header value, or a selected header missing", () => {
       expect(fp(parts({ headers: [{ name: "X-Region", value: "us" }] }))).not.toBe(base);
       expect(fp(parts({ headers: [] }))).not.toBe(base);
-      expect(fp(parts({ headers: [{ name: "X-Region", value: "eu" }, { name: "X-Api-Variant", value: "" }] }))).not.toBe(base);
+      expect(
+        fp(
+          parts({
+            headers: [
+              { name: "X-Region", value: "eu" },
+              { name: "X-Api-Variant", value: "" },
+            ],
+          }),
+        ),
+      ).not.toBe(base);
     });
 
     it("a different schema revision", () => {
@@ -401,24 +405,17 @@ describe("fingerprint", () => {
     it("moving bytes between the target and the media type", () => {
       // Unambiguous framing: no concatenation of fields can collide.
       const r = rules({ queryParameters: [], headers: [] });
-      expect(fp(parts({ path: "/ab", mediaType: "c/d", headers: [] }), r)).not.toBe(
-        fp(parts({ path: "/a", mediaType: "bc/d", headers: [] }), r),
-      );
+      expect(fp(parts({ path: "/ab", mediaType: "c/d", headers: [] }), r)).not.toBe(fp(parts({ path: "/a", mediaType: "bc/d", headers: [] }), r));
     });
 
     it("a header moved into the body or vice versa", () => {
       const r = rules({ headers: ["x-a"], queryParameters: [] });
-      expect(fp(parts({ headers: [{ name: "x-a", value: "1" }], body: enc("") }), r)).not.toBe(
-        fp(parts({ headers: [{ name: "x-a", value: "" }], body: enc("1") }), r),
-      );
+      expect(fp(parts({ headers: [{ name: "x-a", value: "1" }], body: enc("") }), r)).not.toBe(fp(parts({ headers: [{ name: "x-a", value: "" }], body: enc("1") }), r));
     });
   });
 
   it("refuses a body larger than maxBodyBytes with INVALID_PAYLOAD and the limit", () => {
-    const error = expectReason(
-      () => fingerprint(parts({ body: new Uint8Array(1025) }), rules({ maxBodyBytes: 1024 })),
-      "INVALID_PAYLOAD",
-    );
+    const error = expectReason(() => fingerprint(parts({ body: new Uint8Array(1025) }), rules({ maxBodyBytes: 1024 })), "INVALID_PAYLOAD");
     expect(error.metadata).toEqual({ limit: "1024" });
     expect(() => fingerprint(parts({ body: new Uint8Array(1024) }), rules({ maxBodyBytes: 1024 }))).not.toThrow();
   });
@@ -433,17 +430,7 @@ describe("fingerprint", () => {
 
 describe("golden vectors, computed independently with Buffer and node:crypto", () => {
   it("vector 1: a plain JSON POST", () => {
-    const expected = sha256Hex(
-      list([
-        text("idem-fp-v1"),
-        text("POST"),
-        text("/v1/payments"),
-        text("application/json"),
-        text("1"),
-        list([]),
-        text('{"amount":10}'),
-      ]),
-    );
+    const expected = sha256Hex(list([text("idem-fp-v1"), text("POST"), text("/v1/payments"), text("application/json"), text("1"), list([]), text('{"amount":10}')]));
     expect(expected).toBe("4824c6e74e2cd2431c1a100b496acc6e5ecb303c7fc76fb166fe2c467b3b14ae");
     const actual = fingerprint(
       {
@@ -491,17 +478,7 @@ describe("golden vectors, computed independently with Buffer and node:crypto", (
   });
 
   it("vector 3: empty media type, empty body, a selected header with an empty value, large revision", () => {
-    const expected = sha256Hex(
-      list([
-        text("idem-fp-v1"),
-        text("GET"),
-        text("/"),
-        text(""),
-        text("65535"),
-        list([text("x-a"), text("")]),
-        Buffer.alloc(0),
-      ]),
-    );
+    const expected = sha256Hex(list([text("idem-fp-v1"), text("GET"), text("/"), text(""), text("65535"), list([text("x-a"), text("")]), Buffer.alloc(0)]));
     expect(expected).toBe("a23c8f73bff95e07d17a2f58f4a3753fee6ecd0b7107f62e43d2d7af9be54c8f");
     const actual = fingerprint(
       { method: "get", path: "/", query: "x=1", mediaType: "", headers: [{ name: "X-A", value: "   " }], body: new Uint8Array(0) },
@@ -512,9 +489,7 @@ describe("golden vectors, computed independently with Buffer and node:crypto", (
 
   it("scopeDigest frames idem-scope-v1, tenant, principal, operation, api revision and key", () => {
     const key = "f47ac10b-58cc-4372-a567-0e02b2c3d479";
-    const expected = sha256Hex(
-      list([text("idem-scope-v1"), text("acme"), text("alice"), text("payments.create"), text("2"), text(key)]),
-    );
+    const expected = sha256Hex(list([text("idem-scope-v1"), text("acme"), text("alice"), text("payments.create"), text("2"), text(key)]));
     expect(expected).toBe("3e474127f6d9b8535d9802654d4c816d9e06d6fb94cbb9845ec10c5b91c3bb05");
     const actual = scopeDigest({
       subject: { tenant: "acme", principal: "alice" },

@@ -18,9 +18,12 @@ describe("encodeList", () => {
     const encoded = encodeList([utf8("a"), utf8("bc"), new Uint8Array([0x00, 0xff, 0x10])]);
     expect(hex(encoded)).toBe(
       "00000003" + // count
-        "00000001" + "61" + // "a"
-        "00000002" + "6263" + // "bc"
-        "00000003" + "00ff10", // raw bytes
+        "00000001" +
+        "61" + // "a"
+        "00000002" +
+        "6263" + // "bc"
+        "00000003" +
+        "00ff10", // raw bytes
     );
     expect(encoded.byteLength).toBe(4 + (4 + 1) + (4 + 2) + (4 + 3));
   });
@@ -54,9 +57,7 @@ describe("encodeList", () => {
 
 describe("frame", () => {
   it("puts the domain tag first, then the fields", () => {
-    expect(hex(frame("d", "ab", "c"))).toBe(
-      "00000003" + "00000001" + "64" + "00000002" + "6162" + "00000001" + "63",
-    );
+    expect(hex(frame("d", "ab", "c"))).toBe("00000003" + "00000001" + "64" + "00000002" + "6162" + "00000001" + "63");
   });
 
   it("is unambiguous when bytes move between adjacent fields", () => {

@@ -7,12 +7,7 @@ import type { FieldSchema, JsonRules } from "../../src/contract/json-schema.js";
 // --- A model of documents that keeps number text as written. ---
 
 type Doc =
-  | { t: "str"; v: string }
-  | { t: "num"; text: string }
-  | { t: "bool"; v: boolean }
-  | { t: "null" }
-  | { t: "obj"; members: Array<[string, Doc]> }
-  | { t: "arr"; items: Doc[] };
+  { t: "str"; v: string } | { t: "num"; text: string } | { t: "bool"; v: boolean } | { t: "null" } | { t: "obj"; members: Array<[string, Doc]> } | { t: "arr"; items: Doc[] };
 
 const enc = (s: string): Uint8Array => new TextEncoder().encode(s);
 const dec = (b: Uint8Array): string => new TextDecoder("utf-8", { fatal: true }).decode(b);
@@ -91,9 +86,7 @@ function serialize(doc: Doc, rnd?: () => number): string {
           [members[i], members[j]] = [members[j]!, members[i]!];
         }
       }
-      const parts = members.map(
-        ([name, value]) => `${writeString(name, rnd)}${ws()}:${ws()}${serialize(value, rnd)}${ws()}`,
-      );
+      const parts = members.map(([name, value]) => `${writeString(name, rnd)}${ws()}:${ws()}${serialize(value, rnd)}${ws()}`);
       return `{${ws()}${parts.join(`,${ws()}`)}}`;
     }
   }
@@ -132,9 +125,7 @@ function schemaArb(depth: number): fc.Arbitrary<FieldSchema> {
     { weight: 1, arbitrary: schemaArb(depth - 1).map((items): FieldSchema => ({ type: "array", items })) },
     {
       weight: 1,
-      arbitrary: fc
-        .constantFrom<FieldSchema>({ type: "string" }, { type: "integer" })
-        .map((items): FieldSchema => ({ type: "array", items, set: true })),
+      arbitrary: fc.constantFrom<FieldSchema>({ type: "string" }, { type: "integer" }).map((items): FieldSchema => ({ type: "array", items, set: true })),
     },
   );
 }
@@ -146,32 +137,29 @@ function objectSchemaArb(member: fc.Arbitrary<FieldSchema>): fc.Arbitrary<FieldS
 }
 
 /** A root object schema with at least one fingerprinted leaf and one member left out of the fingerprint. */
-const richRootArb: fc.Arbitrary<FieldSchema> = fc
-  .tuple(schemaArb(3), leafSchemaArb, schemaArb(2), fc.boolean())
-  .map(([extra, anchor, hidden, hiddenRequired]) => ({
-    type: "object",
-    properties: {
-      ...(extra.type === "object" ? extra.properties : { extra }),
-      anchor: { ...anchor, required: true },
-      hidden: { ...hidden, fingerprint: false, required: hiddenRequired },
-    },
-  }));
+const richRootArb: fc.Arbitrary<FieldSchema> = fc.tuple(schemaArb(3), leafSchemaArb, schemaArb(2), fc.boolean()).map(([extra, anchor, hidden, hiddenRequired]) => ({
+  type: "object",
+  properties: {
+    ...(extra.type === "object" ? extra.properties : { extra }),
+    anchor: { ...anchor, required: true },
+    hidden: { ...hidden, fingerprint: false, required: hiddenRequired },
+  },
+}));
 
-const digits = (min: number, max: number): fc.Arbitrary<string> =>
-  fc.string({ unit: fc.constantFrom(..."0123456789"), minLength: min, maxLength: max });
+const digits = (min: number, max: number): fc.Arbitrary<string> => fc.string({ unit: fc.constantFrom(..."0123456789"), minLength: min, maxLength: max });
 
 /** Any finite JSON number literal, with a bounded exponent. */
 const numberTextArb: fc.Arbitrary<string> = fc
   .tuple(
     fc.boolean(),
-    fc.oneof(fc.constant("0"), fc.tuple(fc.constantFrom(..."123456789"), digits(0, 20)).map(([a, b]) => a + b)),
+    fc.oneof(
+      fc.constant("0"),
+      fc.tuple(fc.constantFrom(..."123456789"), digits(0, 20)).map(([a, b]) => a + b),
+    ),
     fc.option(digits(1, 10), { nil: undefined }),
     fc.option(fc.tuple(fc.constantFrom("e", "E"), fc.constantFrom("", "+", "-"), digits(1, 2)), { nil: undefined }),
   )
-  .map(
-    ([negative, int, frac, exp]) =>
-      `${negative ? "-" : ""}${int}${frac === undefined ? "" : `.${frac}`}${exp === undefined ? "" : exp.join("")}`,
-  );
+  .map(([negative, int, frac, exp]) => `${negative ? "-" : ""}${int}${frac === undefined ? "" : `.${frac}`}${exp === undefined ? "" : exp.join("")}`);
 
 const integerTextArb: fc.Arbitrary<string> = fc.oneof(
   { weight: 9, arbitrary: fc.bigInt({ min: -(10n ** 30n), max: 10n ** 30n }).map(String) },
@@ -188,9 +176,7 @@ const stringArb: fc.Arbitrary<string> = fc.oneof(
 
 function valueArb(schema: FieldSchema): fc.Arbitrary<Doc> {
   const value = nonNullArb(schema);
-  return schema.nullable === true
-    ? fc.oneof({ weight: 1, arbitrary: fc.constant<Doc>({ t: "null" }) }, { weight: 3, arbitrary: value })
-    : value;
+  return schema.nullable === true ? fc.oneof({ weight: 1, arbitrary: fc.constant<Doc>({ t: "null" }) }, { weight: 3, arbitrary: value }) : value;
 }
 
 function nonNullArb(schema: FieldSchema): fc.Arbitrary<Doc> {
@@ -209,19 +195,18 @@ function nonNullArb(schema: FieldSchema): fc.Arbitrary<Doc> {
       const memberArbs = entries.map(([name, member]) =>
         member.required === true
           ? valueArb(member).map((v): [string, Doc] | undefined => [name, v])
-          : fc.option(valueArb(member).map((v): [string, Doc] => [name, v]), { nil: undefined }),
+          : fc.option(
+              valueArb(member).map((v): [string, Doc] => [name, v]),
+              { nil: undefined },
+            ),
       );
-      return fc.tuple(...memberArbs).map(
-        (members): Doc => ({ t: "obj", members: members.filter((m): m is [string, Doc] => m !== undefined) }),
-      );
+      return fc.tuple(...memberArbs).map((members): Doc => ({ t: "obj", members: members.filter((m): m is [string, Doc] => m !== undefined) }));
     }
     case "array": {
       const items = schema.items;
       if (items === undefined) return fc.constant<Doc>({ t: "arr", items: [] });
       if (schema.set === true) {
-        return fc
-          .uniqueArray(valueArb(items), { maxLength: 4, selector: (d) => setKey(d) })
-          .map((docs): Doc => ({ t: "arr", items: docs }));
+        return fc.uniqueArray(valueArb(items), { maxLength: 4, selector: (d) => setKey(d) }).map((docs): Doc => ({ t: "arr", items: docs }));
       }
       return fc.array(valueArb(items), { maxLength: 3 }).map((docs): Doc => ({ t: "arr", items: docs }));
     }
@@ -463,10 +448,7 @@ describe("canonicalJson properties", () => {
       return fc.nat({ max: Math.max(0, hidden.length - 1) }).chain((pick) => {
         const target = hidden[pick];
         if (target === undefined) return fc.constant({ schema, doc, changed: doc, hiddenCount: 0 });
-        const replacement =
-          target.schema.required === true
-            ? valueArb(target.schema)
-            : fc.option(valueArb(target.schema), { nil: undefined });
+        const replacement = target.schema.required === true ? valueArb(target.schema) : fc.option(valueArb(target.schema), { nil: undefined });
         return replacement.map((value) => ({
           schema,
           doc,
@@ -532,8 +514,39 @@ describe("parseStrictJson and canonicalJson never fail unexpectedly", () => {
 
   it("refuses near-JSON token soup cleanly", () => {
     const token = fc.constantFrom(
-      "{", "}", "[", "]", ",", ":", " ", '"', "\\", "\\u", "D800", "DC00", "00e9", "a", '"a"', '"b"', '"c"', '"d"',
-      "0", "1", "-", ".", "e", "E", "+", "1e400", "true", "null", "fals", "\u0000", "\n", "é", "\uFEFF",
+      "{",
+      "}",
+      "[",
+      "]",
+      ",",
+      ":",
+      " ",
+      '"',
+      "\\",
+      "\\u",
+      "D800",
+      "DC00",
+      "00e9",
+      "a",
+      '"a"',
+      '"b"',
+      '"c"',
+      '"d"',
+      "0",
+      "1",
+      "-",
+      ".",
+      "e",
+      "E",
+      "+",
+      "1e400",
+      "true",
+      "null",
+      "fals",
+      "\u0000",
+      "\n",
+      "é",
+      "\uFEFF",
     );
     fc.assert(
       fc.property(fc.string({ unit: token, maxLength: 24 }), (text) => probe(enc(text))),
@@ -600,22 +613,17 @@ describe("parseStrictJson and canonicalJson never fail unexpectedly", () => {
       fc.record({ kind: fc.constant("delete" as const), at: fc.nat() }),
     );
     fc.assert(
-      fc.property(
-        schemaAndDocArb(schemaArb(3)),
-        fc.integer(),
-        fc.array(mutation, { minLength: 1, maxLength: 3 }),
-        ({ schema, doc }, seed, mutations) => {
-          let bytes = Array.from(enc(serialize(doc, prng(seed))));
-          for (const m of mutations) {
-            const at = m.at % (bytes.length + 1);
-            if (m.kind === "insert") bytes.splice(at, 0, m.byte);
-            else if (bytes.length === 0) continue;
-            else if (m.kind === "delete") bytes.splice(at % bytes.length, 1);
-            else bytes[at % bytes.length] = (bytes[at % bytes.length] ?? 0) ^ m.bits;
-          }
-          probe(new Uint8Array(bytes), schema);
-        },
-      ),
+      fc.property(schemaAndDocArb(schemaArb(3)), fc.integer(), fc.array(mutation, { minLength: 1, maxLength: 3 }), ({ schema, doc }, seed, mutations) => {
+        let bytes = Array.from(enc(serialize(doc, prng(seed))));
+        for (const m of mutations) {
+          const at = m.at % (bytes.length + 1);
+          if (m.kind === "insert") bytes.splice(at, 0, m.byte);
+          else if (bytes.length === 0) continue;
+          else if (m.kind === "delete") bytes.splice(at % bytes.length, 1);
+          else bytes[at % bytes.length] = (bytes[at % bytes.length] ?? 0) ^ m.bits;
+        }
+        probe(new Uint8Array(bytes), schema);
+      }),
       { numRuns: 1000 },
     );
   });

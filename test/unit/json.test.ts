@@ -1,13 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { IdempotencyError } from "../../src/contract/errors.js";
-import {
-  canonicalJson,
-  canonicalString,
-  JsonPath,
-  parseStrictJson,
-  plainDecimal,
-  type JsonValue,
-} from "../../src/contract/json.js";
+import { canonicalJson, canonicalString, JsonPath, parseStrictJson, plainDecimal, type JsonValue } from "../../src/contract/json.js";
 import type { FieldSchema, JsonRules } from "../../src/contract/json-schema.js";
 import { expectReason } from "../support/refusals.js";
 
@@ -28,26 +21,12 @@ function canon(body: string | Uint8Array, root: FieldSchema, limits: Partial<typ
 }
 
 /** Asserts a refusal of `body` under `root` at `path`, with message fragments, and returns it. */
-function refused(
-  body: string | Uint8Array,
-  root: FieldSchema,
-  path: string,
-  ...fragments: string[]
-): IdempotencyError {
+function refused(body: string | Uint8Array, root: FieldSchema, path: string, ...fragments: string[]): IdempotencyError {
   return refusedWith(body, root, {}, path, ...fragments);
 }
 
-function refusedWith(
-  body: string | Uint8Array,
-  root: FieldSchema,
-  limits: Partial<typeof LIMITS>,
-  path: string,
-  ...fragments: string[]
-): IdempotencyError {
-  const error = expectReason(
-    () => canonicalJson(typeof body === "string" ? enc(body) : body, rules(root, limits)),
-    "INVALID_PAYLOAD",
-  );
+function refusedWith(body: string | Uint8Array, root: FieldSchema, limits: Partial<typeof LIMITS>, path: string, ...fragments: string[]): IdempotencyError {
+  const error = expectReason(() => canonicalJson(typeof body === "string" ? enc(body) : body, rules(root, limits)), "INVALID_PAYLOAD");
   expect(error.metadata).toEqual({ path });
   expect(error.message).toContain(path);
   for (const fragment of fragments) expect(error.message).toContain(fragment);
@@ -56,10 +35,7 @@ function refusedWith(
 
 /** Parse-level refusal (no schema involved). */
 function parseRefused(body: string | Uint8Array, path: string, ...fragments: string[]): IdempotencyError {
-  const error = expectReason(
-    () => parseStrictJson(typeof body === "string" ? enc(body) : body, LIMITS),
-    "INVALID_PAYLOAD",
-  );
+  const error = expectReason(() => parseStrictJson(typeof body === "string" ? enc(body) : body, LIMITS), "INVALID_PAYLOAD");
   expect(error.metadata).toEqual({ path });
   for (const fragment of fragments) expect(error.message).toContain(fragment);
   return error;
@@ -129,10 +105,7 @@ describe("JsonPath", () => {
 
 describe("parseStrictJson: the syntax tree", () => {
   it("keeps number text, member order and unescaped names, and reports paths", () => {
-    const tree = parseStrictJson(
-      enc('{"b": 10.0, "a\\u0020b": [1E2, -0, {"sku": "x"}], "c": true, "d": null, "e": "\\"q\\""}'),
-      LIMITS,
-    );
+    const tree = parseStrictJson(enc('{"b": 10.0, "a\\u0020b": [1E2, -0, {"sku": "x"}], "c": true, "d": null, "e": "\\"q\\""}'), LIMITS);
     expect(view(tree)).toEqual({
       kind: "object",
       path: "$",
@@ -397,12 +370,7 @@ describe("canonicalJson: validation against the schema", () => {
 
   it("refuses a missing required member, at the path it should have", () => {
     refused('{"currency":"EUR"}', payment, "$.amount", "required member", "missing", "a decimal");
-    refused(
-      '{"amount":1,"currency":"EUR","x":{}}',
-      obj({ amount: dec0, currency: str, x: obj({ y: { type: "boolean", required: true } }) }),
-      "$.x.y",
-      "required",
-    );
+    refused('{"amount":1,"currency":"EUR","x":{}}', obj({ amount: dec0, currency: str, x: obj({ y: { type: "boolean", required: true } }) }), "$.x.y", "required");
     expect(canon('{"amount":1,"currency":"EUR"}', payment)).toBe('{"amount":1,"currency":"EUR"}');
     // An optional object may be absent even if it has required members.
     expect(canon("{}", obj({ x: obj({ y: { ...bool, required: true } }) }))).toBe("{}");
@@ -489,12 +457,7 @@ describe("canonicalJson: validation against the schema", () => {
     refused("[0, -0]", arr(int, { set: true }), "$[1]", "duplicate");
     refused('[{"a":1,"b":2},{"b":2,"a":1}]', arr(obj({ a: int, b: int }), { set: true }), "$[1]", "duplicate");
     // Elements that differ only in members left out of the fingerprint are equal.
-    refused(
-      '[{"a":1,"n":"x"},{"a":1,"n":"y"}]',
-      arr(obj({ a: int, n: { type: "string", fingerprint: false } }), { set: true }),
-      "$[1]",
-      "duplicate",
-    );
+    refused('[{"a":1,"n":"x"},{"a":1,"n":"y"}]', arr(obj({ a: int, n: { type: "string", fingerprint: false } }), { set: true }), "$[1]", "duplicate");
     // Significant decimals differ by scale, so they are distinct.
     expect(canon("[1.50, 1.5]", arr(dec0, { set: true }))).toBe("[1.5,1.50]");
     // Lists may repeat.
@@ -507,12 +470,7 @@ describe("canonicalJson: validation against the schema", () => {
     refused('{"id":1,"hidden":{"x":1,"y":2}}', schema, "$.hidden.y", "not declared");
     refused('{"id":1,"hidden":{"x":1.5}}', schema, "$.hidden.x", "expected an integer");
     refused('{"id":1,"hidden":{"x":1e400}}', schema, "$.hidden.x", "non-finite");
-    refused(
-      '{"id":1}',
-      obj({ id: int, secret: { type: "string", required: true, fingerprint: false } }),
-      "$.secret",
-      "required",
-    );
+    refused('{"id":1}', obj({ id: int, secret: { type: "string", required: true, fingerprint: false } }), "$.secret", "required");
   });
 
   it("validates a very deep schema without exhausting the stack", () => {
@@ -561,10 +519,7 @@ describe("canonicalJson: canonical output", () => {
     const body =
       '{\n  "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],\n' +
       '  "string": "\\u20ac$\\u000F\\u000aA\'\\u0042\\u0022\\u005c\\\\\\"\\/",\n  "literals": [null, true, false]\n}';
-    expect(canon(body, schema)).toBe(
-      '{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],' +
-        '"string":"€$\\u000f\\nA\'B\\"\\\\\\\\\\"/"}',
-    );
+    expect(canon(body, schema)).toBe('{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],' + '"string":"€$\\u000f\\nA\'B\\"\\\\\\\\\\"/"}');
   });
 
   it.each([
@@ -695,18 +650,14 @@ describe("canonicalJson: canonical output", () => {
 
   it("sorts sets by canonical UTF-8 bytes and keeps list order", () => {
     expect(canon('["b","a","c"]', arr(str, { set: true }))).toBe('["a","b","c"]');
-    expect(canonicalJson(enc('["b","a","c"]'), rules(arr(str, { set: true })))).toEqual(
-      canonicalJson(enc('["c","b","a"]'), rules(arr(str, { set: true }))),
-    );
+    expect(canonicalJson(enc('["b","a","c"]'), rules(arr(str, { set: true })))).toEqual(canonicalJson(enc('["c","b","a"]'), rules(arr(str, { set: true }))));
     expect(canon('["b","a","c"]', arr(str))).toBe('["b","a","c"]');
     expect(canonicalJson(enc('["b","a"]'), rules(arr(str)))).not.toEqual(canonicalJson(enc('["a","b"]'), rules(arr(str))));
     // Bytes, not UTF-16: U+FFFF (EF BF BF) sorts before U+1F600 (F0 9F 98 80), and "10" before "9".
     expect(canon('["😀","\\uffff","z"]', arr(str, { set: true }))).toBe('["z","\uffff","😀"]');
     expect(canon("[9,10,-1]", arr(int, { set: true }))).toBe("[-1,10,9]");
     // Elements are compared in canonical form.
-    expect(canon('[{"b":1,"a":2},{"a":1,"b":2}]', arr(obj({ a: int, b: int }), { set: true }))).toBe(
-      '[{"a":1,"b":2},{"a":2,"b":1}]',
-    );
+    expect(canon('[{"b":1,"a":2},{"a":1,"b":2}]', arr(obj({ a: int, b: int }), { set: true }))).toBe('[{"a":1,"b":2},{"a":2,"b":1}]');
     expect(canon('["b",null,"a"]', arr({ type: "string", nullable: true }, { set: true }))).toBe('["a","b",null]');
   });
 

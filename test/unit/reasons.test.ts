@@ -22,9 +22,7 @@ describe("REASONS", () => {
   });
 
   it("lists the reasons in the proto's numeric order", () => {
-    const byNumber = protoReasonNames().sort(
-      (a, b) => (ErrorReason[a as keyof typeof ErrorReason] as number) - (ErrorReason[b as keyof typeof ErrorReason] as number),
-    );
+    const byNumber = protoReasonNames().sort((a, b) => (ErrorReason[a as keyof typeof ErrorReason] as number) - (ErrorReason[b as keyof typeof ErrorReason] as number));
     expect([...REASONS]).toEqual(byNumber);
   });
 });
@@ -67,7 +65,12 @@ describe("REFUSALS, the one table from reason to code", () => {
   it("marks retryable exactly the reasons errors.proto says to retry with backoff", () => {
     const toRetry = [...comments].filter(([, comment]) => /retry with backoff/.test(comment)).map(([reason]) => reason);
     expect(toRetry.length).toBeGreaterThan(0);
-    expect(Object.entries(REFUSALS).filter(([, refusal]) => refusal.retryable).map(([reason]) => reason).sort()).toEqual(toRetry.sort());
+    expect(
+      Object.entries(REFUSALS)
+        .filter(([, refusal]) => refusal.retryable)
+        .map(([reason]) => reason)
+        .sort(),
+    ).toEqual(toRetry.sort());
   });
 
   it("carries Connect's numbers for the gRPC codes, and one HTTP status per code", () => {

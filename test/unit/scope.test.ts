@@ -12,7 +12,6 @@ import {
 } from "../../src/contract/scope.js";
 import { expectReason } from "../support/refusals.js";
 
-
 const BASE: ScopeInput = {
   subject: { tenant: "acme", principal: "alice" },
   operation: "payments.create",
@@ -86,12 +85,8 @@ describe("validateSubject", () => {
   });
 
   it("names the offending part in the message", () => {
-    expect(expectReason(() => validateSubject({ tenant: "", principal: "a" }), "INVALID_REQUEST").message).toMatch(
-      /subject\.tenant/,
-    );
-    expect(expectReason(() => validateSubject({ tenant: "a", principal: "\uD800" }), "INVALID_REQUEST").message).toMatch(
-      /subject\.principal/,
-    );
+    expect(expectReason(() => validateSubject({ tenant: "", principal: "a" }), "INVALID_REQUEST").message).toMatch(/subject\.tenant/);
+    expect(expectReason(() => validateSubject({ tenant: "a", principal: "\uD800" }), "INVALID_REQUEST").message).toMatch(/subject\.principal/);
   });
 });
 
@@ -112,20 +107,12 @@ describe("validateOperationName", () => {
     expectReason(() => validateOperationName("a".repeat(129)), "INVALID_REQUEST");
   });
 
-  it.each([
-    "Payments.Create",
-    "payments..create",
-    "",
-    "1payments",
-    ".payments",
-    "payments.",
-    "payments.1create",
-    "payments-create",
-    "payments create",
-    "_payments",
-  ])("refuses %j with INVALID_REQUEST", (name) => {
-    expectReason(() => validateOperationName(name), "INVALID_REQUEST");
-  });
+  it.each(["Payments.Create", "payments..create", "", "1payments", ".payments", "payments.", "payments.1create", "payments-create", "payments create", "_payments"])(
+    "refuses %j with INVALID_REQUEST",
+    (name) => {
+      expectReason(() => validateOperationName(name), "INVALID_REQUEST");
+    },
+  );
 });
 
 describe("validateApiRevision", () => {

@@ -311,7 +311,13 @@ describe("planClaim", () => {
 
     ["RECOVER: recovers an UNKNOWN record", record({ state: "UNKNOWN", effectPossible: true }), "RECOVER", GENERATION, plan("recover")],
     ["RECOVER: recovers an UNKNOWN record whose attempts all turned out NO_EFFECT", record({ state: "UNKNOWN" }), "RECOVER", GENERATION, plan("recover")],
-    ["RECOVER: recovers an ended lease with a possible effect before the recoverer marked it", record({ lease: "ended", effectPossible: true }), "RECOVER", GENERATION, plan("recover")],
+    [
+      "RECOVER: recovers an ended lease with a possible effect before the recoverer marked it",
+      record({ lease: "ended", effectPossible: true }),
+      "RECOVER",
+      GENERATION,
+      plan("recover"),
+    ],
     ["RECOVER: refuses a live lease with a possible effect, saying until when", record({ effectPossible: true }), "RECOVER", GENERATION, leaseHeld],
     ["RECOVER: refuses an ended lease with nothing possible (it needs TAKEOVER)", record({ lease: "ended" }), "RECOVER", GENERATION, transition("EXECUTING")],
     ["RECOVER: refuses a released RESERVED record with nothing possible", record({ state: "RESERVED", lease: "none" }), "RECOVER", GENERATION, transition("RESERVED")],
@@ -331,7 +337,12 @@ describe("checkRenew", () => {
     ["renews an ended lease that nobody took over", record({ lease: "ended" }), GENERATION, ALLOWED],
     ["renews an ended lease with a possible effect that the recoverer has not marked yet", record({ lease: "ended", effectPossible: true }), GENERATION, ALLOWED],
     ["renews a RESERVED record's lease", record({ state: "RESERVED" }), GENERATION, ALLOWED],
-    ["refuses a released record (RESERVED, no lease): a lease would keep the next retry from taking it over", record({ state: "RESERVED", lease: "none" }), GENERATION, transition("RESERVED")],
+    [
+      "refuses a released record (RESERVED, no lease): a lease would keep the next retry from taking it over",
+      record({ state: "RESERVED", lease: "none" }),
+      GENERATION,
+      transition("RESERVED"),
+    ],
   ] as const)("%s", (_name, stored, generation, expected) => {
     expect(decide(() => checkRenew(stored, generation))).toStrictEqual(expected);
   });
@@ -344,7 +355,14 @@ describe("checkRecordEffect", () => {
     ["refuses an older generation", record(), [], GENERATION - 1, A, stale],
     ...TERMINAL_STATES.map((state) => [`refuses a ${state} record`, record({ state }), [], GENERATION, A, transition(state)] as const),
     ["refuses a RESERVED record that was never claimed", record({ state: "RESERVED" }), [], GENERATION, A, transition("RESERVED")],
-    ["refuses an UNKNOWN record with LEASE_EXPIRED", record({ state: "UNKNOWN", effectPossible: true }), [attempt(A, 1, "PENDING")], GENERATION, A, refused("LEASE_EXPIRED", { state: "UNKNOWN" })],
+    [
+      "refuses an UNKNOWN record with LEASE_EXPIRED",
+      record({ state: "UNKNOWN", effectPossible: true }),
+      [attempt(A, 1, "PENDING")],
+      GENERATION,
+      A,
+      refused("LEASE_EXPIRED", { state: "UNKNOWN" }),
+    ],
     ["refuses an ended lease with LEASE_EXPIRED", record({ lease: "ended" }), [], GENERATION, A, refused("LEASE_EXPIRED", { state: "EXECUTING" })],
     ["refuses a lease ending at the instant of the read", record({ lease: "ends-now" }), [], GENERATION, A, refused("LEASE_EXPIRED", { state: "EXECUTING" })],
     ["refuses an EXECUTING record without a lease", record({ lease: "none" }), [], GENERATION, A, refused("LEASE_EXPIRED", { state: "EXECUTING" })],
@@ -355,7 +373,14 @@ describe("checkRecordEffect", () => {
     ["lets recovery replay an effect whose attempts were all NO_EFFECT", record({ recovering: true }), [attempt(A, 1, "NO_EFFECT")], GENERATION, A, ALLOWED],
     ["refuses recovery a new effect", record({ recovering: true, effectPossible: true }), [attempt(A, 1, "INDETERMINATE")], GENERATION, B, refused("NEW_EFFECT_IN_RECOVERY")],
     ["refuses recovery any effect when none was registered", record({ recovering: true }), [], GENERATION, A, refused("NEW_EFFECT_IN_RECOVERY")],
-    ["refuses recovery an ended lease before judging the effect", record({ recovering: true, lease: "ended", effectPossible: true }), [attempt(A, 1, "PENDING")], GENERATION, B, refused("LEASE_EXPIRED", { state: "EXECUTING" })],
+    [
+      "refuses recovery an ended lease before judging the effect",
+      record({ recovering: true, lease: "ended", effectPossible: true }),
+      [attempt(A, 1, "PENDING")],
+      GENERATION,
+      B,
+      refused("LEASE_EXPIRED", { state: "EXECUTING" }),
+    ],
   ] as const)("%s", (_name, stored, attempts, generation, effect, expected) => {
     expect(decide(() => checkRecordEffect(stored, attempts, generation, effect))).toStrictEqual(expected);
   });
@@ -383,7 +408,15 @@ describe("planResolve", () => {
       [`resolves PENDING as ${status}`, live, pending, GENERATION, status, "", plan("resolve")],
       [`resolves INDETERMINATE as ${status}`, live, indeterminate, GENERATION, status, "", plan("resolve")],
     ]),
-    ["resolves on an UNKNOWN record: the owner that lost its lease still tells the truth", record({ state: "UNKNOWN", effectPossible: true }), pending, GENERATION, "CONFIRMED", "ch_1", plan("resolve")],
+    [
+      "resolves on an UNKNOWN record: the owner that lost its lease still tells the truth",
+      record({ state: "UNKNOWN", effectPossible: true }),
+      pending,
+      GENERATION,
+      "CONFIRMED",
+      "ch_1",
+      plan("resolve"),
+    ],
     ["resolves with an ended lease: resolving needs no lease", record({ lease: "ended", effectPossible: true }), pending, GENERATION, "NO_EFFECT", "", plan("resolve")],
     ["leaves CONFIRMED unchanged when told CONFIRMED again without a handle", live, confirmed, GENERATION, "CONFIRMED", "", plan("unchanged")],
     ["leaves CONFIRMED unchanged when told CONFIRMED again with the same handle", live, confirmed, GENERATION, "CONFIRMED", "ch_1", plan("unchanged")],
@@ -409,12 +442,36 @@ describe("planComplete", () => {
       [`repeats an identical Complete of a ${state} record`, record({ state }), [], GENERATION, state, new Uint8Array(DIGEST), plan("repeat")],
       [`refuses a ${state} record another snapshot with ALREADY_COMPLETED`, record({ state }), [], GENERATION, state, otherDigest, refused("ALREADY_COMPLETED", { state })],
     ]),
-    ["refuses a SUCCEEDED record the same snapshot as FAILED_FINAL", record({ state: "SUCCEEDED" }), [], GENERATION, "FAILED_FINAL", DIGEST, refused("ALREADY_COMPLETED", { state: "SUCCEEDED" })],
-    ["refuses a FAILED_FINAL record the same snapshot as REJECTED", record({ state: "FAILED_FINAL" }), [], GENERATION, "REJECTED", DIGEST, refused("ALREADY_COMPLETED", { state: "FAILED_FINAL" })],
+    [
+      "refuses a SUCCEEDED record the same snapshot as FAILED_FINAL",
+      record({ state: "SUCCEEDED" }),
+      [],
+      GENERATION,
+      "FAILED_FINAL",
+      DIGEST,
+      refused("ALREADY_COMPLETED", { state: "SUCCEEDED" }),
+    ],
+    [
+      "refuses a FAILED_FINAL record the same snapshot as REJECTED",
+      record({ state: "FAILED_FINAL" }),
+      [],
+      GENERATION,
+      "REJECTED",
+      DIGEST,
+      refused("ALREADY_COMPLETED", { state: "FAILED_FINAL" }),
+    ],
     // A reconciled record is one generation on: the late owner's identical Complete is fenced out, not repeated.
     ["refuses an identical Complete naming an older generation as stale", record({ state: "SUCCEEDED" }), [], GENERATION - 1, "SUCCEEDED", DIGEST, stale],
     ["refuses a different Complete naming an older generation as stale", record({ state: "SUCCEEDED" }), [], GENERATION - 1, "SUCCEEDED", otherDigest, stale],
-    ["repeats an identical Complete of a tombstoned record (its digest is kept)", record({ state: "SUCCEEDED", tombstoned: true }), [], GENERATION, "SUCCEEDED", DIGEST, plan("repeat")],
+    [
+      "repeats an identical Complete of a tombstoned record (its digest is kept)",
+      record({ state: "SUCCEEDED", tombstoned: true }),
+      [],
+      GENERATION,
+      "SUCCEEDED",
+      DIGEST,
+      plan("repeat"),
+    ],
 
     ["refuses an older generation of an unfinished record", record(), [], GENERATION - 1, "SUCCEEDED", DIGEST, stale],
     ["refuses SUCCEEDED of a RESERVED record", record({ state: "RESERVED" }), [], GENERATION, "SUCCEEDED", DIGEST, transition("RESERVED")],
@@ -424,21 +481,117 @@ describe("planComplete", () => {
     ["completes EXECUTING as SUCCEEDED without effects", record(), [], GENERATION, "SUCCEEDED", DIGEST, plan("complete")],
     ["completes EXECUTING as FAILED_FINAL without effects", record(), [], GENERATION, "FAILED_FINAL", DIGEST, plan("complete")],
     ["completes EXECUTING as REJECTED without effects", record(), [], GENERATION, "REJECTED", DIGEST, plan("complete")],
-    ["completes EXECUTING as REJECTED when every attempt was NO_EFFECT", record(), [attempt(A, 1, "NO_EFFECT"), attempt(A, 2, "NO_EFFECT")], GENERATION, "REJECTED", DIGEST, plan("complete")],
+    [
+      "completes EXECUTING as REJECTED when every attempt was NO_EFFECT",
+      record(),
+      [attempt(A, 1, "NO_EFFECT"), attempt(A, 2, "NO_EFFECT")],
+      GENERATION,
+      "REJECTED",
+      DIGEST,
+      plan("complete"),
+    ],
     ["completes SUCCEEDED with a CONFIRMED effect", record({ effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "SUCCEEDED", DIGEST, plan("complete")],
-    ["completes SUCCEEDED once a later attempt settled an INDETERMINATE one", record({ effectPossible: true }), [attempt(A, 1, "INDETERMINATE"), attempt(A, 2, "CONFIRMED")], GENERATION, "SUCCEEDED", DIGEST, plan("complete")],
-    ["completes after the lease ended: completing needs no lease", record({ lease: "ended", effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "SUCCEEDED", DIGEST, plan("complete")],
-    ["completes an UNKNOWN record: its owner may still finish it", record({ state: "UNKNOWN", effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "SUCCEEDED", DIGEST, plan("complete")],
-    ["completes an UNKNOWN record as FAILED_FINAL", record({ state: "UNKNOWN", effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "FAILED_FINAL", DIGEST, plan("complete")],
+    [
+      "completes SUCCEEDED once a later attempt settled an INDETERMINATE one",
+      record({ effectPossible: true }),
+      [attempt(A, 1, "INDETERMINATE"), attempt(A, 2, "CONFIRMED")],
+      GENERATION,
+      "SUCCEEDED",
+      DIGEST,
+      plan("complete"),
+    ],
+    [
+      "completes after the lease ended: completing needs no lease",
+      record({ lease: "ended", effectPossible: true }),
+      [attempt(A, 1, "CONFIRMED")],
+      GENERATION,
+      "SUCCEEDED",
+      DIGEST,
+      plan("complete"),
+    ],
+    [
+      "completes an UNKNOWN record: its owner may still finish it",
+      record({ state: "UNKNOWN", effectPossible: true }),
+      [attempt(A, 1, "CONFIRMED")],
+      GENERATION,
+      "SUCCEEDED",
+      DIGEST,
+      plan("complete"),
+    ],
+    [
+      "completes an UNKNOWN record as FAILED_FINAL",
+      record({ state: "UNKNOWN", effectPossible: true }),
+      [attempt(A, 1, "CONFIRMED")],
+      GENERATION,
+      "FAILED_FINAL",
+      DIGEST,
+      plan("complete"),
+    ],
     ["completes a recovering record", record({ recovering: true, effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "SUCCEEDED", DIGEST, plan("complete")],
-    ["refuses while an effect's latest attempt is PENDING", record({ effectPossible: true }), [attempt(A, 1, "PENDING")], GENERATION, "SUCCEEDED", DIGEST, refused("UNRESOLVED_EFFECTS")],
-    ["refuses while an effect's latest attempt is INDETERMINATE", record({ effectPossible: true }), [attempt(A, 1, "CONFIRMED"), attempt(A, 2, "INDETERMINATE")], GENERATION, "FAILED_FINAL", DIGEST, refused("UNRESOLVED_EFFECTS")],
-    ["refuses while another effect is unresolved", record({ effectPossible: true }), [attempt(A, 1, "CONFIRMED"), attempt("email.send", 2, "PENDING")], GENERATION, "SUCCEEDED", DIGEST, refused("UNRESOLVED_EFFECTS")],
-    ["refuses an UNKNOWN record while an effect is unresolved", record({ state: "UNKNOWN", effectPossible: true }), [attempt(A, 1, "INDETERMINATE")], GENERATION, "FAILED_FINAL", DIGEST, refused("UNRESOLVED_EFFECTS")],
-    ["refuses REJECTED with UNRESOLVED_EFFECTS before EFFECT_POSSIBLE", record({ effectPossible: true }), [attempt(A, 1, "PENDING")], GENERATION, "REJECTED", DIGEST, refused("UNRESOLVED_EFFECTS")],
+    [
+      "refuses while an effect's latest attempt is PENDING",
+      record({ effectPossible: true }),
+      [attempt(A, 1, "PENDING")],
+      GENERATION,
+      "SUCCEEDED",
+      DIGEST,
+      refused("UNRESOLVED_EFFECTS"),
+    ],
+    [
+      "refuses while an effect's latest attempt is INDETERMINATE",
+      record({ effectPossible: true }),
+      [attempt(A, 1, "CONFIRMED"), attempt(A, 2, "INDETERMINATE")],
+      GENERATION,
+      "FAILED_FINAL",
+      DIGEST,
+      refused("UNRESOLVED_EFFECTS"),
+    ],
+    [
+      "refuses while another effect is unresolved",
+      record({ effectPossible: true }),
+      [attempt(A, 1, "CONFIRMED"), attempt("email.send", 2, "PENDING")],
+      GENERATION,
+      "SUCCEEDED",
+      DIGEST,
+      refused("UNRESOLVED_EFFECTS"),
+    ],
+    [
+      "refuses an UNKNOWN record while an effect is unresolved",
+      record({ state: "UNKNOWN", effectPossible: true }),
+      [attempt(A, 1, "INDETERMINATE")],
+      GENERATION,
+      "FAILED_FINAL",
+      DIGEST,
+      refused("UNRESOLVED_EFFECTS"),
+    ],
+    [
+      "refuses REJECTED with UNRESOLVED_EFFECTS before EFFECT_POSSIBLE",
+      record({ effectPossible: true }),
+      [attempt(A, 1, "PENDING")],
+      GENERATION,
+      "REJECTED",
+      DIGEST,
+      refused("UNRESOLVED_EFFECTS"),
+    ],
     ["refuses REJECTED after a CONFIRMED effect", record({ effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "REJECTED", DIGEST, refused("EFFECT_POSSIBLE")],
-    ["refuses REJECTED though a later attempt was NO_EFFECT", record({ effectPossible: true }), [attempt(A, 1, "INDETERMINATE"), attempt(A, 2, "NO_EFFECT")], GENERATION, "REJECTED", DIGEST, refused("EFFECT_POSSIBLE")],
-    ["refuses REJECTED of an UNKNOWN record", record({ state: "UNKNOWN", effectPossible: true }), [attempt(A, 1, "CONFIRMED")], GENERATION, "REJECTED", DIGEST, refused("EFFECT_POSSIBLE")],
+    [
+      "refuses REJECTED though a later attempt was NO_EFFECT",
+      record({ effectPossible: true }),
+      [attempt(A, 1, "INDETERMINATE"), attempt(A, 2, "NO_EFFECT")],
+      GENERATION,
+      "REJECTED",
+      DIGEST,
+      refused("EFFECT_POSSIBLE"),
+    ],
+    [
+      "refuses REJECTED of an UNKNOWN record",
+      record({ state: "UNKNOWN", effectPossible: true }),
+      [attempt(A, 1, "CONFIRMED")],
+      GENERATION,
+      "REJECTED",
+      DIGEST,
+      refused("EFFECT_POSSIBLE"),
+    ],
   ];
 
   it.each(rows)("%s", (_name, stored, attempts, generation, outcome, digest, expected) => {
@@ -493,9 +646,7 @@ describe("over every combination of a record's state", () => {
   const combinations: StoredRecord[] = STATES.flatMap((state) =>
     LEASES.flatMap((lease) =>
       [false, true].flatMap((effectPossible) =>
-        [false, true].flatMap((recovering) =>
-          (isTerminal(state) ? [false, true] : [false]).map((tombstoned) => record({ state, lease, effectPossible, recovering, tombstoned })),
-        ),
+        [false, true].flatMap((recovering) => (isTerminal(state) ? [false, true] : [false]).map((tombstoned) => record({ state, lease, effectPossible, recovering, tombstoned }))),
       ),
     ),
   );
@@ -517,7 +668,10 @@ describe("over every combination of a record's state", () => {
     for (const stored of combinations) {
       for (const generation of [GENERATION - 1, GENERATION + 1]) {
         for (const write of writes) {
-          expect(decide(() => write(stored, generation)), describeRecord(stored)).toStrictEqual(stale);
+          expect(
+            decide(() => write(stored, generation)),
+            describeRecord(stored),
+          ).toStrictEqual(stale);
           checked++;
         }
       }
@@ -529,9 +683,18 @@ describe("over every combination of a record's state", () => {
     for (const stored of combinations.filter((r) => r.effectPossible)) {
       const name = describeRecord(stored);
       expect(reserveVerdict(stored, FINGERPRINT).kind, name).not.toBe("takeover");
-      expect(decide(() => planClaim(stored, "TAKEOVER", GENERATION)), name).not.toStrictEqual(plan("takeover"));
-      expect(decide(() => planRelease(stored, GENERATION)), name).not.toStrictEqual(plan("release"));
-      expect(decide(() => planAbandon(stored, GENERATION)), name).not.toStrictEqual(plan("release"));
+      expect(
+        decide(() => planClaim(stored, "TAKEOVER", GENERATION)),
+        name,
+      ).not.toStrictEqual(plan("takeover"));
+      expect(
+        decide(() => planRelease(stored, GENERATION)),
+        name,
+      ).not.toStrictEqual(plan("release"));
+      expect(
+        decide(() => planAbandon(stored, GENERATION)),
+        name,
+      ).not.toStrictEqual(plan("release"));
       const rejected = decide(() => planComplete(stored, attemptsOf(stored), GENERATION, "REJECTED", new Uint8Array(32).fill(0x01)));
       expect(rejected, name).not.toStrictEqual(plan("complete"));
     }
@@ -541,13 +704,35 @@ describe("over every combination of a record's state", () => {
     for (const stored of combinations.filter((r) => isTerminal(r.state))) {
       const name = describeRecord(stored);
       const finished = transition(stored.state);
-      for (const mode of MODES) expect(decide(() => planClaim(stored, mode, GENERATION)), name).toStrictEqual(finished);
-      expect(decide(() => checkRenew(stored, GENERATION)), name).toStrictEqual(finished);
-      expect(decide(() => checkRecordEffect(stored, [], GENERATION, "card.charge")), name).toStrictEqual(finished);
-      expect(decide(() => planResolve(stored, attempt("card.charge", 1, "PENDING"), GENERATION, "CONFIRMED", "")), name).toStrictEqual(finished);
-      expect(decide(() => planRelease(stored, GENERATION)), name).toStrictEqual(finished);
-      expect(decide(() => planAbandon(stored, GENERATION)), name).toStrictEqual(finished);
-      expect(decide(() => planComplete(stored, [], GENERATION, stored.state as Outcome, DIGEST)), name).toStrictEqual(plan("repeat"));
+      for (const mode of MODES)
+        expect(
+          decide(() => planClaim(stored, mode, GENERATION)),
+          name,
+        ).toStrictEqual(finished);
+      expect(
+        decide(() => checkRenew(stored, GENERATION)),
+        name,
+      ).toStrictEqual(finished);
+      expect(
+        decide(() => checkRecordEffect(stored, [], GENERATION, "card.charge")),
+        name,
+      ).toStrictEqual(finished);
+      expect(
+        decide(() => planResolve(stored, attempt("card.charge", 1, "PENDING"), GENERATION, "CONFIRMED", "")),
+        name,
+      ).toStrictEqual(finished);
+      expect(
+        decide(() => planRelease(stored, GENERATION)),
+        name,
+      ).toStrictEqual(finished);
+      expect(
+        decide(() => planAbandon(stored, GENERATION)),
+        name,
+      ).toStrictEqual(finished);
+      expect(
+        decide(() => planComplete(stored, [], GENERATION, stored.state as Outcome, DIGEST)),
+        name,
+      ).toStrictEqual(plan("repeat"));
     }
   });
 

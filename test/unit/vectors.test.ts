@@ -34,7 +34,11 @@ describe("the published vectors", () => {
     expect(outcome).toEqual(vector.expected);
     if ("framedHex" in outcome) {
       // The fingerprint is the SHA-256 of the framed bytes, as published.
-      expect(createHash("sha256").update(Buffer.from(String(outcome.framedHex), "hex")).digest("hex")).toBe(outcome.fingerprint);
+      expect(
+        createHash("sha256")
+          .update(Buffer.from(String(outcome.framedHex), "hex"))
+          .digest("hex"),
+      ).toBe(outcome.fingerprint);
     }
   });
 

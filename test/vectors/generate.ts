@@ -67,8 +67,27 @@ const cases: Array<[string, VectorRules, VectorRequest]> = [
   ["raw: media type case and spacing", raw, request({ mediaType: "Application/JSON ; Charset=UTF-8" })],
   ["raw: media type parameters are sorted", raw, request({ mediaType: "text/plain; format=flowed; charset=us-ascii" })],
   ["raw: a non-token parameter value stays quoted", raw, request({ mediaType: 'text/plain; a="1;b=2"' })],
-  ["raw: only the policy's headers count, lower-cased and trimmed", { ...raw, headers: ["x-api-version"] }, request({ headers: [["X-Api-Version", " 2 "], ["X-Request-Id", "r-1"]] })],
-  ["raw: selected headers sorted by name, repeats in order", { ...raw, headers: ["x-b", "x-a"] }, request({ headers: [["x-b", "2"], ["X-A", "1"], ["x-b", "1"]] })],
+  [
+    "raw: only the policy's headers count, lower-cased and trimmed",
+    { ...raw, headers: ["x-api-version"] },
+    request({
+      headers: [
+        ["X-Api-Version", " 2 "],
+        ["X-Request-Id", "r-1"],
+      ],
+    }),
+  ],
+  [
+    "raw: selected headers sorted by name, repeats in order",
+    { ...raw, headers: ["x-b", "x-a"] },
+    request({
+      headers: [
+        ["x-b", "2"],
+        ["X-A", "1"],
+        ["x-b", "1"],
+      ],
+    }),
+  ],
   ["raw: an absent selected header contributes nothing", { ...raw, headers: ["x-api-version"] }, request()],
   ["raw: an empty selected header is present", { ...raw, headers: ["x-api-version"] }, request({ headers: [["X-Api-Version", ""]] })],
   ["raw: the schema revision counts", { ...raw, schemaRevision: 7 }, request()],
@@ -100,13 +119,21 @@ const cases: Array<[string, VectorRules, VectorRequest]> = [
   ["json: booleans", json, jsonBody('{"amount":1,"currency":"EUR","captured":false}')],
   ["json: string escapes are minimal", json, jsonBody('{"amount":1,"currency":"\\u0045\\u0055R\\/\\t\\u0001\\"\\\\"}')],
   ["json: non-ASCII written literally", json, jsonBody('{"amount":1,"currency":"\\u20ac \\ud83d\\udcb6 é"}')],
-  ["json: member names compared as UTF-16 code units", { ...json, schema: { type: "object", properties: { "\u20ac": { type: "integer" }, "\ud83d\ude00": { type: "integer" }, "\ufb33": { type: "integer" } } } }, jsonBody('{"\ud83d\ude00":1,"\ufb33":2,"\u20ac":3}')],
+  [
+    "json: member names compared as UTF-16 code units",
+    { ...json, schema: { type: "object", properties: { "\u20ac": { type: "integer" }, "\ud83d\ude00": { type: "integer" }, "\ufb33": { type: "integer" } } } },
+    jsonBody('{"\ud83d\ude00":1,"\ufb33":2,"\u20ac":3}'),
+  ],
   ["json: a set's order does not matter", json, jsonBody('{"amount":1,"currency":"EUR","tags":["vip","b2b","eu"]}')],
   ["json: a list's order matters", json, jsonBody('{"amount":1,"currency":"EUR","lines":[{"sku":"b","count":1},{"count":2,"sku":"a"}]}')],
   ["json: null differs from absent", json, jsonBody('{"amount":1,"currency":"EUR","memo":null}')],
   ["json: null equals absent where declared", json, jsonBody('{"amount":1,"currency":"EUR","coupon":null}')],
   ["json: a fingerprint:false member is left out", json, jsonBody('{"amount":1,"currency":"EUR","note":"call me"}')],
-  ["json: the query and headers still count in JSON mode", { ...json, queryParameters: ["account"], headers: ["x-api-version"] }, jsonBody('{"amount":1,"currency":"EUR"}', { query: "account=a%2D1", headers: [["X-Api-Version", "3"]] })],
+  [
+    "json: the query and headers still count in JSON mode",
+    { ...json, queryParameters: ["account"], headers: ["x-api-version"] },
+    jsonBody('{"amount":1,"currency":"EUR"}', { query: "account=a%2D1", headers: [["X-Api-Version", "3"]] }),
+  ],
   ["json: refused: duplicate member", json, jsonBody('{"amount":10,"amount":10,"currency":"EUR"}')],
   ["json: refused: duplicate member spelled with an escape", json, jsonBody('{"amount":10,"\\u0061mount":100,"currency":"EUR"}')],
   ["json: refused: overflowing number", json, jsonBody('{"amount":1e400,"currency":"EUR"}')],

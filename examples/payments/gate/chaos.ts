@@ -29,9 +29,7 @@ export function planChaos(serviceKills: number, coordinatorKills: number): Chaos
   const total = serviceKills + coordinatorKills;
   // With at least one service kill the step total/(coordinatorKills+1) is >= 1: the slots are distinct.
   const coordinatorSlots = new Set<number>(
-    serviceKills === 0
-      ? Array.from({ length: total }, (_, i) => i)
-      : Array.from({ length: coordinatorKills }, (_, k) => Math.floor(((k + 1) * total) / (coordinatorKills + 1))),
+    serviceKills === 0 ? Array.from({ length: total }, (_, i) => i) : Array.from({ length: coordinatorKills }, (_, k) => Math.floor(((k + 1) * total) / (coordinatorKills + 1))),
   );
   return Array.from({ length: total }, (_, i) => ({
     target: coordinatorSlots.has(i) ? "coordinator" : "service",
@@ -93,7 +91,11 @@ export function chaosMonkey(options: {
 
   /** A process that died on its own is restarted (and reported): the run goes on. */
   const watch = async () => {
-    for (const [target, member] of [["service", cluster.service], ["coordinator", cluster.coordinator], ["provider", cluster.provider]] as const) {
+    for (const [target, member] of [
+      ["service", cluster.service],
+      ["coordinator", cluster.coordinator],
+      ["provider", cluster.provider],
+    ] as const) {
       if (!busy && !member.alive()) {
         unexpectedExits.push({ target, at: new Date().toISOString() });
         options.log(`chaos: ${target} exited on its own; restarting it. Its last output:\n${member.output().slice(-1500)}`);

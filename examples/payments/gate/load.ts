@@ -21,16 +21,7 @@ export type Variant = "identical" | "reordered" | "reworded" | "conflicting";
 export type SendKind = "burst" | "late" | "conflict";
 
 /** What one HTTP exchange came to, for counts and latency histograms. */
-export type OutcomeClass =
-  | "created"
-  | "replayed"
-  | "declined"
-  | "in-progress"
-  | "conflict"
-  | "unavailable"
-  | "server-error"
-  | "client-error"
-  | "connection-error";
+export type OutcomeClass = "created" | "replayed" | "declined" | "in-progress" | "conflict" | "unavailable" | "server-error" | "client-error" | "connection-error";
 
 export const OUTCOME_CLASSES: readonly OutcomeClass[] = [
   "created",
@@ -223,10 +214,7 @@ export class LoadGenerator {
 
   /** Requests sent plus those the active logical requests are still expected to send. */
   private projected(): number {
-    const perKey =
-      this.finishedKeys >= 20
-        ? this.sentByFinished / this.finishedKeys
-        : (this.options.burst + 2) / 2 + this.options.lateReplays + this.options.conflictShare + 1.5;
+    const perKey = this.finishedKeys >= 20 ? this.sentByFinished / this.finishedKeys : (this.options.burst + 2) / 2 + this.options.lateReplays + this.options.conflictShare + 1.5;
     let pending = 0;
     for (const key of this.active) pending += Math.max(0, perKey - key.sent);
     return this.stats.sent + pending;
@@ -444,7 +432,9 @@ export class LoadGenerator {
         return key.firstBody;
       case "reordered":
         // Same members, other order and spacing: the same request under the policy's canonical JSON.
-        return Buffer.from(`{ "card": ${JSON.stringify(p.card)}, "description": ${JSON.stringify(p.description)},\n  "currency": ${JSON.stringify(p.currency)}, "amount": ${p.amount} }`);
+        return Buffer.from(
+          `{ "card": ${JSON.stringify(p.card)}, "description": ${JSON.stringify(p.description)},\n  "currency": ${JSON.stringify(p.currency)}, "amount": ${p.amount} }`,
+        );
       case "reworded":
         // `description` is validated but not fingerprinted: still the same request.
         return Buffer.from(JSON.stringify({ ...p, description: `${p.description} (resent by the client)` }));

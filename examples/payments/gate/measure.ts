@@ -119,7 +119,12 @@ export async function measure(input: {
   const recordOfKey = new Map<LogicalRequest, RecordRow>();
   for (const key of keys) {
     const scope = Buffer.from(
-      scopeDigest({ subject: { tenant: "acme", principal: key.principal }, operation: PAYMENTS_OPERATION.operation, apiRevision: PAYMENTS_OPERATION.apiRevision, idempotencyKey: key.key }),
+      scopeDigest({
+        subject: { tenant: "acme", principal: key.principal },
+        operation: PAYMENTS_OPERATION.operation,
+        apiRevision: PAYMENTS_OPERATION.apiRevision,
+        idempotencyKey: key.key,
+      }),
     ).toString("hex");
     const record = recordByScope.get(scope);
     if (record) {
@@ -408,7 +413,11 @@ export async function measure(input: {
       threshold: "= 0",
       pass: falseConflicts.total === 0,
       source: "contract",
-      detail: { ...falseConflicts, samePayloadSends, samePayloadSendsByVariant: { identical: input.stats.byVariant.identical, reordered: input.stats.byVariant.reordered, reworded: input.stats.byVariant.reworded } },
+      detail: {
+        ...falseConflicts,
+        samePayloadSends,
+        samePayloadSendsByVariant: { identical: input.stats.byVariant.identical, reordered: input.stats.byVariant.reordered, reworded: input.stats.byVariant.reworded },
+      },
     },
     {
       id: "digest-agreement",
@@ -451,13 +460,21 @@ export async function measure(input: {
       threshold: `<= ${formatPercent(options.reserveBudgetShare, 0)} of budget (${reserveLimitMs.toFixed(0)} ms)`,
       pass: reserve.count > 0 && !reserve.beyond && reserve.p99Ms <= reserveLimitMs,
       source: "contract",
-      detail: { ...reserve, latencyBudgetMs: options.latencyBudgetMs, limitMs: reserveLimitMs, buckets: input.reserve.buckets.map((b) => ({ le: Number.isFinite(b.le) ? b.le : "+Inf", count: b.count })) },
+      detail: {
+        ...reserve,
+        latencyBudgetMs: options.latencyBudgetMs,
+        limitMs: reserveLimitMs,
+        buckets: input.reserve.buckets.map((b) => ({ le: Number.isFinite(b.le) ? b.le : "+Inf", count: b.count })),
+      },
     },
     {
       id: "conflicts-refused",
       name: "true payload conflicts answered 422",
       value: conflicts.sent === 0 ? Number.NaN : conflicts.refused / conflicts.sent,
-      measured: conflicts.sent === 0 ? "n/a (none sent)" : `${formatPercent(conflicts.refused / conflicts.sent, conflicts.refused === conflicts.sent ? 0 : 2)} (${formatInt(conflicts.refused)} of ${formatInt(conflicts.sent)})`,
+      measured:
+        conflicts.sent === 0
+          ? "n/a (none sent)"
+          : `${formatPercent(conflicts.refused / conflicts.sent, conflicts.refused === conflicts.sent ? 0 : 2)} (${formatInt(conflicts.refused)} of ${formatInt(conflicts.sent)})`,
       threshold: "= 100 %",
       pass: conflicts.missed === 0,
       source: "supplementary",
@@ -476,13 +493,35 @@ export async function measure(input: {
   ];
 
   const facts = [
-    { name: "HTTP requests sent", value: `${formatInt(input.stats.sent)}${input.stats.refused ? ` (and ${formatInt(input.stats.refused)} connection attempts refused while the service was down, not counted)` : ""}` },
-    { name: "logical requests (keys)", value: `${formatInt(keys.length)}, ${formatPercent(keys.length ? answeredKeys / keys.length : 0, 2)} got a final answer${abandonedChains ? `, ${formatInt(abandonedChains)} client copies gave up` : ""}` },
-    { name: "records by state", value: Object.entries(byState).sort().map(([s, n]) => `${s} ${formatInt(n)}`).join(", ") },
-    { name: "payments by status", value: Object.entries(paymentsByStatus).sort().map(([s, n]) => `${s} ${formatInt(n)}`).join(", ") || "none" },
+    {
+      name: "HTTP requests sent",
+      value: `${formatInt(input.stats.sent)}${input.stats.refused ? ` (and ${formatInt(input.stats.refused)} connection attempts refused while the service was down, not counted)` : ""}`,
+    },
+    {
+      name: "logical requests (keys)",
+      value: `${formatInt(keys.length)}, ${formatPercent(keys.length ? answeredKeys / keys.length : 0, 2)} got a final answer${abandonedChains ? `, ${formatInt(abandonedChains)} client copies gave up` : ""}`,
+    },
+    {
+      name: "records by state",
+      value: Object.entries(byState)
+        .sort()
+        .map(([s, n]) => `${s} ${formatInt(n)}`)
+        .join(", "),
+    },
+    {
+      name: "payments by status",
+      value:
+        Object.entries(paymentsByStatus)
+          .sort()
+          .map(([s, n]) => `${s} ${formatInt(n)}`)
+          .join(", ") || "none",
+    },
     { name: "provider charges", value: `${formatInt(provider.charges.length)} (from ${formatInt(provider.chargeRequests.length)} charge requests)` },
     { name: "records ever UNKNOWN", value: `${formatInt(everUnknown)}, longest ${formatDuration(longestUnknownMs)}, ${formatInt(stillUnknown)} still UNKNOWN` },
-    { name: "Reserve transactions measured", value: `${formatInt(reserve.count)}: P50 ${reserve.p50Ms.toFixed(1)} ms, P90 ${reserve.p90Ms.toFixed(1)} ms, P99.9 ${reserve.beyond ? ">" : ""}${reserve.p999Ms.toFixed(1)} ms` },
+    {
+      name: "Reserve transactions measured",
+      value: `${formatInt(reserve.count)}: P50 ${reserve.p50Ms.toFixed(1)} ms, P90 ${reserve.p90Ms.toFixed(1)} ms, P99.9 ${reserve.beyond ? ">" : ""}${reserve.p999Ms.toFixed(1)} ms`,
+    },
     {
       name: "Reserve RPCs, server side (pool wait and queueing included)",
       value: `${formatInt(reserveRpc.count)}: P50 ${reserveRpc.p50Ms.toFixed(1)} ms, P99 ${reserveRpc.beyond ? ">" : ""}${reserveRpc.p99Ms.toFixed(1)} ms`,

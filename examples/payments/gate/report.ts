@@ -40,7 +40,18 @@ export interface GateReport {
   latency: {
     clientBoundsMs: readonly number[];
     client: Partial<Record<OutcomeClass, Distribution>>;
-    reserve: { histogram: Array<{ le: number | "+Inf"; count: number }>; count: number; sumSeconds: number; scrapes: number; series: ReserveInterval[]; p50Ms: number; p90Ms: number; p99Ms: number; p999Ms: number; limitMs: number };
+    reserve: {
+      histogram: Array<{ le: number | "+Inf"; count: number }>;
+      count: number;
+      sumSeconds: number;
+      scrapes: number;
+      series: ReserveInterval[];
+      p50Ms: number;
+      p90Ms: number;
+      p99Ms: number;
+      p999Ms: number;
+      limitMs: number;
+    };
     reserveRpc: HistogramSummary;
   };
   samples: Record<string, unknown[]>;
@@ -51,7 +62,11 @@ export function renderTable(report: GateReport): string {
   const rows = report.criteria.map((c) => [c.name, c.measured, c.threshold, c.pass ? "PASS" : "FAIL"]);
   const head = ["criterion", "measured", "threshold", "result"];
   const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join("  ").trimEnd();
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => c.padEnd(widths[i]!))
+      .join("  ")
+      .trimEnd();
   const rule = widths.map((w) => "-".repeat(w)).join("  ");
   const contract = report.criteria.filter((c) => c.source === "contract").length;
   const out = [
@@ -64,9 +79,21 @@ export function renderTable(report: GateReport): string {
     ...rows.slice(contract).map(line),
     "",
     ...report.facts.map((f) => `  ${f.name}: ${f.value}`),
-    `  kills: ${report.chaos.events.filter((e) => e.killedAt).map((e) => `${e.target} at ${(e.requestsSent ?? 0).toLocaleString("en-US")} (down ${formatDuration(e.downMs ?? 0)})`).join("; ") || "none"}`,
+    `  kills: ${
+      report.chaos.events
+        .filter((e) => e.killedAt)
+        .map((e) => `${e.target} at ${(e.requestsSent ?? 0).toLocaleString("en-US")} (down ${formatDuration(e.downMs ?? 0)})`)
+        .join("; ") || "none"
+    }`,
     "",
-    `GATE ${report.passed ? "PASSED" : "FAILED"}${report.passed ? "" : `: ${report.criteria.filter((c) => !c.pass).map((c) => c.name).join("; ")}`}`,
+    `GATE ${report.passed ? "PASSED" : "FAILED"}${
+      report.passed
+        ? ""
+        : `: ${report.criteria
+            .filter((c) => !c.pass)
+            .map((c) => c.name)
+            .join("; ")}`
+    }`,
   ];
   return `${out.join("\n")}\n`;
 }
@@ -226,10 +253,17 @@ function svgReserveSeries(series: readonly ReserveInterval[], kills: Array<{ sec
     parts.push(`<text x="${left - 4}" y="${(y(ms) + 3).toFixed(1)}" class="ax" text-anchor="end">${esc(fmtMs(ms).replace(".0 ", " "))}</text>`);
   }
   parts.push(...timeAxis(f, x, n));
-  parts.push(`<line x1="${left}" y1="${y(limitMs).toFixed(1)}" x2="${left + plotW}" y2="${y(limitMs).toFixed(1)}" stroke="#000" stroke-dasharray="6 3"><title>limit ${fmtMs(limitMs)}</title></line>`);
+  parts.push(
+    `<line x1="${left}" y1="${y(limitMs).toFixed(1)}" x2="${left + plotW}" y2="${y(limitMs).toFixed(1)}" stroke="#000" stroke-dasharray="6 3"><title>limit ${fmtMs(limitMs)}</title></line>`,
+  );
   const line = (pick: (p: ReserveInterval) => number, color: string, title: string) =>
     `<path d="${series.map((p, i) => `${i === 0 ? "M" : "L"}${x(p.second).toFixed(1)},${y(pick(p)).toFixed(1)}`).join("")}" fill="none" stroke="${color}" stroke-width="1.4"><title>${title}</title></path>` +
-    series.map((p) => `<circle cx="${x(p.second).toFixed(1)}" cy="${y(pick(p)).toFixed(1)}" r="2" fill="${color}"><title>${p.second}s: ${title} ${fmtMs(pick(p))} (${p.count} transactions)</title></circle>`).join("");
+    series
+      .map(
+        (p) =>
+          `<circle cx="${x(p.second).toFixed(1)}" cy="${y(pick(p)).toFixed(1)}" r="2" fill="${color}"><title>${p.second}s: ${title} ${fmtMs(pick(p))} (${p.count} transactions)</title></circle>`,
+      )
+      .join("");
   parts.push(line((p) => p.p50Ms, "#1565c0", "P50"));
   parts.push(line((p) => p.p99Ms, "#c62828", "P99"));
   parts.push(...killMarks(f, x, kills));
@@ -263,7 +297,12 @@ export function renderHtml(report: GateReport): string {
   let prevLe = 0;
   let prevCount = 0;
   for (const b of finite) {
-    reserveBars.push({ fromMs: prevLe === 0 ? (b.le * 1000) / 2 : prevLe * 1000, toMs: b.le * 1000, count: b.count - prevCount, label: `${fmtMs(prevLe * 1000)} – ${fmtMs(b.le * 1000)}` });
+    reserveBars.push({
+      fromMs: prevLe === 0 ? (b.le * 1000) / 2 : prevLe * 1000,
+      toMs: b.le * 1000,
+      count: b.count - prevCount,
+      label: `${fmtMs(prevLe * 1000)} – ${fmtMs(b.le * 1000)}`,
+    });
     prevLe = b.le;
     prevCount = b.count;
   }
@@ -281,9 +320,7 @@ export function renderHtml(report: GateReport): string {
   });
 
   const startMs = Date.parse(report.startedAt) + report.phases.startupSeconds * 1000;
-  const kills = report.chaos.events
-    .filter((e) => e.killedAt)
-    .map((e) => ({ second: (Date.parse(e.killedAt!) - startMs) / 1000, label: `kill ${e.target}` }));
+  const kills = report.chaos.events.filter((e) => e.killedAt).map((e) => ({ second: (Date.parse(e.killedAt!) - startMs) / 1000, label: `kill ${e.target}` }));
 
   const criteria = report.criteria
     .map(
@@ -291,20 +328,19 @@ export function renderHtml(report: GateReport): string {
         `<tr class="${c.pass ? "pass" : "fail"}"><td>${esc(c.name)}${c.source === "supplementary" ? ' <span class="sup">supplementary</span>' : ""}</td><td>${esc(c.measured)}</td><td>${esc(c.threshold)}</td><td class="r">${c.pass ? "PASS" : "FAIL"}</td></tr>`,
     )
     .join("\n");
-  const details = report.criteria
-    .map((c) => `<details><summary>${esc(c.name)}</summary><pre>${esc(JSON.stringify(c.detail, null, 2))}</pre></details>`)
-    .join("\n");
+  const details = report.criteria.map((c) => `<details><summary>${esc(c.name)}</summary><pre>${esc(JSON.stringify(c.detail, null, 2))}</pre></details>`).join("\n");
   const facts = report.facts.map((f) => `<tr><th>${esc(f.name)}</th><td>${esc(f.value)}</td></tr>`).join("\n");
   const events = report.chaos.events
-    .map((e) => `<tr><td>${esc(e.target)}</td><td>${esc(e.killedAt ?? "not reached")}</td><td>${(e.requestsSent ?? 0).toLocaleString("en-US")}</td><td>${e.downMs !== undefined ? fmtMs(e.downMs) : "–"}</td><td>${e.restartMs !== undefined ? fmtMs(e.restartMs) : "–"}</td><td>${esc(e.error ?? "")}</td></tr>`)
+    .map(
+      (e) =>
+        `<tr><td>${esc(e.target)}</td><td>${esc(e.killedAt ?? "not reached")}</td><td>${(e.requestsSent ?? 0).toLocaleString("en-US")}</td><td>${e.downMs !== undefined ? fmtMs(e.downMs) : "–"}</td><td>${e.restartMs !== undefined ? fmtMs(e.restartMs) : "–"}</td><td>${esc(e.error ?? "")}</td></tr>`,
+    )
     .join("\n");
   const statuses = Object.entries(report.load.byStatus)
     .sort()
     .map(([s, n]) => `${s}: ${n.toLocaleString("en-US")}`)
     .join(" · ");
-  const samples = Object.keys(report.samples).length
-    ? `<h2>Violations (examples)</h2><pre>${esc(JSON.stringify(report.samples, null, 2))}</pre>`
-    : "";
+  const samples = Object.keys(report.samples).length ? `<h2>Violations (examples)</h2><pre>${esc(JSON.stringify(report.samples, null, 2))}</pre>` : "";
 
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Launch gate: ${report.passed ? "PASSED" : "FAILED"}</title>
@@ -329,8 +365,16 @@ ${details}
 <h2>The run</h2>
 <table>${facts}
 <tr><th>answers by status</th><td>${esc(statuses)}</td></tr>
-<tr><th>sends by kind</th><td>${esc(Object.entries(report.load.byKind).map(([k, n]) => `${k} ${n.toLocaleString("en-US")}`).join(" · "))}</td></tr>
-<tr><th>sends by body</th><td>${esc(Object.entries(report.load.byVariant).map(([k, n]) => `${k} ${n.toLocaleString("en-US")}`).join(" · "))}</td></tr>
+<tr><th>sends by kind</th><td>${esc(
+    Object.entries(report.load.byKind)
+      .map(([k, n]) => `${k} ${n.toLocaleString("en-US")}`)
+      .join(" · "),
+  )}</td></tr>
+<tr><th>sends by body</th><td>${esc(
+    Object.entries(report.load.byVariant)
+      .map(([k, n]) => `${k} ${n.toLocaleString("en-US")}`)
+      .join(" · "),
+  )}</td></tr>
 <tr><th>phases</th><td>start ${formatDuration(report.phases.startupSeconds * 1000)} · load ${formatDuration(report.phases.loadSeconds * 1000)} · settle ${formatDuration(report.phases.settleSeconds * 1000)} · measure ${formatDuration(report.phases.measureSeconds * 1000)}</td></tr>
 </table>
 <h2>Throughput and kills</h2>

@@ -89,7 +89,11 @@ export class ReserveTracker {
       delta = h;
     } else if (previous) {
       const before = new Map(previous.buckets.map((b) => [b.le, b.count]));
-      delta = { buckets: h.buckets.map((b) => ({ le: b.le, count: b.count - (before.get(b.le) ?? 0) })), count: h.count - previous.count, sumSeconds: h.sumSeconds - previous.sumSeconds };
+      delta = {
+        buckets: h.buckets.map((b) => ({ le: b.le, count: b.count - (before.get(b.le) ?? 0) })),
+        count: h.count - previous.count,
+        sumSeconds: h.sumSeconds - previous.sumSeconds,
+      };
     } else {
       delta = h;
     }

@@ -66,7 +66,6 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-
 export interface HttpAnswer {
   status: number;
   headers: http.IncomingHttpHeaders;
@@ -84,7 +83,11 @@ export class HttpClient {
   private readonly host: string;
   private readonly port: number;
 
-  constructor(baseUrl: string, maxSockets: number, private readonly timeoutMs: number) {
+  constructor(
+    baseUrl: string,
+    maxSockets: number,
+    private readonly timeoutMs: number,
+  ) {
     const url = new URL(baseUrl);
     this.host = url.hostname;
     this.port = Number(url.port);

@@ -20,9 +20,7 @@ export const loadAttempts = statement<IdRef>(
  * stable downstream key and the id of the call that registers it (so that a
  * re-run of that call after a lost COMMIT finds it).
  */
-export const insertAttempt = statement<
-  IdRef & { attemptNumber: number; effect: string; provider: string; downstreamKey: string; generation: number; registrationId: string }
->(
+export const insertAttempt = statement<IdRef & { attemptNumber: number; effect: string; provider: string; downstreamKey: string; generation: number; registrationId: string }>(
   "insertAttempt",
   `INSERT INTO idem_effect_attempt (tenant_id, operation_id, attempt_number, effect, provider, downstream_key, status, generation, registration_id)
    VALUES (:tenant, :operationId, :attemptNumber, :effect, :provider, :downstreamKey, 'PENDING', :generation, :registrationId)

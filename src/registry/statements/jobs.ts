@@ -24,10 +24,7 @@ export const holdJobLease = statement<{ job: string; holder: string; ttlMs: numb
 );
 
 /** Gives a job's lease up (on shutdown), so that another replica takes over without waiting. */
-export const releaseJobLease = statement<{ job: string; holder: string }>(
-  "releaseJobLease",
-  "DELETE FROM idem_job_lease WHERE job = :job AND holder = :holder",
-);
+export const releaseJobLease = statement<{ job: string; holder: string }>("releaseJobLease", "DELETE FROM idem_job_lease WHERE job = :job AND holder = :holder");
 
 /**
  * One batch of the recoverer over unfinished records whose lease ended: with

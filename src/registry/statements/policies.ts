@@ -57,7 +57,10 @@ export const listControls = statement<Record<string, never>, { operation: string
  * `events` (a JSON array of {kind, detail}) as an operation-level event
  * (tenant ''), in one statement: a change is never left without its event.
  */
-export const changeControl = statement<OperationKey & { mode: string | null; writerEpoch: number | null; updatedBy: string; events: string }, { mode: string; writer_epoch: string; updated_at: Date }>(
+export const changeControl = statement<
+  OperationKey & { mode: string | null; writerEpoch: number | null; updatedBy: string; events: string },
+  { mode: string; writer_epoch: string; updated_at: Date }
+>(
   "changeControl",
   `WITH changed AS (
      UPDATE idem_operation

@@ -61,10 +61,7 @@ export const insertOrFind = statement<
 );
 
 /** The record of a scope, as a new statement's snapshot shows it. */
-export const findByScope = statement<ScopeRef>(
-  "findByScope",
-  `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`,
-);
+export const findByScope = statement<ScopeRef>("findByScope", `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`);
 
 /**
  * Locks one record for the rest of the transaction. FOR UPDATE serializes
