@@ -39,7 +39,7 @@ export function embeddedSettings(durable: boolean): Record<string, string> {
 }
 
 export async function startDatabase(options: { databaseUrl?: string; durable: boolean; logger: Logger }): Promise<BenchDatabase> {
-  if (options.databaseUrl) return { url: options.databaseUrl, embedded: false, stop: async () => undefined };
+  if (options.databaseUrl) return { url: options.databaseUrl, embedded: false, stop: () => Promise.resolve() };
   const stateDir = await mkdtemp(join(tmpdir(), "idem-bench-"));
   const embedded = await startEmbeddedPostgres({
     stateDir,

@@ -60,6 +60,17 @@ export interface RoundTrips {
   pgbench?: (Omit<RpcCost, "calls" | "clientMs" | "handlerMs"> & { sameStatements?: boolean }) | null;
 }
 
+/** The machine a run was measured on; load averages over 1, 5 and 15 minutes (os.loadavg()). */
+export interface Machine {
+  cpus: number;
+  cpuModel: string;
+  memoryGb: number;
+  os: string;
+  node: string;
+  loadAverageBefore: number[];
+  loadAverageAfter: number[];
+}
+
 export interface BenchResult {
   benchmark: "idempotency-coordinator";
   version: 1;
@@ -68,10 +79,10 @@ export interface BenchResult {
   durationSec: number;
   command: string;
   options: Record<string, unknown>;
-  machine: Record<string, unknown>;
+  machine: Machine;
   database: { embedded: boolean; version: string; settings: Record<string, string>; pgStatStatements: boolean };
   server: { mode: string; environment: Record<string, string> };
-  loadGenerator: Record<string, unknown>;
+  loadGenerator: { description: string; protocol: string; connections: number; noop: string; openModel: string };
   pgbench: { path: string; version: string; command?: string; tenantBinding?: boolean; role?: string } | { skipped: string };
   rows: Row[];
   roundTrips: RoundTrips;
@@ -235,7 +246,7 @@ function factLines(result: BenchResult): string[] {
   const m = result.machine;
   const settings = result.database.settings;
   return [
-    `machine: ${m.cpus} × ${m.cpuModel}, ${m.memoryGb} GB, ${m.os}; load average ${(m.loadAverageBefore as number[]).map((n) => n.toFixed(2)).join(" ")} before, ${(m.loadAverageAfter as number[]).map((n) => n.toFixed(2)).join(" ")} after`,
+    `machine: ${m.cpus} × ${m.cpuModel}, ${m.memoryGb} GB, ${m.os}; load average ${m.loadAverageBefore.map((n) => n.toFixed(2)).join(" ")} before, ${m.loadAverageAfter.map((n) => n.toFixed(2)).join(" ")} after`,
     `node ${m.node}; ${result.database.version.split(" on ")[0]} (${result.database.embedded ? "embedded, dedicated to this run" : "--database-url"}); ${
       "version" in result.pgbench
         ? `${result.pgbench.version}${result.pgbench.tenantBinding ? ", transactions bound to the tenant" : ""}${result.pgbench.role ? `, as role ${result.pgbench.role}` : ""}`

@@ -15,7 +15,7 @@ import pino from "pino";
 import { parsePolicyDocument } from "../src/policy/document.js";
 import { toOperationPolicy } from "../src/policy/operations.js";
 import { migrate } from "../src/registry/migrate.js";
-import { openClients, type BenchClients, type Protocol, type Reserved } from "./client.js";
+import { openClients, type BenchClients, type Reserved } from "./client.js";
 import { CpuMeter } from "./cpu.js";
 import { databaseFacts, enableStatements, readStatements, resetStatements, settle, startDatabase, type BenchDatabase, type StatementCount } from "./database.js";
 import { closedLoop, openLoop, summarize, type Phase, type Sample, type Summary } from "./load.js";
@@ -359,7 +359,7 @@ async function coordinator(
     inProcess: ctx.options.inProcess,
     ...(extraEnvironment ? { extraEnvironment } : {}),
   });
-  const clients = openClients({ baseUrl: server.baseUrl, token: ctx.token, connections: ctx.options.connections, protocol: ctx.options.protocol as Protocol, values: ctx.values });
+  const clients = openClients({ baseUrl: server.baseUrl, token: ctx.token, connections: ctx.options.connections, protocol: ctx.options.protocol, values: ctx.values });
   clientSets.add(clients);
   const stop = async () => {
     clients.close();

@@ -105,8 +105,8 @@ export async function startServer(options: ServerOptions): Promise<BenchServer> 
   });
   let output = "";
   const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-8000));
-  child.stdout!.on("data", keep);
-  child.stderr!.on("data", keep);
+  child.stdout.on("data", keep);
+  child.stderr.on("data", keep);
   let exited = false;
   child.on("exit", () => {
     exited = true;

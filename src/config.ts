@@ -405,6 +405,6 @@ function parseJson(raw: string): unknown {
   try {
     return JSON.parse(raw);
   } catch (error) {
-    throw new Error(`is not valid JSON (${(error as Error).message})`);
+    throw new Error(`is not valid JSON (${(error as Error).message})`, { cause: error });
   }
 }

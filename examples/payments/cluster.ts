@@ -134,8 +134,8 @@ async function member(args: string[], env: Record<string, string>, url: string, 
         if (verbose) process.stderr.write(chunk);
         if (/^(ready |idempotency coordinator serving)/m.test(output.slice(-4096))) resolve();
       };
-      started.stdout!.on("data", onData);
-      started.stderr!.on("data", onData);
+      started.stdout.on("data", onData);
+      started.stderr.on("data", onData);
       started.once("exit", (code, signal) => reject(new Error(`${args.join(" ")} exited (${code ?? signal}) before it was ready:\n${output.slice(-3000)}`)));
     });
     // Only the output since this start decides readiness.

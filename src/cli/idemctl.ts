@@ -24,8 +24,8 @@ interface Command {
   help: string;
   /** `--help` goes to the command itself instead of printing `help`. */
   ownHelp?: boolean;
-  /** Resolves with the exit code when it is not 0. */
-  run(args: string[]): Promise<void | number>;
+  /** Returns (or resolves with) the exit code when it is not 0. */
+  run(args: string[]): void | number | Promise<void | number>;
 }
 
 const COMMANDS: Record<string, Command> = {
@@ -314,7 +314,7 @@ ${CONNECTION_HELP}`,
 active, deploy; keep the old keys in the ring while bodies sealed with them exist.
 --ring prints a whole key ring with this key active, alone on stdout: the first ring of a
 deployment (IDEM_SNAPSHOT_KEYS, or the file of IDEM_SNAPSHOT_KEYS_FILE).`,
-    async run(args) {
+    run(args) {
       const { values } = parseArgs({ args, options: { id: { type: "string" }, ring: { type: "boolean", default: false } } });
       if (!values.id || !/^[A-Za-z0-9._-]{1,64}$/.test(values.id)) throw new UsageError("--id is required: 1 to 64 characters of A-Z a-z 0-9 . _ -, e.g. --id 2026-11");
       const key = randomBytes(32).toString("base64");
@@ -349,7 +349,7 @@ deployment (IDEM_SNAPSHOT_KEYS, or the file of IDEM_SNAPSHOT_KEYS_FILE).`,
     help: `Prints a new random bearer token (give it to the caller, once) and the JSON entry for
 IDEM_CALLERS or IDEM_CALLERS_FILE, which holds only the token's SHA-256. Defaults: all
 tenants, all operations, the gateway role.`,
-    async run(args) {
+    run(args) {
       const { values } = parseArgs({
         args,
         options: {

@@ -18,14 +18,14 @@ export async function applyPolicies(file: string, connection: Connection, out: (
   try {
     parsed = parseYaml(text);
   } catch (error) {
-    throw new Error(`${file} is not valid YAML or JSON: ${(error as Error).message}`);
+    throw new Error(`${file} is not valid YAML or JSON: ${(error as Error).message}`, { cause: error });
   }
   const entries = Array.isArray(parsed) ? parsed : [parsed];
   const documents = entries.map((entry, i) => {
     try {
       return parsePolicyDocument(entry, entries.length > 1 ? `${file}[${i}]` : file);
     } catch (error) {
-      if (error instanceof IdempotencyError) throw new Error(error.message);
+      if (error instanceof IdempotencyError) throw new Error(error.message, { cause: error });
       throw error;
     }
   });

@@ -42,6 +42,7 @@ export class JsonPath {
 
   toString(): string {
     const segments: string[] = [];
+    // eslint-disable-next-line @typescript-eslint/no-this-alias -- a cursor that walks up the parent chain from this segment, not a captured `this`
     for (let at: JsonPath | undefined = this; at?.parent !== undefined; at = at.parent) {
       const key = at.key;
       segments.push(typeof key === "number" ? `[${key}]` : IDENTIFIER.test(key) ? `.${key}` : `[${canonicalString(key)}]`);

@@ -275,7 +275,7 @@ async function launch(
   // which drains its requests first and then stops the database itself.
   const child = spawn(postgres, args, { ...owner, stdio: ["ignore", "ignore", "pipe"], detached: true });
   let log = "";
-  child.stderr!.on("data", (chunk: Buffer) => {
+  child.stderr.on("data", (chunk: Buffer) => {
     log = (log + chunk.toString()).slice(-4000);
     options.logger.debug({ postgres: chunk.toString().trim() }, "embedded PostgreSQL");
   });

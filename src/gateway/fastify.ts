@@ -55,6 +55,7 @@ const stateOf = (request: FastifyRequest): State => ((request as WithState)[STAT
  * });
  * ```
  */
+// eslint-disable-next-line @typescript-eslint/require-await -- Fastify waits for a plugin that takes no callback through the promise it returns
 export async function fastifyIdempotency(fastify: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
   const { gateway, subject } = options;
 
@@ -111,11 +112,12 @@ export async function fastifyIdempotency(fastify: FastifyInstance, options: Fast
     let result: HandlerResult;
     if (state.thrown) {
       result = state.thrown;
-    } else if (payload instanceof Readable || (payload !== null && typeof payload === "object" && !Buffer.isBuffer(payload))) {
-      result = { error: new Error("a streamed response cannot be recorded for replay; send a string or buffer") };
+    } else if (payload === null || payload === undefined || typeof payload === "string" || Buffer.isBuffer(payload)) {
+      const body = typeof payload === "string" ? Buffer.from(payload) : (payload ?? Buffer.alloc(0));
+      result = { response: { status: reply.statusCode, headers: headerPairs(reply.getHeaders()), body } };
     } else {
-      const body = payload === null || payload === undefined ? Buffer.alloc(0) : Buffer.isBuffer(payload) ? payload : Buffer.from(String(payload));
-      result = { response: { status: reply.statusCode, headers: headerPairs(reply.getHeaders() as Record<string, string | number | string[] | undefined>), body } };
+      // A stream, or anything else unserialized: after onSend, Fastify itself sends nothing but strings, buffers and streams.
+      result = { error: new Error("a streamed response cannot be recorded for replay; send a string or buffer") };
     }
     const response = await gateway.finish(context, result);
     if ("response" in result && response === result.response) return payload;
@@ -124,6 +126,7 @@ export async function fastifyIdempotency(fastify: FastifyInstance, options: Fast
   };
 
   // A response that never reached onSend (client gone, hook failure): stop renewing the lease.
+  // eslint-disable-next-line @typescript-eslint/require-await -- a Fastify hook without a `done` callback must return a promise; this one serves two hooks of different arity
   const onDone = async (request: FastifyRequest) => {
     if (!stateOf(request).finished) request.idempotency?.stopLease();
   };
@@ -132,7 +135,7 @@ export async function fastifyIdempotency(fastify: FastifyInstance, options: Fast
     if (!routeOptions.config?.idempotency) return;
     const add = (name: "preParsing" | "preHandler" | "onSend" | "onError" | "onResponse" | "onRequestAbort", hook: unknown, first = false) => {
       const existing = (routeOptions as unknown as Record<string, unknown>)[name];
-      const list = existing === undefined ? [] : Array.isArray(existing) ? existing : [existing];
+      const list: unknown[] = existing === undefined ? [] : Array.isArray(existing) ? (existing as unknown[]) : [existing];
       (routeOptions as unknown as Record<string, unknown>)[name] = first ? [hook, ...list] : [...list, hook];
     };
     add("preParsing", preParsing, true);

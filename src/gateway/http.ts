@@ -162,8 +162,8 @@ export function sameStatusAndBody(a: { status: number; body: Uint8Array }, b: { 
  */
 export function readKeyHeader(value: string | readonly string[] | undefined): string | undefined {
   if (value === undefined) return undefined;
-  if (Array.isArray(value)) return value.length === 1 ? readKeyHeader(value[0]) : "";
-  const text = (value as string).trim();
+  if (typeof value !== "string") return value.length === 1 ? readKeyHeader(value[0]) : "";
+  const text = value.trim();
   const quoted = /^"([^"\\]*)"$/.exec(text);
   if (quoted) return quoted[1]!;
   // Node joins repeated headers with ", "; a key never contains a comma.

@@ -116,6 +116,7 @@ interface Capture {
  * gateway sends it for real once the outcome is recorded.
  */
 export function captureResponse(res: ServerResponse): Capture {
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- unbound on purpose: restore() puts them back on `res`, where they are called as its methods again
   const original = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
   const chunks: Buffer[] = [];
   let ended = false;
@@ -125,7 +126,10 @@ export function captureResponse(res: ServerResponse): Capture {
     if (chunk === undefined || chunk === null || typeof chunk === "function") return undefined;
     if (typeof chunk === "string") return Buffer.from(chunk, typeof encoding === "string" ? (encoding as BufferEncoding) : "utf8");
     if (chunk instanceof Uint8Array) return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
-    return Buffer.from(String(chunk));
+    // What ServerResponse#write itself refuses fails the same way here, instead of recording "[object Object]".
+    throw Object.assign(new TypeError(`The "chunk" argument must be of type string or an instance of Buffer or Uint8Array. Received type ${typeof chunk}`), {
+      code: "ERR_INVALID_ARG_TYPE",
+    });
   };
   const callbackOf = (...args: unknown[]) => args.find((a): a is () => void => typeof a === "function");
 
@@ -139,7 +143,7 @@ export function captureResponse(res: ServerResponse): Capture {
       for (const [name, value] of Object.entries(headers)) if (value !== undefined) res.setHeader(name, value);
     }
     return res;
-  } as ServerResponse["writeHead"];
+  };
   res.flushHeaders = () => undefined;
   res.write = function write(chunk: unknown, ...rest: unknown[]) {
     const buffer = toBuffer(chunk, rest[0]);
@@ -153,7 +157,7 @@ export function captureResponse(res: ServerResponse): Capture {
     const buffer = toBuffer(chunk, rest[0]);
     if (buffer) chunks.push(buffer);
     ended = true;
-    const headers = headerPairs(res.getHeaders() as Record<string, string | number | string[] | undefined>);
+    const headers = headerPairs(res.getHeaders());
     resolveDone({ status: res.statusCode, headers, body: Buffer.concat(chunks) });
     const cb = callbackOf(chunk, ...rest);
     if (cb) queueMicrotask(cb);

@@ -152,11 +152,11 @@ export class StaticPolicies implements PolicySource {
     this.index = new RevisionIndex(policies);
   }
 
-  async current(operation: string, apiRevision: number): Promise<OperationPolicy | undefined> {
-    return this.index.current(operation, apiRevision);
+  current(operation: string, apiRevision: number): Promise<OperationPolicy | undefined> {
+    return Promise.resolve(this.index.current(operation, apiRevision));
   }
 
-  async revision(operation: string, apiRevision: number, schemaRevision: number): Promise<OperationPolicy | undefined> {
-    return this.index.revision(operation, apiRevision, schemaRevision);
+  revision(operation: string, apiRevision: number, schemaRevision: number): Promise<OperationPolicy | undefined> {
+    return Promise.resolve(this.index.revision(operation, apiRevision, schemaRevision));
   }
 }

@@ -205,7 +205,8 @@ export class Registry {
           // (the insert waited for it and found the conflict): read it anew.
           found ??= await findByScope(q, subject.tenant, scope);
           if (!found) {
-            if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
+            const pending = keyRefusal ?? refusal;
+            if (pending) throw pending;
             refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
           }
           const { record, inserted } = found;
@@ -214,7 +215,8 @@ export class Registry {
           if (record.tombstonedAt !== null && (await this.reusable(record))) {
             // The policy says old effects cannot reappear and the horizon passed:
             // the scope starts afresh, and one racing reservation wins it.
-            if (keyRefusal ?? refusal) throw keyRefusal ?? refusal;
+            const pending = keyRefusal ?? refusal;
+            if (pending) throw pending;
             const recycled = await firstRecord(recordStatements.recycleByScope, q, {
               tenant: record.tenant,
               scope: Buffer.from(record.scope),

@@ -248,9 +248,11 @@ function grantedScope(caller: Caller, tenant: string, operations: readonly strin
  */
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
+    // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- the abort's own reason, whatever the aborter gave, passed on as signal.throwIfAborted() would
     if (signal.aborted) return reject(signal.reason);
     const onAbort = () => {
       clearTimeout(timer);
+      // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- the abort's own reason, as above
       reject(signal.reason);
     };
     const timer = setTimeout(() => {

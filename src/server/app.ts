@@ -218,7 +218,7 @@ export async function startCoordinator({
     admin = await listenAdmin(
       {
         serving: () => ready.serving,
-        databaseReachable: async () => ready.databaseReachable,
+        databaseReachable: () => Promise.resolve(ready.databaseReachable),
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
       [consoleRoutes({ db, registry, store, callers })],

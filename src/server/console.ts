@@ -91,7 +91,7 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; store: PolicyS
     }
     if (endpoint === "reconcile" && req.method === "POST") {
       const input = (await jsonBody(req)) as Record<string, unknown>;
-      const text = (name: string) => (typeof input[name] === "string" ? (input[name] as string) : "");
+      const text = (name: string) => (typeof input[name] === "string" ? input[name] : "");
       const outcome = text("outcome");
       if (outcome !== "SUCCEEDED" && outcome !== "FAILED_FINAL") return reply(res, 400, { reason: "INVALID_REQUEST", message: "outcome must be SUCCEEDED or FAILED_FINAL" });
       const record = await registry.reconcile(

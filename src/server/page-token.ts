@@ -10,7 +10,7 @@ export function decodePageToken(token: string, length: number): string[] | undef
   if (token === "") return undefined;
   try {
     const key = JSON.parse(Buffer.from(token, "base64url").toString("utf8")) as unknown;
-    if (Array.isArray(key) && key.length === length && key.every((part) => typeof part === "string")) return key as string[];
+    if (Array.isArray(key) && key.length === length && key.every((part) => typeof part === "string")) return key;
   } catch {
     // Falls through to the refusal.
   }

@@ -1,4 +1,4 @@
-import { context, SpanKind, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
+import { context, SpanKind, SpanStatusCode, trace, type TextMapGetter, type Tracer } from "@opentelemetry/api";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
@@ -22,6 +22,11 @@ export function startTracing(env: NodeJS.ProcessEnv): { tracer: Tracer; shutdown
 }
 
 const propagator = new W3CTraceContextPropagator();
+/** Reads the caller's trace context (traceparent, tracestate) from the request's headers. */
+const headerGetter: TextMapGetter<Headers> = {
+  get: (headers, key) => headers.get(key) ?? undefined,
+  keys: (headers) => [...headers.keys()],
+};
 
 /**
  * A span per RPC: `rpc.service`, `rpc.method`, the status code, and the
@@ -29,10 +34,7 @@ const propagator = new W3CTraceContextPropagator();
  */
 export function tracingInterceptor(tracer: Tracer): Interceptor {
   return (next) => async (req) => {
-    const parent = propagator.extract(context.active(), req.header, {
-      get: (headers, key) => headers.get(key) ?? undefined,
-      keys: (headers) => [...headers.keys()],
-    });
+    const parent = propagator.extract(context.active(), req.header, headerGetter);
     const span = tracer.startSpan(
       `${req.service.typeName}/${req.method.name}`,
       {

@@ -104,7 +104,7 @@ describe("the operator console's overview", () => {
   };
   /** Records by state, as PostgreSQL counts them for `tenants` (all when undefined). */
   const counted = async (tenants?: string[]) => {
-    const { rows } = await t.pool.query(
+    const { rows } = await t.pool.query<{ state: string; n: number }>(
       "SELECT state, count(*)::int AS n FROM idem_record WHERE tombstoned_at IS NULL AND ($1::text[] IS NULL OR tenant_id = ANY($1)) GROUP BY state",
       [tenants ?? null],
     );
@@ -134,7 +134,9 @@ describe("the operator console's overview", () => {
       { headers: { authorization: `Bearer ${server.tokens.globex}` } },
     );
     await expireLease(t.pool, stuck.operationId);
-    await expect.poll(async () => (await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [stuck.operationId])).rows[0].state).toBe("UNKNOWN");
+    await expect
+      .poll(async () => (await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [stuck.operationId])).rows[0]?.state)
+      .toBe("UNKNOWN");
     await t.pool.query("UPDATE idem_record SET updated_at = now() - interval '1 hour' WHERE operation_id = $1", [stuck.operationId]);
     for (let i = 0; i < 25; i++) await globex(key, `{"amount":${i + 2}}`);
 

@@ -49,7 +49,7 @@ describe("the launch gate (npm run gate), small", () => {
         log: (line) => notes.push(line),
       });
     } catch (error) {
-      throw new Error(`the gate did not complete: ${(error as Error).message}\n${notes.join("\n")}`);
+      throw new Error(`the gate did not complete: ${(error as Error).message}\n${notes.join("\n")}`, { cause: error });
     }
     const failed = result.report.criteria.filter((c) => !c.pass);
     expect(failed, `${result.table}\n${notes.join("\n")}`).toEqual([]);

@@ -32,7 +32,7 @@ async function failAndGoUnknown(app: PaymentsApp, key: string, body: unknown) {
 
   const retry = await post(`${app.service.url}/v1/payments`, key, body, ALICE);
   expect(retry.status).toBe(409);
-  expect(retry.json.operationId).toBe(unknown.operationId);
+  expect(retry.json?.operationId).toBe(unknown.operationId);
   return { operationId: unknown.operationId, downstreamKey };
 }
 
@@ -83,8 +83,10 @@ describe.each(["co-located", "remote"] as const)("recovering payments whose char
     expect(after.headers.get("idempotent-replayed")).toBe("true");
     expect(after.json).toMatchObject({ status: "captured", amount: 2500, chargeId: charge.id, operationId });
     expect(app().service.stats.handlerRuns).toBe(runs + 1);
-    const rows = await t.pool.query(`SELECT count(*)::int AS n FROM ${mode === "remote" ? `"${remoteSchema()}".` : ""}payments WHERE operation_id = $1`, [operationId]);
-    expect(rows.rows[0].n).toBe(1);
+    const rows = await t.pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${mode === "remote" ? `"${remoteSchema()}".` : ""}payments WHERE operation_id = $1`, [
+      operationId,
+    ]);
+    expect(rows.rows[0]?.n).toBe(1);
   });
 
   it("replays a charge that failed ambiguously with its original key: the provider charges once", async () => {

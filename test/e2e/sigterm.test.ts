@@ -71,8 +71,10 @@ describe("SIGTERM", () => {
       ),
     );
     await until(async () => {
-      const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'idempotency-coordinator' AND wait_event_type = 'Lock'");
-      return rows[0].n >= 10;
+      const { rows } = await t.pool.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'idempotency-coordinator' AND wait_event_type = 'Lock'",
+      );
+      return rows[0]!.n >= 10;
     }, "all ten Reserves to wait on the uncommitted reservation's lock");
 
     const exited = new Promise<number | null>((resolve) => child!.once("exit", (code) => resolve(code)));

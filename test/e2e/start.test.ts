@@ -71,7 +71,7 @@ describe("npm start on the embedded default", () => {
     const decisions = stdout
       .trim()
       .split("\n")
-      .map((line) => JSON.parse(line).decision);
+      .map((line) => (JSON.parse(line) as { decision: string }).decision);
     expect(decisions).toEqual(["DECISION_ACCEPTED", "DECISION_IN_PROGRESS", "DECISION_PAYLOAD_CONFLICT"]);
   });
 

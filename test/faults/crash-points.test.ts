@@ -62,7 +62,10 @@ async function crashAt(target: Member, point: HookPoint, extra: Record<string, s
 
 async function invariants(key: string, first: { status: number; text: string }) {
   const payment = JSON.parse(first.text) as { operationId: string; chargeId: string };
-  const { rows: records } = await t.pool.query("SELECT state, generation::int FROM idem_record WHERE operation_id = $1", [payment.operationId]);
+  const { rows: records } = await t.pool.query<{ state: string; generation: number }>("SELECT state, generation::int FROM idem_record WHERE operation_id = $1", [
+    payment.operationId,
+  ]);
+  // eslint-disable-next-line @typescript-eslint/no-unsafe-assignment -- vitest types its asymmetric matchers (expect.any) as any
   expect(records).toEqual([{ state: "SUCCEEDED", generation: expect.any(Number) }]);
   const { rows: rowCounts } = await t.pool.query(
     `SELECT (SELECT count(*)::int FROM payments WHERE operation_id = $1) AS payments,
@@ -70,11 +73,13 @@ async function invariants(key: string, first: { status: number; text: string }) 
     [payment.operationId],
   );
   expect(rowCounts[0]).toEqual({ payments: 1, outbox: 1 });
-  const { rows: keys } = await t.pool.query("SELECT DISTINCT downstream_key FROM idem_effect_attempt WHERE operation_id = $1", [payment.operationId]);
+  const { rows: keys } = await t.pool.query<{ downstream_key: string }>("SELECT DISTINCT downstream_key FROM idem_effect_attempt WHERE operation_id = $1", [payment.operationId]);
   expect(keys).toHaveLength(1);
   const state = await cluster.providerState();
-  expect(state.charges.filter((c) => c.idempotencyKey === keys[0].downstream_key).map((c) => c.id)).toEqual([payment.chargeId]);
-  const { rows: events } = await t.pool.query("SELECT kind, generation::int FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [payment.operationId]);
+  expect(state.charges.filter((c) => c.idempotencyKey === keys[0]?.downstream_key).map((c) => c.id)).toEqual([payment.chargeId]);
+  const { rows: events } = await t.pool.query<{ kind: string; generation: number }>("SELECT kind, generation::int FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [
+    payment.operationId,
+  ]);
   const generations = events.map((e) => e.generation);
   expect(generations).toEqual([...generations].sort((a, b) => a - b));
   // The client's retries replay the same body, and a different amount under the key is refused.

@@ -61,12 +61,12 @@ describe("injected serialization failures and deadlocks", () => {
       expect((await registry.reserve(twice.db, reserveInput(key), gateway)).decision).toBe("ACCEPTED");
       expect(retried).toEqual([sqlstate, sqlstate]);
 
-      const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      const { rows: before } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
       const always = failing(base, sqlstate, Number.POSITIVE_INFINITY);
       const refusal = await expectRefusal(registry.reserve(always.db, reserveInput(newKey()), gateway), "REGISTRY_BUSY");
       expect(refusal.metadata).toEqual({ sqlstate });
       expect(always.failures()).toBe(4);
-      const { rows: after } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      const { rows: after } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
       expect(after).toEqual(before);
     });
   }
@@ -109,7 +109,7 @@ function commitAnswerLostOnce(pool: pg.Pool): { db: Db; lost: () => boolean } {
               return result;
             };
           }
-          return typeof value === "function" ? value.bind(target) : value;
+          return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
         },
       });
     },
@@ -140,14 +140,14 @@ describe("a COMMIT whose answer was lost", () => {
     const reconciled = await registry.reconcile(losing.db, { ref, outcome: "SUCCEEDED", snapshot, evidence: "provider dashboard", operatorName: "olga" }, operator);
     expect(losing.lost()).toBe(true);
     expect(reconciled).toMatchObject({ state: "SUCCEEDED", generation: 2 });
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'RECONCILED'", [ref.operationId]);
-    expect(rows[0].n).toBe(1);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'RECONCILED'", [ref.operationId]);
+    expect(rows[0]?.n).toBe(1);
   });
 });
 
 describe("connections killed inside a transaction", () => {
   const completedEvents = async (operationId: string) =>
-    (await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [operationId])).rows[0].n as number;
+    (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [operationId])).rows[0]!.n;
 
   it("re-runs a Complete whose connection was terminated before its COMMIT: one terminal state, one event", async () => {
     const server = await startTestServer(t, { hooks: failpoints });
@@ -158,11 +158,11 @@ describe("connections killed inside a transaction", () => {
       const paused = failpoints.arm("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
       await paused;
-      const { rows: killed } = await t.pool.query(
+      const { rows: killed } = await t.pool.query<{ n: number }>(
         "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'",
         [server.applicationName],
       );
-      expect(killed[0].n).toBe(1);
+      expect(killed[0]?.n).toBe(1);
       expect((await completing).state).toBe(RecordState.SUCCEEDED);
       expect(await completedEvents(operationId)).toBe(1);
     } finally {
@@ -183,8 +183,8 @@ describe("connections killed inside a transaction", () => {
       const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } }, call);
       const committing = "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query = 'COMMIT'";
       await vi.waitFor(async () => expect((await t.pool.query(committing, [server.applicationName])).rowCount).toBe(1), { timeout: 10_000 });
-      const { rows: killed } = await t.pool.query(`SELECT count(pg_terminate_backend(pid))::int AS n FROM (${committing}) AS c`, [server.applicationName]);
-      expect(killed[0].n).toBe(1);
+      const { rows: killed } = await t.pool.query<{ n: number }>(`SELECT count(pg_terminate_backend(pid))::int AS n FROM (${committing}) AS c`, [server.applicationName]);
+      expect(killed[0]?.n).toBe(1);
       expect((await completing).state).toBe(RecordState.SUCCEEDED);
       expect(await completedEvents(operationId)).toBe(1);
     } finally {
@@ -202,7 +202,7 @@ describe("connections killed inside a transaction", () => {
       const paused = failpoints.arm("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const holding = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, call);
       await paused;
-      const { rows: before } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      const { rows: before } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
       const refused = await reserve().then(
         () => undefined,
         (e: unknown) => ConnectError.from(e),
@@ -210,7 +210,7 @@ describe("connections killed inside a transaction", () => {
       expect(refused?.code).toBe(Code.Unavailable);
       expect(refused?.findDetails(ErrorInfoSchema)[0]?.reason).toBe("REGISTRY_UNAVAILABLE");
       await holding;
-      const { rows: after } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+      const { rows: after } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
       expect(after).toEqual(before);
     } finally {
       await server.stop();

@@ -52,18 +52,14 @@ describe("requests at the edges of the contract", () => {
 
   it("refuses duplicate members, even equal ones, before anything is stored or charged", async () => {
     const before = charges();
-    const {
-      rows: [{ n: records }],
-    } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+    const records = (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record")).rows[0]!.n;
     for (const body of ['{"amount":700,"amount":70000,"currency":"EUR","card":"tok_visa"}', '{"amount":700,"\\u0061mount":700,"currency":"EUR","card":"tok_visa"}']) {
       const refused = await post(url(), randomUUID(), body, ALICE);
       expect(refused.status).toBe(400);
       expect(refused.headers.get("content-type")).toBe("application/problem+json");
     }
     expect(charges()).toBe(before);
-    const {
-      rows: [{ n: after }],
-    } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
+    const after = (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record")).rows[0]!.n;
     expect(after).toBe(records);
   });
 
@@ -120,7 +116,7 @@ describe("requests at the edges of the contract", () => {
     for (const answer of racing) expect([201, 410], answer.text).toContain(answer.status);
     for (const answer of after) expect(answer.status).toBe(410);
     expect(charges()).toBe(before);
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM payments WHERE operation_id = $1", [operationId]);
-    expect(rows[0].n).toBe(1);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM payments WHERE operation_id = $1", [operationId]);
+    expect(rows[0]?.n).toBe(1);
   });
 });

@@ -62,14 +62,14 @@ const CLEAN_CODES = new Set([
 ]);
 
 async function counts(pool: pg.Pool): Promise<string> {
-  const { rows } = await pool.query(
+  const { rows } = await pool.query<{ c: string }>(
     "SELECT (SELECT count(*) FROM idem_record) || '/' || (SELECT count(*) FROM idem_effect_attempt) || '/' || (SELECT count(*) FROM idem_event) || '/' || (SELECT count(*) FROM idem_policy) AS c",
   );
-  return rows[0].c as string;
+  return rows[0]!.c;
 }
 
 function mutate(bytes: Uint8Array, edits: Array<{ at: number; op: number; value: number }>): Uint8Array {
-  let out = Array.from(bytes);
+  const out = Array.from(bytes);
   for (const { at, op, value } of edits) {
     const i = out.length === 0 ? 0 : at % out.length;
     if (op === 0) out[i] = (out[i] ?? 0) ^ (1 << (value % 8));

@@ -45,7 +45,7 @@ const request = (key: string, amount = 10): GatewayRequest => ({
   body: new TextEncoder().encode(JSON.stringify({ amount })),
 });
 
-const orderRows = async (operationId: string) => (await t.pool.query("SELECT * FROM orders WHERE operation_id = $1", [operationId])).rows;
+const orderRows = async (operationId: string) => (await t.pool.query<Record<string, unknown>>("SELECT * FROM orders WHERE operation_id = $1", [operationId])).rows;
 const recordOf = (key: string) => client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
 
 /** The core without any framework: admit, run, finish. */
@@ -58,10 +58,14 @@ describe("co-located completion", () => {
     const first = await run(key, async (ctx) => {
       operationId = ctx.operationId;
       const response = await ctx.transaction(async (tx) => {
-        const { rows } = await tx.query("INSERT INTO orders (operation_id, amount) VALUES ($1, $2) RETURNING id", [ctx.operationId, ctx.json<{ amount: number }>().amount]);
+        const { rows } = await tx.query<{ id: string }>("INSERT INTO orders (operation_id, amount) VALUES ($1, $2) RETURNING id", [
+          ctx.operationId,
+          ctx.json<{ amount: number }>().amount,
+        ]);
         // Inside the transaction the record is still EXECUTING for everyone else.
         expect((await recordOf(key)).state).toBe("EXECUTING");
-        return { status: 201, headers: { location: `/v1/orders/${rows[0].id}` }, json: { id: rows[0].id } };
+        const { id } = rows[0]!;
+        return { status: 201, headers: { location: `/v1/orders/${id}` }, json: { id } };
       });
       expect(ctx.completedWithin?.outcome).toBe("SUCCEEDED");
       return toHttpResponse(response);
@@ -158,9 +162,11 @@ describe("co-located sealing", () => {
     });
     expect(first.status).toBe(201);
 
-    const { rows } = await t.pool.query("SELECT snapshot_body, snapshot_key_id FROM idem_record WHERE operation_id = $1", [operationId]);
-    expect(rows[0].snapshot_key_id).toBe("test");
-    const stored = rows[0].snapshot_body as Buffer;
+    const { rows } = await t.pool.query<{ snapshot_body: Buffer; snapshot_key_id: string }>("SELECT snapshot_body, snapshot_key_id FROM idem_record WHERE operation_id = $1", [
+      operationId,
+    ]);
+    expect(rows[0]?.snapshot_key_id).toBe("test");
+    const stored = rows[0]!.snapshot_body;
     expect(stored.length).toBeGreaterThan(0);
     expect(stored.includes(Buffer.from(secret))).toBe(false);
     expect(stored.equals(Buffer.from(first.body))).toBe(false);
@@ -196,13 +202,13 @@ function commitAnswerLost(pool: pg.Pool, failure: { carried: boolean; error: () 
   let armed = false;
   const losing = new Proxy(pool, {
     get(target, property) {
-      if (property !== "connect") return Reflect.get(target, property);
+      if (property !== "connect") return Reflect.get(target, property) as unknown;
       return async () => {
         const client = await target.connect();
         return new Proxy(client, {
           get(inner, name) {
             const value = Reflect.get(inner, name) as unknown;
-            if (name !== "query") return typeof value === "function" ? value.bind(inner) : value;
+            if (name !== "query") return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(inner) : value;
             return async (text: string, values?: unknown[]) => {
               if (text !== "COMMIT" || !armed) return inner.query(text, values);
               armed = false;
@@ -226,7 +232,7 @@ describe("the business transaction's COMMIT", () => {
     const error = await colocated.transaction(async (tx) => tx.query("INSERT INTO parcels VALUES (1, 2)")).catch((e: unknown) => e);
     expect(error).not.toBeInstanceOf(CommitUnknownError);
     expect((error as { code?: string }).code).toBe("23503");
-    expect((await t.pool.query("SELECT count(*)::int AS n FROM parcels")).rows[0].n).toBe(0);
+    expect((await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM parcels")).rows[0]?.n).toBe(0);
   });
 
   it.each([
@@ -243,7 +249,7 @@ describe("the business transaction's COMMIT", () => {
       const failure = await registry.transaction(async (tx) => tx.query("INSERT INTO shipments VALUES ($1)", [id])).catch((e: unknown) => e);
       expect(failure).toBeInstanceOf(CommitUnknownError);
       // Unknown to the caller, not to the database: re-reading tells.
-      expect((await t.pool.query("SELECT count(*)::int AS n FROM shipments WHERE id = $1", [id])).rows[0].n).toBe(carried ? 1 : 0);
+      expect((await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM shipments WHERE id = $1", [id])).rows[0]?.n).toBe(carried ? 1 : 0);
     } finally {
       registry.stop();
       await losing.pool.end();

@@ -66,7 +66,7 @@ describe("Fastify 5 plugin", () => {
     expect(runs).toBe(before + 1);
     const record = await client.lookup({ scope: { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
     expect(record.state).toBe("SUCCEEDED");
-    expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED", providerHandle: first.json.charge }]);
+    expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED", providerHandle: first.json?.charge }]);
   });
 
   it("answers a different body under the same key with 422 problem+json", async () => {

@@ -76,8 +76,8 @@ describe.each(["throw", "indeterminate"] as const)("a handler that fails after i
     const failed = await post(`${base}/v1/payments`, key, { amount: 10 });
     const failedAt = Date.now();
     expect(failed.status).toBe(500);
-    expect(failed.json.type).toMatch(/outcome-pending$/);
-    const operationId = failed.json.operationId as string;
+    expect(failed.json?.type).toMatch(/outcome-pending$/);
+    const operationId = failed.json!.operationId!;
 
     // The record is UNKNOWN at once, by the owner's hand, still at generation 1.
     const { rows: handed } = await t.pool.query("SELECT kind, caller, generation::int FROM idem_event WHERE operation_id = $1 AND kind = 'UNKNOWN'", [operationId]);

@@ -3,12 +3,26 @@ import { freePort } from "../../src/net.js";
 /** A TCP port nothing listens on (bound, then closed). */
 export const closedPort = freePort;
 
+/** The members of JSON bodies the tests read: the payments example's answers and problem details (RFC 9457). */
+export interface JsonBody {
+  [member: string]: unknown;
+  operationId?: string;
+  id?: string;
+  charge?: string;
+  run?: number;
+  status?: number;
+  type?: string;
+  title?: string;
+  detail?: string;
+}
+
 /** One HTTP exchange, read whole. */
 export interface Exchange {
   status: number;
   headers: Headers;
   text: string;
-  json: any;
+  /** The body parsed as JSON; undefined when it is not JSON. */
+  json: JsonBody | undefined;
 }
 
 /** POSTs a body with an Idempotency-Key (none when `key` is undefined) and reads the whole answer. */
@@ -27,9 +41,9 @@ export async function get(url: string, headers: Record<string, string> = {}): Pr
 
 async function read(response: Response): Promise<Exchange> {
   const text = await response.text();
-  let json: unknown;
+  let json: JsonBody | undefined;
   try {
-    json = JSON.parse(text);
+    json = JSON.parse(text) as JsonBody;
   } catch {
     json = undefined;
   }

@@ -9,7 +9,7 @@ import { PolicyStore } from "../../src/registry/policy-store.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { aborted, post, until, within } from "./helpers.js";
+import { aborted, post, until, within, type JsonBody } from "./helpers.js";
 
 const t = useTestDatabase();
 let coordinator: TestServer;
@@ -108,8 +108,8 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
     expect(second.headers.get("location")).toBe(`/status/${record.operationId}`);
     expect(second.headers.get("link")).toBe(`</status/${record.operationId}>; rel="monitor"`);
     expect(second.json).toMatchObject({ type: "urn:problem-type:idempotency:request-in-progress", status: 409, operationId: record.operationId });
-    expect(typeof second.json.title).toBe("string");
-    expect(typeof second.json.detail).toBe("string");
+    expect(typeof second.json?.title).toBe("string");
+    expect(typeof second.json?.detail).toBe("string");
 
     g.open();
     const done = await first;
@@ -124,7 +124,7 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
     const key = randomUUID();
     const first = await post(`${base}/payments`, key, body(), ALICE);
     expect(first.status).toBe(201);
-    await t.pool.query("UPDATE idem_record SET tombstoned_at = now(), snapshot_body = NULL WHERE operation_id = $1", [first.json.operationId]);
+    await t.pool.query("UPDATE idem_record SET tombstoned_at = now(), snapshot_body = NULL WHERE operation_id = $1", [first.json!.operationId!]);
     const before = runs;
 
     const gone = await post(`${base}/payments`, key, body(), ALICE);
@@ -165,10 +165,10 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
     const before = runs;
     const invalid = await post(`${base}/payments`, randomUUID(), { ...body(), extra: true }, ALICE);
     expect(invalid.status).toBe(400);
-    expect(invalid.json.type).toBe("urn:problem-type:idempotency:invalid-payload");
+    expect(invalid.json?.type).toBe("urn:problem-type:idempotency:invalid-payload");
     const email = await post(`${base}/payments`, "someone@example.com-0123456789", body(), ALICE);
     expect(email.status).toBe(400);
-    expect(email.json.type).toBe("urn:problem-type:idempotency:idempotency-key-invalid");
+    expect(email.json?.type).toBe("urn:problem-type:idempotency:idempotency-key-invalid");
     const twoKeys = await fetch(`${base}/payments`, {
       method: "POST",
       headers: [
@@ -200,7 +200,7 @@ describe("what the handler's result records", () => {
   it.each([
     {
       name: "a 4xx before any effect is REJECTED and replayed",
-      handler: ((_req, res) => writeResponse(res, { status: 400, json: { error: "bad" } })) as NodeIdempotentHandler,
+      handler: ((_req, res) => writeResponse(res, { status: 400, json: { error: "bad" } })) satisfies NodeIdempotentHandler,
       status: 400,
       state: "REJECTED",
       attempts: [],
@@ -210,7 +210,7 @@ describe("what the handler's result records", () => {
       handler: (async (_req, res, ctx) => {
         await charge(ctx);
         writeResponse(res, { status: 409, json: { error: "conflict after charge" } });
-      }) as NodeIdempotentHandler,
+      }) satisfies NodeIdempotentHandler,
       status: 409,
       state: "FAILED_FINAL",
       attempts: [{ status: "CONFIRMED", providerHandle: "ch_1" }],
@@ -220,7 +220,7 @@ describe("what the handler's result records", () => {
       handler: (async (_req, res, ctx) => {
         await charge(ctx);
         writeResponse(res, { status: 500, json: { error: "broke after charge" } });
-      }) as NodeIdempotentHandler,
+      }) satisfies NodeIdempotentHandler,
       status: 500,
       state: "FAILED_FINAL",
       attempts: [{ status: "CONFIRMED", providerHandle: "ch_1" }],
@@ -234,7 +234,7 @@ describe("what the handler's result records", () => {
           if (!(error instanceof DefiniteFailure)) throw error;
         });
         writeResponse(res, { status: 402, json: { error: "declined" } });
-      }) as NodeIdempotentHandler,
+      }) satisfies NodeIdempotentHandler,
       status: 402,
       state: "REJECTED",
       attempts: [{ status: "NO_EFFECT", providerHandle: "" }],
@@ -401,7 +401,7 @@ describe("shadow mode", () => {
 
     expect([first.status, again.status, changed.status]).toEqual([201, 201, 201]);
     expect(again.headers.get("idempotent-replayed")).toBeNull();
-    expect(again.json.run).not.toBe(first.json.run);
+    expect(again.json?.run).not.toBe(first.json?.run);
     expect(seen.map((s) => [s.enforced, s.owned, s.decision])).toEqual([
       [false, true, "ACCEPTED"],
       [false, false, "REPLAY"],
@@ -412,7 +412,7 @@ describe("shadow mode", () => {
     expect(seen[2]!.downstreamKey).not.toBe(seen[0]!.downstreamKey);
     const record = await lookup(key, "shadow.create");
     expect(record.state).toBe("SUCCEEDED");
-    expect(JSON.parse(Buffer.from(record.snapshot!.body).toString("utf8")).run).toBe(first.json.run);
+    expect((JSON.parse(Buffer.from(record.snapshot!.body).toString("utf8")) as JsonBody).run).toBe(first.json?.run);
     expect(record.effectAttempts).toHaveLength(1);
   });
 });

@@ -25,7 +25,7 @@ describe("migrations", () => {
       const versions = (await loadMigrations()).map((m) => m.version);
       expect(applied.flat().sort((a, b) => a - b)).toEqual(versions);
       expect(await migrate(pools[0]!, silentLogger)).toEqual([]);
-      const { rows } = await pools[0]!.query("SELECT version FROM idem_schema_migrations ORDER BY version");
+      const { rows } = await pools[0]!.query<{ version: number }>("SELECT version FROM idem_schema_migrations ORDER BY version");
       expect(rows.map((r) => r.version)).toEqual(versions);
 
       await pools[0]!.query("UPDATE idem_schema_migrations SET checksum = 'edited' WHERE version = 1");
@@ -87,10 +87,10 @@ describe("connections", () => {
     const pool = t.openPool({ applicationName, max: 2 });
     await pool.query("SELECT 1");
     const lost = once(pool, "error");
-    const { rows } = await t.pool.query("SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1", [applicationName]);
-    expect(rows[0].n).toBe(1);
-    const [error] = await lost;
-    expect((error as { code?: string }).code).toBe("57P01");
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1", [applicationName]);
+    expect(rows[0]?.n).toBe(1);
+    const [error] = (await lost) as [Error & { code?: string }];
+    expect(error.code).toBe("57P01");
     const result = await registry.reserve(poolDb(pool, silentLogger), reserveInput(newKey()), gateway);
     expect(result.decision).toBe("ACCEPTED");
   });
@@ -114,8 +114,8 @@ describe("connections", () => {
     const claimed = await registry.claim(killing, { ref, mode: "OWNER", generation: 1, writerEpoch: 0 }, gateway);
     expect(claimed.record.state).toBe("EXECUTING");
     expect(retried).toEqual(["57P01"]);
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'CLAIMED'", [ref.operationId]);
-    expect(rows[0].n).toBe(1);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'CLAIMED'", [ref.operationId]);
+    expect(rows[0]?.n).toBe(1);
   });
 
   it("answers REGISTRY_UNAVAILABLE, deciding nothing, when no connection frees up in time", async () => {

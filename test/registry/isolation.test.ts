@@ -158,12 +158,12 @@ describe("the catalog", () => {
 
 describe("hand-written queries as the server's role", () => {
   it("see nothing of any tenant without a binding", async () => {
-    const owner = await t.pool.query("SELECT count(*)::int AS n FROM idem_record");
-    expect(owner.rows[0].n).toBeGreaterThanOrEqual(2);
+    const owner = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
+    expect(owner.rows[0]?.n).toBeGreaterThanOrEqual(2);
     await asServerRole(async (client) => {
       for (const table of ["idem_record", "idem_effect_attempt", "idem_event"]) {
-        const { rows } = await client.query(`SELECT count(*)::int AS n FROM ${table}`);
-        expect({ table, n: rows[0].n }).toEqual({ table, n: 0 });
+        const { rows } = await client.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${table}`);
+        expect({ table, n: rows[0]?.n }).toEqual({ table, n: 0 });
       }
       const updated = await client.query("UPDATE idem_record SET updated_at = now()");
       expect(updated.rowCount).toBe(0);
@@ -196,8 +196,8 @@ describe("hand-written queries as the server's role", () => {
       await client.query("ROLLBACK");
 
       // The binding ended with its transaction: the same connection sees nothing again.
-      const after = await client.query("SELECT count(*)::int AS n FROM idem_record");
-      expect(after.rows[0].n).toBe(0);
+      const after = await client.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
+      expect(after.rows[0]?.n).toBe(0);
     });
     const untouched = await t.pool.query("SELECT tenant_id, state FROM idem_record WHERE operation_id = ANY($1) ORDER BY tenant_id", [[acmeOperation, globexOperation]]);
     expect(untouched.rows).toEqual([
@@ -226,8 +226,8 @@ describe("a serving connection cannot widen its binding", () => {
 
       // Bound to nothing, even with idem.all_tenants on for the session, nothing shows.
       await client.query("SELECT set_config('idem.all_tenants', 'on', false)");
-      const { rows } = await client.query("SELECT count(*)::int AS n FROM idem_record");
-      expect(rows[0].n).toBe(0);
+      const { rows } = await client.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record");
+      expect(rows[0]?.n).toBe(0);
     });
   });
 
@@ -240,7 +240,7 @@ describe("a serving connection cannot widen its binding", () => {
 describe("the registry's bindings", () => {
   it("bind each unit of work to its tenant, and operators' work to every tenant", async () => {
     const seen = (tenant: string | typeof ALL_TENANTS) =>
-      t.db.transaction(tenant, async (q) => (await q.query("SELECT DISTINCT tenant_id FROM idem_record ORDER BY tenant_id")).rows.map((r) => r.tenant_id));
+      t.db.transaction(tenant, async (q) => (await q.query<{ tenant_id: string }>("SELECT DISTINCT tenant_id FROM idem_record ORDER BY tenant_id")).rows.map((r) => r.tenant_id));
     expect(await seen("acme")).toEqual(["acme"]);
     expect(await seen("globex")).toEqual(["globex"]);
     expect(await seen(ALL_TENANTS)).toEqual(["acme", "globex"]);

@@ -63,7 +63,7 @@ describe("the happy path", () => {
     const conflict = await registry.reserve(t.db, reserveInput(key, { amount: 11 }), gateway);
     expect(conflict.decision).toBe("PAYLOAD_CONFLICT");
 
-    const { rows } = await t.pool.query("SELECT kind FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [ref.operationId]);
+    const { rows } = await t.pool.query<{ kind: string }>("SELECT kind FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [ref.operationId]);
     expect(rows.map((r) => r.kind)).toEqual(["ACCEPTED", "CLAIMED", "EFFECT_RECORDED", "EFFECT_RESOLVED", "COMPLETED", "CONFLICT"]);
   });
 
@@ -234,7 +234,9 @@ describe("leases, takeover and UNKNOWN", () => {
     expect(done).toMatchObject({ state: "SUCCEEDED", recovering: false });
     expect((await registry.reserve(t.db, reserveInput(key), gateway)).decision).toBe("REPLAY");
 
-    const { rows } = await t.pool.query("SELECT kind, generation::int FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [ref.operationId]);
+    const { rows } = await t.pool.query<{ kind: string; generation: number }>("SELECT kind, generation::int FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [
+      ref.operationId,
+    ]);
     expect(rows.map((r) => `${r.kind}@${r.generation}`)).toEqual([
       "ACCEPTED@1",
       "EFFECT_RECORDED@1",
@@ -292,7 +294,7 @@ describe("refusals change nothing", () => {
     const before = await countRows(t.pool);
     const {
       rows: [snapshotBefore],
-    } = await t.pool.query("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    } = await t.pool.query<Record<string, unknown>>("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
     await expectRefusal(registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: okSnapshot }, gateway), "UNRESOLVED_EFFECTS");
     await expectRefusal(
       registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: { ...okSnapshot, body: new Uint8Array(2 * 1024 * 1024) } }, gateway),
@@ -308,7 +310,7 @@ describe("refusals change nothing", () => {
     expect(await countRows(t.pool)).toEqual(before);
     const {
       rows: [snapshotAfter],
-    } = await t.pool.query("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    } = await t.pool.query<Record<string, unknown>>("SELECT state, generation, updated_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
     expect(snapshotAfter).toEqual(snapshotBefore);
   });
 });

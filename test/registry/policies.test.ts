@@ -53,8 +53,8 @@ describe("publishing policy revisions", () => {
       Array.from({ length: 8 }, (_, i) => store.publish(testDocument({ ...op, schemaRevision: 1, maxActivePerPrincipal: 10 + i }), `publisher-${i}`)),
     );
     expect(results.filter((r) => r.status === "fulfilled")).toHaveLength(1);
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_policy WHERE operation = 'refunds.create'");
-    expect(rows[0].n).toBe(1);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_policy WHERE operation = 'refunds.create'");
+    expect(rows[0]?.n).toBe(1);
   });
 
   it("never changes a published revision, even by hand", async () => {

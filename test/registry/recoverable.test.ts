@@ -20,7 +20,7 @@ describe("listing records to recover", () => {
     const withoutEffect = await accepted();
     const otherTenant = await accepted("globex");
     const otherOperation = await accepted("acme", "refunds.create");
-    const live = await accepted();
+    await accepted(); // Its lease runs: never listed.
     const finished = await accepted();
     await registry.complete(
       t.db,

@@ -47,8 +47,8 @@ describe("the acceptance point", () => {
     expect(decisions.slice(0, 100)).not.toContain("PAYLOAD_CONFLICT");
     const operationIds = new Set(results.flatMap((r) => (r.record ? [r.record.operationId] : [])));
     expect(operationIds.size).toBe(1);
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [principal]);
-    expect(rows[0].n).toBe(1);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [principal]);
+    expect(rows[0]?.n).toBe(1);
   });
 
   it("answers a conflict without anything of the first request", async () => {
@@ -203,8 +203,8 @@ describe("bad input is refused and stores nothing", () => {
     await expectRefusal(registry.reserve(t.db, hold(newKey()), gateway), "QUOTA_EXCEEDED");
     // A retry of a record already held is still answered at the limit.
     expect((await registry.reserve(t.db, hold(keys[0]!), gateway)).decision).toBe("IN_PROGRESS");
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [subject.principal]);
-    expect(rows[0].n).toBe(3);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE principal = $1", [subject.principal]);
+    expect(rows[0]?.n).toBe(3);
   });
 
   it("counts a reused tombstone against the quota like a new record", async () => {
@@ -264,7 +264,7 @@ describe("round trips per call", () => {
                 return target.query(text, values).finally(() => unanswered--);
               };
             }
-            return typeof value === "function" ? value.bind(target) : value;
+            return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
           },
         });
       },
@@ -282,8 +282,8 @@ describe("round trips per call", () => {
     expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 2, messages: 5 }]);
     expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 2, messages: 5 }]);
     expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 3, messages: 6 }]);
-    const { rows } = await t.pool.query("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
-    await expireLease(t.pool, rows[0].operation_id);
+    const { rows } = await t.pool.query<{ operation_id: string }>("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
+    await expireLease(t.pool, rows[0]!.operation_id);
     expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 6 }]);
   });
 

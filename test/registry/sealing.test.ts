@@ -38,9 +38,11 @@ describe("response bodies sealed at rest", () => {
     const registry = ring("k1", { k1 });
     const { idempotencyKey, ref, done } = await finished(registry);
     expect(new TextDecoder().decode(done.snapshot!.body)).toBe(secret);
-    const dump = await t.pool.query("SELECT snapshot_body, snapshot_key_id FROM idem_record WHERE operation_id = $1", [ref.operationId]);
-    expect(dump.rows[0].snapshot_key_id).toBe("k1");
-    expect(Buffer.from(dump.rows[0].snapshot_body).toString("latin1")).not.toContain("4242");
+    const dump = await t.pool.query<{ snapshot_body: Buffer; snapshot_key_id: string }>("SELECT snapshot_body, snapshot_key_id FROM idem_record WHERE operation_id = $1", [
+      ref.operationId,
+    ]);
+    expect(dump.rows[0]?.snapshot_key_id).toBe("k1");
+    expect(dump.rows[0]!.snapshot_body.toString("latin1")).not.toContain("4242");
     const whole = JSON.stringify((await t.pool.query("SELECT encode(snapshot_body, 'escape') AS b FROM idem_record")).rows);
     expect(whole).not.toContain("4242");
 
@@ -67,7 +69,9 @@ describe("response bodies sealed at rest", () => {
     const { idempotencyKey: old } = await finished(ring("k1", { k1 }), "sealed with k1");
     const rotated = ring("k2", { k1, k2 });
     const { ref: fresh } = await finished(rotated, "sealed with k2");
-    expect((await t.pool.query("SELECT snapshot_key_id FROM idem_record WHERE operation_id = $1", [fresh.operationId])).rows[0].snapshot_key_id).toBe("k2");
+    expect((await t.pool.query<{ snapshot_key_id: string }>("SELECT snapshot_key_id FROM idem_record WHERE operation_id = $1", [fresh.operationId])).rows[0]?.snapshot_key_id).toBe(
+      "k2",
+    );
     expect(new TextDecoder().decode((await rotated.reserve(t.db, reserveInput(old), gateway)).record!.snapshot!.body)).toBe("sealed with k1");
 
     const withoutOldKey = ring("k2", { k2 });

@@ -86,8 +86,8 @@ describe.each(FIRST_STATUSES.map((status) => [EffectStatus[status], status] as c
     await expireLease(t.pool, ref.operationId);
     const worker = { headers: { authorization: `Bearer ${server.tokens.worker}` } };
     expect(await wireReason(client.claim({ ref, generation: 1n, mode: ClaimMode.TAKEOVER }, worker))).toBe("INVALID_TRANSITION");
-    const { rows } = await t.pool.query("SELECT generation FROM idem_record WHERE operation_id = $1", [ref.operationId]);
-    expect(rows[0].generation).toBe("1");
+    const { rows } = await t.pool.query<{ generation: string }>("SELECT generation FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    expect(rows[0]?.generation).toBe("1");
   });
 });
 

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { WireType } from "@bufbuild/protobuf/wire";
 import { timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { Code, ConnectError, createClient, createRouterTransport, type Client, type ConnectRouter, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, createRouterTransport, type Client, type Transport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { CallerGrant, Role } from "../../src/config.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../../src/contract/fingerprint.js";
@@ -134,7 +134,7 @@ async function accepted(options: { claim?: boolean; token?: string; overrides?: 
   const key = newKey();
   const reserved = await coordinator.reserve(reserveRequest(key, { claim: options.claim ?? true, ...options.overrides }), as(options.token ?? TOKENS.gateway));
   expect(reserved.decision).toBe(Decision.ACCEPTED);
-  const tenant = (options.overrides?.subject as { tenant?: string } | undefined)?.tenant ?? "acme";
+  const tenant = options.overrides?.subject?.tenant ?? "acme";
   return { key, reserved, ref: create(OperationRefSchema, { tenant, operationId: reserved.operationId }) };
 }
 
@@ -233,17 +233,20 @@ describe("a lifecycle through the handlers", () => {
     expect(dateOf(renewed.leaseExpiresAt)).toEqual(row.lease_expires_at);
 
     const recorded = await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "cards" }, as(TOKENS.gateway));
-    const { rows: attemptRows } = await t.pool.query("SELECT downstream_key, created_at FROM idem_effect_attempt WHERE operation_id = $1", [ref.operationId]);
+    const { rows: attemptRows } = await t.pool.query<{ downstream_key: string; created_at: Date }>(
+      "SELECT downstream_key, created_at FROM idem_effect_attempt WHERE operation_id = $1",
+      [ref.operationId],
+    );
     expect(recorded.attempt).toMatchObject({
       attemptNumber: 1,
       effect: "card.charge",
       provider: "cards",
-      downstreamKey: attemptRows[0].downstream_key,
+      downstreamKey: attemptRows[0]?.downstream_key,
       status: EffectStatus.PENDING,
       providerHandle: "",
       generation: 1n,
     });
-    expect(dateOf(recorded.attempt?.createdAt)).toEqual(attemptRows[0].created_at);
+    expect(dateOf(recorded.attempt?.createdAt)).toEqual(attemptRows[0]?.created_at);
     expect(recorded.attempt?.resolvedAt).toBeUndefined();
 
     const resolved = await coordinator.resolveEffectAttempt({ ref, generation: 1n, attemptNumber: 1, status: EffectStatus.CONFIRMED, providerHandle: "ch_1" }, as(TOKENS.gateway));
@@ -604,7 +607,7 @@ describe("callers", () => {
   ];
   /** Calls any RPC by its descriptor, reading a server stream to its end. */
   function call(entry: (typeof rpcs)[number], message: unknown, options: { headers?: Record<string, string> }): Promise<unknown> {
-    const fn = (entry.service() as unknown as Record<string, (m: unknown, o: unknown) => unknown>)[entry.method.localName]!;
+    const fn = (entry.service() as Record<string, (m: unknown, o: unknown) => unknown>)[entry.method.localName]!;
     const result = fn.call(entry.service(), message, options);
     return entry.method.methodKind === "server_streaming" ? drain(result as AsyncIterable<unknown>) : (result as Promise<unknown>);
   }
@@ -916,8 +919,8 @@ describe("AdminService", () => {
     const swept = await admin.runRetentionSweep({ batchSize: 100 }, as(TOKENS.allTenantsOperator));
     expect(swept.tombstoned).toBeGreaterThanOrEqual(1n);
     expect(swept.batches).toBeGreaterThanOrEqual(1);
-    const { rows } = await t.pool.query("SELECT tombstoned_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
-    expect(rows[0].tombstoned_at).not.toBeNull();
+    const { rows } = await t.pool.query<{ tombstoned_at: Date | null }>("SELECT tombstoned_at FROM idem_record WHERE operation_id = $1", [ref.operationId]);
+    expect(rows[0]?.tombstoned_at).not.toBeNull();
   });
 });
 

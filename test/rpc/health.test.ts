@@ -72,7 +72,7 @@ const health = () => createClient(Health, createGrpcTransport({ baseUrl: server.
 const checked = async () => Status[(await health().check({ service: "" })).status];
 const readiness = async () => {
   const response = await fetch(`${server.adminUrl}/readyz`);
-  return { status: response.status, body: (await response.json()) as unknown };
+  return { status: response.status, body: await response.json() };
 };
 
 describe("health follows the registry database", () => {

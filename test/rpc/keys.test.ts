@@ -132,8 +132,8 @@ describe("a registry that holds revisions stored by an older release", () => {
   it("boots, finds the declared revision unchanged, and judges keys under today's rules", async () => {
     // The same declaration (the embedded default's) published again at boot.
     restarted = await startTestServer(older, { operations: [testDocument()] });
-    const { rows } = await older.pool.query("SELECT count(*)::int AS n FROM idem_policy");
-    expect(rows[0].n).toBe(1);
+    const { rows } = await older.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_policy");
+    expect(rows[0]?.n).toBe(1);
 
     const admin = createClient(AdminService, createConnectTransport({ baseUrl: restarted.baseUrl, httpVersion: "2" }));
     const { published } = await admin.getPolicy({ operation: "payments.create", apiRevision: 1 }, as(restarted.tokens.operator));

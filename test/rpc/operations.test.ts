@@ -65,8 +65,11 @@ function reserve(key: string, body: string, options: { operation?: string; claim
 }
 
 async function stateOf(operationId: string) {
-  const { rows } = await t.pool.query("SELECT state, generation::int, lease_expires_at, tombstoned_at FROM idem_record WHERE operation_id = $1", [operationId]);
-  return rows[0];
+  const { rows } = await t.pool.query<{ state: string; generation: number; lease_expires_at: Date | null; tombstoned_at: Date | null }>(
+    "SELECT state, generation::int, lease_expires_at, tombstoned_at FROM idem_record WHERE operation_id = $1",
+    [operationId],
+  );
+  return rows[0]!;
 }
 
 const endLease = (operationId: string) => t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE operation_id = $1", [operationId]);
@@ -85,9 +88,10 @@ describe("the recoverer", () => {
     await vi.waitFor(async () => expect((await stateOf(withEffect.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
     await vi.waitFor(async () => expect((await stateOf(withoutEffect.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
     expect(await stateOf(withoutEffect.operationId)).toMatchObject({ state: "EXECUTING", generation: 1 });
-    const { rows } = await t.pool.query("SELECT kind, caller FROM idem_event WHERE operation_id = ANY($1) AND caller = 'recoverer' ORDER BY event_id", [
-      [withEffect.operationId, withoutEffect.operationId],
-    ]);
+    const { rows } = await t.pool.query<{ kind: string; caller: string }>(
+      "SELECT kind, caller FROM idem_event WHERE operation_id = ANY($1) AND caller = 'recoverer' ORDER BY event_id",
+      [[withEffect.operationId, withoutEffect.operationId]],
+    );
     expect(rows.map((r) => r.kind).sort()).toEqual(["LEASE_EXPIRED", "UNKNOWN"]);
 
     // The retry of the claimable one takes it over; the UNKNOWN one is never executed again.
@@ -193,9 +197,19 @@ describe("rollout and rollback", () => {
   });
 
   const controlOf = async (operation: string) =>
-    (await t.pool.query("SELECT mode, writer_epoch::int AS epoch, updated_at, updated_by FROM idem_operation WHERE operation = $1", [operation])).rows[0];
+    (
+      await t.pool.query<{ mode: string; epoch: number; updated_at: Date; updated_by: string }>(
+        "SELECT mode, writer_epoch::int AS epoch, updated_at, updated_by FROM idem_operation WHERE operation = $1",
+        [operation],
+      )
+    ).rows[0];
   const eventsOf = async (operation: string) =>
-    (await t.pool.query("SELECT event_id::text, kind, detail FROM idem_event WHERE operation = $1 AND operation_id IS NULL ORDER BY event_id", [operation])).rows;
+    (
+      await t.pool.query<{ event_id: string; kind: string; detail: unknown }>(
+        "SELECT event_id::text, kind, detail FROM idem_event WHERE operation = $1 AND operation_id IS NULL ORDER BY event_id",
+        [operation],
+      )
+    ).rows;
 
   it("fences writers deployed with an older epoch once the epoch is raised; it never goes back", async () => {
     await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 5n }, allTenantsCalls());
@@ -229,14 +243,14 @@ describe("rollout and rollback", () => {
       () => admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.ENFORCE }, allTenantsCalls()),
     ];
     for (const [i, change] of changes.entries()) {
-      const { rows: last } = await t.pool.query("SELECT coalesce(max(event_id), 0)::text AS id FROM idem_event");
+      const { rows: last } = await t.pool.query<{ id: string }>("SELECT coalesce(max(event_id), 0)::text AS id FROM idem_event");
       await change();
       // The event's transaction is the one whose update the operation's row carries (xmin).
       const { rows } = await t.pool.query(
         `SELECT e.kind, e.caller, e.txid::xid = o.xmin AS same_transaction
            FROM idem_event e JOIN idem_operation o ON o.operation = e.operation AND o.api_revision = e.api_revision
           WHERE e.event_id > $1 AND e.operation_id IS NULL`,
-        [last[0].id],
+        [last[0]!.id],
       );
       expect(rows, `change ${i}`).toEqual([{ kind: i === 0 ? "WRITER_EPOCH_RAISED" : "MODE_SET", caller: "all-tenants-operator", same_transaction: true }]);
     }
@@ -253,7 +267,7 @@ describe("the event log", () => {
       ids.push(event.eventId);
       after = event.cursor;
     }
-    const { rows: all } = await t.pool.query("SELECT event_id::text AS id FROM idem_event ORDER BY event_id");
+    const { rows: all } = await t.pool.query<{ id: string }>("SELECT event_id::text AS id FROM idem_event ORDER BY event_id");
     expect(ids.map(String).sort()).toEqual(all.map((r) => r.id).sort());
 
     const following = (async () => {
@@ -269,7 +283,7 @@ describe("the event log", () => {
     await reserve(key, '{"secret":"9999"}');
     await following;
     expect(seen).toEqual(["ACCEPTED", "CONFLICT"]);
-    const { rows } = await t.pool.query("SELECT detail::text FROM idem_event WHERE kind = 'CONFLICT'");
+    const { rows } = await t.pool.query<{ detail: string }>("SELECT detail::text FROM idem_event WHERE kind = 'CONFLICT'");
     expect(rows.map((r) => r.detail).join()).not.toMatch(/4242|9999/);
   });
 
@@ -395,7 +409,7 @@ describe("an operator granted some tenants", () => {
   /** Everything a global action could change. */
   const everything = async () =>
     (
-      await t.pool.query(
+      await t.pool.query<Record<string, unknown>>(
         `SELECT (SELECT json_agg(o ORDER BY operation, api_revision) FROM idem_operation o) AS operations,
                 (SELECT count(*)::int FROM idem_policy) AS policies,
                 (SELECT count(*)::int FROM idem_event) AS events,

@@ -4,7 +4,7 @@ import { Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coo
 import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
-import { wireReason } from "../support/refusals.js";
+import { wireReason, wireReasonOf } from "../support/refusals.js";
 import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
 
 const QUOTA = 3;
@@ -45,7 +45,7 @@ describe("max_active_per_principal", () => {
       Array.from({ length: 60 }, (_, i) =>
         reserve(servers[i % 2]!, "quota-racer").then(
           (r) => Decision[r.decision],
-          (error: unknown) => wireReason(Promise.reject(error)),
+          (error: unknown) => wireReasonOf(error),
         ),
       ),
     );

@@ -36,8 +36,8 @@ describe("graceful stop", () => {
       ),
     );
     const lockWaits = async () =>
-      (await t.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", [server.applicationName])).rows[0]
-        .n as number;
+      (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", [server.applicationName]))
+        .rows[0]!.n;
     await until(async () => (await lockWaits()) >= 10, "all ten Reserves to wait on the uncommitted reservation's lock");
 
     let stopped = false;

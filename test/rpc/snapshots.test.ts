@@ -52,8 +52,8 @@ const OVERSIZE: Array<[string, Snapshot, RegExp]> = [
 
 /** The record's row as stored, to show that a refusal changed nothing. */
 async function storedRow(operationId: string): Promise<unknown> {
-  const { rows } = await t.pool.query("SELECT to_jsonb(r) AS row FROM idem_record r WHERE operation_id = $1", [operationId]);
-  return rows[0].row;
+  const { rows } = await t.pool.query<{ row: unknown }>("SELECT to_jsonb(r) AS row FROM idem_record r WHERE operation_id = $1", [operationId]);
+  return rows[0]?.row;
 }
 
 async function refusal(call: Promise<unknown>): Promise<{ code: Code; reason?: string; message: string; metadata?: Record<string, string> }> {

@@ -97,14 +97,24 @@ function grpcCall<I extends DescMessage, O extends DescMessage>(
 
 const RESERVE = "/idempotency.v1.CoordinatorService/Reserve";
 
+/** The members of Connect JSON answers the tests read: a ReserveResponse's, or a Connect error's with its details' debug form. */
+interface ConnectJsonBody {
+  [member: string]: unknown;
+  decision?: string;
+  snapshot?: { body: string };
+  code?: string;
+  message?: string;
+  details?: Array<{ type: string; value: string; debug?: unknown }>;
+}
+
 /** POSTs Connect JSON over HTTP/1.1, as curl would. */
-async function connectJson(method: string, json: unknown, token?: string): Promise<{ status: number; body: Record<string, any> }> {
+async function connectJson(method: string, json: unknown, token?: string): Promise<{ status: number; body: ConnectJsonBody }> {
   const response = await fetch(`${server.baseUrl}/idempotency.v1.CoordinatorService/${method}`, {
     method: "POST",
     headers: { "content-type": "application/json", ...(token ? bearer(token) : {}) },
     body: JSON.stringify(json),
   });
-  return { status: response.status, body: (await response.json()) as Record<string, any> };
+  return { status: response.status, body: (await response.json()) as ConnectJsonBody };
 }
 
 function reasonOf(error: unknown): string | undefined {
@@ -208,7 +218,7 @@ describe("one lifecycle across every protocol", () => {
       server.tokens.gateway,
     );
     expect(jsonReplay.body.decision).toBe("DECISION_REPLAY");
-    expect(Buffer.from(jsonReplay.body.snapshot.body, "base64").equals(Buffer.from(responseBody))).toBe(true);
+    expect(Buffer.from(jsonReplay.body.snapshot!.body, "base64").equals(Buffer.from(responseBody))).toBe(true);
   });
 
   it("answers 100 identical concurrent reservations and one different over the wire with exactly one ACCEPTED", async () => {
@@ -223,8 +233,8 @@ describe("one lifecycle across every protocol", () => {
     expect(decisions.filter((d) => d === Decision.ACCEPTED)).toHaveLength(1);
     expect(decisions.filter((d) => d === Decision.IN_PROGRESS)).toHaveLength(99);
     expect(decisions.filter((d) => d === Decision.PAYLOAD_CONFLICT)).toHaveLength(1);
-    const { rows } = await t.pool.query("SELECT count(*)::int AS n FROM idem_record WHERE principal = 'wire-racer'");
-    expect(rows[0].n).toBe(1);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE principal = 'wire-racer'");
+    expect(rows[0]?.n).toBe(1);
   });
 });
 
@@ -260,7 +270,7 @@ describe("callers", () => {
     expect(missing.reason).toBe("UNAUTHENTICATED");
     const wrong = await connectJson("Reserve", {}, "not-a-configured-token-at-all");
     expect(wrong.status).toBe(401);
-    expect(wrong.body.details[0].debug).toEqual({ reason: "UNAUTHENTICATED", domain: "idempotency.v1" });
+    expect(wrong.body.details?.[0]?.debug).toEqual({ reason: "UNAUTHENTICATED", domain: "idempotency.v1" });
   });
 
   it("refuses a tenant, an operation or a role the caller is not granted", async () => {
@@ -427,8 +437,10 @@ describe("bad input over the wire", () => {
 describe("the registry's connections", () => {
   it("keeps serving after the database kills the server's idle connections", async () => {
     await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) });
-    const { rows } = await t.pool.query("SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1", [server.applicationName]);
-    expect(rows[0].n).toBeGreaterThan(0);
+    const { rows } = await t.pool.query<{ n: number }>("SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1", [
+      server.applicationName,
+    ]);
+    expect(rows[0]?.n).toBeGreaterThan(0);
     const after = await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) });
     expect(after.decision).toBe(Decision.ACCEPTED);
     expect((await fetch(`${server.adminUrl}/readyz`)).status).toBe(200);

@@ -42,6 +42,11 @@ export async function wireReason(call: Promise<unknown>): Promise<string | undef
     await call;
     return undefined;
   } catch (error) {
-    return ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason ?? `no reason (${ConnectError.from(error).message})`;
+    return wireReasonOf(error);
   }
+}
+
+/** The stable reason (the ErrorInfo detail) an error of an RPC over the wire carries. */
+export function wireReasonOf(error: unknown): string {
+  return ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason ?? `no reason (${ConnectError.from(error).message})`;
 }

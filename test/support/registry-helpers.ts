@@ -10,10 +10,10 @@ export async function expireLease(pool: pg.Pool, operationId: string): Promise<v
 
 /** Rows in the registry's tables, to show that a refused request stored nothing. */
 export async function countRows(pool: pg.Pool): Promise<{ records: number; attempts: number; events: number }> {
-  const { rows } = await pool.query(
+  const { rows } = await pool.query<{ records: number; attempts: number; events: number }>(
     `SELECT (SELECT count(*) FROM idem_record)::int AS records,
             (SELECT count(*) FROM idem_effect_attempt)::int AS attempts,
             (SELECT count(*) FROM idem_event)::int AS events`,
   );
-  return rows[0];
+  return rows[0]!;
 }

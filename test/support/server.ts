@@ -121,8 +121,8 @@ export async function driveToUnknown(t: TestDatabase, server: TestServer, operat
   // second by default, as long as vi.waitFor's default bound, hence a longer one.
   await vi.waitFor(
     async () => {
-      const { rows } = await t.pool.query("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
-      expect(rows[0].state, `the recoverer to turn ${operationId} UNKNOWN`).toBe("UNKNOWN");
+      const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
+      expect(rows[0]?.state, `the recoverer to turn ${operationId} UNKNOWN`).toBe("UNKNOWN");
     },
     { timeout: EVENT_TIMEOUT_MS },
   );

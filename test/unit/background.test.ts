@@ -81,8 +81,8 @@ describe("readiness", () => {
       clock,
     );
     const stopWatching = new AbortController();
-    const watch = health.service().watch!(create(HealthCheckRequestSchema, { service: "" }), { signal: stopWatching.signal } as HandlerContext);
-    const stream = (watch as AsyncIterable<{ status: Status }>)[Symbol.asyncIterator]();
+    const watch = health.service().watch(create(HealthCheckRequestSchema, { service: "" }), { signal: stopWatching.signal } as HandlerContext);
+    const stream = (watch as AsyncIterable<{ status: Status }, undefined>)[Symbol.asyncIterator]();
     // Asked for before the change that answers it: Watch listens for changes while a next answer is awaited.
     const nextStatus = () => stream.next().then((answer) => answer.value?.status);
     try {

@@ -8,7 +8,6 @@ import { describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
 import { ENVIRONMENT, loadConfig } from "../../src/config.js";
 import { parsePolicyDocuments } from "../../src/policy/operations.js";
-import type { Db } from "../../src/registry/db.js";
 import { listenAdmin } from "../../src/server/admin-http.js";
 import { HealthStatus } from "../../src/server/health.js";
 import { Metrics } from "../../src/server/metrics.js";
@@ -18,8 +17,45 @@ import { Metrics } from "../../src/server/metrics.js";
 
 const root = new URL("../../", import.meta.url);
 const text = (path: string) => readFile(new URL(path, root), "utf8");
-// Compose files share settings with YAML merge keys (<<).
-const yaml = async (path: string) => parseYaml(await text(path), { merge: true }) as Record<string, any>;
+// Compose files share settings with YAML merge keys (<<). The types below name only what the tests read.
+const yaml = async <T>(path: string) => parseYaml(await text(path), { merge: true }) as T;
+
+interface Container {
+  env?: Array<{ name: string; value: string }>;
+  ports: Array<{ name: string; containerPort: number }>;
+  readinessProbe: { grpc: { port: number; service: string } };
+  livenessProbe: { httpGet: { path: string } };
+  startupProbe: { httpGet: { path: string } };
+  volumeMounts: Array<{ name: string; mountPath: string }>;
+  command?: string[];
+}
+/** A Deployment or a Job. */
+interface Workload {
+  spec: {
+    template: {
+      metadata: { annotations: Record<string, string> };
+      spec: { containers: Container[]; volumes?: Array<{ name: string; configMap?: { name: string }; secret?: { secretName: string } }> };
+    };
+  };
+}
+interface ConfigMap {
+  data: Record<string, string>;
+}
+interface Secret {
+  stringData: Record<string, string>;
+}
+interface Service {
+  spec: { ports: Array<{ targetPort: string; port: number; appProtocol?: string }> };
+}
+interface ComposeService {
+  environment: Record<string, string>;
+  ports?: string[];
+  entrypoint?: string[];
+}
+interface Compose {
+  services: Record<string, ComposeService>;
+  "x-coordinator": ComposeService;
+}
 const known = new Set(ENVIRONMENT.map((v) => v.name));
 const defaults = loadConfig({});
 /** A key ring as `idemctl keygen --ring` prints one. */
@@ -31,22 +67,22 @@ const keyRing = () => JSON.stringify({ active: "2026-01", keys: { "2026-01": ran
  * files under a temporary root (`files` replaces a Secret's values).
  */
 async function coordinatorEnvironment(files: Record<string, Record<string, string>> = {}): Promise<{ env: NodeJS.ProcessEnv; root: string }> {
-  const configMap = await yaml("deploy/kubernetes/configmap.yaml");
-  const secret = await yaml("deploy/kubernetes/secret.yaml");
-  const deployment = await yaml("deploy/kubernetes/deployment.yaml");
+  const configMap = await yaml<ConfigMap>("deploy/kubernetes/configmap.yaml");
+  const secret = await yaml<Secret>("deploy/kubernetes/secret.yaml");
+  const deployment = await yaml<Workload>("deploy/kubernetes/deployment.yaml");
   const pod = deployment.spec.template.spec;
-  const container = pod.containers[0];
+  const container = pod.containers[0]!;
   const root = await mkdtemp(join(tmpdir(), "idem-pod-"));
-  const { "operations.yaml": operations, ...variables } = configMap.data as Record<string, string>;
+  const { "operations.yaml": operations, ...variables } = configMap.data;
   const mounted = (path: string) => join(root, path);
-  for (const mount of container.volumeMounts as Array<{ name: string; mountPath: string }>) {
-    const volume = (pod.volumes as Array<Record<string, any>>).find((v) => v.name === mount.name)!;
+  for (const mount of container.volumeMounts) {
+    const volume = pod.volumes!.find((v) => v.name === mount.name)!;
     if (volume.configMap) {
       await mkdir(mounted(mount.mountPath), { recursive: true });
       await writeFile(join(mounted(mount.mountPath), "operations.yaml"), operations!);
     } else if (volume.secret) {
-      const manifest = await yaml(`deploy/kubernetes/${SECRET_MANIFESTS[volume.secret.secretName]}`);
-      const data = { ...(manifest.stringData as Record<string, string>), ...files[volume.secret.secretName] };
+      const manifest = await yaml<Secret>(`deploy/kubernetes/${SECRET_MANIFESTS[volume.secret.secretName]}`);
+      const data = { ...manifest.stringData, ...files[volume.secret.secretName] };
       for (const [key, value] of Object.entries(data)) {
         const path = join(mounted(mount.mountPath), key);
         await mkdir(dirname(path), { recursive: true });
@@ -54,8 +90,8 @@ async function coordinatorEnvironment(files: Record<string, Record<string, strin
       }
     }
   }
-  const own = Object.fromEntries((container.env ?? []).map((e: { name: string; value: string }) => [e.name, e.value]));
-  const env = { ...variables, ...secret.stringData, ...own } as Record<string, string>;
+  const own = Object.fromEntries((container.env ?? []).map((e) => [e.name, e.value]));
+  const env: Record<string, string> = { ...variables, ...secret.stringData, ...own };
   // Paths in the container are paths under the temporary root here.
   for (const name of ["IDEM_OPERATIONS_FILE", "IDEM_SNAPSHOT_KEYS_FILE"]) if (env[name]) env[name] = mounted(env[name]);
   return { env, root };
@@ -66,11 +102,11 @@ const SECRET_MANIFESTS: Record<string, string> = { "idempotency-coordinator-snap
 
 describe("deploy/kubernetes", () => {
   it("configures only variables the coordinator reads, with values it accepts", async () => {
-    const configMap = await yaml("deploy/kubernetes/configmap.yaml");
-    const secret = await yaml("deploy/kubernetes/secret.yaml");
-    const deployment = await yaml("deploy/kubernetes/deployment.yaml");
-    const { "operations.yaml": _operations, ...variables } = configMap.data as Record<string, string>;
-    const own = (deployment.spec.template.spec.containers[0].env ?? []).map((e: { name: string }) => e.name);
+    const configMap = await yaml<ConfigMap>("deploy/kubernetes/configmap.yaml");
+    const secret = await yaml<Secret>("deploy/kubernetes/secret.yaml");
+    const deployment = await yaml<Workload>("deploy/kubernetes/deployment.yaml");
+    const { "operations.yaml": _operations, ...variables } = configMap.data;
+    const own = (deployment.spec.template.spec.containers[0]!.env ?? []).map((e) => e.name);
     for (const name of [...Object.keys(variables), ...Object.keys(secret.stringData), ...own]) expect(known, name).toContain(name);
 
     const { env } = await coordinatorEnvironment({ "idempotency-coordinator-snapshot-keys": { "snapshot-keys.json": keyRing() } });
@@ -91,29 +127,29 @@ describe("deploy/kubernetes", () => {
     expect(manifest).toMatch(/idemctl(\.js)? (-- )?keygen --id \S+ --ring/);
 
     // The migrate Job needs no key ring (and gets none).
-    const job = await yaml("deploy/kubernetes/migrate-job.yaml");
+    const job = await yaml<Workload>("deploy/kubernetes/migrate-job.yaml");
     expect(JSON.stringify(job)).not.toContain("snapshot-keys");
   });
 
   it("exposes the coordinator's ports and probes the endpoints it serves", async () => {
-    const deployment = await yaml("deploy/kubernetes/deployment.yaml");
-    const service = await yaml("deploy/kubernetes/service.yaml");
-    const container = deployment.spec.template.spec.containers[0];
-    const ports = Object.fromEntries(container.ports.map((p: { name: string; containerPort: number }) => [p.name, p.containerPort]));
+    const deployment = await yaml<Workload>("deploy/kubernetes/deployment.yaml");
+    const service = await yaml<Service>("deploy/kubernetes/service.yaml");
+    const container = deployment.spec.template.spec.containers[0]!;
+    const ports = Object.fromEntries(container.ports.map((p) => [p.name, p.containerPort]));
     expect(ports).toEqual({ rpc: defaults.rpcPort, admin: defaults.adminPort });
     expect(container.readinessProbe.grpc).toEqual({ port: defaults.rpcPort, service: "" });
     // A service the health service answers for (NOT_FOUND would keep every pod unready).
     expect(new HealthStatus([]).get(container.readinessProbe.grpc.service)).toBeDefined();
-    expect(service.spec.ports.map((p: { targetPort: string; port: number }) => [p.targetPort, p.port])).toEqual([
+    expect(service.spec.ports.map((p) => [p.targetPort, p.port])).toEqual([
       ["rpc", defaults.rpcPort],
       ["admin", defaults.adminPort],
     ]);
-    expect(service.spec.ports[0].appProtocol).toBe("kubernetes.io/h2c");
+    expect(service.spec.ports[0]!.appProtocol).toBe("kubernetes.io/h2c");
     expect(deployment.spec.template.metadata.annotations["prometheus.io/port"]).toBe(String(defaults.adminPort));
 
     const paths = [container.livenessProbe.httpGet.path, container.startupProbe.httpGet.path, deployment.spec.template.metadata.annotations["prometheus.io/path"]];
     const admin = await listenAdmin(
-      { serving: () => true, databaseReachable: async () => true, metrics: async () => ({ contentType: "text/plain", body: "" }) },
+      { serving: () => true, databaseReachable: () => Promise.resolve(true), metrics: () => Promise.resolve({ contentType: "text/plain", body: "" }) },
       [],
       "127.0.0.1",
       0,
@@ -127,10 +163,10 @@ describe("deploy/kubernetes", () => {
   });
 
   it("lists every manifest in the kustomization", async () => {
-    const kustomization = await yaml("deploy/kubernetes/kustomization.yaml");
+    const kustomization = await yaml<{ resources: string[] }>("deploy/kubernetes/kustomization.yaml");
     expect(kustomization.resources.sort()).toEqual(["configmap.yaml", "deployment.yaml", "migrate-job.yaml", "pdb.yaml", "secret.yaml", "service.yaml", "snapshot-keys.yaml"]);
-    const job = await yaml("deploy/kubernetes/migrate-job.yaml");
-    expect(job.spec.template.spec.containers[0].command).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
+    const job = await yaml<Workload>("deploy/kubernetes/migrate-job.yaml");
+    expect(job.spec.template.spec.containers[0]!.command).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
   });
 });
 
@@ -144,7 +180,7 @@ describe("the coordinator's database logins", () => {
   it("are two, one per role, in Kubernetes and in compose, as postgres-init.sql makes them", async () => {
     const { env } = await coordinatorEnvironment();
     const kubernetes = logins(env);
-    const compose = logins((await yaml("deploy/compose.yaml"))["x-coordinator"].environment);
+    const compose = logins((await yaml<Compose>("deploy/compose.yaml"))["x-coordinator"].environment);
     for (const { serving, crossTenant } of [kubernetes, compose]) {
       expect(serving).not.toBe(crossTenant);
       expect([serving, crossTenant]).not.toContain(new URL(env.IDEM_MIGRATION_DATABASE_URL!).username);
@@ -158,18 +194,18 @@ describe("the coordinator's database logins", () => {
 
 describe("deploy/compose.yaml and the Dockerfile", () => {
   it("use the coordinator's variables, ports and entry points", async () => {
-    const compose = await yaml("deploy/compose.yaml");
-    const coordinator = compose.services["coordinator-a"];
+    const compose = await yaml<Compose>("deploy/compose.yaml");
+    const coordinator = compose.services["coordinator-a"]!;
     for (const name of Object.keys(coordinator.environment)) expect(known, name).toContain(name);
     // The key ring is required: compose refuses to start without IDEM_SNAPSHOT_KEYS, saying how to make one.
     expect(coordinator.environment.IDEM_SNAPSHOT_KEYS).toMatch(/^\$\{IDEM_SNAPSHOT_KEYS:\?[^}]*idemctl (-- )?keygen --id \S+ --ring[^}]*\}$/);
-    expect(compose.services["coordinator-b"].environment.IDEM_SNAPSHOT_KEYS).toBe(coordinator.environment.IDEM_SNAPSHOT_KEYS);
-    expect(compose.services.migrate.environment.IDEM_SNAPSHOT_KEYS).toBeUndefined();
+    expect(compose.services["coordinator-b"]!.environment.IDEM_SNAPSHOT_KEYS).toBe(coordinator.environment.IDEM_SNAPSHOT_KEYS);
+    expect(compose.services.migrate!.environment.IDEM_SNAPSHOT_KEYS).toBeUndefined();
     // As compose interpolates it, with the key ring exported and no callers set.
     const interpolated = { ...coordinator.environment, IDEM_SNAPSHOT_KEYS: keyRing(), IDEM_CALLERS: "[]", IDEM_OPERATIONS_FILE: undefined } as NodeJS.ProcessEnv;
     expect(loadConfig(interpolated).snapshotKeys?.activeKeyId).toBe("2026-01");
     expect(coordinator.ports).toEqual([`${defaults.rpcPort}:${defaults.rpcPort}`, `${defaults.adminPort}:${defaults.adminPort}`]);
-    expect(compose.services.migrate.entrypoint).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
+    expect(compose.services.migrate!.entrypoint).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
     expect(parsePolicyDocuments(parseYaml(await text("deploy/operations.example.yaml")))).toHaveLength(1);
 
     const dockerfile = await text("deploy/Dockerfile");

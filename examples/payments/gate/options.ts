@@ -129,13 +129,16 @@ export class UsageError extends Error {
   override readonly name = "UsageError";
 }
 
+/** The options whose values are numbers. */
+type NumberOption = { [K in keyof GateOptions]-?: GateOptions[K] extends number ? K : never }[keyof GateOptions];
+
 function validate(o: GateOptions): void {
   const problems: string[] = [];
-  const int = (name: keyof GateOptions, min: number, max = Number.MAX_SAFE_INTEGER) => {
+  const int = (name: NumberOption, min: number, max = Number.MAX_SAFE_INTEGER) => {
     const v = o[name];
     if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) problems.push(`${name} must be an integer from ${min} to ${max} (got ${String(v)})`);
   };
-  const share = (name: keyof GateOptions) => {
+  const share = (name: NumberOption) => {
     const v = o[name];
     if (typeof v !== "number" || !(v >= 0 && v <= 1)) problems.push(`${name} must be a share from 0 to 1 (got ${String(v)})`);
   };

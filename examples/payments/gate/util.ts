@@ -1,5 +1,4 @@
 import http from "node:http";
-import { freePort } from "../../../src/net.js";
 
 /** A small seeded PRNG (mulberry32): the plan of a run is reproducible from its seed. */
 export class Random {
