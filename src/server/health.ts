@@ -46,9 +46,11 @@ export class HealthStatus {
         return statusOf(req.service);
       },
       async *watch(req, ctx) {
+        // Listening starts before the first answer, so that a change made while it is on its way is not lost.
+        const changed = on(changes, "change", { signal: ctx.signal });
         let last = statusOf(req.service);
         yield last;
-        for await (const [service] of on(changes, "change", { signal: ctx.signal })) {
+        for await (const [service] of changed) {
           if (service !== req.service) continue;
           const next = statusOf(req.service);
           if (next.status !== last.status) yield (last = next);

@@ -124,3 +124,23 @@ describe("readiness", () => {
     }
   });
 });
+
+describe("health Watch", () => {
+  it("does not miss a change made while its first answer is on its way", async () => {
+    const health = new HealthStatus([]);
+    const stopWatching = new AbortController();
+    const watch = health.service().watch(create(HealthCheckRequestSchema, { service: "" }), { signal: stopWatching.signal } as HandlerContext);
+    const stream = (watch as AsyncIterable<{ status: Status }, undefined>)[Symbol.asyncIterator]();
+    try {
+      expect((await stream.next()).value?.status).toBe(Status.NOT_SERVING);
+      // The change comes before the caller asks for the next answer: it must still be the next answer.
+      health.setAll(Status.SERVING);
+      const next = stream.next().then((answer) => answer.value?.status);
+      const late = new Promise<string>((resolve) => setImmediate(() => setImmediate(() => resolve("no answer"))));
+      expect(await Promise.race([next, late])).toBe(Status.SERVING);
+    } finally {
+      stopWatching.abort();
+      await stream.return?.();
+    }
+  });
+});
