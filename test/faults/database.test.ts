@@ -17,7 +17,7 @@ import { startEmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { freePort } from "../../src/net.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
-import { silentLogger, useTestDatabase } from "../support/database.js";
+import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testDocument, testRegistry } from "../support/fixtures.js";
 import { expectRefusal } from "../support/registry-helpers.js";
 import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
@@ -93,27 +93,14 @@ describe("a connection that breaks under a write", () => {
  */
 function commitAnswerLostOnce(pool: pg.Pool): { db: Db; lost: () => boolean } {
   let lost = false;
-  const losing = {
-    connect: async () => {
-      const client = await pool.connect();
-      return new Proxy(client, {
-        get(target, property) {
-          const value = Reflect.get(target, property) as unknown;
-          if (property === "query") {
-            return async (text: string, values?: unknown[]) => {
-              const result = await target.query(text, values);
-              if (text === "COMMIT" && !lost) {
-                lost = true;
-                throw new Error("Connection terminated unexpectedly");
-              }
-              return result;
-            };
-          }
-          return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-        },
-      });
-    },
-  } as unknown as pg.Pool;
+  const losing = interceptedPool(pool, async (text, _values, send) => {
+    const result = await send();
+    if (text === "COMMIT" && !lost) {
+      lost = true;
+      throw new Error("Connection terminated unexpectedly");
+    }
+    return result;
+  });
   return { db: poolDb(losing, silentLogger), lost: () => lost };
 }
 

@@ -3,7 +3,7 @@ import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ColocatedRegistry, CommitUnknownError } from "../../src/colocated/index.js";
 import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type GatewayRequest, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
-import { useTestDatabase } from "../support/database.js";
+import { interceptedPool, useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
 
@@ -200,26 +200,11 @@ describe("co-located sealing", () => {
  */
 function commitAnswerLost(pool: pg.Pool, failure: { carried: boolean; error: () => Error }) {
   let armed = false;
-  const losing = new Proxy(pool, {
-    get(target, property) {
-      if (property !== "connect") return Reflect.get(target, property) as unknown;
-      return async () => {
-        const client = await target.connect();
-        return new Proxy(client, {
-          get(inner, name) {
-            const value = Reflect.get(inner, name) as unknown;
-            if (name !== "query") return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(inner) : value;
-            return async (text: string, values?: unknown[]) => {
-              if (text !== "COMMIT" || !armed) return inner.query(text, values);
-              armed = false;
-              if (failure.carried) await inner.query(text);
-              else await inner.query("ROLLBACK");
-              throw failure.error();
-            };
-          },
-        });
-      };
-    },
+  const losing = interceptedPool(pool, async (text, _values, send) => {
+    if (text !== "COMMIT" || !armed) return send();
+    armed = false;
+    await send(failure.carried ? undefined : "ROLLBACK");
+    throw failure.error();
   });
   return { pool: losing, arm: () => (armed = true) };
 }

@@ -1,8 +1,7 @@
 import { describe, expect, it } from "vitest";
-import type pg from "pg";
 import { poolDb, type Db } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
-import { silentLogger, useTestDatabase } from "../support/database.js";
+import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
 
@@ -251,24 +250,11 @@ describe("round trips per call", () => {
     let roundTrips = 0;
     let unanswered = 0;
     const pool = t.openPool({ max: 1 });
-    const countingPool = {
-      connect: async () => {
-        const client = await pool.connect();
-        return new Proxy(client, {
-          get(target, property) {
-            const value = Reflect.get(target, property) as unknown;
-            if (property === "query") {
-              return (text: string, values?: unknown[]) => {
-                messages++;
-                if (unanswered++ === 0) roundTrips++;
-                return target.query(text, values).finally(() => unanswered--);
-              };
-            }
-            return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-          },
-        });
-      },
-    } as unknown as pg.Pool;
+    const countingPool = interceptedPool(pool, (_text, _values, send) => {
+      messages++;
+      if (unanswered++ === 0) roundTrips++;
+      return send().finally(() => unanswered--);
+    });
     return { db: poolDb(countingPool, silentLogger), counts: () => ({ roundTrips, messages }) };
   }
 

@@ -8,7 +8,6 @@ import type { CallerGrant, Role } from "../../src/config.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../../src/contract/fingerprint.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
 import { parseKeyring } from "../../src/crypto/sealing.js";
-import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService, OperationMode, StreamEventsRequestSchema, StreamEventsResponseSchema } from "../../src/gen/idempotency/v1/admin_pb.js";
 import {
   ClaimMode,
@@ -28,6 +27,7 @@ import { Registry } from "../../src/registry/registry.js";
 import { Callers, tokenHash } from "../../src/server/callers.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "../../src/server/routes.js";
+import { wireRefusal, type WireRefusal } from "../support/refusals.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { jsonParts, newKey, testDocument, testPolicy } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
@@ -164,24 +164,12 @@ async function stored(operationId: string): Promise<Row> {
 const dateOf = (timestamp: Timestamp | undefined) => (timestamp ? timestampDate(timestamp) : undefined);
 const msOf = (duration: Duration | undefined) => (duration ? Number(duration.seconds) * 1000 + duration.nanos / 1e6 : undefined);
 
-/** What the client sees of a refused call, or undefined when it was answered. */
-interface Refusal {
-  code: string;
-  reason: string | undefined;
-  domain: string | undefined;
-  metadata: Record<string, string>;
-  message: string;
-}
+/** What the client sees of a refused call, with the code by name (as the tables here write it). */
+type Refusal = Omit<WireRefusal, "code"> & { code: string };
 
 async function refusalOf(call: Promise<unknown>): Promise<Refusal | undefined> {
-  try {
-    await call;
-    return undefined;
-  } catch (thrown) {
-    const error = ConnectError.from(thrown);
-    const info = error.findDetails(ErrorInfoSchema)[0];
-    return { code: Code[error.code], reason: info?.reason, domain: info?.domain, metadata: { ...(info?.metadata ?? {}) }, message: error.rawMessage };
-  }
+  const refusal = await wireRefusal(call);
+  return refusal && { ...refusal, code: Code[refusal.code] };
 }
 
 /** Asserts that `call` is refused with `code`, `reason` in the coordinator's domain and exactly `metadata`, with a message; returns the refusal. */

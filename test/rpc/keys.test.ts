@@ -1,14 +1,14 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config.js";
-import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { policyDigest } from "../../src/policy/document.js";
+import { refusedOverTheWire } from "../support/refusals.js";
 import { createTestDatabase, useTestDatabase, type TestDatabase } from "../support/database.js";
 import { actor, reserveInput, testDocument, testPolicy, testRegistry } from "../support/fixtures.js";
 import { ulid, uuidv7 } from "../support/keys.js";
@@ -46,18 +46,6 @@ function reserve(target: TestServer, key: string, options: { operation?: string;
   );
 }
 
-/** The refusal of a call over the wire: code, stable reason, message and metadata. */
-async function refusal(call: Promise<unknown>): Promise<{ code: Code; reason?: string; message: string; metadata?: Record<string, string> }> {
-  try {
-    await call;
-  } catch (error) {
-    const e = ConnectError.from(error);
-    const info = e.findDetails(ErrorInfoSchema)[0];
-    return { code: e.code, reason: info?.reason, message: e.rawMessage, metadata: info?.metadata };
-  }
-  throw new Error("the call was not refused");
-}
-
 describe("idempotency keys over the wire", () => {
   it.each([
     ["a counter", "order-0000000001"],
@@ -67,7 +55,7 @@ describe("idempotency keys over the wire", () => {
     ["16 random hex characters (64 bits)", "3f9a0c7e1b5d8246"],
   ])("refuses %s (%s) with INVALID_KEY that says what to send instead, and stores nothing", async (_label, key) => {
     const before = await countRows(t.pool);
-    const refused = await refusal(reserve(server, key));
+    const refused = await refusedOverTheWire(reserve(server, key));
     expect(refused).toMatchObject({ code: Code.InvalidArgument, reason: "INVALID_KEY", metadata: { min_entropy_bits: "96" } });
     expect(refused.message).toMatch(/too predictable.*send a UUIDv4 or 128 random bits/);
     expect(await countRows(t.pool)).toEqual(before);
@@ -81,10 +69,10 @@ describe("idempotency keys over the wire", () => {
 
   it("accepts, under a policy with a lowered minEntropyBits, a key the default refuses; counters still fail there", async () => {
     const key = "3f9a0c7e1b5d8246";
-    expect((await refusal(reserve(server, key))).reason).toBe("INVALID_KEY");
+    expect((await refusedOverTheWire(reserve(server, key))).reason).toBe("INVALID_KEY");
     const lowered = await reserve(server, key, { operation: "refunds.create", token: server.tokens.worker });
     expect(lowered.decision).toBe(Decision.ACCEPTED);
-    const counter = await refusal(reserve(server, "order-0000000001", { operation: "refunds.create", token: server.tokens.worker }));
+    const counter = await refusedOverTheWire(reserve(server, "order-0000000001", { operation: "refunds.create", token: server.tokens.worker }));
     expect(counter).toMatchObject({ reason: "INVALID_KEY", metadata: { min_entropy_bits: "64" } });
   });
 });
@@ -140,7 +128,7 @@ describe("a registry that holds revisions stored by an older release", () => {
     expect(published?.policy?.keys?.minEntropyBits).toBe(96);
     expect(Buffer.from(published!.digest).equals(Buffer.from(policyDigest(testDocument())))).toBe(true);
 
-    expect((await refusal(reserve(restarted, "order-0000000001"))).reason).toBe("INVALID_KEY");
+    expect((await refusedOverTheWire(reserve(restarted, "order-0000000001"))).reason).toBe("INVALID_KEY");
     expect((await reserve(restarted, randomUUID())).decision).toBe(Decision.ACCEPTED);
   });
 
@@ -153,7 +141,7 @@ describe("a registry that holds revisions stored by an older release", () => {
     expect(config.notices).toEqual([expect.stringMatching(/^IDEM_OPERATIONS: operations\[0\]\.keys\.minEntropyBits is 24.*older key estimate.*96/)]);
 
     restarted = await startTestServer(older, { operations: config.operations });
-    expect((await refusal(reserve(restarted, "order-0000000001"))).reason).toBe("INVALID_KEY");
+    expect((await refusedOverTheWire(reserve(restarted, "order-0000000001"))).reason).toBe("INVALID_KEY");
     expect((await reserve(restarted, randomUUID())).decision).toBe(Decision.ACCEPTED);
   });
 
@@ -173,7 +161,7 @@ describe("a registry that holds revisions stored by an older release", () => {
     expect(replay.decision).toBe(Decision.REPLAY);
     expect(replay.operationId).toBe(record!.operationId);
     expect(new TextDecoder().decode(replay.snapshot?.body)).toBe('{"id":7}');
-    const other = await refusal(reserve(restarted, "4e0b1d8f2c6a9357"));
+    const other = await refusedOverTheWire(reserve(restarted, "4e0b1d8f2c6a9357"));
     expect(other).toMatchObject({ reason: "INVALID_KEY", metadata: { min_entropy_bits: "96" } });
     expect(await countRows(older.pool)).toEqual(before);
   });

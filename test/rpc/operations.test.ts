@@ -2,11 +2,11 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
+import { wireReason, wireReasonOf } from "../support/refusals.js";
 import { useTestDatabasePerTest } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
@@ -42,8 +42,6 @@ afterEach(async () => {
 });
 
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });
-const reasonOf = (error: unknown) => ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason;
-const refusedWith = (call: Promise<unknown>) => call.then(() => "no refusal", reasonOf);
 const operatorCalls = () => as(server.tokens.operator);
 const workerCalls = () => as(server.tokens.worker);
 /** An operator granted every tenant: the actions that affect every tenant are its alone. */
@@ -106,7 +104,7 @@ describe("reconciliation", () => {
     const accepted = await reserve(key, "{}", { claim: true });
     const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
     const snapshot = { statusCode: 201, mediaType: "application/json", body: new TextEncoder().encode('{"id":"p_7"}') };
-    const early = await refusedWith(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "provider says charged", operator: "dana" }, operatorCalls()));
+    const early = await wireReason(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "provider says charged", operator: "dana" }, operatorCalls()));
     expect(early).toBe("INVALID_TRANSITION");
 
     await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, workerCalls());
@@ -115,10 +113,10 @@ describe("reconciliation", () => {
 
     const queue = await admin.listRecords({ states: [RecordState.UNKNOWN], tenant: "acme" }, operatorCalls());
     expect(queue.records.map((r) => r.operationId)).toContain(accepted.operationId);
-    expect(await refusedWith(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "x", operator: "dana" }, workerCalls()))).toBe("PERMISSION_DENIED");
+    expect(await wireReason(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "x", operator: "dana" }, workerCalls()))).toBe("PERMISSION_DENIED");
     const { record } = await admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "provider charge ch_123 captured", operator: "dana" }, operatorCalls());
     expect(record).toMatchObject({ state: RecordState.SUCCEEDED, generation: 2n });
-    const again = await refusedWith(admin.reconcile({ ref, outcome: Outcome.FAILED_FINAL, snapshot, evidence: "x", operator: "dana" }, operatorCalls()));
+    const again = await wireReason(admin.reconcile({ ref, outcome: Outcome.FAILED_FINAL, snapshot, evidence: "x", operator: "dana" }, operatorCalls()));
     expect(again).toBe("INVALID_TRANSITION");
 
     const replay = await reserve(key, "{}");
@@ -187,7 +185,7 @@ describe("rollout and rollback", () => {
   it("while draining refuses new operations but lets accepted ones finish", async () => {
     const inFlight = await reserve(newKey(), "{}", { operation: "payouts.create", claim: true });
     await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.DRAINING }, allTenantsCalls());
-    expect(await refusedWith(reserve(newKey(), "{}", { operation: "payouts.create" }))).toBe("OPERATION_DRAINING");
+    expect(await wireReason(reserve(newKey(), "{}", { operation: "payouts.create" }))).toBe("OPERATION_DRAINING");
     const ref = create(OperationRefSchema, { tenant: "acme", operationId: inFlight.operationId });
     const done = await coordinator.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 200 } }, workerCalls());
     expect(done.state).toBe(RecordState.SUCCEEDED);
@@ -213,9 +211,9 @@ describe("rollout and rollback", () => {
 
   it("fences writers deployed with an older epoch once the epoch is raised; it never goes back", async () => {
     await admin.raiseWriterEpoch({ operation: "refunds.create", apiRevision: 1, writerEpoch: 5n }, allTenantsCalls());
-    expect(await refusedWith(reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 4n }))).toBe("STALE_WRITER_EPOCH");
+    expect(await wireReason(reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 4n }))).toBe("STALE_WRITER_EPOCH");
     expect((await reserve(newKey(), "{}", { operation: "refunds.create", writerEpoch: 5n })).decision).toBe(Decision.ACCEPTED);
-    expect(await refusedWith(admin.setOperationMode({ operation: "ledger.post", apiRevision: 1, mode: OperationMode.DRAINING }, allTenantsCalls()))).toBe("NOT_FOUND");
+    expect(await wireReason(admin.setOperationMode({ operation: "ledger.post", apiRevision: 1, mode: OperationMode.DRAINING }, allTenantsCalls()))).toBe("NOT_FOUND");
 
     // Lowering is refused, and changes and logs nothing.
     const [control, events] = [await controlOf("refunds.create"), await eventsOf("refunds.create")];
@@ -223,7 +221,7 @@ describe("rollout and rollback", () => {
       () => undefined,
       (error: unknown) => ConnectError.from(error),
     );
-    expect(reasonOf(lowered)).toBe("WRITER_EPOCH_NOT_NEWER");
+    expect(wireReasonOf(lowered)).toBe("WRITER_EPOCH_NOT_NEWER");
     expect(lowered?.code).toBe(Code.FailedPrecondition);
     expect(lowered?.rawMessage).toMatch(/writer epoch of refunds\.create API revision 1 is 5; epochs only grow/);
     expect(await controlOf("refunds.create")).toEqual(control);
@@ -325,7 +323,7 @@ describe("metrics", () => {
     await endLease(first.operationId);
     await vi.waitFor(async () => expect((await stateOf(first.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
     expect(await reserve(key, "{}")).toMatchObject({ decision: Decision.ACCEPTED, generation: 2n });
-    expect(await refusedWith(reserve(newKey(), "{}", { operation: "ledger.post" }))).toBe("UNKNOWN_OPERATION");
+    expect(await wireReason(reserve(newKey(), "{}", { operation: "ledger.post" }))).toBe("UNKNOWN_OPERATION");
     const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
     for (const family of [
       "idem_rpc_duration_seconds_bucket",
@@ -353,7 +351,7 @@ describe("tenants", () => {
       () => "no refusal",
       (error: unknown) => {
         const e = ConnectError.from(error);
-        return `${reasonOf(e)}: ${e.rawMessage}`;
+        return `${wireReasonOf(e)}: ${e.rawMessage}`;
       },
     );
   const missing = "01a229d0-0f4c-7516-846e-0457ee592196";
@@ -403,7 +401,7 @@ describe("an operator granted some tenants", () => {
       () => "no refusal",
       (error: unknown) => {
         const e = ConnectError.from(error);
-        return `${reasonOf(e)}: ${e.rawMessage}`;
+        return `${wireReasonOf(e)}: ${e.rawMessage}`;
       },
     );
   /** Everything a global action could change. */

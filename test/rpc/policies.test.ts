@@ -12,6 +12,7 @@ import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { ClaimMode, CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
+import { wireReason } from "../support/refusals.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
@@ -33,8 +34,6 @@ afterAll(async () => {
 });
 
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });
-const reasonOf = (error: unknown) => ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason;
-const refusedWith = (call: Promise<unknown>) => call.then(() => "no refusal", reasonOf);
 
 function reserve(key: string, body: string, operation = "payments.create") {
   return coordinator.reserve(
@@ -78,7 +77,7 @@ retention: { keep: 4d, clientRetryWindow: 2d }
 
 describe("publishing and reading policies", () => {
   it("refuses an operation until its policy is published, then serves it at once", async () => {
-    expect(await refusedWith(reserve(newKey(), '{"amount":10,"currency":"EUR"}'))).toBe("UNKNOWN_OPERATION");
+    expect(await wireReason(reserve(newKey(), '{"amount":10,"currency":"EUR"}'))).toBe("UNKNOWN_OPERATION");
 
     const dir = await mkdtemp(join(tmpdir(), "idem-policy-"));
     const file = join(dir, "payments.yaml");
@@ -100,9 +99,9 @@ describe("publishing and reading policies", () => {
 
   it("refuses changed rules under a published revision, and publishing without the operator role or a grant of all tenants", async () => {
     const changed = testDocument({ schemaRevision: 1, maxActivePerPrincipal: 3 });
-    expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(changed) }, as(server.tokens.allTenantsOperator)))).toBe("POLICY_REVISION_EXISTS");
-    expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(testDocument({ schemaRevision: 9 })) }, as(server.tokens.operator)))).toBe("PERMISSION_DENIED");
-    expect(await refusedWith(admin.publishPolicy({ policy: policyToProto(testDocument({ schemaRevision: 9 })) }, as(server.tokens.gateway)))).toBe("PERMISSION_DENIED");
+    expect(await wireReason(admin.publishPolicy({ policy: policyToProto(changed) }, as(server.tokens.allTenantsOperator)))).toBe("POLICY_REVISION_EXISTS");
+    expect(await wireReason(admin.publishPolicy({ policy: policyToProto(testDocument({ schemaRevision: 9 })) }, as(server.tokens.operator)))).toBe("PERMISSION_DENIED");
+    expect(await wireReason(admin.publishPolicy({ policy: policyToProto(testDocument({ schemaRevision: 9 })) }, as(server.tokens.gateway)))).toBe("PERMISSION_DENIED");
     const bad = await idemctl("policy", "apply", "/nonexistent.yaml");
     expect(bad.code).toBe(1);
     expect(bad.stderr).toContain("/nonexistent.yaml");
@@ -131,8 +130,8 @@ describe("JSON fingerprints over the wire", () => {
       (e: unknown) => ConnectError.from(e),
     );
     expect(duplicate?.findDetails(ErrorInfoSchema)[0]).toMatchObject({ reason: "INVALID_PAYLOAD", metadata: { path: "$.amount" } });
-    expect(await refusedWith(reserve(newKey(), '{"amount":1e400,"currency":"EUR"}'))).toBe("INVALID_PAYLOAD");
-    expect(await refusedWith(reserve(newKey(), '{"amount":1,"currency":"EUR","admin":true}'))).toBe("INVALID_PAYLOAD");
+    expect(await wireReason(reserve(newKey(), '{"amount":1e400,"currency":"EUR"}'))).toBe("INVALID_PAYLOAD");
+    expect(await wireReason(reserve(newKey(), '{"amount":1,"currency":"EUR","admin":true}'))).toBe("INVALID_PAYLOAD");
   });
 
   it("replays a finished request after a new revision is published, instead of calling it a conflict", async () => {

@@ -1,12 +1,12 @@
 import { randomUUID } from "node:crypto";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState, type ResponseSnapshotSchema } from "../../src/gen/idempotency/v1/types_pb.js";
+import { refusedOverTheWire } from "../support/refusals.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
@@ -56,17 +56,6 @@ async function storedRow(operationId: string): Promise<unknown> {
   return rows[0]?.row;
 }
 
-async function refusal(call: Promise<unknown>): Promise<{ code: Code; reason?: string; message: string; metadata?: Record<string, string> }> {
-  try {
-    await call;
-  } catch (error) {
-    const e = ConnectError.from(error);
-    const info = e.findDetails(ErrorInfoSchema)[0];
-    return { code: e.code, reason: info?.reason, message: e.rawMessage, metadata: info?.metadata };
-  }
-  throw new Error("the call was not refused");
-}
-
 async function reserveOwned(): Promise<string> {
   const { client, call } = gatewayClient(server);
   const reserved = await client.reserve(
@@ -94,7 +83,7 @@ describe("Complete stores every part of a snapshot within its bound", () => {
     const ref = create(OperationRefSchema, { tenant: "acme", operationId });
     const before = { row: await storedRow(operationId), counts: await countRows(t.pool) };
 
-    const refused = await refusal(client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot }, call));
+    const refused = await refusedOverTheWire(client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot }, call));
     expect(refused).toMatchObject({ code: Code.ResourceExhausted, reason: "SNAPSHOT_TOO_LARGE" });
     expect(refused.message).toMatch(message);
     expect(refused.metadata?.limit).toMatch(/^\d+$/);
@@ -144,7 +133,7 @@ describe("Reconcile stores a snapshot within the same bounds", () => {
     const before = { row: await storedRow(operationId), counts: await countRows(t.pool) };
 
     for (const [label, snapshot] of OVERSIZE) {
-      const refused = await refusal(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "charge ch_1 captured", operator: "alice" }, asOperator));
+      const refused = await refusedOverTheWire(admin.reconcile({ ref, outcome: Outcome.SUCCEEDED, snapshot, evidence: "charge ch_1 captured", operator: "alice" }, asOperator));
       expect(refused.reason, label).toBe("SNAPSHOT_TOO_LARGE");
     }
     expect({ row: await storedRow(operationId), counts: await countRows(t.pool) }).toEqual(before);

@@ -25,6 +25,7 @@ import {
   ResolveEffectAttemptResponseSchema,
 } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { wireReasonOf } from "../support/refusals.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
@@ -115,10 +116,6 @@ async function connectJson(method: string, json: unknown, token?: string): Promi
     body: JSON.stringify(json),
   });
   return { status: response.status, body: (await response.json()) as ConnectJsonBody };
-}
-
-function reasonOf(error: unknown): string | undefined {
-  return ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason;
 }
 
 describe("one lifecycle across every protocol", () => {
@@ -330,7 +327,7 @@ describe("callers", () => {
       ),
     )) {
       expect(error?.code).toBe(Code.NotFound);
-      expect(reasonOf(error)).toBe("NOT_FOUND");
+      expect(wireReasonOf(error)).toBe("NOT_FOUND");
       // The same answer whether the record exists or not: no existence oracle.
       expect(error?.rawMessage).toBe("no such operation for this subject");
     }
@@ -354,9 +351,9 @@ describe("recovery workers", () => {
     const claimed = await connectH2.claim({ ref, mode: ClaimMode.RECOVER, generation: 1n }, { headers: bearer(server.tokens.worker) });
     expect(claimed).toMatchObject({ generation: 2n, recovering: true });
 
-    const byGateway = await connectH2.listRecoverable({}, { headers: bearer(server.tokens.gateway) }).then(() => undefined, reasonOf);
+    const byGateway = await connectH2.listRecoverable({}, { headers: bearer(server.tokens.gateway) }).then(() => undefined, wireReasonOf);
     expect(byGateway).toBe("PERMISSION_DENIED");
-    const badToken = await connectH2.listRecoverable({ pageToken: "nope" }, { headers: bearer(server.tokens.worker) }).then(() => undefined, reasonOf);
+    const badToken = await connectH2.listRecoverable({ pageToken: "nope" }, { headers: bearer(server.tokens.worker) }).then(() => undefined, wireReasonOf);
     expect(badToken).toBe("INVALID_REQUEST");
   });
 });
@@ -414,7 +411,7 @@ describe("bad input over the wire", () => {
       () => undefined,
       (e: unknown) => ConnectError.from(e),
     );
-    expect([reasonOf(page), page?.rawMessage]).toEqual(["INVALID_REQUEST", "page_size must be from 1 to 500"]);
+    expect([wireReasonOf(page), page?.rawMessage]).toEqual(["INVALID_REQUEST", "page_size must be from 1 to 500"]);
 
     // Headers (gRPC metadata) beyond what the server reads are refused before any handler runs.
     const padded = await fetch(`${server.baseUrl}${RESERVE}`, {

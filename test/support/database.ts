@@ -104,3 +104,31 @@ export function useTestDatabasePerTest(): TestDatabase {
   });
   return database;
 }
+
+/**
+ * A pool whose connections send every query through `intercept`, which runs
+ * it with `send` (or not, or sends another text instead on the same
+ * connection): to count round trips, or to lose a COMMIT's answer.
+ * Only `connect` is intercepted: the registry and co-located mode run their
+ * transactions on checked-out connections.
+ */
+export function interceptedPool(
+  pool: pg.Pool,
+  intercept: (text: string, values: unknown[] | undefined, send: (instead?: string) => Promise<pg.QueryResult>) => Promise<pg.QueryResult>,
+): pg.Pool {
+  return new Proxy(pool, {
+    get(target, property) {
+      if (property !== "connect") return Reflect.get(target, property) as unknown;
+      return async () => {
+        const client = await target.connect();
+        return new Proxy(client, {
+          get(inner, name) {
+            const value = Reflect.get(inner, name) as unknown;
+            if (name !== "query") return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(inner) : value;
+            return (text: string, values?: unknown[]) => intercept(text, values, (instead) => (instead === undefined ? inner.query(text, values) : inner.query(instead)));
+          },
+        });
+      };
+    },
+  });
+}

@@ -1,4 +1,4 @@
-import { ConnectError } from "@connectrpc/connect";
+import { type Code, ConnectError } from "@connectrpc/connect";
 import { expect } from "vitest";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
@@ -49,4 +49,32 @@ export async function wireReason(call: Promise<unknown>): Promise<string | undef
 /** The stable reason (the ErrorInfo detail) an error of an RPC over the wire carries. */
 export function wireReasonOf(error: unknown): string {
   return ConnectError.from(error).findDetails(ErrorInfoSchema)[0]?.reason ?? `no reason (${ConnectError.from(error).message})`;
+}
+
+/** What a client sees of an RPC refused over the wire: its code, its ErrorInfo, and the message. */
+export interface WireRefusal {
+  code: Code;
+  reason: string | undefined;
+  domain: string | undefined;
+  metadata: Record<string, string>;
+  message: string;
+}
+
+/** How an RPC over the wire was refused, or undefined when it was answered. */
+export async function wireRefusal(call: Promise<unknown>): Promise<WireRefusal | undefined> {
+  try {
+    await call;
+    return undefined;
+  } catch (thrown) {
+    const error = ConnectError.from(thrown);
+    const info = error.findDetails(ErrorInfoSchema)[0];
+    return { code: error.code, reason: info?.reason, domain: info?.domain, metadata: { ...(info?.metadata ?? {}) }, message: error.rawMessage };
+  }
+}
+
+/** How an RPC over the wire was refused; the test fails when it was answered. */
+export async function refusedOverTheWire(call: Promise<unknown>): Promise<WireRefusal> {
+  const refusal = await wireRefusal(call);
+  expect(refusal, "expected the call to be refused").toBeDefined();
+  return refusal!;
 }
