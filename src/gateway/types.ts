@@ -3,6 +3,8 @@
  * service never depends on the wire format. Names follow the contract
  * (`http.idempotency.v1`, proto/idempotency/v1/*.proto).
  */
+import type { RequestParts } from "../contract/fingerprint.js";
+import type { Snapshot } from "../contract/snapshot.js";
 import type pg from "pg";
 
 /** The end user a gateway acts for, from the service's own authentication (never the request body). */
@@ -23,31 +25,20 @@ export type Outcome = "SUCCEEDED" | "FAILED_FINAL" | "REJECTED";
 export type EffectStatus = "PENDING" | "CONFIRMED" | "NO_EFFECT" | "INDETERMINATE";
 export type ClaimMode = "OWNER" | "TAKEOVER" | "RECOVER";
 
-/** The raw parts of an HTTP request, forwarded so that the coordinator computes the fingerprint itself. */
-export interface RequestParts {
-  method: string;
-  /** The path as received, starting with `/`, without the query. */
-  path: string;
-  /** The raw query string without `?`. */
-  query: string;
-  /** The Content-Type header value. */
-  mediaType: string;
-  headers: ReadonlyArray<{ name: string; value: string }>;
-  body: Uint8Array;
-}
+/**
+ * The raw parts of an HTTP request, forwarded so that the coordinator
+ * computes the fingerprint itself (the contract's own type: path as received,
+ * the raw query without `?`, the Content-Type value).
+ */
+export type { RequestParts };
 
-/** A response as stored by Complete and replayed to every retry. */
-export interface ResponseSnapshot {
-  statusCode: number;
-  mediaType: string;
-  location: string;
-  businessVersion: string;
-  /** [lower-case name, value] pairs (the policy's allowlist, never Date, trace ids, Set-Cookie, …). */
-  headers: Array<[string, string]>;
-  body: Uint8Array;
-  /** SHA-256 of the stored snapshot (set by the coordinator; empty on input). */
-  digest?: Uint8Array;
-}
+/**
+ * A response as stored by Complete and replayed to every retry: the
+ * contract's snapshot (headers as [lower-case name, value] pairs of the
+ * policy's allowlist, never Date, trace ids, Set-Cookie, …) with its SHA-256
+ * digest, set by the coordinator (empty on input).
+ */
+export type ResponseSnapshot = Snapshot & { digest?: Uint8Array };
 
 /** A downstream call registered before it was made. */
 export interface EffectAttempt {
