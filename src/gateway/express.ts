@@ -5,7 +5,7 @@
 import type { IncomingMessage } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
 import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
-import { BodyTooLarge, readBody, sendResponse, serve } from "./node-http.js";
+import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 
 export interface ExpressRouteOptions extends IdempotentRoute {
   subject: SubjectResolver<Request>;
@@ -51,10 +51,7 @@ export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRo
         body = await readBody(req, gateway.maxBodyBytes);
       } catch (error) {
         if (error instanceof BodyTooLarge) {
-          sendResponse(
-            res,
-            gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }),
-          );
+          sendTooLarge(res, gateway);
           return;
         }
         next(error);

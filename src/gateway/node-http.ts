@@ -83,6 +83,11 @@ export async function readBody(req: IncomingMessage, limit: number): Promise<Buf
   return Buffer.concat(chunks);
 }
 
+/** Answers a request whose body is over the gateway's `maxBodyBytes`: 413, nothing done. */
+export function sendTooLarge(res: ServerResponse, gateway: IdempotencyGateway): void {
+  sendResponse(res, gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }));
+}
+
 /** Writes a concrete response: exactly these headers (and a Content-Length), then the body. */
 export function sendResponse(res: ServerResponse, response: HttpResponse): void {
   if (res.headersSent) {

@@ -6,7 +6,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
 import { toHttpResponse } from "./http.js";
-import { BodyTooLarge, readBody, sendResponse, serve } from "./node-http.js";
+import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 import type { HandlerResponse } from "./types.js";
 
 export interface NodeRouteOptions extends IdempotentRoute {
@@ -41,10 +41,7 @@ export function withIdempotency(
       body = await readBody(req, gateway.maxBodyBytes);
     } catch (error) {
       if (error instanceof BodyTooLarge) {
-        sendResponse(
-          res,
-          gateway.problem({ status: 413, slug: "request-too-large", title: "Request body too large", detail: `At most ${gateway.maxBodyBytes} bytes are accepted.` }),
-        );
+        sendTooLarge(res, gateway);
       } else {
         res.destroy();
       }
