@@ -33,10 +33,6 @@ export class HealthStatus {
     return this.statuses.get(service);
   }
 
-  get serving(): boolean {
-    return this.statuses.get("") === Status.SERVING;
-  }
-
   service(): ServiceImpl<typeof Health> {
     const statusOf = (service: string) => create(HealthCheckResponseSchema, { status: this.get(service) ?? Status.SERVICE_UNKNOWN });
     const changes = this.changes;
