@@ -173,16 +173,11 @@ export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {},
     }
   }
 
+  const onLost = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
   return {
     transaction: (tenant, work, name = "other") =>
-      withRetries(async () => {
-        const client = await (tenant === ALL_TENANTS ? crossTenantPool : pool).connect();
-        // A checked-out client has no error listener of the pool's: without
-        // this one, a connection killed mid-transaction would crash the process.
-        const onError = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
-        client.on("error", onError);
-        let broken = false;
-        try {
+      withRetries(() =>
+        onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
           const began = performance.now();
           // Not awaited: the work's first statement follows it on the wire, one
           // round trip for both. Should BEGIN itself fail, that statement ran
@@ -195,15 +190,8 @@ export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {},
           await client.query("COMMIT");
           observer.committed?.(name, (performance.now() - began) / 1000);
           return result;
-        } catch (error) {
-          broken = isConnectionLoss(error);
-          if (!broken) await client.query("ROLLBACK").catch(() => (broken = true));
-          throw error;
-        } finally {
-          client.removeListener("error", onError);
-          client.release(broken);
-        }
-      }),
+        }),
+      ),
   };
 }
 
@@ -241,37 +229,48 @@ export class CommitUnknownError extends Error {
  * unknown: CommitUnknownError.
  */
 export async function runTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  return onTransactionConnection(
+    pool,
+    () => undefined,
+    async (client) => {
+      await client.query("BEGIN");
+      const result = await work(client);
+      try {
+        await client.query("COMMIT");
+      } catch (error) {
+        // Only the server's own error answer (with its SQLSTATE) says the
+        // transaction rolled back; without an answer nothing is known.
+        if (sqlState(error) !== undefined && !isConnectionLoss(error)) throw error;
+        throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
+      }
+      return result;
+    },
+  );
+}
+
+/**
+ * Checks a connection out of `pool` for the one transaction `body` runs, and
+ * gives it back. When `body` fails the transaction is rolled back, unless the
+ * connection was lost (or a COMMIT's answer with it): a lost connection, or
+ * one that cannot roll back, is discarded instead of returned, so that the
+ * pool never lends a dead or half-finished one again. The registry's
+ * transactions (poolDb) and a caller's own (runTransaction) both run here.
+ */
+async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
   // A checked-out client has no error listener of the pool's: without one, a
   // connection killed mid-transaction would crash the process.
-  const onError = () => undefined;
-  client.on("error", onError);
+  client.on("error", onLost);
   let broken = false;
   try {
-    await client.query("BEGIN");
-    let result: T;
-    try {
-      result = await work(client);
-    } catch (error) {
-      broken = isConnectionLoss(error);
-      if (!broken) await client.query("ROLLBACK").catch(() => (broken = true));
-      throw error;
-    }
-    try {
-      await client.query("COMMIT");
-    } catch (error) {
-      // Only the server's own error answer (with its SQLSTATE) says the
-      // transaction rolled back; without an answer nothing is known.
-      if (sqlState(error) !== undefined && !isConnectionLoss(error)) throw error;
-      broken = true;
-      throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
-    }
-    return result;
+    return await body(client);
   } catch (error) {
-    broken ||= isConnectionLoss(error);
+    broken = isConnectionLoss(error) || error instanceof CommitUnknownError;
+    // After a COMMIT the server refused, the transaction is over: ROLLBACK only warns.
+    if (!broken) await client.query("ROLLBACK").catch(() => (broken = true));
     throw error;
   } finally {
-    client.removeListener("error", onError);
+    client.removeListener("error", onLost);
     client.release(broken);
   }
 }
