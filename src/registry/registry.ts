@@ -211,6 +211,8 @@ export class Registry {
           }
           const { record, inserted } = found;
           if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
+          // What every compare-and-set below is fenced by: the record as it was read.
+          const seen = { tenant: record.tenant, scope: Buffer.from(record.scope), generation: record.generation };
 
           if (record.tombstonedAt !== null && (await this.reusable(record))) {
             // The policy says old effects cannot reappear and the horizon passed:
@@ -218,9 +220,7 @@ export class Registry {
             const pending = keyRefusal ?? refusal;
             if (pending) throw pending;
             const recycled = await firstRecord(recordStatements.recycleByScope, q, {
-              tenant: record.tenant,
-              scope: Buffer.from(record.scope),
-              generation: record.generation,
+              ...seen,
               operationId,
               schemaRevision: policy.fingerprint.schemaRevision,
               fingerprint: Buffer.from(fp!),
@@ -263,9 +263,7 @@ export class Registry {
               return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
             case "takeover": {
               const taken = await firstRecord(recordStatements.takeOverByScope, q, {
-                tenant: record.tenant,
-                scope: Buffer.from(record.scope),
-                generation: record.generation,
+                ...seen,
                 state,
                 leaseMs,
                 acquisitionId,
@@ -276,12 +274,7 @@ export class Registry {
               break; // someone else moved the record first: re-read and decide again
             }
             case "mark_unknown": {
-              const unknown = await firstRecord(recordStatements.markUnknownByScope, q, {
-                tenant: record.tenant,
-                scope: Buffer.from(record.scope),
-                generation: record.generation,
-                caller: actor.caller,
-              });
+              const unknown = await firstRecord(recordStatements.markUnknownByScope, q, { ...seen, caller: actor.caller });
               if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
               break;
             }
