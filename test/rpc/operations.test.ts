@@ -345,15 +345,17 @@ describe("metrics", () => {
   });
 });
 
+/** The reason and message of a refused call, or "no refusal": equal strings mean the caller learned the same. */
+const refusal = (call: Promise<unknown>) =>
+  call.then(
+    () => "no refusal",
+    (error: unknown) => {
+      const e = ConnectError.from(error);
+      return `${wireReasonOf(e)}: ${e.rawMessage}`;
+    },
+  );
+
 describe("tenants", () => {
-  const refusal = (call: Promise<unknown>) =>
-    call.then(
-      () => "no refusal",
-      (error: unknown) => {
-        const e = ConnectError.from(error);
-        return `${wireReasonOf(e)}: ${e.rawMessage}`;
-      },
-    );
   const missing = "01a229d0-0f4c-7516-846e-0457ee592196";
 
   it("keep a tenant's callers out of another tenant's records, answering exactly as for a missing one", async () => {
@@ -396,14 +398,6 @@ describe("tenants", () => {
 });
 
 describe("an operator granted some tenants", () => {
-  const refusal = (call: Promise<unknown>) =>
-    call.then(
-      () => "no refusal",
-      (error: unknown) => {
-        const e = ConnectError.from(error);
-        return `${wireReasonOf(e)}: ${e.rawMessage}`;
-      },
-    );
   /** Everything a global action could change. */
   const everything = async () =>
     (
