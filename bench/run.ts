@@ -8,7 +8,7 @@ import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
-import { join, relative } from "node:path";
+import { join, relative, resolve } from "node:path";
 import { performance } from "node:perf_hooks";
 import pg from "pg";
 import pino from "pino";
@@ -52,6 +52,8 @@ Prints a table and writes JSON.
   --protocol grpc|connect gRPC, as the gateway SDK calls (default), or the Connect
                           protocol (binary) over the same HTTP/2 connections
   --in-process            run the coordinator in the benchmark's process
+  --cpu-prof DIR          the coordinator process writes a V8 CPU profile of the
+                          whole run into DIR (open it in Chrome DevTools)
   --round-trip-ops N      calls of each RPC counted for round trips (default 200; quick 50)
   --out FILE              JSON output (default bench/results/latest.json)
   --render FILE           print a saved JSON result again (add --markdown for Markdown)
@@ -74,6 +76,7 @@ interface Options {
   connections: number;
   protocol: "grpc" | "connect";
   inProcess: boolean;
+  cpuProfileDir?: string;
   roundTripOps: number;
   out: string;
 }
@@ -168,6 +171,9 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
       }
       case "--in-process":
         options.inProcess = true;
+        break;
+      case "--cpu-prof":
+        options.cpuProfileDir = resolve(value());
         break;
       case "--round-trip-ops":
         options.roundTripOps = positive("--round-trip-ops", value(), 100_000);
@@ -357,6 +363,7 @@ async function coordinator(
     keyId: ctx.values.keyId,
     poolMax: ctx.options.poolMax,
     inProcess: ctx.options.inProcess,
+    ...(ctx.options.cpuProfileDir ? { cpuProfileDir: ctx.options.cpuProfileDir } : {}),
     ...(extraEnvironment ? { extraEnvironment } : {}),
   });
   const clients = openClients({ baseUrl: server.baseUrl, token: ctx.token, connections: ctx.options.connections, protocol: ctx.options.protocol, values: ctx.values });

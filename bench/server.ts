@@ -38,6 +38,8 @@ export interface ServerOptions {
   keyId: string;
   poolMax: number;
   inProcess: boolean;
+  /** The coordinator process writes a V8 CPU profile into this folder when it exits. */
+  cpuProfileDir?: string;
   /** More settings (the round-trip count parks the background jobs). */
   extraEnvironment?: Record<string, string>;
 }
@@ -96,7 +98,7 @@ export async function startServer(options: ServerOptions): Promise<BenchServer> 
     string,
     string
   >;
-  const child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+  const child = spawn(process.execPath, [...(options.cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${options.cpuProfileDir}`] : []), "--import", "tsx", "src/main.ts"], {
     cwd: ROOT,
     env: { ...inherited, ...environment },
     stdio: ["ignore", "pipe", "pipe"],
