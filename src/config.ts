@@ -34,6 +34,8 @@ export interface Config {
     statementTimeoutMs: number;
     lockTimeoutMs: number;
     idleInTransactionTimeoutMs: number;
+    /** Named prepared statements on the request path (off behind a pooler in transaction mode). */
+    preparedStatements: boolean;
   };
   migrateOnBoot: boolean;
   /** Callers and their grants (tokens stored as SHA-256 hashes). */
@@ -94,6 +96,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
   { name: "IDEM_DB_LOCK_TIMEOUT_MS", default: "2000", meaning: "upper bound of waiting for a record's row lock" },
   { name: "IDEM_DB_IDLE_TX_TIMEOUT_MS", default: "10000", meaning: "the database ends a transaction left idle this long" },
+  {
+    name: "IDEM_DB_PREPARED_STATEMENTS",
+    default: "true",
+    meaning: "prepare the registry's statements once per connection; false behind a pooler in transaction mode (PgBouncer)",
+  },
   { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock)" },
   { name: "IDEM_CALLERS", default: "(none)", meaning: "JSON array of callers: name, tokenSha256 and/or certificate, tenants, operations, roles" },
   { name: "IDEM_CALLERS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
@@ -364,6 +371,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
       statementTimeoutMs: read("IDEM_DB_STATEMENT_TIMEOUT_MS", integer(1, 600_000), 5000),
       lockTimeoutMs: read("IDEM_DB_LOCK_TIMEOUT_MS", integer(1, 600_000), 2000),
       idleInTransactionTimeoutMs: read("IDEM_DB_IDLE_TX_TIMEOUT_MS", integer(1, 3_600_000), 10_000),
+      preparedStatements: read("IDEM_DB_PREPARED_STATEMENTS", boolean, true),
     },
     migrateOnBoot: read("IDEM_MIGRATE_ON_BOOT", boolean, true),
     callers: [...callers, ...callersFromFile],

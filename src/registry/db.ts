@@ -2,6 +2,7 @@ import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
+import { preparedName } from "./statement.js";
 
 /** Anything that runs one SQL statement: a pool, a client, a client inside a transaction. */
 export interface Queryable {
@@ -142,6 +143,54 @@ function connectionOptions(settings: PoolSettings, urlOptions: string | undefine
 const MAX_ATTEMPTS = 4;
 const BASE_BACKOFF_MS = 10;
 
+/** How a Db over a pool works, and what it reports. */
+export interface PoolDbOptions extends DbObserver {
+  /**
+   * Where work bound to ALL_TENANTS runs (acting as idem_cross_tenant, which
+   * sees every tenant). Without one it runs on the pool bound to every
+   * tenant, which only the tables' owner honours (tests, co-located services
+   * loading policies).
+   */
+  crossTenantPool?: pg.Pool;
+  /**
+   * Send the statements layer's statements as named prepared statements,
+   * parsed and planned once per connection instead of at every execution
+   * (default true). Turn off behind a pooler in transaction mode (PgBouncer),
+   * where a connection's prepared statements are not the next transaction's.
+   */
+  preparedStatements?: boolean;
+}
+
+/**
+ * What a registry transaction sends its statements through. Statements of
+ * the statements layer go by their prepared name when `prepared` allows it;
+ * and whatever is sent within one tick (a BEGIN with the statements
+ * pipelined behind it) leaves in one socket write: the stream is corked at
+ * the first query of a tick and uncorked after it, since each write is a
+ * system call, and system calls cost more than a short statement.
+ */
+function registryConnection(client: pg.PoolClient, prepared: boolean): Queryable {
+  // The driver's socket; not part of its typed interface, hence looked up defensively.
+  const stream = (client as unknown as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
+  const corkable = typeof stream?.cork === "function" && typeof stream.uncork === "function";
+  let corked = false;
+  const uncork = () => {
+    corked = false;
+    stream!.uncork!();
+  };
+  return {
+    query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
+      if (corkable && !corked) {
+        corked = true;
+        stream.cork!();
+        process.nextTick(uncork);
+      }
+      const name = prepared ? preparedName(text) : undefined;
+      return name === undefined ? client.query<R>(text, values) : client.query<R>({ name, text, values: values ?? [] });
+    },
+  };
+}
+
 /**
  * A Db over a pool. Serialization failures (40001) and deadlocks (40P01) are
  * retried with jittered exponential backoff; so are lost connections, because
@@ -152,13 +201,10 @@ const BASE_BACKOFF_MS = 10;
  * or finds nothing left to do (an identical Complete, a Release, an Abandon,
  * a resolution already made, a renewal). Of the operators' writes, a repeated
  * SetOperationMode logs its MODE_SET event again, as a second setting would.
- *
- * Work bound to ALL_TENANTS runs on `crossTenantPool` (acting as
- * idem_cross_tenant, which sees every tenant). Without one it runs on `pool`
- * bound to every tenant, which only the tables' owner honours (tests,
- * co-located services loading policies).
+ * Work bound to ALL_TENANTS runs on `options.crossTenantPool`.
  */
-export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {}, crossTenantPool: pg.Pool = pool): Db {
+export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {}): Db {
+  const { crossTenantPool = pool, preparedStatements = true, ...observer } = options;
   async function withRetries<T>(attempt: () => Promise<T>): Promise<T> {
     for (let n = 1; ; n++) {
       try {
@@ -179,15 +225,16 @@ export function poolDb(pool: pg.Pool, logger: Logger, observer: DbObserver = {},
       withRetries(() =>
         onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
           const began = performance.now();
+          const q = registryConnection(client, preparedStatements);
           // Not awaited: the work's first statement follows it on the wire, one
           // round trip for both. Should BEGIN itself fail, that statement ran
           // unbound, where row-level security shows and admits no row, and the
           // failure is thrown below before anything is committed.
-          const begun = client.query(beginBound(tenant));
+          const begun = q.query(beginBound(tenant));
           begun.catch(() => undefined);
-          const result = await work(client);
+          const result = await work(q);
           await begun;
-          await client.query("COMMIT");
+          await q.query("COMMIT");
           observer.committed?.(name, (performance.now() - began) / 1000);
           return result;
         }),

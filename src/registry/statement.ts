@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import type pg from "pg";
 import type { Queryable } from "./db.js";
 
@@ -22,6 +23,18 @@ export interface Statement<Values extends object, Row extends pg.QueryResultRow 
 /** `:name` not preceded by a colon or a word character: named parameters, never `::casts` or `a:b` inside text. */
 const NAMED = /(?<![:\w]):([a-zA-Z][a-zA-Z0-9]*)/g;
 
+/**
+ * The name each statement's text is prepared under on a connection, when the
+ * Db prepares statements (poolDb): derived from the text, so that one text
+ * always has one name on every connection and two texts never share one.
+ */
+const preparedNames = new Map<string, string>();
+
+/** The prepared-statement name of a text defined with statement(), or undefined for any other text. */
+export function preparedName(text: string): string | undefined {
+  return preparedNames.get(text);
+}
+
 /** Defines a statement from text with named parameters (see Statement). */
 export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(name: string, namedText: string): Statement<Values, Row> {
   const parameters: string[] = [];
@@ -30,6 +43,7 @@ export function statement<Values extends object, Row extends pg.QueryResultRow =
     if (position < 0) position = parameters.push(parameter) - 1;
     return `$${position + 1}`;
   });
+  preparedNames.set(text, `idem_${createHash("sha256").update(text).digest("hex").slice(0, 20)}`);
   return {
     name,
     text,

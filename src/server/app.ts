@@ -169,15 +169,12 @@ export async function startCoordinator({
       logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
     }
     let metrics: Metrics | undefined;
-    const db = poolDb(
-      pool,
-      logger,
-      {
-        retried: (cause) => metrics?.retries.inc({ cause }),
-        committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
-      },
+    const db = poolDb(pool, logger, {
+      retried: (cause) => metrics?.retries.inc({ cause }),
+      committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
       crossTenantPool,
-    );
+      preparedStatements: config.db.preparedStatements,
+    });
     for (const notice of config.notices ?? []) logger.warn(notice);
     const store = new PolicyStore(db);
     for (const document of config.operations) {

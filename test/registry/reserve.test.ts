@@ -1,3 +1,4 @@
+import type pg from "pg";
 import { describe, expect, it } from "vitest";
 import { poolDb, type Db } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
@@ -271,6 +272,64 @@ describe("round trips per call", () => {
     const { rows } = await t.pool.query<{ operation_id: string }>("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0]!.operation_id);
     expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 6 }]);
+  });
+
+  /** A Db on one connection whose socket writes are counted (a write or a writev is one system call). */
+  function countingWrites(options: { preparedStatements?: boolean } = {}): { db: Db; writes: () => number; named: () => string[] } {
+    let writes = 0;
+    const named: string[] = [];
+    const pool = t.openPool({ max: 1 });
+    const spied = new WeakSet<object>();
+    const connect = pool.connect.bind(pool) as () => Promise<pg.PoolClient>;
+    (pool as { connect: () => Promise<pg.PoolClient> }).connect = async () => {
+      const client = await connect();
+      const stream = (client as unknown as { connection: { stream: { _write: (...a: unknown[]) => unknown; _writev: (...a: unknown[]) => unknown } } }).connection.stream;
+      if (!spied.has(stream)) {
+        spied.add(stream);
+        for (const method of ["_write", "_writev"] as const) {
+          const original = stream[method].bind(stream);
+          stream[method] = (...args: unknown[]) => {
+            writes++;
+            return original(...args);
+          };
+        }
+      }
+      return client;
+    };
+    const watched = interceptedPool(pool, (_text, _values, send, preparedName) => {
+      if (preparedName) named.push(preparedName);
+      return send();
+    });
+    return { db: poolDb(watched, silentLogger, options), writes: () => writes, named: () => named };
+  }
+
+  it("sends the messages of one round trip in one socket write: two writes for a new scope's Reserve, three for a Complete", async () => {
+    const c = countingWrites();
+    const accepted = await registry.reserve(c.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
+    expect(accepted.decision).toBe("ACCEPTED");
+    expect(c.writes()).toBe(2);
+    const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
+    await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+    expect(c.writes()).toBe(5);
+  });
+
+  it("prepares the statements layer's statements once per connection by name, and sends none by name when told not to (poolers in transaction mode)", async () => {
+    const prepared = countingWrites();
+    const key = newKey();
+    expect((await registry.reserve(prepared.db, reserveInput(key, { amount: 10 }), gateway)).decision).toBe("ACCEPTED");
+    expect((await registry.reserve(prepared.db, reserveInput(key, { amount: 10 }), gateway)).decision).toBe("IN_PROGRESS");
+    // The insert, the quota gate and the count, twice, under the same three names.
+    expect(prepared.named()).toHaveLength(6);
+    expect(new Set(prepared.named()).size).toBe(3);
+    const { rows } = await prepared.db.transaction("acme", (q) => q.query<{ name: string }>("SELECT name FROM pg_prepared_statements ORDER BY name"));
+    expect(rows.map((r) => r.name)).toEqual([...new Set(prepared.named())].sort());
+
+    const unprepared = countingWrites({ preparedStatements: false });
+    expect((await registry.reserve(unprepared.db, reserveInput(key, { amount: 10 }), gateway)).decision).toBe("IN_PROGRESS");
+    expect((await registry.reserve(unprepared.db, reserveInput(newKey(), { amount: 10 }), gateway)).decision).toBe("ACCEPTED");
+    expect(unprepared.named()).toEqual([]);
+    const none = await unprepared.db.transaction("acme", (q) => q.query("SELECT name FROM pg_prepared_statements"));
+    expect(none.rows).toEqual([]);
   });
 
   it("takes three round trips (five messages) for a Complete: the lock and the attempts travel with BEGIN", async () => {

@@ -58,7 +58,7 @@ export async function createTestDatabase(): Promise<TestDatabase> {
     url,
     schema,
     pool,
-    db: poolDb(open({ role: SERVER_ROLE }), silentLogger, {}, open({ role: CROSS_TENANT_ROLE, max: 4 })),
+    db: poolDb(open({ role: SERVER_ROLE }), silentLogger, { crossTenantPool: open({ role: CROSS_TENANT_ROLE, max: 4 }) }),
     settings,
     openPool: open,
     async drop() {
@@ -110,11 +110,12 @@ export function useTestDatabasePerTest(): TestDatabase {
  * it with `send` (or not, or sends another text instead on the same
  * connection): to count round trips, or to lose a COMMIT's answer.
  * Only `connect` is intercepted: the registry and co-located mode run their
- * transactions on checked-out connections.
+ * transactions on checked-out connections. `preparedName` is the name a
+ * statement was sent under (prepared once per connection), if any.
  */
 export function interceptedPool(
   pool: pg.Pool,
-  intercept: (text: string, values: unknown[] | undefined, send: (instead?: string) => Promise<pg.QueryResult>) => Promise<pg.QueryResult>,
+  intercept: (text: string, values: unknown[] | undefined, send: (instead?: string) => Promise<pg.QueryResult>, preparedName?: string) => Promise<pg.QueryResult>,
 ): pg.Pool {
   return new Proxy(pool, {
     get(target, property) {
@@ -125,7 +126,11 @@ export function interceptedPool(
           get(inner, name) {
             const value = Reflect.get(inner, name) as unknown;
             if (name !== "query") return typeof value === "function" ? (value as (...args: unknown[]) => unknown).bind(inner) : value;
-            return (text: string, values?: unknown[]) => intercept(text, values, (instead) => (instead === undefined ? inner.query(text, values) : inner.query(instead)));
+            // The registry sends its statements by prepared name ({ name, text, values }) and everything else as text.
+            return (sent: string | pg.QueryConfig, values?: unknown[]) => {
+              const config = typeof sent === "string" ? { text: sent, values } : sent;
+              return intercept(config.text, config.values, (instead) => (instead === undefined ? inner.query(config) : inner.query(instead)), config.name);
+            };
           },
         });
       };

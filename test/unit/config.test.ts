@@ -21,6 +21,12 @@ describe("loadConfig", () => {
     expect(config.operations.map((o) => `${o.operation}@${o.apiRevision}#${o.schemaRevision}`)).toEqual(["payments.create@1#1"]);
   });
 
+  it("prepares the registry's statements unless told not to (a pooler in transaction mode)", () => {
+    expect(loadConfig({}).db.preparedStatements).toBe(true);
+    expect(loadConfig({ IDEM_DB_PREPARED_STATEMENTS: "false" }).db.preparedStatements).toBe(false);
+    expect(() => loadConfig({ IDEM_DB_PREPARED_STATEMENTS: "sometimes" })).toThrow(/IDEM_DB_PREPARED_STATEMENTS/);
+  });
+
   it("declares no operation by default when a real database is configured", () => {
     const config = loadConfig({ DATABASE_URL: "postgres://db/registry", IDEM_SNAPSHOT_KEYS: keyRing() });
     expect(config.operations).toEqual([]);
