@@ -9,6 +9,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import type { Sample } from "./load.js";
+import { runVariables } from "./sql.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -104,7 +105,7 @@ export async function runPgbench(run: PgbenchRun): Promise<PgbenchResult> {
   const args = [
     "-n", // no vacuum of pgbench's own tables (there are none)
     "-M",
-    "simple", // one message per statement, and BEGIN with the tenant binding in one, as the coordinator sends them
+    "prepared", // each statement parsed once per connection, its values bound as parameters, as the coordinator's
     "-c",
     String(run.clients),
     "-j",
@@ -116,7 +117,7 @@ export async function runPgbench(run: PgbenchRun): Promise<PgbenchResult> {
     run.scriptFile,
     "--log",
     `--log-prefix=${join(run.logDir, run.logPrefix)}`,
-    ...Object.entries(run.variables).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
+    ...Object.entries(runVariables(run.variables)).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
   ];
   const shown = args.filter((a, i) => a !== "-D" && args[i - 1] !== "-D");
   const command = ["pgbench", ...shown.map((a) => (a === run.scriptFile ? "reserve-complete.sql" : a.startsWith("--log-prefix") ? "--log-prefix=…" : a)), "-D name=value…"].join(
@@ -201,7 +202,7 @@ export async function runPgbenchTransactions(
   const args = [
     "-n",
     "-M",
-    "simple",
+    "prepared",
     "-c",
     "1",
     "-j",
@@ -210,7 +211,7 @@ export async function runPgbenchTransactions(
     String(transactions),
     "-f",
     scriptFile,
-    ...Object.entries(variables).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
+    ...Object.entries(runVariables(variables)).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
   ];
   return new Promise((resolve) => {
     const child = spawn(target.bin, args, { env: environmentFor(target), stdio: ["ignore", "pipe", "pipe"], detached: true });

@@ -46,25 +46,32 @@ const SEAL_OVERHEAD = 12 + 16;
 const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
 
 /**
- * A pgbench script whose one transaction is one Reserve and one Complete: the
- * statements above with `$n` replaced by pgbench variables, quoted (pgbench's
- * simple protocol sends them as literals, untyped until PostgreSQL resolves
- * them from their context, like the coordinator's parameters). The values the
- * coordinator mints per request are computed per transaction from a random
- * seed: the scope (32 random bytes: a new scope every time), a time-ordered
- * operation id like the coordinator's UUIDv7, a random acquisition id.
- * Complete uses the operation id and generation Reserve returned (`\gset`).
+ * A pgbench script whose one transaction is one Reserve and one Complete, for
+ * `pgbench -M prepared`: the statements above with each `$n` replaced by a
+ * pgbench variable (`:tenant`), which pgbench binds as a parameter of a
+ * statement it prepares once per connection, untyped until PostgreSQL
+ * resolves it from its context, as node-postgres binds the coordinator's.
+ * The values the coordinator mints per request are computed in SQL from
+ * parameters: the scope from a random seed (a new scope every time), a
+ * time-ordered operation id like the coordinator's UUIDv7 (a per-client
+ * counter over the run's start, `start_ms`, and the seed), an acquisition id
+ * from the seed.
  *
  * Every unit of work is a transaction bound to its tenant as
- * src/registry/db.ts does it: BEGIN and the binding in one message, then the
- * statements, then COMMIT.
+ * src/registry/db.ts does it, and grouped into round trips as the registry
+ * sends it: BEGIN, the binding and the first statements in one pipeline
+ * (Reserve: the insert-or-find, the quota gate and the count; Complete: the
+ * locking read and the attempts), then Complete's fenced update, then
+ * COMMIT. pgbench cannot read a result inside a pipeline (`\gset`), so
+ * Complete names the operation by the same expression of the seed, and the
+ * generation a new record starts at.
  */
 export function pgbenchScript(v: OperationValues): { script: string; variables: Record<string, string> } {
-  const scope = "sha256(convert_to('scope:' || ':seed', 'UTF8'))";
-  const operationId =
-    "(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' || " + "substr(md5(':seed'), 1, 3) || '8' || substr(md5(':seed'), 4, 15))::uuid";
-  const acquisitionId = "md5('acquisition:' || ':seed')::uuid";
-  /** A statement's text with each named parameter written as the pgbench expression given for it. */
+  const seed = ":seed::text";
+  const scope = `sha256(convert_to('scope:' || ${seed}, 'UTF8'))`;
+  const operationId = `(lpad(to_hex(:start_ms::bigint + :n::bigint), 12, '0') || '7' || substr(md5(${seed}), 1, 3) || '8' || substr(md5(${seed}), 4, 15))::uuid`;
+  const acquisitionId = `md5('acquisition:' || ${seed})::uuid`;
+  /** A statement's text with each parameter written as the pgbench expression given for it. */
   const bind = <Values extends object>(statement: Statement<Values>, values: { [name in keyof Values]: string }) =>
     statement.text.replace(/\$(\d+)/g, (_, n: string) => {
       const name = statement.parameters[Number(n) - 1]!;
@@ -72,61 +79,67 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
       if (value === undefined) throw new Error(`no pgbench binding for :${name} of ${statement.name}`);
       return value;
     });
-  const q = (name: string) => `':${name}'`;
   // One principal per client, as the coordinator's side has one per worker.
-  const principal = `(${q("principal")} || '-' || :client_id)`;
-  const owner = { state: q("state"), leaseMs: q("lease_ms"), acquisitionId, writerEpoch: q("writer_epoch") };
+  const principal = "(:principal::text || '-' || :client_id::text)";
+  const owner = { state: ":state", leaseMs: ":lease_ms", acquisitionId, writerEpoch: ":writer_epoch" };
   const reserve = bind(STATEMENTS.reserve, {
-    tenant: q("tenant"),
+    tenant: ":tenant",
     scope,
     operationId,
     principal,
-    operation: q("operation"),
-    apiRevision: q("api_revision"),
-    schemaRevision: q("schema_revision"),
-    fingerprint: q("fingerprint"),
+    operation: ":operation",
+    apiRevision: ":api_revision",
+    schemaRevision: ":schema_revision",
+    fingerprint: ":fingerprint",
     ...owner,
-    caller: q("caller"),
+    caller: ":caller",
   });
-  const who = { tenant: q("tenant"), principal, operation: q("operation"), apiRevision: q("api_revision"), scope, acquisitionId };
+  const who = { tenant: ":tenant", principal, operation: ":operation", apiRevision: ":api_revision", scope, acquisitionId };
   const gate = bind(STATEMENTS.gate, who);
-  const count = bind(STATEMENTS.count, { ...who, limit: q("quota_limit") });
-  const ref = { tenant: q("tenant"), operationId: q("r_operation_id") };
+  const count = bind(STATEMENTS.count, { ...who, limit: ":quota_limit" });
+  const ref = { tenant: ":tenant", operationId };
   const finish = bind(STATEMENTS.finish, {
     ...ref,
-    generation: q("r_generation"),
-    caller: q("caller"),
-    eventDetail: q("event_detail"),
-    outcome: q("outcome"),
-    keepMs: q("keep_ms"),
+    generation: ":generation",
+    caller: ":caller",
+    eventDetail: ":event_detail",
+    outcome: ":outcome",
+    keepMs: ":keep_ms",
     // pgbench cannot define an empty variable: the empty location and business version are written as such.
-    snapshotStatus: q("status_code"),
-    snapshotMediaType: q("media_type"),
+    snapshotStatus: ":status_code",
+    snapshotMediaType: ":media_type",
     snapshotLocation: "''",
     snapshotBusinessVersion: "''",
-    snapshotHeaders: q("headers"),
-    snapshotBody: q("snapshot_body"),
-    snapshotDigest: q("snapshot_digest"),
-    snapshotKeyId: q("key_id"),
+    snapshotHeaders: ":headers",
+    snapshotBody: ":snapshot_body",
+    snapshotDigest: ":snapshot_digest",
+    snapshotKeyId: ":key_id",
   });
-  const begin = `BEGIN \\; ${BINDING.replace("$1", q("tenant")).replace("$2", "'off'")};`;
+  // The binding as src/registry/db.ts sends it: the tenant, and cross-tenant access off.
+  const binding = `${BINDING.replace("$1", ":tenant").replace("$2", "'off'")};`;
   const script = [
-    "-- One Reserve (claim, new scope) and one Complete (SUCCEEDED) of the idempotency coordinator:",
+    "-- One Reserve (claim, new scope) and one Complete (SUCCEEDED) of the idempotency coordinator, for pgbench -M prepared:",
     "-- the statements of src/registry/registry.ts (bench/sql.ts), written by bench/run.ts.",
     "\\set seed random(1, 9223372036854775806)",
-    begin,
-    `${reserve} \\gset r_`,
+    "\\set n :n + 1",
+    "\\startpipeline",
+    "BEGIN;",
+    binding,
+    `${reserve};`,
     `${gate};`,
     `${count};`,
+    "\\endpipeline",
     "COMMIT;",
-    begin,
+    "\\startpipeline",
+    "BEGIN;",
+    binding,
     `${bind(STATEMENTS.lock, ref)};`,
     `${bind(STATEMENTS.attempts, ref)};`,
+    "\\endpipeline",
     `${finish};`,
     "COMMIT;",
     "",
   ].join("\n");
-  // Written into the statements between quotes: none may contain one.
   const sealedBody = new Uint8Array(v.snapshot.body.byteLength + SEAL_OVERHEAD).map(() => Math.floor(Math.random() * 256));
   const variables: Record<string, string> = {
     tenant: v.tenant,
@@ -140,6 +153,7 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     writer_epoch: "0",
     caller: v.caller,
     quota_limit: String(v.quota + 1),
+    generation: "1",
     event_detail: JSON.stringify({ outcome: "SUCCEEDED" }),
     outcome: "SUCCEEDED",
     keep_ms: String(v.keepMs),
@@ -149,11 +163,15 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     snapshot_body: hex(sealedBody),
     snapshot_digest: hex(new Uint8Array(32).fill(0xd1)),
     key_id: v.keyId,
+    // Each client's operation counter (the time part of its operation ids, over start_ms).
+    n: "0",
   };
-  for (const [name, value] of Object.entries(variables)) {
-    if (value.includes("'")) throw new Error(`pgbench variable ${name} cannot be quoted: ${value}`);
-  }
   return { script, variables };
+}
+
+/** The variables of one pgbench run: the script's, and the run's start as the time base of its operation ids. */
+export function runVariables(variables: Record<string, string>): Record<string, string> {
+  return { ...variables, start_ms: String(Date.now()) };
 }
 
 /** Which step of an operation a pg_stat_statements entry is, from its text. */
