@@ -1,6 +1,6 @@
 /**
  * Where the machine's CPU goes during a phase (Linux /proc): the coordinator
- * process, PostgreSQL (the postmaster, its live backends, and the backends
+ * process, the service process (the service level), PostgreSQL (the postmaster, its live backends, and the backends
  * that ended, through the postmaster's children times), and the benchmark's
  * own process with its ended children (the load generator, or pgbench).
  * Reported as cores busy on average over the phase: on a 2-core machine,
@@ -55,6 +55,7 @@ function childrenOf(parent: number): number[] {
 export interface CpuSnapshot {
   at: number;
   coordinator?: number;
+  service?: number;
   postgres?: number;
   /** Ended backends the postmaster has not reaped yet (their time is not counted yet). */
   postgresZombies?: number;
@@ -64,6 +65,8 @@ export interface CpuSnapshot {
 export interface CpuUse {
   /** Average cores busy over the phase; undefined when not measurable (in-process coordinator, external database). */
   coordinator?: number;
+  /** The Express service's process, at the service level. */
+  service?: number;
   postgres?: number;
   /** The benchmark's process and its ended children: the load generator, or pgbench. */
   client: number;
@@ -77,12 +80,15 @@ export class CpuMeter {
     private readonly coordinatorPid: number | undefined,
     /** The postmaster of the embedded PostgreSQL. */
     private readonly postmasterPid: number | undefined,
+    /** The service's process, at the service level. */
+    private readonly servicePid?: number,
   ) {}
 
   snapshot(): CpuSnapshot | undefined {
     if (!this.available) return undefined;
     const self = stat("self")!;
     const coordinator = this.coordinatorPid !== undefined ? stat(this.coordinatorPid)?.own : undefined;
+    const service = this.servicePid !== undefined ? stat(this.servicePid)?.own : undefined;
     let postgres: number | undefined;
     let postgresZombies: number | undefined;
     // Read again when the postmaster reaped a backend while its children were being read.
@@ -104,6 +110,7 @@ export class CpuMeter {
       at: performance.now(),
       client: self.own + self.children,
       ...(coordinator !== undefined ? { coordinator } : {}),
+      ...(service !== undefined ? { service } : {}),
       ...(postgres !== undefined ? { postgres, postgresZombies } : {}),
     };
   }
@@ -127,9 +134,11 @@ export class CpuMeter {
     const cores = (a: number | undefined, b: number | undefined) => (a !== undefined && b !== undefined ? (b - a) / wall : undefined);
     const coordinator = cores(before.coordinator, after.coordinator);
     const postgres = cores(before.postgres, after.postgres);
+    const service = cores(before.service, after.service);
     return {
       client: cores(before.client, after.client)!,
       ...(coordinator !== undefined ? { coordinator } : {}),
+      ...(service !== undefined ? { service } : {}),
       ...(postgres !== undefined ? { postgres } : {}),
     };
   }

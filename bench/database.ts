@@ -22,23 +22,21 @@ export interface BenchDatabase {
 
 /**
  * Server settings of the embedded cluster. Both sides use this one server,
- * so whatever is chosen applies to both; `durable` keeps synchronous_commit
- * on (every COMMIT waits for its WAL flush), otherwise commits return before
- * the flush (fsync stays on: nothing can corrupt, a crash may lose the last
- * commits), which keeps this machine's disk out of the comparison.
+ * so whatever is chosen applies to both. `synchronous_commit` is set for the
+ * benchmark's database by synchronousCommit(), once per commit setting of a
+ * run; fsync stays on.
  */
-export function embeddedSettings(durable: boolean): Record<string, string> {
+export function embeddedSettings(): Record<string, string> {
   return {
     shared_preload_libraries: "pg_stat_statements",
     "pg_stat_statements.track": "all",
     "pg_stat_statements.track_utility": "on",
     "pg_stat_statements.max": "10000",
     fsync: "on",
-    synchronous_commit: durable ? "on" : "off",
   };
 }
 
-export async function startDatabase(options: { databaseUrl?: string; durable: boolean; logger: Logger }): Promise<BenchDatabase> {
+export async function startDatabase(options: { databaseUrl?: string; logger: Logger }): Promise<BenchDatabase> {
   if (options.databaseUrl) return { url: options.databaseUrl, embedded: false, stop: () => Promise.resolve() };
   const stateDir = await mkdtemp(join(tmpdir(), "idem-bench-"));
   const embedded = await startEmbeddedPostgres({
@@ -46,10 +44,27 @@ export async function startDatabase(options: { databaseUrl?: string; durable: bo
     port: await freePort(),
     logger: options.logger,
     ephemeral: true,
-    settings: embeddedSettings(options.durable),
+    settings: embeddedSettings(),
   });
   const pid = Number((await readFile(join(embedded.dataDir, "postmaster.pid"), "utf8").catch(() => "")).split("\n")[0]);
   return { url: embedded.url, embedded: true, ...(pid > 0 ? { postmasterPid: pid } : {}), stop: () => embedded.stop() };
+}
+
+/**
+ * `synchronous_commit` for every connection opened to the benchmark's
+ * database from now on (`ALTER DATABASE … SET`; open connections keep theirs,
+ * so every process connects afresh after it), or the database's own default
+ * again (`undefined`). Returns the setting a new connection sees.
+ * `on`: every COMMIT waits for its WAL flush; `off`: it returns before it
+ * (nothing can corrupt, a crash may lose the last commits).
+ */
+export async function synchronousCommit(url: string, setting: "on" | "off" | undefined): Promise<string> {
+  await withClient(url, async (client) => {
+    const name = (await client.query<{ db: string }>("SELECT current_database() AS db")).rows[0]!.db;
+    const database = client.escapeIdentifier(name);
+    await client.query(setting === undefined ? `ALTER DATABASE ${database} RESET synchronous_commit` : `ALTER DATABASE ${database} SET synchronous_commit = ${setting}`);
+  });
+  return withClient(url, async (client) => (await client.query<{ synchronous_commit: string }>("SHOW synchronous_commit")).rows[0]!.synchronous_commit);
 }
 
 /** One short-lived connection. */

@@ -71,9 +71,52 @@ export interface Machine {
   loadAverageAfter: number[];
 }
 
+/** One workload of the service level: the summary of its requests, with what each cost the coordinator. */
+export interface ServicePhase extends Summary {
+  /** Requests answered during the whole phase (warm-up included): what the calls are divided by. */
+  requests: number;
+  /** Coordinator calls per request, by method (from its /metrics); undefined when not measurable. */
+  callsPerRequest?: Record<string, number>;
+}
+
+/** The service level: the same Express handler alone and behind the gateway SDK, side by side. */
+export interface ServiceLevel {
+  /** Concurrent HTTP clients (closed loop), one user each. */
+  clients: number;
+  description: string;
+  environment: Record<string, string>;
+  /** (a) the handler without idempotency, new requests. */
+  plain: ServicePhase;
+  /** (b) the SDK, a fresh Idempotency-Key per request. */
+  newKeys: ServicePhase;
+  /** (c) the SDK, keys completed earlier, the same body. */
+  replays: ServicePhase;
+  ratios: {
+    /** (b) ÷ (a) ops/s. */
+    newVsPlain: number | null;
+    /** (c) ÷ (a) ops/s. */
+    replaysVsPlain: number | null;
+    /** P99 (b) ÷ P99 (a). */
+    p99NewVsPlain: number | null;
+  };
+}
+
+/** Everything measured under one `synchronous_commit` setting. */
+export interface CommitRun {
+  /** As a new connection to the database saw it during this part of the run. */
+  synchronousCommit: string;
+  /** The coordinator level (empty when not run). */
+  rows: Row[];
+  /** The service level (null when not run). */
+  service: ServiceLevel | null;
+}
+
 export interface BenchResult {
   benchmark: "idempotency-coordinator";
-  version: 1;
+  /** 2: one part per commit setting (`commits`); 1: one run of the coordinator level (`rows`). */
+  version: 1 | 2;
+  /** Which levels ran (version 2). */
+  level?: "coordinator" | "service" | "all";
   startedAt: string;
   finishedAt: string;
   durationSec: number;
@@ -84,9 +127,17 @@ export interface BenchResult {
   server: { mode: string; environment: Record<string, string> };
   loadGenerator: { description: string; protocol: string; connections: number; noop: string; openModel: string };
   pgbench: { path: string; version: string; command?: string; tenantBinding?: boolean; role?: string } | { skipped: string };
-  rows: Row[];
+  /** Version 2: one part per commit setting, in the order they ran. */
+  commits?: CommitRun[];
+  /** Version 1: the coordinator level, under the database's one setting. */
+  rows?: Row[];
   roundTrips: RoundTrips;
   notes: string[];
+}
+
+/** The parts of a result, one per commit setting, whichever version it was saved as. */
+export function commitRuns(result: BenchResult): CommitRun[] {
+  return result.commits ?? [{ synchronousCommit: result.database.settings.synchronous_commit ?? "?", rows: result.rows ?? [], service: null }];
 }
 
 const ms = (v: number | undefined) => (v === undefined || Number.isNaN(v) ? "-" : v < 10 ? v.toFixed(2) : v < 100 ? v.toFixed(1) : v.toFixed(0));
@@ -169,16 +220,19 @@ function cpuCells(row: Row): string[] | undefined {
   ];
 }
 
-function cpuRows(result: BenchResult): string[][] {
-  return result.rows.map(cpuCells).filter((r): r is string[] => r !== undefined);
+function cpuRows(rows: Row[]): string[][] {
+  return rows.map(cpuCells).filter((r): r is string[] => r !== undefined);
 }
 
 const CPU_PER_OP_HEADERS = ["mode", "conc", "coord: server", "postgres", "client", "pgbench: postgres", "pgbench", "no-op: server", "client"];
 
 /** CPU milliseconds per operation, by process: cores busy over the phase ÷ operations per second. */
-function cpuPerOpRows(result: BenchResult): string[][] {
-  const per = (cores: number | undefined, s: Summary | null) => (cores === undefined || !s || s.opsPerSec <= 0 ? "-" : ((cores * 1000) / s.opsPerSec).toFixed(2));
-  return result.rows
+/** CPU ms per operation: cores busy over the phase ÷ operations per second. */
+const perOp = (cores: number | undefined, s: Summary | null) => (cores === undefined || !s || s.opsPerSec <= 0 ? "-" : ((cores * 1000) / s.opsPerSec).toFixed(2));
+
+function cpuPerOpRows(rows: Row[]): string[][] {
+  const per = perOp;
+  return rows
     .filter((row) => row.coordinator.cpu || row.noop.cpu)
     .map((row) => [
       row.mode === "closed" ? "closed" : `open ${Math.round((row.fraction ?? 0) * 100)}%`,
@@ -193,9 +247,9 @@ function cpuPerOpRows(result: BenchResult): string[][] {
     ]);
 }
 
-function errorLines(result: BenchResult): string[] {
+function errorLines(run: CommitRun): string[] {
   const lines: string[] = [];
-  for (const row of result.rows) {
+  for (const row of run.rows) {
     const label = row.mode === "closed" ? `closed c=${row.concurrency}` : `open ${Math.round((row.fraction ?? 0) * 100)}%`;
     for (const [side, s] of [
       ["coordinator", row.coordinator],
@@ -205,14 +259,19 @@ function errorLines(result: BenchResult): string[] {
       if (s && s.errors > 0) lines.push(`${label} ${side}: ${s.errors} failed (${s.firstError ?? "?"})`);
     }
   }
-  return lines;
+  if (run.service) {
+    for (const [name, s] of serviceSides(run.service)) {
+      if (s.errors > 0) lines.push(`service ${name}: ${s.errors} failed (${s.firstError ?? "?"})`);
+    }
+  }
+  return lines.map((l) => `synchronous_commit=${run.synchronousCommit}: ${l}`);
 }
 
 const n2 = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(2));
 
-/** The order a transaction sends its statements in: BEGIN, anything else (the tenant binding), the registry's statements, COMMIT. */
+/** The order a transaction sends its statements in: BEGIN, the tenant binding, the registry's statements, COMMIT; anything else after BEGIN. */
 export function statementRank(name: string): number {
-  return ["begin", "", "reserve", "gate", "count", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
+  return ["begin", "bind", "reserve", "gate", "count", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
 }
 
 function roundTripLines(rt: RoundTrips): string[] {
@@ -234,7 +293,10 @@ function roundTripLines(rt: RoundTrips): string[] {
           ...one("pgbench", rt.pgbench),
           ...(rt.pgbench.sameStatements === undefined
             ? []
-            : [`  pgbench ran ${rt.pgbench.sameStatements ? "the same statements as" : "NOT the same statements as"} Reserve + Complete`]),
+            : [
+                `  pgbench ran ${rt.pgbench.sameStatements ? "the same statements as" : "NOT the same statements as"} Reserve + Complete ` +
+                  "(BEGIN and COMMIT aside: pg_stat_statements counts those pgbench prepares once per prepare; the round trips show them)",
+              ]),
         ]
       : []),
     ...(rt.reason ? [`  ${rt.reason}`] : []),
@@ -252,34 +314,137 @@ function factLines(result: BenchResult): string[] {
         ? `${result.pgbench.version}${result.pgbench.tenantBinding ? ", transactions bound to the tenant" : ""}${result.pgbench.role ? `, as role ${result.pgbench.role}` : ""}`
         : `pgbench skipped: ${result.pgbench.skipped}`
     }`,
-    `database: fsync=${settings.fsync} synchronous_commit=${settings.synchronous_commit} shared_buffers=${settings.shared_buffers} max_connections=${settings.max_connections} (the same server and settings for every side)`,
+    `database: fsync=${settings.fsync} synchronous_commit=${
+      result.commits ? `${result.commits.map((c) => c.synchronousCommit).join(", then ")} (set for the database, one part of the run each)` : settings.synchronous_commit
+    } shared_buffers=${settings.shared_buffers} max_connections=${settings.max_connections} (the same server and settings for every side)`,
     `coordinator: ${result.server.mode === "process" ? "separate process (node --import tsx src/main.ts)" : "in the benchmark's process"}, registry pool ${result.server.environment.IDEM_DB_POOL_MAX} connections; load generator: ${result.loadGenerator.description}`,
   ];
 }
 
-export function renderText(result: BenchResult): string {
-  const reserve = result.rows
+const serviceSides = (service: ServiceLevel): Array<[string, ServicePhase]> => [
+  ["(a) handler alone", service.plain],
+  ["(b) SDK, new keys", service.newKeys],
+  ["(c) SDK, replays", service.replays],
+];
+
+const SERVICE_HEADERS = ["workload", "ops/s", "p50 ms", "p99 ms", "ops ÷ (a)", "p99 ÷ (a)", "RPCs/req", "CPU ms/req: load gen", "service", "coordinator", "postgres", "errors"];
+
+function serviceRows(service: ServiceLevel): string[][] {
+  return serviceSides(service).map(([name, s]) => {
+    const calls = s.callsPerRequest;
+    const rpcs = calls ? Object.entries(calls).reduce((a, [method, n]) => (method === "Batch" ? a : a + n), 0) : undefined;
+    return [
+      name,
+      rate(s.opsPerSec),
+      ms(s.p50Ms),
+      ms(s.p99Ms),
+      ratio(service.plain.opsPerSec > 0 ? s.opsPerSec / service.plain.opsPerSec : null),
+      ratio(service.plain.p99Ms > 0 ? s.p99Ms / service.plain.p99Ms : null),
+      rpcs === undefined ? "-" : rpcs.toFixed(2),
+      perOp(s.cpu?.client, s),
+      perOp(s.cpu?.service, s),
+      perOp(s.cpu?.coordinator, s),
+      perOp(s.cpu?.postgres, s),
+      String(s.errors),
+    ];
+  });
+}
+
+/** Calls per request by method, for the line under the service table. */
+function callLines(service: ServiceLevel): string[] {
+  return serviceSides(service)
+    .filter(([, s]) => s.callsPerRequest)
+    .map(
+      ([name, s]) =>
+        `  ${name}: ${
+          Object.entries(s.callsPerRequest!)
+            .map(([method, n]) => `${method} ${n.toFixed(2)}`)
+            .join(", ") || "no coordinator calls"
+        } per request (${s.requests} requests)`,
+    );
+}
+
+/** The throughput goals, judged from this run's figures: PASS, FAIL, or n/a when not measured. */
+export function goalLines(run: CommitRun): string[] {
+  const verdict = (value: number | null | undefined, ok: (v: number) => boolean) =>
+    value === null || value === undefined || !Number.isFinite(value) ? "n/a " : ok(value) ? "PASS" : "FAIL";
+  const lines: string[] = [];
+  if (run.rows.length) {
+    const closed = (c: number) => run.rows.find((r) => r.mode === "closed" && r.concurrency === c)?.ratios.throughputVsPgbench;
+    const open50 = run.rows.find((r) => r.mode === "open" && r.fraction === 0.5)?.ratios.p99VsPgbench;
+    lines.push(
+      `${verdict(closed(64), (v) => v >= 1)}  coordinator: Reserve+Complete ops/s ≥ 1.0× pgbench's at concurrency 64 (${ratio(closed(64))}×)`,
+      `${verdict(closed(16), (v) => v >= 0.5)}  coordinator: Reserve+Complete ops/s ≥ 0.5× pgbench's at concurrency 16 (${ratio(closed(16))}×)`,
+      `${verdict(open50, (v) => v <= 2)}  coordinator: P99 at 50% of the best closed-loop rate ≤ 2× pgbench's (${ratio(open50)}×)`,
+    );
+  }
+  if (run.service) {
+    const r = run.service.ratios;
+    lines.push(
+      `${verdict(r.newVsPlain, (v) => v >= 0.5)}  service: new keys through the SDK ≥ 0.5× the handler alone, ops/s (${ratio(r.newVsPlain)}×)`,
+      `${verdict(r.replaysVsPlain, (v) => v >= 1)}  service: replays through the SDK ≥ 1.0× the handler alone, ops/s (${ratio(r.replaysVsPlain)}×)`,
+      `${verdict(r.p99NewVsPlain, (v) => v <= 3)}  service: P99 of new keys ≤ 3× the handler alone's (${ratio(r.p99NewVsPlain)}×)`,
+    );
+  }
+  return lines;
+}
+
+const commitTitle = (run: CommitRun) =>
+  `synchronous_commit=${run.synchronousCommit}${run.synchronousCommit === "on" ? " (durable: every COMMIT waits for its WAL flush)" : run.synchronousCommit === "off" ? " (COMMIT returns before the WAL flush)" : ""}`;
+
+const reserveRows = (rows: Row[]) =>
+  rows
     .filter((r) => r.mode === "closed")
     .map((r) => [String(r.concurrency), ms(r.coordinator.reserveP50Ms), ms(r.coordinator.reserveP99Ms), ms(r.coordinator.p50Ms), ms(r.coordinator.p99Ms)]);
-  const errors = errorLines(result);
+
+function commitText(result: BenchResult, run: CommitRun): string[] {
+  const rows = run.rows;
   return [
-    aligned(HEADERS, result.rows.map(cells)),
+    `=== ${commitTitle(run)} ===`,
     "",
-    "ops = one Reserve(claim) + one Complete (coordinator), the same SQL in one pgbench transaction, two Health/Check RPCs (no-op).",
-    "c/pgb, c/no-op: coordinator ÷ baseline, measured side by side in this run (ops: <1 is slower; p99: >1 is slower).",
-    "",
-    aligned(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserve),
-    "",
-    ...(cpuRows(result).length
+    ...(rows.length
       ? [
-          `cores busy on average per phase (${result.machine.cpus} cores; client = load generator or pgbench):`,
-          aligned(CPU_HEADERS, cpuRows(result)),
+          "coordinator level:",
+          aligned(HEADERS, rows.map(cells)),
           "",
-          "CPU ms per operation (cores busy ÷ ops/s):",
-          aligned(CPU_PER_OP_HEADERS, cpuPerOpRows(result)),
+          "ops = one Reserve(claim) + one Complete (coordinator), the same SQL in one pgbench transaction, two Health/Check RPCs (no-op).",
+          "c/pgb, c/no-op: coordinator ÷ baseline, measured side by side in this run (ops: <1 is slower; p99: >1 is slower).",
+          "",
+          aligned(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserveRows(rows)),
+          "",
+          ...(cpuRows(rows).length
+            ? [
+                `cores busy on average per phase (${result.machine.cpus} cores; client = load generator or pgbench):`,
+                aligned(CPU_HEADERS, cpuRows(rows)),
+                "",
+                "CPU ms per operation (cores busy ÷ ops/s):",
+                aligned(CPU_PER_OP_HEADERS, cpuPerOpRows(rows)),
+                "",
+              ]
+            : []),
+        ]
+      : []),
+    ...(run.service
+      ? [
+          `service level: ${run.service.description}`,
+          aligned(SERVICE_HEADERS, serviceRows(run.service)),
+          "",
+          "coordinator calls per request (its /metrics):",
+          ...callLines(run.service),
           "",
         ]
       : []),
+    `goals (${commitTitle(run)}):`,
+    ...goalLines(run).map((l) => `  ${l}`),
+    "",
+  ];
+}
+
+export function renderText(result: BenchResult): string {
+  const runs = commitRuns(result);
+  const errors = runs.flatMap(errorLines);
+  return [
+    ...runs.flatMap((run) => commitText(result, run)),
     ...roundTripLines(result.roundTrips),
     "",
     ...factLines(result),
@@ -287,10 +452,29 @@ export function renderText(result: BenchResult): string {
   ].join("\n");
 }
 
+function commitMarkdown(run: CommitRun): string[] {
+  const rows = run.rows;
+  return [
+    `### ${commitTitle(run)}`,
+    "",
+    ...(rows.length
+      ? [
+          markdownTable(HEADERS, rows.map(cells)),
+          "",
+          markdownTable(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserveRows(rows)),
+          "",
+          ...(cpuRows(rows).length ? [markdownTable(CPU_HEADERS, cpuRows(rows)), "", markdownTable(CPU_PER_OP_HEADERS, cpuPerOpRows(rows)), ""] : []),
+        ]
+      : []),
+    ...(run.service
+      ? [`Service level: ${run.service.description}`, "", markdownTable(SERVICE_HEADERS, serviceRows(run.service)), "", ...callLines(run.service).map((l) => `- ${l.trim()}`), ""]
+      : []),
+    ...goalLines(run).map((l) => `- ${l}`),
+    "",
+  ];
+}
+
 export function renderMarkdown(result: BenchResult): string {
-  const reserve = result.rows
-    .filter((r) => r.mode === "closed")
-    .map((r) => [String(r.concurrency), ms(r.coordinator.reserveP50Ms), ms(r.coordinator.reserveP99Ms), ms(r.coordinator.p50Ms), ms(r.coordinator.p99Ms)]);
   const rt = result.roundTrips;
   const costRow = (name: string, c: RpcCost | NonNullable<RoundTrips["pgbench"]> | undefined) =>
     c
@@ -315,11 +499,7 @@ export function renderMarkdown(result: BenchResult): string {
   };
   const statementRows = statementNames.map((name) => [`\`${name}\``, per(rt.reserve, name), per(rt.complete, name), per(rt.pgbench, name)]);
   return [
-    markdownTable(HEADERS, result.rows.map(cells)),
-    "",
-    markdownTable(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserve),
-    "",
-    ...(cpuRows(result).length ? [markdownTable(CPU_HEADERS, cpuRows(result)), "", markdownTable(CPU_PER_OP_HEADERS, cpuPerOpRows(result)), ""] : []),
+    ...commitRuns(result).flatMap(commitMarkdown),
     ...(costs.length
       ? [markdownTable(["per call", "round trips", "statements", "database ms", "client ms", "server ms"], costs), ""]
       : [`round trips: unavailable (${rt.reason ?? "not measured"})`, ""]),

@@ -17,36 +17,65 @@ import { toOperationPolicy } from "../src/policy/operations.js";
 import { migrate } from "../src/registry/migrate.js";
 import { openClients, type BenchClients, type Reserved } from "./client.js";
 import { CpuMeter } from "./cpu.js";
-import { databaseFacts, enableStatements, readStatements, resetStatements, settle, startDatabase, type BenchDatabase, type StatementCount } from "./database.js";
-import { closedLoop, openLoop, summarize, type Phase, type Sample, type Summary } from "./load.js";
+import { databaseFacts, enableStatements, readStatements, resetStatements, settle, startDatabase, synchronousCommit, type BenchDatabase, type StatementCount } from "./database.js";
+import { closedLoop, openLoop, summarize, type Operation, type Phase, type Sample, type Summary } from "./load.js";
 import { findPgbench, runPgbench, runPgbenchTransactions, type Pgbench } from "./pgbench.js";
-import { renderMarkdown, renderText, statementRank, type BenchResult, type RoundTrips, type Row, type RpcCost, type StatementShare } from "./report.js";
+import {
+  goalLines,
+  renderMarkdown,
+  renderText,
+  statementRank,
+  type BenchResult,
+  type CommitRun,
+  type RoundTrips,
+  type Row,
+  type RpcCost,
+  type ServiceLevel,
+  type ServicePhase,
+  type StatementShare,
+} from "./report.js";
 import { CountingProxy } from "./roundtrips.js";
 import { ROOT, startServer, type BenchServer } from "./server.js";
+import { callsPerRequest, coordinatorCalls, openServiceClients, prepareServiceTable, startService } from "./service-level.js";
 import { pgbenchScript, type OperationValues } from "./sql.js";
 
 const HELP = `npm run bench [-- options]
 
-Measures Reserve(claim) + Complete through the coordinator (gRPC over HTTP/2,
-coordinator in its own process) side by side with the same SQL driven by
-pgbench and with a no-op RPC (grpc.health.v1.Health/Check) on the same server:
-closed loop at several concurrencies, then open model (Poisson arrivals) at
-fractions of the best closed-loop throughput. Counts database round trips per
-RPC (on the wire, through a counting proxy) and statements (pg_stat_statements).
-Prints a table and writes JSON.
+Two levels, each measured side by side with its baseline, under each
+synchronous_commit setting asked for (durable "on", then "off"):
 
-  --quick                 under a minute: concurrency 1,16; 1 s warm-up, 2 s measured; open at 80%
-  --concurrency LIST      closed-loop concurrencies (default 1,8,32,64)
+coordinator level: Reserve(claim) + Complete through the coordinator (gRPC
+  over HTTP/2, the coordinator in its own process) beside the same SQL driven
+  by pgbench -M prepared, and a no-op RPC (grpc.health.v1.Health/Check) on the
+  same server: closed loop at several concurrencies, then open model (Poisson
+  arrivals) at fractions of the best closed-loop throughput. Counts database
+  round trips per RPC (on the wire, through a counting proxy) and statements
+  (pg_stat_statements), once per run.
+service level: a minimal Express service (its own process) writing one row
+  per POST at synchronous_commit=on, driven by 16 HTTP clients: the handler
+  alone, then behind the gateway SDK with new keys, then with replays.
+
+Prints the tables with the goals as PASS/FAIL lines (the exit status does not
+depend on them) and writes JSON.
+
+  --quick                 under 2 minutes: commit on only, concurrency 16,64,
+                          open at 50%; 1 s warm-up, 2 s measured per phase
+  --level L               coordinator, service or all (default all)
+  --commit LIST           synchronous_commit settings, each a part of the run
+                          (default on,off; quick on)
+  --durable               the same as --commit on
+  --concurrency LIST      closed-loop concurrencies (default 1,16,64)
   --duration S            measured seconds per phase (default 4; quick 2)
   --warmup S              unmeasured seconds before each phase (default 2; quick 1)
   --open LIST|none        open-model rates as fractions of the best closed-loop
-                          coordinator throughput (default 0.5,0.8; quick 0.8)
-  --durable               synchronous_commit=on (default off, fsync on): every
-                          COMMIT waits for the disk on both sides
+                          coordinator throughput (default 0.5,0.8; quick 0.5)
+  --service-clients N     concurrent HTTP clients of the service level (default 16)
   --database-url URL      use this PostgreSQL instead of a dedicated embedded one
-                          (a scratch database: records are written; statements per
-                          RPC need pg_stat_statements preloaded there, round trips
-                          are counted on the wire regardless)
+                          (a scratch database: records are written, and
+                          synchronous_commit is set for that database during the
+                          run, reset after it; statements per RPC need
+                          pg_stat_statements preloaded there, round trips are
+                          counted on the wire regardless)
   --pool-max N            the coordinator's registry pool (default 20, its default)
   --connections N         HTTP/2 connections of the load generator (default 2)
   --protocol grpc|connect gRPC, as the gateway SDK calls (default), or the Connect
@@ -60,17 +89,23 @@ Prints a table and writes JSON.
   --pgbench-script        print the generated pgbench script and exit
   -h, --help              this text
 
-The default run takes about 3 minutes. pgbench is looked up in $PGBENCH,
-PATH and /usr/lib/postgresql/*/bin; without it the pgbench baseline is skipped.
+The default run takes about 7 minutes, --quick about 1.5. pgbench is looked up
+in $PGBENCH, PATH and /usr/lib/postgresql/*/bin; without it the pgbench
+baseline is skipped.
 `;
+
+type Level = "coordinator" | "service" | "all";
+type Commit = "on" | "off";
 
 interface Options {
   quick: boolean;
+  level: Level;
+  commit: Commit[];
   concurrency: number[];
   warmupSec: number;
   measureSec: number;
   open: number[];
-  durable: boolean;
+  serviceClients: number;
   databaseUrl?: string;
   poolMax: number;
   connections: number;
@@ -87,11 +122,13 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
   const quick = argv.includes("--quick");
   const options: Options = {
     quick,
-    concurrency: quick ? [1, 16] : [1, 8, 32, 64],
+    level: "all",
+    commit: quick ? ["on"] : ["on", "off"],
+    concurrency: quick ? [16, 64] : [1, 16, 64],
     warmupSec: quick ? 1 : 2,
     measureSec: quick ? 2 : 4,
-    open: quick ? [0.8] : [0.5, 0.8],
-    durable: false,
+    open: quick ? [0.5] : [0.5, 0.8],
+    serviceClients: 16,
     poolMax: 20,
     connections: 2,
     protocol: "grpc",
@@ -149,7 +186,22 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
         break;
       }
       case "--durable":
-        options.durable = true;
+        options.commit = ["on"];
+        break;
+      case "--commit": {
+        const settings = value().split(",");
+        for (const c of settings) if (c !== "on" && c !== "off") throw new UsageError(`--commit takes on and/or off (e.g. on,off), got '${c}'`);
+        options.commit = [...new Set(settings as Commit[])];
+        break;
+      }
+      case "--level": {
+        const level = value();
+        if (level !== "coordinator" && level !== "service" && level !== "all") throw new UsageError(`--level is coordinator, service or all, got '${level}'`);
+        options.level = level;
+        break;
+      }
+      case "--service-clients":
+        options.serviceClients = positive("--service-clients", value(), 1000);
         break;
       case "--database-url": {
         const url = value();
@@ -194,9 +246,6 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
   if (render) return { render, markdown };
   return options;
 }
-
-// ---------------------------------------------------------------------------
-// Process lifetime: every child and the database are stopped on any exit.
 
 // ---------------------------------------------------------------------------
 // Process lifetime: every child and the database are stopped on any exit.
@@ -323,6 +372,7 @@ function line(label: string, s: Summary | null): string {
   const cores = s.cpu
     ? `; cores busy: ${[
         ["coordinator", s.cpu.coordinator],
+        ["service", s.cpu.service],
         ["postgres", s.cpu.postgres],
         ["client", s.cpu.client],
       ]
@@ -461,7 +511,14 @@ async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<Round
       const names = new Set([...coordinatorStatements.keys(), ...pgbenchStatements.keys()]);
       pgbenchCost = {
         ...cost,
-        ...(statementsOn ? { sameStatements: [...names].every((n) => Math.abs((coordinatorStatements.get(n) ?? 0) - (pgbenchStatements.get(n) ?? 0)) < 0.02) } : {}),
+        // BEGIN and COMMIT aside: pg_stat_statements counts pgbench's, sent as prepared statements, once per prepare, not per execution.
+        ...(statementsOn
+          ? {
+              sameStatements: [...names]
+                .filter((n) => n !== "begin" && n !== "commit")
+                .every((n) => Math.abs((coordinatorStatements.get(n) ?? 0) - (pgbenchStatements.get(n) ?? 0)) < 0.02),
+            }
+          : {}),
       };
     }
   }
@@ -480,29 +537,216 @@ async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<Round
   };
 }
 
+/** What the first coordinator of the run tells about pgbench: whether its baseline runs, and as which role. */
+interface PgbenchState {
+  target?: { bin: string; databaseUrl: string; role?: string };
+  use: boolean;
+  skipped?: string;
+  checked: boolean;
+  command?: string;
+  onChild: (child: ChildProcess | undefined) => void;
+  logRun: number;
+  workDir: string;
+}
+
+/** A phase timed with the CPU of every process it involves; its summary printed as a progress line. */
+type Timed = <T extends Summary>(label: string, work: () => Promise<Sample | Summary | null>, extend?: (summary: Summary) => Promise<T> | T) => Promise<T | null>;
+
+function timer(ctx: Context, cpu: CpuMeter): Timed {
+  return async (label, work, extend) => {
+    // A quick run's tables stay small: it skips the vacuum and checkpoint between phases.
+    if (!ctx.options.quick) await settle(ctx.database.url);
+    checkpoint();
+    const before = cpu.snapshot();
+    const outcome = await work();
+    const use = CpuMeter.between(before, await cpu.settledSnapshot(performance.now()));
+    checkpoint();
+    const summary = outcome && "latencies" in outcome ? summarize(outcome) : outcome;
+    if (summary && use) summary.cpu = use;
+    const extended = summary && extend ? await extend(summary) : summary;
+    progress(line(label, extended));
+    return extended as Awaited<ReturnType<NonNullable<typeof extend>>> | null;
+  };
+}
+
+const phaseOf = (options: Options): Phase => ({ warmupMs: options.warmupSec * 1000, measureMs: options.measureSec * 1000, signal: abort.signal });
+
+/** The coordinator level under one commit setting: closed loop at each concurrency, then the open model, each beside pgbench and the no-op. */
+async function coordinatorLevel(ctx: Context, main: Awaited<ReturnType<typeof coordinator>>, pgb: PgbenchState, tag: string): Promise<Row[]> {
+  const { options } = ctx;
+  const { server, clients } = main;
+  // Every path warmed up once (JIT, connection pools, caches) before anything is measured.
+  const warmSec = options.quick ? 1 : 2;
+  progress(`${tag}warming up: ${warmSec} s of coordinator and no-op calls${pgb.use ? ", 100 pgbench transactions" : ""} (not measured)`);
+  const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };
+  await closedLoop(4, warm, clients.operation);
+  await closedLoop(4, warm, clients.noop);
+  if (pgb.use) await runPgbenchTransactions(pgb.target!, ctx.scriptFile, ctx.variables, 100, pgb.onChild);
+  checkpoint();
+
+  const pgbenchPhase = async (clientCount: number, rate?: number): Promise<Summary | null> => {
+    if (!pgb.use) return null;
+    const result = await runPgbench({
+      ...pgb.target!,
+      scriptFile: ctx.scriptFile,
+      variables: ctx.variables,
+      clients: clientCount,
+      ...(rate !== undefined ? { rate } : {}),
+      warmupMs: options.warmupSec * 1000,
+      measureMs: options.measureSec * 1000,
+      logDir: pgb.workDir,
+      logPrefix: `run${++pgb.logRun}`,
+      onChild: pgb.onChild,
+    });
+    pgb.command ??= result.command;
+    checkpoint();
+    return summarize(result);
+  };
+  const timed = timer(ctx, new CpuMeter(server.mode === "process" ? server.pid : undefined, ctx.database.postmasterPid));
+  const ratios = (coordinatorSide: Summary, pgbench: Summary | null, noop: Summary): Row["ratios"] => ({
+    throughputVsPgbench: pgbench && pgbench.opsPerSec > 0 ? coordinatorSide.opsPerSec / pgbench.opsPerSec : null,
+    p99VsPgbench: pgbench && pgbench.count > 0 ? coordinatorSide.p99Ms / pgbench.p99Ms : null,
+    throughputVsNoop: coordinatorSide.opsPerSec / noop.opsPerSec,
+    p99VsNoop: coordinatorSide.p99Ms / noop.p99Ms,
+  });
+
+  const rows: Row[] = [];
+  for (const concurrency of options.concurrency) {
+    const coord = (await timed(`${tag}closed c=${concurrency} coordinator`, () => closedLoop(concurrency, phaseOf(options), clients.operation)))!;
+    const pgbench = await timed(`${tag}closed c=${concurrency} pgbench`, () => pgbenchPhase(concurrency));
+    const noop = (await timed(`${tag}closed c=${concurrency} no-op`, () => closedLoop(concurrency, phaseOf(options), clients.noop)))!;
+    rows.push({ mode: "closed", concurrency, coordinator: coord, pgbench, noop, ratios: ratios(coord, pgbench, noop) });
+  }
+  const best = Math.max(...rows.map((r) => r.coordinator.opsPerSec));
+  const callers = Math.max(...options.concurrency);
+  for (const fraction of options.open) {
+    const rate = Math.max(1, fraction * best);
+    const label = `${tag}open ${Math.round(fraction * 100)}% (${rate.toFixed(0)}/s, ≤${callers})`;
+    const coord = (await timed(`${label} coordinator`, () => openLoop(callers, rate, phaseOf(options), clients.operation)))!;
+    const pgbench = await timed(`${label} pgbench`, () => pgbenchPhase(callers, rate));
+    const noop = (await timed(`${label} no-op`, () => openLoop(callers, rate, phaseOf(options), clients.noop)))!;
+    rows.push({ mode: "open", concurrency: callers, offeredPerSec: rate, fraction, coordinator: coord, pgbench, noop, ratios: ratios(coord, pgbench, noop) });
+  }
+  return rows;
+}
+
+/**
+ * The service level under one commit setting: the Express service in a
+ * process of its own, in front of `main`, driven by HTTP clients in this
+ * process; the handler alone, then the SDK with new keys, then replays.
+ */
+async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordinator>>, tag: string): Promise<ServiceLevel> {
+  const { options } = ctx;
+  const workers = options.serviceClients;
+  const service = await startService({
+    databaseUrl: ctx.database.url,
+    coordinatorUrl: main.server.baseUrl,
+    token: ctx.token,
+    tenant: TENANT,
+    operation: OPERATION,
+    apiRevision: ctx.values.apiRevision,
+    poolMax: workers,
+  });
+  cleanups.push({ name: "the Express service", run: () => service.stop() });
+  progress(`${tag}Express service on ${service.baseUrl} (separate process, pid ${service.pid}, ${workers} database connections), ${workers} HTTP clients, one user each`);
+  const clients = openServiceClients(service.baseUrl, workers);
+  try {
+    const warmSec = options.quick ? 1 : 2;
+    progress(`${tag}warming up the service: ${warmSec} s of each workload (not measured)`);
+    const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };
+    for (const op of [clients.plain, clients.newKey, clients.replay]) await closedLoop(workers, warm, op);
+    checkpoint();
+
+    const timed = timer(ctx, new CpuMeter(main.server.mode === "process" ? main.server.pid : undefined, ctx.database.postmasterPid, service.pid));
+    const side = async (label: string, op: Operation): Promise<ServicePhase> => {
+      let callsBefore: Map<string, number> | undefined;
+      let answeredBefore = 0;
+      const phase = await timed(
+        `${tag}service c=${workers} ${label}`,
+        async () => {
+          callsBefore = await coordinatorCalls(main.server.adminUrl);
+          answeredBefore = clients.answered();
+          return closedLoop(workers, phaseOf(options), op);
+        },
+        async (summary) => {
+          const requests = clients.answered() - answeredBefore;
+          const calls = callsPerRequest(callsBefore, await coordinatorCalls(main.server.adminUrl), requests);
+          return { ...summary, requests, ...(calls ? { callsPerRequest: calls } : {}) };
+        },
+      );
+      return phase!;
+    };
+    const plain = await side("(a) handler alone", clients.plain);
+    const newKeys = await side("(b) SDK, new keys", clients.newKey);
+    const replays = await side("(c) SDK, replays", clients.replay);
+    const calls = (p: ServicePhase) =>
+      p.callsPerRequest
+        ? Object.entries(p.callsPerRequest)
+            .map(([method, n]) => `${method} ${n.toFixed(2)}`)
+            .join(", ") || "none"
+        : "unknown";
+    progress(`${tag}coordinator calls per request: (a) ${calls(plain)}; (b) ${calls(newKeys)}; (c) ${calls(replays)}`);
+    const over = (a: number, b: number) => (b > 0 && Number.isFinite(a) ? a / b : null);
+    return {
+      clients: workers,
+      description:
+        `Express 5 service in its own process, one row per POST (INSERT, its own transaction, synchronous_commit=on), ` +
+        `${workers} HTTP/1.1 keep-alive clients in the benchmark's process, one user each; (b) and (c) through the gateway SDK's Express middleware`,
+      environment: service.environment,
+      plain,
+      newKeys,
+      replays,
+      ratios: {
+        newVsPlain: over(newKeys.opsPerSec, plain.opsPerSec),
+        replaysVsPlain: over(replays.opsPerSec, plain.opsPerSec),
+        p99NewVsPlain: over(newKeys.p99Ms, plain.p99Ms),
+      },
+    };
+  } finally {
+    clients.close();
+    await service.stop();
+  }
+}
+
 async function run(options: Options, argv: string[]): Promise<BenchResult> {
   const startedAt = new Date();
   const loadBefore = os.loadavg();
-  const phases = options.concurrency.length * 3 + options.open.length * 3;
-  const estimate = phases * (options.warmupSec + options.measureSec + 1) + (options.concurrency.length + options.open.length) * 2 + 15 + options.roundTripOps * 0.06;
+  const runCoordinatorLevel = options.level !== "service";
+  const runServiceLevel = options.level !== "coordinator";
+  const phaseSec = options.warmupSec + options.measureSec + 1;
+  const perCommit =
+    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * (3 * phaseSec + (options.quick ? 0 : 6)) + 8 : 0) +
+    (runServiceLevel ? 3 * phaseSec + (options.quick ? 3 : 12) + 4 : 0) +
+    3;
+  const estimate = 10 + options.commit.length * perCommit + (runCoordinatorLevel ? 12 + options.roundTripOps * 0.06 : 0);
+  const levels = runCoordinatorLevel && runServiceLevel ? "coordinator and service levels" : runCoordinatorLevel ? "coordinator level" : "service level";
   progress(
-    `idempotency coordinator benchmark${options.quick ? " (quick)" : ""}: ${phases} phases of ${options.warmupSec} s warm-up + ${options.measureSec} s measured, about ${Math.round(estimate / 5) * 5} s`,
+    `idempotency coordinator benchmark${options.quick ? " (quick)" : ""}: ${levels}, synchronous_commit ${options.commit.join(" then ")}; ` +
+      `phases of ${options.warmupSec} s warm-up + ${options.measureSec} s measured, about ${Math.round(estimate / 5) * 5} s`,
   );
   const logger = pino({ level: "warn" }, pino.destination(2));
 
-  const pgbench = await findPgbench();
-  let pgbenchSkipped = pgbench
-    ? undefined
-    : "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)";
-  progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgbenchSkipped}; the pgbench baseline is skipped`);
+  const pgbench = runCoordinatorLevel ? await findPgbench() : undefined;
+  const pgb: PgbenchState = {
+    use: false,
+    checked: false,
+    onChild: trackChild(),
+    logRun: 0,
+    workDir: await mkdtemp(join(os.tmpdir(), "idem-bench-pgbench-")),
+    ...(runCoordinatorLevel && !pgbench
+      ? { skipped: "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)" }
+      : {}),
+  };
+  cleanups.push({ name: "pgbench's files", run: () => rm(pgb.workDir, { recursive: true, force: true }) });
+  if (runCoordinatorLevel) progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgb.skipped}; the pgbench baseline is skipped`);
 
-  progress(
-    options.databaseUrl
-      ? "database: --database-url"
-      : `starting a dedicated embedded PostgreSQL (synchronous_commit=${options.durable ? "on" : "off"}, fsync=on, pg_stat_statements)`,
-  );
-  const database = await startDatabase({ ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}), durable: options.durable, logger });
+  progress(options.databaseUrl ? "database: --database-url" : "starting a dedicated embedded PostgreSQL (fsync=on, pg_stat_statements)");
+  const database = await startDatabase({ ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}), logger });
   cleanups.push({ name: "the database", run: () => database.stop() });
+  if (!database.embedded) {
+    // Someone else's server: the database gets its own default back.
+    cleanups.push({ name: "the database's synchronous_commit", run: () => synchronousCommit(database.url, undefined).then(() => undefined) });
+  }
   checkpoint();
   {
     const pool = new pg.Pool({ connectionString: database.url, max: 1 });
@@ -514,126 +758,76 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
       await pool.end();
     }
   }
+  if (runServiceLevel) await prepareServiceTable(database.url);
   const statements = await enableStatements(database.url);
-  if (!statements.available) progress(`statements per RPC will be reported as unavailable: ${statements.reason}`);
+  if (runCoordinatorLevel && !statements.available) progress(`statements per RPC will be reported as unavailable: ${statements.reason}`);
   const facts = await databaseFacts(database.url);
-  progress(`${facts.version.split(" on ")[0]}: fsync=${facts.settings.fsync} synchronous_commit=${facts.settings.synchronous_commit}`);
+  progress(`${facts.version.split(" on ")[0]}: fsync=${facts.settings.fsync}`);
   checkpoint();
 
   const values = operationValues();
-  const workDir = await mkdtemp(join(os.tmpdir(), "idem-bench-pgbench-"));
-  cleanups.push({ name: "pgbench's files", run: () => rm(workDir, { recursive: true, force: true }) });
   const { script, variables } = pgbenchScript(values);
-  const scriptFile = join(workDir, "reserve-complete.sql");
+  const scriptFile = join(pgb.workDir, "reserve-complete.sql");
   await writeFile(scriptFile, script);
   const ctx: Context = { options, database, statements, values, token: `bench_${randomBytes(24).toString("hex")}`, pgbench, scriptFile, variables };
 
-  const main = await coordinator(ctx, "the coordinator", database.url);
-  const { server, clients } = main;
-  if (server.databaseRole) ctx.role = server.databaseRole;
-  const pgbenchTarget = pgbench ? { bin: pgbench.path, databaseUrl: database.url, ...(ctx.role ? { role: ctx.role } : {}) } : undefined;
-  if (pgbench) {
+  const commits: CommitRun[] = [];
+  let serverInfo: BenchResult["server"] | undefined;
+  for (const setting of options.commit) {
+    const seen = await synchronousCommit(database.url, setting);
+    const tag = options.commit.length > 1 ? `[commit ${setting}] ` : "";
+    progress(`${tag}synchronous_commit=${seen} for every new connection to the database (the coordinator, pgbench and the service connect afresh)`);
+    checkpoint();
+    const main = await coordinator(ctx, `the coordinator (synchronous_commit=${setting})`, database.url);
+    const { server, clients } = main;
+    serverInfo ??= { mode: server.mode, environment: server.environment };
+    if (server.databaseRole) ctx.role = server.databaseRole;
     progress(
-      "pgbench baseline: the registry's statements, each transaction bound to its tenant as src/registry/db.ts does" +
-        `${ctx.role ? `, acting as role ${ctx.role} like the coordinator` : ""}`,
+      `${tag}coordinator serving on ${server.baseUrl} (${server.mode === "process" ? `separate process, pid ${server.pid}` : "in this process"}, registry pool ${options.poolMax})`,
     );
-  }
-  progress(`coordinator serving on ${server.baseUrl} (${server.mode === "process" ? `separate process, pid ${server.pid}` : "in this process"}, registry pool ${options.poolMax})`);
-  await clients.operation(0);
-  await clients.noop(0);
-  checkpoint();
+    await clients.operation(0);
+    await clients.noop(0);
+    checkpoint();
 
-  // pgbench runs the same statements in one transaction script, checked once before it is timed.
-  const onPgbench = trackChild();
-  if (pgbench) {
-    const check = await runPgbenchTransactions(pgbenchTarget!, scriptFile, variables, 3, onPgbench);
-    if (!check.ok) {
-      pgbenchSkipped = `the pgbench script failed: ${check.output.trim().split("\n").slice(-4).join(" | ")}`;
-      progress(`${pgbenchSkipped}; the pgbench baseline is skipped`);
+    if (runCoordinatorLevel && pgbench && !pgb.checked) {
+      // pgbench runs the same statements in one transaction script, checked once before it is timed.
+      pgb.checked = true;
+      pgb.target = { bin: pgbench.path, databaseUrl: database.url, ...(ctx.role ? { role: ctx.role } : {}) };
+      const check = await runPgbenchTransactions(pgb.target, scriptFile, variables, 3, pgb.onChild);
+      if (check.ok) {
+        pgb.use = true;
+        progress(
+          "pgbench baseline: the registry's statements, prepared, each transaction bound to its tenant and pipelined as src/registry/db.ts sends it" +
+            `${ctx.role ? `, acting as role ${ctx.role} like the coordinator` : ""}`,
+        );
+      } else {
+        pgb.skipped = `the pgbench script failed: ${check.output.trim().split("\n").slice(-4).join(" | ")}`;
+        progress(`${pgb.skipped}; the pgbench baseline is skipped`);
+      }
+      checkpoint();
     }
+
+    const rows = runCoordinatorLevel ? await coordinatorLevel(ctx, main, pgb, tag) : [];
+    const service = runServiceLevel ? await serviceLevel(ctx, main, tag) : null;
+    await main.stop();
+    const part: CommitRun = { synchronousCommit: seen, rows, service };
+    for (const goal of goalLines(part)) progress(`${tag}${goal}`);
+    commits.push(part);
   }
-  const usePgbench = pgbench !== undefined && pgbenchSkipped === undefined;
-  checkpoint();
 
-  // Every path warmed up once (JIT, connection pools, caches) before anything is measured.
-  const warmSec = options.quick ? 1 : 2;
-  progress(`warming up: ${warmSec} s of coordinator and no-op calls${usePgbench ? ", 100 pgbench transactions" : ""} (not measured)`);
-  const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };
-  await closedLoop(4, warm, clients.operation);
-  await closedLoop(4, warm, clients.noop);
-  if (usePgbench) await runPgbenchTransactions(pgbenchTarget!, scriptFile, variables, 100, onPgbench);
-  checkpoint();
-
-  const phase = (): Phase => ({ warmupMs: options.warmupSec * 1000, measureMs: options.measureSec * 1000, signal: abort.signal });
-  let logRun = 0;
-  let pgbenchCommand: string | undefined;
-  const pgbenchPhase = async (clientCount: number, rate?: number): Promise<Summary | null> => {
-    if (!usePgbench) return null;
-    const result = await runPgbench({
-      ...pgbenchTarget!,
-      scriptFile,
-      variables,
-      clients: clientCount,
-      ...(rate !== undefined ? { rate } : {}),
-      warmupMs: options.warmupSec * 1000,
-      measureMs: options.measureSec * 1000,
-      logDir: workDir,
-      logPrefix: `run${++logRun}`,
-      onChild: onPgbench,
-    });
-    pgbenchCommand ??= result.command;
-    checkpoint();
-    return summarize(result);
-  };
-  const cpu = new CpuMeter(server.mode === "process" ? server.pid : undefined, database.postmasterPid);
-  const timed = async (label: string, work: () => Promise<Sample | Summary | null>): Promise<Summary | null> => {
-    // A quick run's tables stay small: it skips the vacuum and checkpoint between phases.
-    if (!options.quick) await settle(database.url);
-    checkpoint();
-    const before = cpu.snapshot();
-    const outcome = await work();
-    const use = CpuMeter.between(before, await cpu.settledSnapshot(performance.now()));
-    checkpoint();
-    const summary = outcome && "latencies" in outcome ? summarize(outcome) : outcome;
-    if (summary && use) summary.cpu = use;
-    progress(line(label, summary));
-    return summary;
-  };
-  const ratios = (coordinatorSide: Summary, pgb: Summary | null, noop: Summary): Row["ratios"] => ({
-    throughputVsPgbench: pgb && pgb.opsPerSec > 0 ? coordinatorSide.opsPerSec / pgb.opsPerSec : null,
-    p99VsPgbench: pgb && pgb.count > 0 ? coordinatorSide.p99Ms / pgb.p99Ms : null,
-    throughputVsNoop: coordinatorSide.opsPerSec / noop.opsPerSec,
-    p99VsNoop: coordinatorSide.p99Ms / noop.p99Ms,
-  });
-
-  const rows: Row[] = [];
-  for (const concurrency of options.concurrency) {
-    const coord = (await timed(`closed c=${concurrency} coordinator`, () => closedLoop(concurrency, phase(), clients.operation)))!;
-    const pgb = await timed(`closed c=${concurrency} pgbench`, () => pgbenchPhase(concurrency));
-    const noop = (await timed(`closed c=${concurrency} no-op`, () => closedLoop(concurrency, phase(), clients.noop)))!;
-    rows.push({ mode: "closed", concurrency, coordinator: coord, pgbench: pgb, noop, ratios: ratios(coord, pgb, noop) });
+  let roundTrips: RoundTrips = { available: false, reason: "not measured: the coordinator level did not run (--level service)" };
+  if (runCoordinatorLevel) {
+    progress(`counting round trips: ${options.roundTripOps} Reserve and ${options.roundTripOps} Complete calls${pgb.use ? ", then the pgbench transaction" : ""}`);
+    await settle(database.url);
+    roundTrips = await countRoundTrips(ctx, pgb.use);
   }
-  const best = Math.max(...rows.map((r) => r.coordinator.opsPerSec));
-  const callers = Math.max(...options.concurrency);
-  for (const fraction of options.open) {
-    const rate = Math.max(1, fraction * best);
-    const label = `open ${Math.round(fraction * 100)}% (${rate.toFixed(0)}/s, ≤${callers})`;
-    const coord = (await timed(`${label} coordinator`, () => openLoop(callers, rate, phase(), clients.operation)))!;
-    const pgb = await timed(`${label} pgbench`, () => pgbenchPhase(callers, rate));
-    const noop = (await timed(`${label} no-op`, () => openLoop(callers, rate, phase(), clients.noop)))!;
-    rows.push({ mode: "open", concurrency: callers, offeredPerSec: rate, fraction, coordinator: coord, pgbench: pgb, noop, ratios: ratios(coord, pgb, noop) });
-  }
-  await main.stop();
-
-  progress(`counting round trips: ${options.roundTripOps} Reserve and ${options.roundTripOps} Complete calls${usePgbench ? ", then the pgbench transaction" : ""}`);
-  await settle(database.url);
-  const roundTrips = await countRoundTrips(ctx, usePgbench);
 
   const cpus = os.cpus();
   const finishedAt = new Date();
   return {
     benchmark: "idempotency-coordinator",
-    version: 1,
+    version: 2,
+    level: options.level,
     startedAt: startedAt.toISOString(),
     finishedAt: finishedAt.toISOString(),
     durationSec: Math.round((finishedAt.getTime() - startedAt.getTime()) / 1000),
@@ -649,7 +843,7 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
       loadAverageAfter: os.loadavg(),
     },
     database: { embedded: database.embedded, version: facts.version, settings: facts.settings, pgStatStatements: statements.available },
-    server: { mode: server.mode, environment: server.environment },
+    server: serverInfo!,
     loadGenerator: {
       description: `@connectrpc/connect-node ${options.protocol === "grpc" ? "gRPC" : "Connect (binary)"} client over ${options.connections} HTTP/2 connection(s), in the benchmark's process`,
       protocol: options.protocol === "grpc" ? "gRPC (binary protobuf) over HTTP/2 cleartext, as the gateway SDK" : "Connect protocol (binary protobuf) over HTTP/2 cleartext",
@@ -658,21 +852,26 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
       openModel: "Poisson arrivals spread over the callers like pgbench --rate; latency from the scheduled time",
     },
     pgbench:
-      pgbench && usePgbench
+      pgbench && pgb.use
         ? {
             path: pgbench.path,
             version: pgbench.version,
-            ...(pgbenchCommand ? { command: pgbenchCommand } : {}),
+            ...(pgb.command ? { command: pgb.command } : {}),
             tenantBinding: true,
             ...(ctx.role ? { role: ctx.role } : {}),
           }
-        : { skipped: pgbenchSkipped ?? "unknown" },
-    rows,
+        : { skipped: pgb.skipped ?? (runCoordinatorLevel ? "unknown" : "the coordinator level did not run") },
+    commits,
     roundTrips,
     notes: [
       "All sides ran one after the other on the same machine and database in this run; compare the ratios, not absolute figures across machines or runs.",
-      "The load generator, the coordinator and PostgreSQL (and pgbench) share the machine's cores.",
-      `pgbench opens one connection per client (up to ${Math.max(...options.concurrency)}); the coordinator uses at most ${options.poolMax} registry connections.`,
+      "The load generator, the coordinator, the service and PostgreSQL (and pgbench) share the machine's cores.",
+      ...(runCoordinatorLevel
+        ? [`pgbench opens one connection per client (up to ${Math.max(...options.concurrency)}); the coordinator uses at most ${options.poolMax} registry connections.`]
+        : []),
+      ...(runServiceLevel
+        ? ["The service's own transactions run at synchronous_commit=on under every setting; the setting of each part applies to the coordinator (and pgbench)."]
+        : []),
     ],
   };
 }

@@ -175,12 +175,14 @@ export function runVariables(variables: Record<string, string>): Record<string, 
 }
 
 /** Which step of an operation a pg_stat_statements entry is, from its text. */
-export function classify(query: string): "reserve" | "gate" | "count" | "begin" | "lock" | "attempts" | "finish" | "commit" | "probe" | "other" {
+export function classify(query: string): "reserve" | "gate" | "count" | "begin" | "bind" | "lock" | "attempts" | "finish" | "commit" | "probe" | "other" {
   const q = squash(query);
   // The coordinator's readiness probe (src/registry/reachability.ts), once a second, as pg_stat_statements normalizes it.
   if (q === "SELECT $1") return "probe";
   if (/^BEGIN\b/i.test(q)) return "begin";
   if (/^COMMIT\b/i.test(q)) return "commit";
+  // The tenant binding: its parameters are numbered differently when the tenant is a literal (the coordinator's simple-protocol BEGIN) or a parameter (pgbench).
+  if (/^SELECT set_config\(.*\), set_config\(/.test(q)) return "bind";
   if (q.startsWith("WITH inserted AS (") && q.includes("INSERT INTO idem_record")) return "reserve";
   if (q.startsWith("INSERT INTO idem_quota_gate")) return "gate";
   if (q.startsWith("SELECT count(*)::int AS active")) return "count";

@@ -1,0 +1,85 @@
+/**
+ * The service of the benchmark's service level, in a process of its own
+ * (`node --import tsx bench/express-service.ts`, started by
+ * bench/service-level.ts): a minimal Express 5 service whose one handler
+ * writes one row in PostgreSQL per POST, in a transaction of its own at
+ * `synchronous_commit=on`, served twice:
+ *
+ * - `POST /plain/payments`: the handler alone, its body parsed by express.json();
+ * - `POST /v1/payments`: the same handler behind the gateway SDK's Express
+ *   middleware (src/gateway/express.ts), calling the coordinator.
+ *
+ * Configured through its environment; answers `GET /healthz` once ready.
+ */
+import type { Server } from "node:http";
+import express, { type Request, type Response } from "express";
+import pg from "pg";
+import { expressIdempotency } from "../src/gateway/express.js";
+import { CoordinatorClient, IdempotencyGateway } from "../src/gateway/index.js";
+
+const environment = (name: string): string => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+
+const port = Number(environment("BENCH_SERVICE_PORT"));
+const tenant = environment("BENCH_SERVICE_TENANT");
+
+// The service's own connections: every commit waits for its WAL flush, whatever the server's default.
+const pool = new pg.Pool({
+  connectionString: environment("BENCH_SERVICE_DATABASE_URL"),
+  max: Number(environment("BENCH_SERVICE_POOL_MAX")),
+  options: "-c synchronous_commit=on",
+  application_name: "idem-bench-service",
+});
+pool.on("error", () => undefined);
+
+const INSERT = "INSERT INTO bench_payment (amount, currency) VALUES ($1, $2) RETURNING id";
+
+/** The business handler: one row, one transaction (a single statement commits on its own). */
+async function createPayment(req: Request, res: Response): Promise<void> {
+  const { amount, currency } = req.body as { amount: number; currency: string };
+  const { rows } = await pool.query<{ id: string }>({ name: "bench-insert-payment", text: INSERT, values: [amount, currency] });
+  res.status(201).json({ id: `pay_${rows[0]!.id}`, amount, currency, status: "succeeded" });
+}
+
+const client = new CoordinatorClient({ baseUrl: environment("BENCH_COORDINATOR_URL"), token: environment("BENCH_COORDINATOR_TOKEN") });
+const gateway = new IdempotencyGateway({ client });
+
+const app = express();
+app.get("/healthz", (_req, res) => {
+  res.status(200).send("ok");
+});
+app.post("/plain/payments", express.json(), (req, res, next) => {
+  createPayment(req, res).catch(next);
+});
+app.post(
+  "/v1/payments",
+  expressIdempotency(
+    gateway,
+    {
+      operation: environment("BENCH_SERVICE_OPERATION"),
+      apiRevision: Number(environment("BENCH_SERVICE_API_REVISION")),
+      // The service's own authentication put the user on the request.
+      subject: (req) => {
+        const user = req.get("x-user");
+        return user ? { tenant, principal: user } : undefined;
+      },
+    },
+    (req, res) => createPayment(req, res),
+  ),
+);
+
+const server: Server = app.listen(port, "127.0.0.1");
+server.keepAliveTimeout = 60_000;
+
+const stop = () => {
+  server.closeAllConnections();
+  server.close(() => {
+    client.close();
+    void pool.end().finally(() => process.exit(0));
+  });
+};
+process.on("SIGTERM", stop);
+process.on("SIGINT", stop);

@@ -1,0 +1,235 @@
+/**
+ * The service level: a minimal Express service (bench/express-service.ts, a
+ * process of its own) measured with and without the gateway SDK in front of
+ * its handler, by HTTP clients in the benchmark's process (node:http over
+ * keep-alive connections, one connection per client). Three workloads:
+ * the handler alone (new requests), the SDK with a fresh Idempotency-Key per
+ * request (Reserve + Complete around the handler), and the SDK replaying
+ * keys completed earlier with the same body (Reserve answers from the stored
+ * snapshot; the handler does not run).
+ */
+import { spawn } from "node:child_process";
+import { Agent, request } from "node:http";
+import { randomUUID } from "node:crypto";
+import { withClient } from "./database.js";
+import type { Operation } from "./load.js";
+import { ROOT } from "./server.js";
+import { freePort } from "../src/net.js";
+
+/** The service's table: what its handler writes, one row per request. */
+export async function prepareServiceTable(databaseUrl: string): Promise<void> {
+  await withClient(databaseUrl, async (client) => {
+    await client.query(`CREATE TABLE IF NOT EXISTS bench_payment (
+      id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+      amount integer NOT NULL,
+      currency text NOT NULL,
+      created_at timestamptz NOT NULL DEFAULT now())`);
+  });
+}
+
+export interface BenchService {
+  baseUrl: string;
+  pid: number;
+  /** What the service was configured with (no secrets). */
+  environment: Record<string, string>;
+  stop(): Promise<void>;
+}
+
+export interface ServiceOptions {
+  databaseUrl: string;
+  coordinatorUrl: string;
+  token: string;
+  tenant: string;
+  operation: string;
+  apiRevision: number;
+  poolMax: number;
+}
+
+/** Starts the Express service in a process of its own and waits until it answers. */
+export async function startService(options: ServiceOptions): Promise<BenchService> {
+  const port = await freePort();
+  const environment = {
+    BENCH_SERVICE_PORT: String(port),
+    BENCH_SERVICE_DATABASE_URL: options.databaseUrl,
+    BENCH_SERVICE_POOL_MAX: String(options.poolMax),
+    BENCH_SERVICE_TENANT: options.tenant,
+    BENCH_SERVICE_OPERATION: options.operation,
+    BENCH_SERVICE_API_REVISION: String(options.apiRevision),
+    BENCH_COORDINATOR_URL: options.coordinatorUrl,
+    BENCH_COORDINATOR_TOKEN: options.token,
+  };
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/.test(name))) as Record<string, string>;
+  const child = spawn(process.execPath, ["--import", "tsx", "bench/express-service.ts"], {
+    cwd: ROOT,
+    env: { ...inherited, ...environment },
+    stdio: ["ignore", "pipe", "pipe"],
+    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
+    detached: true,
+  });
+  let output = "";
+  const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-8000));
+  child.stdout.on("data", keep);
+  child.stderr.on("data", keep);
+  let exited = false;
+  child.on("exit", () => {
+    exited = true;
+  });
+  const stop = async () => {
+    if (exited) return;
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+      child.once("exit", () => {
+        clearTimeout(timer);
+        resolve();
+      });
+      child.kill("SIGTERM");
+    });
+  };
+  const baseUrl = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    if (exited) throw new Error(`the Express service exited before it was ready:\n${output.trim()}`);
+    if (Date.now() > deadline) {
+      await stop();
+      throw new Error(`the Express service was not ready within 60 s:\n${output.trim()}`);
+    }
+    const ready = await fetch(`${baseUrl}/healthz`, { signal: AbortSignal.timeout(1000) }).then(
+      (r) => r.ok,
+      () => false,
+    );
+    if (ready) break;
+    await new Promise((r) => setTimeout(r, 150));
+  }
+  const { BENCH_SERVICE_DATABASE_URL, BENCH_COORDINATOR_TOKEN, ...shown } = environment;
+  void BENCH_SERVICE_DATABASE_URL;
+  void BENCH_COORDINATOR_TOKEN;
+  return {
+    baseUrl,
+    pid: child.pid!,
+    environment: { ...shown, BENCH_SERVICE_DATABASE_URL: "(the benchmark's database)", BENCH_COORDINATOR_TOKEN: "(the gateway caller's)" },
+    stop,
+  };
+}
+
+interface Answer {
+  status: number;
+  replayed: boolean;
+  body: string;
+}
+
+export interface ServiceClients {
+  /** POST to the handler alone. */
+  plain: Operation;
+  /** POST through the SDK with a fresh UUIDv4 key; the key is kept for replays once the request succeeded. */
+  newKey: Operation;
+  /** POST through the SDK with a key this worker completed earlier, the same body. */
+  replay: Operation;
+  /** Requests answered, by any workload, since the clients were opened. */
+  answered(): number;
+  close(): void;
+}
+
+/** One user per worker, so that the per-principal quota gate never makes workers wait for each other. */
+const userOf = (worker: number) => `bench-user-${worker}`;
+
+export function openServiceClients(baseUrl: string, workers: number): ServiceClients {
+  const agent = new Agent({ keepAlive: true, maxSockets: workers, maxFreeSockets: workers });
+  const url = new URL(baseUrl);
+  const body = Buffer.from(JSON.stringify({ amount: 10, currency: "EUR" }));
+  /** Keys completed by each worker, replayed in turn; bounded, since any completed key replays the same. */
+  const completed = new Map<number, string[]>();
+  const nextReplay = new Map<number, number>();
+  let answered = 0;
+
+  const post = (path: string, worker: number, key?: string) =>
+    new Promise<Answer>((resolve, reject) => {
+      const req = request(
+        {
+          agent,
+          host: url.hostname,
+          port: url.port,
+          method: "POST",
+          path,
+          headers: {
+            "content-type": "application/json",
+            "content-length": body.byteLength,
+            "x-user": userOf(worker),
+            ...(key ? { "idempotency-key": key } : {}),
+          },
+        },
+        (res) => {
+          let text = "";
+          res.setEncoding("utf8");
+          res.on("data", (chunk: string) => (text += chunk));
+          res.on("end", () => {
+            answered++;
+            resolve({ status: res.statusCode ?? 0, replayed: res.headers["idempotent-replayed"] === "true", body: text });
+          });
+          res.on("error", reject);
+        },
+      );
+      req.on("error", reject);
+      req.end(body);
+    });
+  const expect = (answer: Answer, replayed: boolean) => {
+    if (answer.status !== 201) throw new Error(`answered ${answer.status}: ${answer.body.slice(0, 200)}`);
+    if (answer.replayed !== replayed) throw new Error(replayed ? "a replay was not answered as one (no Idempotent-Replayed: true)" : "a new key was answered as a replay");
+  };
+  const newKey = async (worker: number) => {
+    const key = randomUUID();
+    expect(await post("/v1/payments", worker, key), false);
+    const keys = completed.get(worker) ?? [];
+    if (keys.length < 1000) keys.push(key);
+    completed.set(worker, keys);
+  };
+  return {
+    plain: async (worker) => expect(await post("/plain/payments", worker), false),
+    newKey,
+    replay: async (worker) => {
+      let keys = completed.get(worker);
+      if (!keys?.length) {
+        // Not measured as a replay: this worker completed nothing yet, so it completes one first.
+        await newKey(worker);
+        keys = completed.get(worker)!;
+      }
+      const turn = nextReplay.get(worker) ?? 0;
+      nextReplay.set(worker, turn + 1);
+      expect(await post("/v1/payments", worker, keys[turn % keys.length]), true);
+    },
+    answered: () => answered,
+    close: () => agent.destroy(),
+  };
+}
+
+/**
+ * Calls the coordinator answered, by method, from /metrics
+ * (idem_rpc_duration_seconds_count of its CoordinatorService, every code).
+ * A Batch RPC counts as itself and each call it carries under that call's
+ * method; undefined without /metrics.
+ */
+export async function coordinatorCalls(adminUrl: string): Promise<Map<string, number> | undefined> {
+  const text = await fetch(`${adminUrl}/metrics`).then(
+    (r) => (r.ok ? r.text() : ""),
+    () => "",
+  );
+  if (!text.includes("idem_rpc_duration_seconds_count")) return undefined;
+  const calls = new Map<string, number>();
+  for (const m of text.matchAll(/^idem_rpc_duration_seconds_count\{([^}]*)\} (\S+)$/gm)) {
+    const labels = m[1]!;
+    if (!/service="[^"]*CoordinatorService"/.test(labels)) continue;
+    const method = /method="(\w+)"/.exec(labels)?.[1] ?? "?";
+    calls.set(method, (calls.get(method) ?? 0) + Number(m[2]));
+  }
+  return calls;
+}
+
+/** Calls per request by method between two scrapes (methods with none left out). */
+export function callsPerRequest(before: Map<string, number> | undefined, after: Map<string, number> | undefined, requests: number): Record<string, number> | undefined {
+  if (!before || !after || requests <= 0) return undefined;
+  const per: Record<string, number> = {};
+  for (const [method, count] of after) {
+    const made = count - (before.get(method) ?? 0);
+    if (made > 0) per[method] = made / requests;
+  }
+  return per;
+}
