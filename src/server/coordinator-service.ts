@@ -1,9 +1,13 @@
-import { create } from "@bufbuild/protobuf";
-import type { ServiceImpl } from "@connectrpc/connect";
+import { create, type Message } from "@bufbuild/protobuf";
+import { ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import { MAX_BATCH_CALLS } from "../contract/batch.js";
 import { refuse } from "../contract/errors.js";
 import { CONTRACT_VERSION } from "../contract/scope.js";
 import {
   AbandonResponseSchema,
+  type BatchCall,
+  BatchResponseSchema,
+  type BatchResult,
   ClaimResponseSchema,
   CompleteResponseSchema,
   CoordinatorService,
@@ -38,7 +42,8 @@ import {
   toProtoState,
   toTimestamp,
 } from "./convert.js";
-import { callerOf } from "./interceptors.js";
+import { errorMappingOf, statusOf } from "./errors.js";
+import { callerOf, refuseUnknownFields } from "./interceptors.js";
 import type { Metrics } from "./metrics.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
@@ -55,6 +60,65 @@ export interface CoordinatorDeps {
  * between the wire and the registry, which holds every rule of the contract.
  */
 export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
+  const unary = unaryHandlers({ registry, db, metrics });
+
+  /** One call of a batch, answered by its unary handler: its response, or the status its unary RPC would be refused with. */
+  async function answer(call: BatchCall, ctx: HandlerContext): Promise<BatchResult["result"]> {
+    const kind = call.call.case;
+    const method = kind ? CoordinatorService.method[kind].name : undefined;
+    const startedAt = performance.now();
+    try {
+      if (call.$unknown && call.$unknown.length > 0) {
+        refuse("UNKNOWN_FIELD", "the batch carries a kind of call this coordinator does not know; upgrade the coordinator or send that call's own RPC");
+      }
+      if (!kind)
+        refuse(
+          "INVALID_REQUEST",
+          "a batch's call names its kind: one of reserve, claim, renew_lease, record_effect_attempt, resolve_effect_attempt, complete, release, abandon, lookup",
+        );
+      // What the unknownFieldsRefused interceptor does for the unary RPC.
+      refuseUnknownFields(call.call.value);
+      // Each case of BatchCall.call is named after the RPC whose request it carries, and BatchResult.result after the one whose response it holds.
+      const handler = unary[kind] as (req: Message, ctx: HandlerContext) => Promise<Message>;
+      const value = await handler(call.call.value, ctx);
+      if (method) metrics?.observeCall(CoordinatorService.typeName, method, startedAt);
+      return { case: kind, value } as BatchResult["result"];
+    } catch (error) {
+      const refused = errorMappingOf(ctx.values)(error, method ?? "Batch");
+      if (method) metrics?.observeCall(CoordinatorService.typeName, method, startedAt, refused);
+      return { case: "error", value: statusOf(refused) };
+    }
+  }
+
+  return {
+    ...unary,
+
+    async batch(req, ctx) {
+      if (req.calls.length > MAX_BATCH_CALLS) {
+        refuse("INVALID_REQUEST", `a batch carries at most ${MAX_BATCH_CALLS} calls, this one ${req.calls.length}: split it`, { max_calls: String(MAX_BATCH_CALLS) });
+      }
+      const results = await untilAborted(ctx.signal, Promise.all(req.calls.map((call) => answer(call, ctx))));
+      return create(BatchResponseSchema, { results: results.map((result) => ({ result })) });
+    },
+  };
+}
+
+/**
+ * The answers as soon as they are all there, or the batch's deadline or
+ * cancellation first: its client has stopped waiting, and the calls still
+ * running finish on their own as a unary call's would.
+ */
+function untilAborted<T>(signal: AbortSignal, work: Promise<T>): Promise<T> {
+  if (signal.aborted) return Promise.reject(ConnectError.from(signal.reason));
+  return new Promise<T>((resolve, reject) => {
+    const abort = () => reject(ConnectError.from(signal.reason));
+    signal.addEventListener("abort", abort, { once: true });
+    work.then(resolve, reject).finally(() => signal.removeEventListener("abort", abort));
+  });
+}
+
+/** The unary RPCs' handlers, which Batch runs too. */
+function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<ServiceImpl<typeof CoordinatorService>, "batch"> {
   return {
     async reserve(req, ctx) {
       const caller = callerOf(ctx.values);

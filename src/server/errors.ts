@@ -1,8 +1,10 @@
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { anyPack } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, createContextKey, type Interceptor } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { ERROR_DOMAIN, IdempotencyError, REFUSALS, STATUS_CODES, type Reason } from "../contract/errors.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
+import { StatusSchema, type Status } from "../gen/google/rpc/status_pb.js";
 
 /** The gRPC/Connect code of a refusal's reason (src/contract/errors.ts: REFUSALS). */
 function codeOf(reason: Reason): Code {
@@ -17,28 +19,46 @@ export function refusalToConnectError(error: IdempotencyError): ConnectError {
   ]);
 }
 
+/** Turns whatever a call's handler threw into what its client may see (see errorMapping). */
+export type ErrorMapping = (error: unknown, rpc: string) => ConnectError;
+
+/**
+ * The mapping of the errorMapping interceptor around the current RPC, for a
+ * handler that answers many calls in one RPC (Batch) and refuses each of them
+ * as its unary RPC would be refused.
+ */
+export const errorMappingKey = createContextKey<ErrorMapping | undefined>(undefined, { description: "error mapping" });
+
+/** Reads the mapping set by the errorMapping interceptor (every coordinator RPC runs inside it). */
+export function errorMappingOf(values: { get<T>(key: { id: symbol; defaultValue: T }): T }): ErrorMapping {
+  const mapping = values.get(errorMappingKey);
+  if (!mapping) throw new Error("no error mapping in context");
+  return mapping;
+}
+
 /**
  * Turns whatever a handler throws into what a client may see: refusals keep
  * their reason; Connect's own errors (bad framing, deadline, size) pass; any
  * other error becomes INTERNAL, and its cause is logged, never sent.
  */
 export function errorMapping(logger: Logger): Interceptor {
+  const mapped: ErrorMapping = (error, rpc) => {
+    if (error instanceof IdempotencyError) {
+      // A refusal with a cause was made from a failure below (the database, a sealed body): the cause is for the operator only.
+      if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc }, `refused with ${error.reason} after a failure; the cause is attached`);
+      return refusalToConnectError(error);
+    }
+    if (error instanceof ConnectError) return error;
+    logger.error({ err: error, rpc }, "unexpected failure");
+    return refusalToConnectError(new IdempotencyError("INTERNAL", "internal error; the cause is logged on the coordinator"));
+  };
   return (next) => async (req) => {
-    const mapped = (error: unknown): unknown => {
-      if (error instanceof IdempotencyError) {
-        // A refusal with a cause was made from a failure below (the database, a sealed body): the cause is for the operator only.
-        if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc: req.method.name }, `refused with ${error.reason} after a failure; the cause is attached`);
-        return refusalToConnectError(error);
-      }
-      if (error instanceof ConnectError) return error;
-      logger.error({ err: error, rpc: req.method.name }, "unexpected failure");
-      return refusalToConnectError(new IdempotencyError("INTERNAL", "internal error; the cause is logged on the coordinator"));
-    };
+    req.contextValues.set(errorMappingKey, mapped);
     let res;
     try {
       res = await next(req);
     } catch (error) {
-      throw mapped(error);
+      throw mapped(error, req.method.name);
     }
     if (!res.stream) return res;
     // A streaming handler runs as its messages are read: what it throws then
@@ -50,9 +70,24 @@ export function errorMapping(logger: Logger): Interceptor {
         try {
           yield* messages;
         } catch (error) {
-          throw mapped(error);
+          throw mapped(error, req.method.name);
         }
       })(),
     };
   };
+}
+
+/**
+ * The google.rpc.Status of a refused call: the code, message and details the
+ * gRPC protocol sends in the grpc-status-details-bin trailer of a refused
+ * unary RPC, so that a client rebuilds the very error that RPC would give.
+ */
+export function statusOf(error: ConnectError): Status {
+  return create(StatusSchema, {
+    code: error.code,
+    message: error.rawMessage,
+    details: error.details.map((detail) =>
+      "desc" in detail ? anyPack(detail.desc, create(detail.desc, detail.value)) : { typeUrl: `type.googleapis.com/${detail.type}`, value: detail.value },
+    ),
+  });
 }

@@ -2,6 +2,7 @@ import { Code, ConnectError, createContextKey, type Interceptor } from "@connect
 import type { Logger } from "pino";
 import { refuse } from "../contract/errors.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
+import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import type { Caller, Callers, PeerCertificate } from "./callers.js";
 
 /** What mutual TLS says of the client, set from the connection (contextValues of the adapter). */
@@ -38,12 +39,14 @@ export function unknownFieldsRefused(): Interceptor {
   return (next) => async (req) => {
     // A streaming RPC's request messages are checked as the handler reads them.
     if (req.stream) return next({ ...req, message: checkedEach(req.message) });
-    refuseUnknownFields(req.message);
+    // The Batch handler checks each of its calls, so that an unknown field refuses that call only, as its unary RPC would be refused.
+    refuseUnknownFields(req.method === CoordinatorService.method.batch ? { ...req.message, calls: [] } : req.message);
     return next(req);
   };
 }
 
-function refuseUnknownFields(message: unknown): void {
+/** Refuses a message carrying fields this server does not know, naming where (UNKNOWN_FIELD). */
+export function refuseUnknownFields(message: unknown): void {
   const path = unknownFieldPath(message, "");
   if (path !== undefined) {
     refuse("UNKNOWN_FIELD", `the request carries fields this coordinator does not know${path ? ` (in ${path})` : ""}; upgrade the coordinator or the client's proto`);

@@ -125,18 +125,33 @@ export class Metrics {
   /** Times every RPC and counts refusals by reason. */
   interceptor(): Interceptor {
     return (next) => async (req) => {
-      const stop = this.rpcDuration.startTimer({ service: req.service.typeName, method: req.method.name });
+      const startedAt = performance.now();
       try {
         const res = await next(req);
-        stop({ code: "ok" });
+        this.observeCall(req.service.typeName, req.method.name, startedAt);
         return res;
       } catch (error) {
-        const connectError = ConnectError.from(error);
-        stop({ code: Code[connectError.code] ?? String(connectError.code) });
-        this.refusals.inc({ method: req.method.name, reason: reasonOf(connectError) ?? "NONE" });
+        this.observeCall(req.service.typeName, req.method.name, startedAt, error);
         throw error;
       }
     };
+  }
+
+  /**
+   * Times one call since `startedAt` (performance.now()) and counts its
+   * refusal, if any: an RPC, or one call of a Batch under the name of its own
+   * RPC, so that a method's numbers mean the same whether its calls come
+   * alone or batched.
+   */
+  observeCall(service: string, method: string, startedAt: number, error?: unknown): void {
+    const seconds = (performance.now() - startedAt) / 1000;
+    if (error === undefined) {
+      this.rpcDuration.observe({ service, method, code: "ok" }, seconds);
+      return;
+    }
+    const connectError = ConnectError.from(error);
+    this.rpcDuration.observe({ service, method, code: Code[connectError.code] ?? String(connectError.code) }, seconds);
+    this.refusals.inc({ method, reason: reasonOf(connectError) ?? "NONE" });
   }
 }
 

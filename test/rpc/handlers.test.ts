@@ -628,6 +628,8 @@ describe("callers", () => {
     Abandon: { roles: ["gateway", "worker"], allowed: "INVALID_REQUEST" },
     Lookup: { roles: ["gateway", "worker", "operator"], allowed: "INVALID_REQUEST" },
     ListRecoverable: { roles: ["worker"], allowed: "answered" },
+    // No role of its own: each of its calls needs its RPC's (an empty batch has none to refuse).
+    Batch: { roles: ["gateway", "worker", "operator"], allowed: "answered" },
     PublishPolicy: { roles: ["operator"], allowed: "INVALID_POLICY" },
     GetPolicy: { roles: ["operator"], allowed: "INVALID_REQUEST" },
     ListPolicies: { roles: ["operator"], allowed: "answered" },

@@ -23,6 +23,8 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Status } from "../../google/rpc/status_pb.js";
+import { file_google_rpc_status } from "../../google/rpc/status_pb.js";
 import type { EffectAttempt, EffectStatus, HttpRequestParts, OperationRecord, Outcome, PrecomputedFingerprint, RecordState, ResponseSnapshot, Subject } from "./types_pb.js";
 import { file_idempotency_v1_types } from "./types_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -31,7 +33,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempotency/v1/coordinator.proto.
  */
 export const file_idempotency_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("CiBpZGVtcG90ZW5jeS92MS9jb29yZGluYXRvci5wcm90bxIOaWRlbXBvdGVuY3kudjEiNAoMT3BlcmF0aW9uUmVmEg4KBnRlbmFudBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkiyAIKDlJlc2VydmVSZXF1ZXN0EigKB3N1YmplY3QYASABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0EhEKCW9wZXJhdGlvbhgCIAEoCRIUCgxhcGlfcmV2aXNpb24YAyABKA0SFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjEKBXBhcnRzGAUgASgLMiAuaWRlbXBvdGVuY3kudjEuSHR0cFJlcXVlc3RQYXJ0c0gAEj0KC2ZpbmdlcnByaW50GAYgASgLMiYuaWRlbXBvdGVuY3kudjEuUHJlY29tcHV0ZWRGaW5nZXJwcmludEgAEg0KBWNsYWltGAcgASgIEigKBWxlYXNlGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDHdyaXRlcl9lcG9jaBgJIAEoBEIJCgdyZXF1ZXN0IvICCg9SZXNlcnZlUmVzcG9uc2USKgoIZGVjaXNpb24YASABKA4yGC5pZGVtcG90ZW5jeS52MS5EZWNpc2lvbhIUCgxvcGVyYXRpb25faWQYAiABKAkSKgoFc3RhdGUYAyABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRISCgpnZW5lcmF0aW9uGAQgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KC3JldHJ5X2FmdGVyGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjIKCHNuYXBzaG90GAcgASgLMiAuaWRlbXBvdGVuY3kudjEuUmVzcG9uc2VTbmFwc2hvdBIQCghlbmZvcmNlZBgIIAEoCBIXCg9zY2hlbWFfcmV2aXNpb24YCSABKA0SGAoQY29udHJhY3RfdmVyc2lvbhgKIAEoCSK2AQoMQ2xhaW1SZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhInCgRtb2RlGAIgASgOMhkuaWRlbXBvdGVuY3kudjEuQ2xhaW1Nb2RlEhIKCmdlbmVyYXRpb24YAyABKAQSKAoFbGVhc2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMd3JpdGVyX2Vwb2NoGAUgASgEItEBCg1DbGFpbVJlc3BvbnNlEhIKCmdlbmVyYXRpb24YASABKAQSKgoFc3RhdGUYAiABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRI0ChBsZWFzZV9leHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpyZWNvdmVyaW5nGAQgASgIEjYKD2VmZmVjdF9hdHRlbXB0cxgFIAMoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQifAoRUmVuZXdMZWFzZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEhIKCmdlbmVyYXRpb24YAiABKAQSKAoFbGVhc2UYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSgoSUmVuZXdMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIn0KGlJlY29yZEVmZmVjdEF0dGVtcHRSZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEEg4KBmVmZmVjdBgDIAEoCRIQCghwcm92aWRlchgEIAEoCSJNChtSZWNvcmRFZmZlY3RBdHRlbXB0UmVzcG9uc2USLgoHYXR0ZW1wdBgBIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQiuwEKG1Jlc29sdmVFZmZlY3RBdHRlbXB0UmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIWCg5hdHRlbXB0X251bWJlchgDIAEoDRIsCgZzdGF0dXMYBCABKA4yHC5pZGVtcG90ZW5jeS52MS5FZmZlY3RTdGF0dXMSFwoPcHJvdmlkZXJfaGFuZGxlGAUgASgJIk4KHFJlc29sdmVFZmZlY3RBdHRlbXB0UmVzcG9uc2USLgoHYXR0ZW1wdBgBIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQirgEKD0NvbXBsZXRlUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIoCgdvdXRjb21lGAMgASgOMhcuaWRlbXBvdGVuY3kudjEuT3V0Y29tZRIyCghzbmFwc2hvdBgEIAEoCzIgLmlkZW1wb3RlbmN5LnYxLlJlc3BvbnNlU25hcHNob3QiiQEKEENvbXBsZXRlUmVzcG9uc2USKgoFc3RhdGUYASABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRIXCg9zbmFwc2hvdF9kaWdlc3QYAiABKAwSMAoMY29tcGxldGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJPCg5SZWxlYXNlUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBCJRCg9SZWxlYXNlUmVzcG9uc2USKgoFc3RhdGUYASABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRISCgpnZW5lcmF0aW9uGAIgASgEIk8KDkFiYW5kb25SZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEIlEKD0FiYW5kb25SZXNwb25zZRIqCgVzdGF0ZRgBIAEoDjIbLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN0YXRlEhIKCmdlbmVyYXRpb24YAiABKAQieQoLU2NvcGVMb29rdXASKAoHc3ViamVjdBgBIAEoCzIXLmlkZW1wb3RlbmN5LnYxLlN1YmplY3QSEQoJb3BlcmF0aW9uGAIgASgJEhQKDGFwaV9yZXZpc2lvbhgDIAEoDRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkimgEKDUxvb2t1cFJlcXVlc3QSKwoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmSAASLAoFc2NvcGUYAiABKAsyGy5pZGVtcG90ZW5jeS52MS5TY29wZUxvb2t1cEgAEigKB3N1YmplY3QYAyABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0QgQKAmJ5IkEKDkxvb2t1cFJlc3BvbnNlEi8KBnJlY29yZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZCJjChZMaXN0UmVjb3ZlcmFibGVSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRISCgpvcGVyYXRpb25zGAIgAygJEhEKCXBhZ2Vfc2l6ZRgDIAEoDRISCgpwYWdlX3Rva2VuGAQgASgJInMKEVJlY292ZXJhYmxlUmVjb3JkEi8KBnJlY29yZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZBItCgpjbGFpbV9tb2RlGAIgASgOMhkuaWRlbXBvdGVuY3kudjEuQ2xhaW1Nb2RlImYKF0xpc3RSZWNvdmVyYWJsZVJlc3BvbnNlEjIKB3JlY29yZHMYASADKAsyIS5pZGVtcG90ZW5jeS52MS5SZWNvdmVyYWJsZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkqnwEKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFQoRREVDSVNJT05fQUNDRVBURUQQARITCg9ERUNJU0lPTl9SRVBMQVkQAhIYChRERUNJU0lPTl9JTl9QUk9HUkVTUxADEh0KGURFQ0lTSU9OX1BBWUxPQURfQ09ORkxJQ1QQBBIUChBERUNJU0lPTl9FWFBJUkVEEAUqbgoJQ2xhaW1Nb2RlEhoKFkNMQUlNX01PREVfVU5TUEVDSUZJRUQQABIUChBDTEFJTV9NT0RFX09XTkVSEAESFwoTQ0xBSU1fTU9ERV9UQUtFT1ZFUhACEhYKEkNMQUlNX01PREVfUkVDT1ZFUhADMvIGChJDb29yZGluYXRvclNlcnZpY2USSgoHUmVzZXJ2ZRIeLmlkZW1wb3RlbmN5LnYxLlJlc2VydmVSZXF1ZXN0Gh8uaWRlbXBvdGVuY3kudjEuUmVzZXJ2ZVJlc3BvbnNlEkQKBUNsYWltEhwuaWRlbXBvdGVuY3kudjEuQ2xhaW1SZXF1ZXN0Gh0uaWRlbXBvdGVuY3kudjEuQ2xhaW1SZXNwb25zZRJTCgpSZW5ld0xlYXNlEiEuaWRlbXBvdGVuY3kudjEuUmVuZXdMZWFzZVJlcXVlc3QaIi5pZGVtcG90ZW5jeS52MS5SZW5ld0xlYXNlUmVzcG9uc2USbgoTUmVjb3JkRWZmZWN0QXR0ZW1wdBIqLmlkZW1wb3RlbmN5LnYxLlJlY29yZEVmZmVjdEF0dGVtcHRSZXF1ZXN0GisuaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlc3BvbnNlEnEKFFJlc29sdmVFZmZlY3RBdHRlbXB0EisuaWRlbXBvdGVuY3kudjEuUmVzb2x2ZUVmZmVjdEF0dGVtcHRSZXF1ZXN0GiwuaWRlbXBvdGVuY3kudjEuUmVzb2x2ZUVmZmVjdEF0dGVtcHRSZXNwb25zZRJNCghDb21wbGV0ZRIfLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVxdWVzdBogLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVzcG9uc2USSgoHUmVsZWFzZRIeLmlkZW1wb3RlbmN5LnYxLlJlbGVhc2VSZXF1ZXN0Gh8uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlc3BvbnNlEkoKB0FiYW5kb24SHi5pZGVtcG90ZW5jeS52MS5BYmFuZG9uUmVxdWVzdBofLmlkZW1wb3RlbmN5LnYxLkFiYW5kb25SZXNwb25zZRJHCgZMb29rdXASHS5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXF1ZXN0Gh4uaWRlbXBvdGVuY3kudjEuTG9va3VwUmVzcG9uc2USYgoPTGlzdFJlY292ZXJhYmxlEiYuaWRlbXBvdGVuY3kudjEuTGlzdFJlY292ZXJhYmxlUmVxdWVzdBonLmlkZW1wb3RlbmN5LnYxLkxpc3RSZWNvdmVyYWJsZVJlc3BvbnNlQjpaOGV4YW1wbGUuY29tL2lkZW1wb3RlbmN5L2dlbi9pZGVtcG90ZW5jeS92MTtpZGVtcG90ZW5jeXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_idempotency_v1_types]);
+  fileDesc("CiBpZGVtcG90ZW5jeS92MS9jb29yZGluYXRvci5wcm90bxIOaWRlbXBvdGVuY3kudjEiNAoMT3BlcmF0aW9uUmVmEg4KBnRlbmFudBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkiyAIKDlJlc2VydmVSZXF1ZXN0EigKB3N1YmplY3QYASABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0EhEKCW9wZXJhdGlvbhgCIAEoCRIUCgxhcGlfcmV2aXNpb24YAyABKA0SFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjEKBXBhcnRzGAUgASgLMiAuaWRlbXBvdGVuY3kudjEuSHR0cFJlcXVlc3RQYXJ0c0gAEj0KC2ZpbmdlcnByaW50GAYgASgLMiYuaWRlbXBvdGVuY3kudjEuUHJlY29tcHV0ZWRGaW5nZXJwcmludEgAEg0KBWNsYWltGAcgASgIEigKBWxlYXNlGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDHdyaXRlcl9lcG9jaBgJIAEoBEIJCgdyZXF1ZXN0IvICCg9SZXNlcnZlUmVzcG9uc2USKgoIZGVjaXNpb24YASABKA4yGC5pZGVtcG90ZW5jeS52MS5EZWNpc2lvbhIUCgxvcGVyYXRpb25faWQYAiABKAkSKgoFc3RhdGUYAyABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRISCgpnZW5lcmF0aW9uGAQgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KC3JldHJ5X2FmdGVyGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjIKCHNuYXBzaG90GAcgASgLMiAuaWRlbXBvdGVuY3kudjEuUmVzcG9uc2VTbmFwc2hvdBIQCghlbmZvcmNlZBgIIAEoCBIXCg9zY2hlbWFfcmV2aXNpb24YCSABKA0SGAoQY29udHJhY3RfdmVyc2lvbhgKIAEoCSK2AQoMQ2xhaW1SZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhInCgRtb2RlGAIgASgOMhkuaWRlbXBvdGVuY3kudjEuQ2xhaW1Nb2RlEhIKCmdlbmVyYXRpb24YAyABKAQSKAoFbGVhc2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMd3JpdGVyX2Vwb2NoGAUgASgEItEBCg1DbGFpbVJlc3BvbnNlEhIKCmdlbmVyYXRpb24YASABKAQSKgoFc3RhdGUYAiABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRI0ChBsZWFzZV9leHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpyZWNvdmVyaW5nGAQgASgIEjYKD2VmZmVjdF9hdHRlbXB0cxgFIAMoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQifAoRUmVuZXdMZWFzZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEhIKCmdlbmVyYXRpb24YAiABKAQSKAoFbGVhc2UYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSgoSUmVuZXdMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIn0KGlJlY29yZEVmZmVjdEF0dGVtcHRSZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEEg4KBmVmZmVjdBgDIAEoCRIQCghwcm92aWRlchgEIAEoCSJNChtSZWNvcmRFZmZlY3RBdHRlbXB0UmVzcG9uc2USLgoHYXR0ZW1wdBgBIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQiuwEKG1Jlc29sdmVFZmZlY3RBdHRlbXB0UmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIWCg5hdHRlbXB0X251bWJlchgDIAEoDRIsCgZzdGF0dXMYBCABKA4yHC5pZGVtcG90ZW5jeS52MS5FZmZlY3RTdGF0dXMSFwoPcHJvdmlkZXJfaGFuZGxlGAUgASgJIk4KHFJlc29sdmVFZmZlY3RBdHRlbXB0UmVzcG9uc2USLgoHYXR0ZW1wdBgBIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQirgEKD0NvbXBsZXRlUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIoCgdvdXRjb21lGAMgASgOMhcuaWRlbXBvdGVuY3kudjEuT3V0Y29tZRIyCghzbmFwc2hvdBgEIAEoCzIgLmlkZW1wb3RlbmN5LnYxLlJlc3BvbnNlU25hcHNob3QiiQEKEENvbXBsZXRlUmVzcG9uc2USKgoFc3RhdGUYASABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRIXCg9zbmFwc2hvdF9kaWdlc3QYAiABKAwSMAoMY29tcGxldGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJPCg5SZWxlYXNlUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBCJRCg9SZWxlYXNlUmVzcG9uc2USKgoFc3RhdGUYASABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRISCgpnZW5lcmF0aW9uGAIgASgEIk8KDkFiYW5kb25SZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEIlEKD0FiYW5kb25SZXNwb25zZRIqCgVzdGF0ZRgBIAEoDjIbLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN0YXRlEhIKCmdlbmVyYXRpb24YAiABKAQieQoLU2NvcGVMb29rdXASKAoHc3ViamVjdBgBIAEoCzIXLmlkZW1wb3RlbmN5LnYxLlN1YmplY3QSEQoJb3BlcmF0aW9uGAIgASgJEhQKDGFwaV9yZXZpc2lvbhgDIAEoDRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkimgEKDUxvb2t1cFJlcXVlc3QSKwoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmSAASLAoFc2NvcGUYAiABKAsyGy5pZGVtcG90ZW5jeS52MS5TY29wZUxvb2t1cEgAEigKB3N1YmplY3QYAyABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0QgQKAmJ5IkEKDkxvb2t1cFJlc3BvbnNlEi8KBnJlY29yZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZCJjChZMaXN0UmVjb3ZlcmFibGVSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRISCgpvcGVyYXRpb25zGAIgAygJEhEKCXBhZ2Vfc2l6ZRgDIAEoDRISCgpwYWdlX3Rva2VuGAQgASgJInMKEVJlY292ZXJhYmxlUmVjb3JkEi8KBnJlY29yZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZBItCgpjbGFpbV9tb2RlGAIgASgOMhkuaWRlbXBvdGVuY3kudjEuQ2xhaW1Nb2RlImYKF0xpc3RSZWNvdmVyYWJsZVJlc3BvbnNlEjIKB3JlY29yZHMYASADKAsyIS5pZGVtcG90ZW5jeS52MS5SZWNvdmVyYWJsZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOAoMQmF0Y2hSZXF1ZXN0EigKBWNhbGxzGAEgAygLMhkuaWRlbXBvdGVuY3kudjEuQmF0Y2hDYWxsIpcECglCYXRjaENhbGwSMQoHcmVzZXJ2ZRgBIAEoCzIeLmlkZW1wb3RlbmN5LnYxLlJlc2VydmVSZXF1ZXN0SAASLQoFY2xhaW0YAiABKAsyHC5pZGVtcG90ZW5jeS52MS5DbGFpbVJlcXVlc3RIABI4CgtyZW5ld19sZWFzZRgDIAEoCzIhLmlkZW1wb3RlbmN5LnYxLlJlbmV3TGVhc2VSZXF1ZXN0SAASSwoVcmVjb3JkX2VmZmVjdF9hdHRlbXB0GAQgASgLMiouaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlcXVlc3RIABJNChZyZXNvbHZlX2VmZmVjdF9hdHRlbXB0GAUgASgLMisuaWRlbXBvdGVuY3kudjEuUmVzb2x2ZUVmZmVjdEF0dGVtcHRSZXF1ZXN0SAASMwoIY29tcGxldGUYBiABKAsyHy5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlcXVlc3RIABIxCgdyZWxlYXNlGAcgASgLMh4uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlcXVlc3RIABIxCgdhYmFuZG9uGAggASgLMh4uaWRlbXBvdGVuY3kudjEuQWJhbmRvblJlcXVlc3RIABIvCgZsb29rdXAYCSABKAsyHS5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXF1ZXN0SABCBgoEY2FsbCI9Cg1CYXRjaFJlc3BvbnNlEiwKB3Jlc3VsdHMYASADKAsyGy5pZGVtcG90ZW5jeS52MS5CYXRjaFJlc3VsdCLJBAoLQmF0Y2hSZXN1bHQSMgoHcmVzZXJ2ZRgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlJlc2VydmVSZXNwb25zZUgAEi4KBWNsYWltGAIgASgLMh0uaWRlbXBvdGVuY3kudjEuQ2xhaW1SZXNwb25zZUgAEjkKC3JlbmV3X2xlYXNlGAMgASgLMiIuaWRlbXBvdGVuY3kudjEuUmVuZXdMZWFzZVJlc3BvbnNlSAASTAoVcmVjb3JkX2VmZmVjdF9hdHRlbXB0GAQgASgLMisuaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlc3BvbnNlSAASTgoWcmVzb2x2ZV9lZmZlY3RfYXR0ZW1wdBgFIAEoCzIsLmlkZW1wb3RlbmN5LnYxLlJlc29sdmVFZmZlY3RBdHRlbXB0UmVzcG9uc2VIABI0Cghjb21wbGV0ZRgGIAEoCzIgLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVzcG9uc2VIABIyCgdyZWxlYXNlGAcgASgLMh8uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlc3BvbnNlSAASMgoHYWJhbmRvbhgIIAEoCzIfLmlkZW1wb3RlbmN5LnYxLkFiYW5kb25SZXNwb25zZUgAEjAKBmxvb2t1cBgJIAEoCzIeLmlkZW1wb3RlbmN5LnYxLkxvb2t1cFJlc3BvbnNlSAASIwoFZXJyb3IYDyABKAsyEi5nb29nbGUucnBjLlN0YXR1c0gAQggKBnJlc3VsdCqfAQoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIVChFERUNJU0lPTl9BQ0NFUFRFRBABEhMKD0RFQ0lTSU9OX1JFUExBWRACEhgKFERFQ0lTSU9OX0lOX1BST0dSRVNTEAMSHQoZREVDSVNJT05fUEFZTE9BRF9DT05GTElDVBAEEhQKEERFQ0lTSU9OX0VYUElSRUQQBSpuCglDbGFpbU1vZGUSGgoWQ0xBSU1fTU9ERV9VTlNQRUNJRklFRBAAEhQKEENMQUlNX01PREVfT1dORVIQARIXChNDTEFJTV9NT0RFX1RBS0VPVkVSEAISFgoSQ0xBSU1fTU9ERV9SRUNPVkVSEAMyuAcKEkNvb3JkaW5hdG9yU2VydmljZRJKCgdSZXNlcnZlEh4uaWRlbXBvdGVuY3kudjEuUmVzZXJ2ZVJlcXVlc3QaHy5pZGVtcG90ZW5jeS52MS5SZXNlcnZlUmVzcG9uc2USRAoFQ2xhaW0SHC5pZGVtcG90ZW5jeS52MS5DbGFpbVJlcXVlc3QaHS5pZGVtcG90ZW5jeS52MS5DbGFpbVJlc3BvbnNlElMKClJlbmV3TGVhc2USIS5pZGVtcG90ZW5jeS52MS5SZW5ld0xlYXNlUmVxdWVzdBoiLmlkZW1wb3RlbmN5LnYxLlJlbmV3TGVhc2VSZXNwb25zZRJuChNSZWNvcmRFZmZlY3RBdHRlbXB0EiouaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlcXVlc3QaKy5pZGVtcG90ZW5jeS52MS5SZWNvcmRFZmZlY3RBdHRlbXB0UmVzcG9uc2UScQoUUmVzb2x2ZUVmZmVjdEF0dGVtcHQSKy5pZGVtcG90ZW5jeS52MS5SZXNvbHZlRWZmZWN0QXR0ZW1wdFJlcXVlc3QaLC5pZGVtcG90ZW5jeS52MS5SZXNvbHZlRWZmZWN0QXR0ZW1wdFJlc3BvbnNlEk0KCENvbXBsZXRlEh8uaWRlbXBvdGVuY3kudjEuQ29tcGxldGVSZXF1ZXN0GiAuaWRlbXBvdGVuY3kudjEuQ29tcGxldGVSZXNwb25zZRJKCgdSZWxlYXNlEh4uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlcXVlc3QaHy5pZGVtcG90ZW5jeS52MS5SZWxlYXNlUmVzcG9uc2USSgoHQWJhbmRvbhIeLmlkZW1wb3RlbmN5LnYxLkFiYW5kb25SZXF1ZXN0Gh8uaWRlbXBvdGVuY3kudjEuQWJhbmRvblJlc3BvbnNlEkcKBkxvb2t1cBIdLmlkZW1wb3RlbmN5LnYxLkxvb2t1cFJlcXVlc3QaHi5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXNwb25zZRJiCg9MaXN0UmVjb3ZlcmFibGUSJi5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3ZlcmFibGVSZXF1ZXN0GicuaWRlbXBvdGVuY3kudjEuTGlzdFJlY292ZXJhYmxlUmVzcG9uc2USRAoFQmF0Y2gSHC5pZGVtcG90ZW5jeS52MS5CYXRjaFJlcXVlc3QaHS5pZGVtcG90ZW5jeS52MS5CYXRjaFJlc3BvbnNlQjpaOGV4YW1wbGUuY29tL2lkZW1wb3RlbmN5L2dlbi9pZGVtcG90ZW5jeS92MTtpZGVtcG90ZW5jeXYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status, file_idempotency_v1_types]);
 
 /**
  * Identifies an accepted operation for the writes that follow Reserve.
@@ -927,6 +929,247 @@ export const ListRecoverableResponseSchema: GenMessage<ListRecoverableResponse> 
   messageDesc(file_idempotency_v1_coordinator, 22);
 
 /**
+ * Batch: many calls in one RPC.
+ *
+ * @generated from message idempotency.v1.BatchRequest
+ */
+export type BatchRequest = Message<"idempotency.v1.BatchRequest"> & {
+  /**
+   * The calls, at most 256; an empty batch is answered with no results.
+   *
+   * @generated from field: repeated idempotency.v1.BatchCall calls = 1;
+   */
+  calls: BatchCall[];
+};
+
+/**
+ * Describes the message idempotency.v1.BatchRequest.
+ * Use `create(BatchRequestSchema)` to create a new message.
+ */
+export const BatchRequestSchema: GenMessage<BatchRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 23);
+
+/**
+ * One call of a batch: the request its unary RPC takes.
+ *
+ * @generated from message idempotency.v1.BatchCall
+ */
+export type BatchCall = Message<"idempotency.v1.BatchCall"> & {
+  /**
+   * Which RPC, with its request. A call that sets none is refused with
+   * INVALID_REQUEST; one of a kind this coordinator does not know with
+   * UNKNOWN_FIELD (that call only).
+   *
+   * @generated from oneof idempotency.v1.BatchCall.call
+   */
+  call: {
+    /**
+     * As the Reserve RPC.
+     *
+     * @generated from field: idempotency.v1.ReserveRequest reserve = 1;
+     */
+    value: ReserveRequest;
+    case: "reserve";
+  } | {
+    /**
+     * As the Claim RPC.
+     *
+     * @generated from field: idempotency.v1.ClaimRequest claim = 2;
+     */
+    value: ClaimRequest;
+    case: "claim";
+  } | {
+    /**
+     * As the RenewLease RPC.
+     *
+     * @generated from field: idempotency.v1.RenewLeaseRequest renew_lease = 3;
+     */
+    value: RenewLeaseRequest;
+    case: "renewLease";
+  } | {
+    /**
+     * As the RecordEffectAttempt RPC.
+     *
+     * @generated from field: idempotency.v1.RecordEffectAttemptRequest record_effect_attempt = 4;
+     */
+    value: RecordEffectAttemptRequest;
+    case: "recordEffectAttempt";
+  } | {
+    /**
+     * As the ResolveEffectAttempt RPC.
+     *
+     * @generated from field: idempotency.v1.ResolveEffectAttemptRequest resolve_effect_attempt = 5;
+     */
+    value: ResolveEffectAttemptRequest;
+    case: "resolveEffectAttempt";
+  } | {
+    /**
+     * As the Complete RPC.
+     *
+     * @generated from field: idempotency.v1.CompleteRequest complete = 6;
+     */
+    value: CompleteRequest;
+    case: "complete";
+  } | {
+    /**
+     * As the Release RPC.
+     *
+     * @generated from field: idempotency.v1.ReleaseRequest release = 7;
+     */
+    value: ReleaseRequest;
+    case: "release";
+  } | {
+    /**
+     * As the Abandon RPC.
+     *
+     * @generated from field: idempotency.v1.AbandonRequest abandon = 8;
+     */
+    value: AbandonRequest;
+    case: "abandon";
+  } | {
+    /**
+     * As the Lookup RPC.
+     *
+     * @generated from field: idempotency.v1.LookupRequest lookup = 9;
+     */
+    value: LookupRequest;
+    case: "lookup";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message idempotency.v1.BatchCall.
+ * Use `create(BatchCallSchema)` to create a new message.
+ */
+export const BatchCallSchema: GenMessage<BatchCall> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 24);
+
+/**
+ * The answers to a batch.
+ *
+ * @generated from message idempotency.v1.BatchResponse
+ */
+export type BatchResponse = Message<"idempotency.v1.BatchResponse"> & {
+  /**
+   * One per call, in the order of the calls.
+   *
+   * @generated from field: repeated idempotency.v1.BatchResult results = 1;
+   */
+  results: BatchResult[];
+};
+
+/**
+ * Describes the message idempotency.v1.BatchResponse.
+ * Use `create(BatchResponseSchema)` to create a new message.
+ */
+export const BatchResponseSchema: GenMessage<BatchResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 25);
+
+/**
+ * The answer to one call of a batch: the response its unary RPC would have
+ * given, or the status it would have been refused with.
+ *
+ * @generated from message idempotency.v1.BatchResult
+ */
+export type BatchResult = Message<"idempotency.v1.BatchResult"> & {
+  /**
+   * The response of the call's kind, or `error`.
+   *
+   * @generated from oneof idempotency.v1.BatchResult.result
+   */
+  result: {
+    /**
+     * The answer to a `reserve` call.
+     *
+     * @generated from field: idempotency.v1.ReserveResponse reserve = 1;
+     */
+    value: ReserveResponse;
+    case: "reserve";
+  } | {
+    /**
+     * The answer to a `claim` call.
+     *
+     * @generated from field: idempotency.v1.ClaimResponse claim = 2;
+     */
+    value: ClaimResponse;
+    case: "claim";
+  } | {
+    /**
+     * The answer to a `renew_lease` call.
+     *
+     * @generated from field: idempotency.v1.RenewLeaseResponse renew_lease = 3;
+     */
+    value: RenewLeaseResponse;
+    case: "renewLease";
+  } | {
+    /**
+     * The answer to a `record_effect_attempt` call.
+     *
+     * @generated from field: idempotency.v1.RecordEffectAttemptResponse record_effect_attempt = 4;
+     */
+    value: RecordEffectAttemptResponse;
+    case: "recordEffectAttempt";
+  } | {
+    /**
+     * The answer to a `resolve_effect_attempt` call.
+     *
+     * @generated from field: idempotency.v1.ResolveEffectAttemptResponse resolve_effect_attempt = 5;
+     */
+    value: ResolveEffectAttemptResponse;
+    case: "resolveEffectAttempt";
+  } | {
+    /**
+     * The answer to a `complete` call.
+     *
+     * @generated from field: idempotency.v1.CompleteResponse complete = 6;
+     */
+    value: CompleteResponse;
+    case: "complete";
+  } | {
+    /**
+     * The answer to a `release` call.
+     *
+     * @generated from field: idempotency.v1.ReleaseResponse release = 7;
+     */
+    value: ReleaseResponse;
+    case: "release";
+  } | {
+    /**
+     * The answer to an `abandon` call.
+     *
+     * @generated from field: idempotency.v1.AbandonResponse abandon = 8;
+     */
+    value: AbandonResponse;
+    case: "abandon";
+  } | {
+    /**
+     * The answer to a `lookup` call.
+     *
+     * @generated from field: idempotency.v1.LookupResponse lookup = 9;
+     */
+    value: LookupResponse;
+    case: "lookup";
+  } | {
+    /**
+     * The call was refused: exactly the code, message and details (a
+     * google.rpc.ErrorInfo with the stable reason, …) its unary RPC would
+     * have been refused with.
+     *
+     * @generated from field: google.rpc.Status error = 15;
+     */
+    value: Status;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message idempotency.v1.BatchResult.
+ * Use `create(BatchResultSchema)` to create a new message.
+ */
+export const BatchResultSchema: GenMessage<BatchResult> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 26);
+
+/**
  * What Reserve decided.
  *
  * @generated from enum idempotency.v1.Decision
@@ -1152,6 +1395,27 @@ export const CoordinatorService: GenService<{
     methodKind: "unary";
     input: typeof ListRecoverableRequestSchema;
     output: typeof ListRecoverableResponseSchema;
+  },
+  /**
+   * Carries many calls of a caller's request path in one RPC, so that a busy
+   * gateway pays the cost of an RPC once for many calls. Each call is decided
+   * independently, exactly as its unary RPC would decide it: the same
+   * authorization (the batch's caller), validation, refusals and
+   * idempotency, in no guaranteed order relative to the other calls of the
+   * batch. One call's refusal never fails another: it is that call's result.
+   * The batch as a whole is refused only for what would refuse every one of
+   * its calls: authentication (UNAUTHENTICATED), a malformed batch (e.g.
+   * fields this coordinator does not know outside the calls: UNKNOWN_FIELD),
+   * more than 256 calls (INVALID_ARGUMENT, INVALID_REQUEST), or the batch's
+   * deadline. A coordinator without this RPC answers UNIMPLEMENTED: send the
+   * unary RPCs instead. Role: that of each call.
+   *
+   * @generated from rpc idempotency.v1.CoordinatorService.Batch
+   */
+  batch: {
+    methodKind: "unary";
+    input: typeof BatchRequestSchema;
+    output: typeof BatchResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idempotency_v1_coordinator, 0);
