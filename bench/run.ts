@@ -651,6 +651,8 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
   progress(`${tag}Express service on ${service.baseUrl} (separate process, pid ${service.pid}, ${workers} database connections), ${workers} HTTP clients, one user each`);
   const clients = openServiceClients(service.baseUrl, workers);
   try {
+    // What the coordinator level left behind (dead index entries of every finished record) vacuumed first, quick run or not.
+    await settle(ctx.database.url);
     const warmSec = options.quick ? 1 : 2;
     progress(`${tag}warming up the service: ${warmSec} s of each workload (not measured)`);
     const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };

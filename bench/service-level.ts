@@ -129,8 +129,12 @@ export interface ServiceClients {
   close(): void;
 }
 
-/** One user per worker, so that the per-principal quota gate never makes workers wait for each other. */
-const userOf = (worker: number) => `bench-user-${worker}`;
+/**
+ * One user per worker, so that the per-principal quota gate never makes
+ * workers wait for each other; not the coordinator level's users, whose
+ * thousands of records would be counted against them.
+ */
+const userOf = (worker: number) => `service-user-${worker}`;
 
 export function openServiceClients(baseUrl: string, workers: number): ServiceClients {
   const agent = new Agent({ keepAlive: true, maxSockets: workers, maxFreeSockets: workers });
