@@ -37,6 +37,8 @@ export interface Config {
     /** Named prepared statements on the request path (off behind a pooler in transaction mode). */
     preparedStatements: boolean;
   };
+  /** Concurrent Reserves and Completes of one tenant and caller share a transaction: at most `maxInFlight` at a time, up to `maxBatch` each (1: never). */
+  batch: { maxBatch: number; maxInFlight: number };
   migrateOnBoot: boolean;
   /** Callers and their grants (tokens stored as SHA-256 hashes). */
   callers: CallerGrant[];
@@ -96,6 +98,12 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
   { name: "IDEM_DB_LOCK_TIMEOUT_MS", default: "2000", meaning: "upper bound of waiting for a record's row lock" },
   { name: "IDEM_DB_IDLE_TX_TIMEOUT_MS", default: "10000", meaning: "the database ends a transaction left idle this long" },
+  {
+    name: "IDEM_BATCH_MAX",
+    default: "64",
+    meaning: "most concurrent Reserves (or Completes) of one tenant and caller that share one transaction and COMMIT; 1: each its own",
+  },
+  { name: "IDEM_BATCH_IN_FLIGHT", default: "4", meaning: "most transactions of such requests at a time per tenant and caller; more wait and go together in the next" },
   {
     name: "IDEM_DB_PREPARED_STATEMENTS",
     default: "true",
@@ -373,6 +381,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
       idleInTransactionTimeoutMs: read("IDEM_DB_IDLE_TX_TIMEOUT_MS", integer(1, 3_600_000), 10_000),
       preparedStatements: read("IDEM_DB_PREPARED_STATEMENTS", boolean, true),
     },
+    batch: { maxBatch: read("IDEM_BATCH_MAX", integer(1, 1000), 64), maxInFlight: read("IDEM_BATCH_IN_FLIGHT", integer(1, 1000), 4) },
     migrateOnBoot: read("IDEM_MIGRATE_ON_BOOT", boolean, true),
     callers: [...callers, ...callersFromFile],
     allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),

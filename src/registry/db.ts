@@ -41,6 +41,12 @@ export interface Db {
    * on transient failures). `name` labels it in metrics ("reserve", …).
    */
   transaction<T>(tenant: TenantBinding, work: (q: Queryable) => Promise<T>, name?: string): Promise<T>;
+  /**
+   * Whether concurrent requests may share one of its transactions (the
+   * registry's batches): true for a Db that owns its transactions; never
+   * inside a caller's own, which commits one request's business rows.
+   */
+  readonly coalescible?: boolean;
 }
 
 /** What a Db over a pool reports as it works (metrics). */
@@ -221,6 +227,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
 
   const onLost = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
   return {
+    coalescible: true,
     transaction: (tenant, work, name = "other") =>
       withRetries(() =>
         onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {

@@ -12,7 +12,9 @@ import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
 import { pipelined, type Statement } from "./statement.js";
+import { Coalescer } from "./coalescer.js";
 import * as attemptStatements from "./statements/attempts.js";
+import * as batchStatements from "./statements/batches.js";
 import * as eventStatements from "./statements/events.js";
 import * as jobStatements from "./statements/jobs.js";
 import * as quotaStatements from "./statements/quota.js";
@@ -62,6 +64,8 @@ export class Registry {
   private readonly keyring: SnapshotKeyring | undefined;
   private readonly recoveryCadenceMs: number;
   private readonly hooks: FaultHooks;
+  private readonly reserves: Coalescer<ReserveItem, ReserveResult> | undefined;
+  private readonly completes: Coalescer<CompleteItem, StoredRecord> | undefined;
 
   constructor(options: {
     /** Where the operations' rules come from (the policy cache). */
@@ -72,11 +76,23 @@ export class Registry {
     recoveryCadenceMs?: number;
     /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
     hooks?: FaultHooks;
+    /**
+     * Concurrent Reserves (and Completes) of one tenant and caller share a
+     * transaction and its COMMIT (Coalescer): at most `maxInFlight` at a time
+     * per tenant and caller, up to `maxBatch` requests each. Off when absent
+     * (and always for a Db inside a caller's own transaction, co-located mode).
+     */
+    coalesce?: { maxBatch: number; maxInFlight: number };
   }) {
     this.policies = options.policies;
     this.keyring = options.keyring;
     this.recoveryCadenceMs = options.recoveryCadenceMs ?? 1000;
     this.hooks = options.hooks ?? NO_FAULTS;
+    const coalesce = options.coalesce;
+    if (coalesce && coalesce.maxBatch >= 2) {
+      this.reserves = new Coalescer<ReserveItem, ReserveResult>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.reserveBatch(items) });
+      this.completes = new Coalescer<CompleteItem, StoredRecord>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.completeBatch(items) });
+    }
   }
 
   /** A record with its response body opened (plaintext), for answers that show it. */
@@ -175,117 +191,201 @@ export class Registry {
       schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
     });
 
-    const result = await db.transaction(
-      subject.tenant,
-      async (q): Promise<ReserveResult> => {
-        for (let round = 0; round < RESERVE_ROUNDS; round++) {
-          let found: { record: StoredRecord; inserted: boolean } | undefined;
-          if (policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined) {
-            const admitted = await insertOrFind(q, {
-              tenant: subject.tenant,
-              scope,
-              operationId,
-              principal: subject.principal,
-              operation: input.operation,
-              apiRevision: input.apiRevision,
-              schemaRevision: policy.fingerprint.schemaRevision,
-              fingerprint: fp,
-              state,
-              leaseMs,
-              acquisitionId,
-              writerEpoch: input.writerEpoch,
-              caller: actor.caller,
-              quota: policy.maxActivePerPrincipal,
-            });
-            // Refused before COMMIT: the new record and its event roll back.
-            if (admitted?.inserted && admitted.active > policy.maxActivePerPrincipal) refuseQuota(policy);
-            found = admitted;
-          }
-          // The statement's snapshot predates a record committed concurrently
-          // (the insert waited for it and found the conflict): read it anew.
-          found ??= await findByScope(q, subject.tenant, scope);
-          if (!found) {
-            const pending = keyRefusal ?? refusal;
-            if (pending) throw pending;
-            refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
-          }
-          const { record, inserted } = found;
-          if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
-          // What every compare-and-set below is fenced by: the record as it was read.
-          const seen = { tenant: record.tenant, scope: Buffer.from(record.scope), generation: record.generation };
-
-          if (record.tombstonedAt !== null && (await this.reusable(record))) {
-            // The policy says old effects cannot reappear and the horizon passed:
-            // the scope starts afresh, and one racing reservation wins it.
-            const pending = keyRefusal ?? refusal;
-            if (pending) throw pending;
-            const recycled = await firstRecord(recordStatements.recycleByScope, q, {
-              ...seen,
-              operationId,
-              schemaRevision: policy.fingerprint.schemaRevision,
-              fingerprint: Buffer.from(fp!),
-              state,
-              leaseMs,
-              acquisitionId,
-              writerEpoch: input.writerEpoch,
-              previousOperationId: record.operationId,
-              caller: actor.caller,
-            });
-            if (recycled) {
-              // The recycled scope is unfinished again: it counts against the quota like a new record.
-              const active = await countActiveUnderGate(q, {
-                ...subject,
+    const alone = () =>
+      db.transaction(
+        subject.tenant,
+        async (q): Promise<ReserveResult> => {
+          for (let round = 0; round < RESERVE_ROUNDS; round++) {
+            let found: { record: StoredRecord; inserted: boolean } | undefined;
+            if (policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined) {
+              const admitted = await insertOrFind(q, {
+                tenant: subject.tenant,
+                scope,
+                operationId,
+                principal: subject.principal,
                 operation: input.operation,
                 apiRevision: input.apiRevision,
-                scope,
-                acquisitionId,
-                quota: policy.maxActivePerPrincipal,
-              });
-              if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
-              return answer("ACCEPTED", recycled);
-            }
-            continue;
-          }
-          const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
-          if (sameRevision && refusal) throw refusal;
-          const recordFp = sameRevision ? fp! : await this.fingerprintUnder(record, input.request);
-          const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
-          switch (verdict.kind) {
-            case "conflict":
-              // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
-              await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
-              return answer("PAYLOAD_CONFLICT");
-            case "expired":
-              return answer("EXPIRED", record);
-            case "replay":
-              return answer("REPLAY", record);
-            case "in_progress":
-              return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
-            case "takeover": {
-              const taken = await firstRecord(recordStatements.takeOverByScope, q, {
-                ...seen,
+                schemaRevision: policy.fingerprint.schemaRevision,
+                fingerprint: fp,
                 state,
                 leaseMs,
                 acquisitionId,
                 writerEpoch: input.writerEpoch,
                 caller: actor.caller,
+                quota: policy.maxActivePerPrincipal,
               });
-              if (taken) return { ...answer("ACCEPTED", taken), takenOver: true };
-              break; // someone else moved the record first: re-read and decide again
+              // Refused before COMMIT: the new record and its event roll back.
+              if (admitted?.inserted && admitted.active > policy.maxActivePerPrincipal) refuseQuota(policy);
+              found = admitted;
             }
-            case "mark_unknown": {
-              const unknown = await firstRecord(recordStatements.markUnknownByScope, q, { ...seen, caller: actor.caller });
-              if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
-              break;
+            // The statement's snapshot predates a record committed concurrently
+            // (the insert waited for it and found the conflict): read it anew.
+            found ??= await findByScope(q, subject.tenant, scope);
+            if (!found) {
+              const pending = keyRefusal ?? refusal;
+              if (pending) throw pending;
+              refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
+            }
+            const { record, inserted } = found;
+            if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
+            // What every compare-and-set below is fenced by: the record as it was read.
+            const seen = { tenant: record.tenant, scope: Buffer.from(record.scope), generation: record.generation };
+
+            if (record.tombstonedAt !== null && (await this.reusable(record))) {
+              // The policy says old effects cannot reappear and the horizon passed:
+              // the scope starts afresh, and one racing reservation wins it.
+              const pending = keyRefusal ?? refusal;
+              if (pending) throw pending;
+              const recycled = await firstRecord(recordStatements.recycleByScope, q, {
+                ...seen,
+                operationId,
+                schemaRevision: policy.fingerprint.schemaRevision,
+                fingerprint: Buffer.from(fp!),
+                state,
+                leaseMs,
+                acquisitionId,
+                writerEpoch: input.writerEpoch,
+                previousOperationId: record.operationId,
+                caller: actor.caller,
+              });
+              if (recycled) {
+                // The recycled scope is unfinished again: it counts against the quota like a new record.
+                const active = await countActiveUnderGate(q, {
+                  ...subject,
+                  operation: input.operation,
+                  apiRevision: input.apiRevision,
+                  scope,
+                  acquisitionId,
+                  quota: policy.maxActivePerPrincipal,
+                });
+                if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
+                return answer("ACCEPTED", recycled);
+              }
+              continue;
+            }
+            const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
+            if (sameRevision && refusal) throw refusal;
+            const recordFp = sameRevision ? fp! : await this.fingerprintUnder(record, input.request);
+            const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
+            switch (verdict.kind) {
+              case "conflict":
+                // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
+                await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
+                return answer("PAYLOAD_CONFLICT");
+              case "expired":
+                return answer("EXPIRED", record);
+              case "replay":
+                return answer("REPLAY", record);
+              case "in_progress":
+                return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
+              case "takeover": {
+                const taken = await firstRecord(recordStatements.takeOverByScope, q, {
+                  ...seen,
+                  state,
+                  leaseMs,
+                  acquisitionId,
+                  writerEpoch: input.writerEpoch,
+                  caller: actor.caller,
+                });
+                if (taken) return { ...answer("ACCEPTED", taken), takenOver: true };
+                break; // someone else moved the record first: re-read and decide again
+              }
+              case "mark_unknown": {
+                const unknown = await firstRecord(recordStatements.markUnknownByScope, q, { ...seen, caller: actor.caller });
+                if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
+                break;
+              }
             }
           }
-        }
-        refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
-      },
-      "reserve",
-    );
+          refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
+        },
+        "reserve",
+      );
+    // A batch decides what needs no write beyond the new record's (a new scope,
+    // a replay, an owner at work, an expired record); anything else it leaves
+    // to `alone`, as does every request a batch could not take.
+    const batchable = this.reserves !== undefined && db.coalescible === true && policy.mode !== "DRAINING" && fp !== undefined && !refusal && !keyRefusal;
+    const result = batchable
+      ? await this.reserves.submit(laneOf(db, subject.tenant, actor.caller), {
+          db,
+          tenant: subject.tenant,
+          caller: actor.caller,
+          record: {
+            scope: Buffer.from(scope),
+            operationId,
+            principal: subject.principal,
+            operation: input.operation,
+            apiRevision: input.apiRevision,
+            schemaRevision: policy.fingerprint.schemaRevision,
+            fingerprint: Buffer.from(fp!),
+            state,
+            leaseMs,
+            acquisitionId,
+            writerEpoch: input.writerEpoch,
+          },
+          quota: policy.maxActivePerPrincipal,
+          accepted: (record) => answer("ACCEPTED", record),
+          decideFound: (record) => {
+            if (record.tombstonedAt !== null || record.schemaRevision !== policy.fingerprint.schemaRevision) return undefined;
+            const verdict = reserveVerdict(record, fp!);
+            if (verdict.kind === "replay") return answer("REPLAY", record);
+            if (verdict.kind === "expired") return answer("EXPIRED", record);
+            if (verdict.kind === "in_progress") return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
+            return undefined;
+          },
+          alone,
+        })
+      : await alone();
     if (result.decision === "ACCEPTED") await this.hooks.reached("registry.reserve.after-commit");
     return result;
+  }
+
+  /**
+   * Reserves of one tenant and caller in one transaction: one guarded insert
+   * for all their scopes, with the quota gates and counts behind it in the
+   * same round trip, then one COMMIT. Each request is answered from its own
+   * row by the same rules as alone; a request the batch cannot decide
+   * without a write of its own (a conflict to log, a takeover, a tombstone,
+   * a record committed after the statement's snapshot, a second request of
+   * the same scope) is decided alone once the batch has committed. When a
+   * principal's new records would pass its quota, the batch rolls back and
+   * every request is decided alone, in the exact order of the gate.
+   */
+  private async reserveBatch(items: ReserveItem[]): Promise<Array<PromiseSettledResult<ReserveResult>>> {
+    const { db, tenant, caller } = items[0]!;
+    const [batch, repeated] = partitionDistinct(items, (item) => item.record.scope.toString("hex"));
+    let decided: Array<ReserveResult | undefined>;
+    try {
+      decided = await db.transaction(
+        tenant,
+        async (q) => {
+          const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId) };
+          const [{ rows }, , counted] = await pipelined<
+            [{ rows: Record<string, unknown>[] }, unknown, { rows: Array<{ principal: string; operation: string; api_revision: number; active: number }> }]
+          >([
+            batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }),
+            batchStatements.holdQuotaGates.run(q, made),
+            batchStatements.countActiveMany.run(q, { ...made, limit: Math.max(...batch.map((i) => i.quota)) + 1 }),
+          ]);
+          for (const group of counted.rows) {
+            const quota = batch.find((i) => i.record.principal === group.principal && i.record.operation === group.operation && i.record.apiRevision === group.api_revision)!.quota;
+            if (group.active > quota) throw new QuotaReachedInBatch();
+          }
+          const found = new Map(rows.map((row) => [(row.scope as Buffer).toString("hex"), { record: toRecord(row), inserted: row.inserted === true }]));
+          return batch.map((item) => {
+            const hit = found.get(item.record.scope.toString("hex"));
+            if (!hit) return undefined;
+            if (hit.inserted || hit.record.acquisitionId === item.record.acquisitionId) return item.accepted(hit.record);
+            return item.decideFound(hit.record);
+          });
+        },
+        "reserve_batch",
+      );
+    } catch (error) {
+      if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
+      decided = batch.map(() => undefined);
+    }
+    return settleEach([...batch.map((item, i) => decided[i] ?? item.alone), ...repeated.map((item) => item.alone)]);
   }
 
   /** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
@@ -432,32 +532,91 @@ export class Registry {
   /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
   async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
-    const completed = await db.transaction(
-      input.ref.tenant,
-      async (q) => {
-        const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
-        const policy = await this.policyOf(record);
-        const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
-        const digest = snapshotDigest(snapshot);
-        if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return this.opened(record);
-        const finished = await changeLocked(
-          q,
-          recordStatements.finish,
-          record,
-          { caller: actor.caller, detail: { outcome: input.outcome } },
-          {
-            outcome: input.outcome,
-            keepMs: policy.retention.keepMs,
-            ...this.snapshotColumns(record, snapshot, digest),
-          },
-        );
-        await this.hooks.reached("registry.complete.before-commit");
-        return this.opened(finished);
-      },
-      "complete",
-    );
+    requireTenant(actor, input.ref.tenant);
+    const alone = () =>
+      db.transaction(
+        input.ref.tenant,
+        async (q) => {
+          const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
+          const columns = await this.finishColumns(record, attempts, input);
+          if (!columns) return this.opened(record);
+          const finished = await changeLocked(q, recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
+          await this.hooks.reached("registry.complete.before-commit");
+          return this.opened(finished);
+        },
+        "complete",
+      );
+    const completed =
+      this.completes && db.coalescible === true ? await this.completes.submit(laneOf(db, input.ref.tenant, actor.caller), { db, input, actor, alone }) : await alone();
     await this.hooks.reached("registry.complete.after-commit");
     return completed;
+  }
+
+  /**
+   * What Complete stores for a record read under its lock: its terminal
+   * state and snapshot columns, or undefined for an identical repeat (already
+   * done); refuses as the rules say.
+   */
+  private async finishColumns(record: StoredRecord, attempts: readonly StoredAttempt[], input: CompleteInput): Promise<recordStatements.SnapshotColumns | undefined> {
+    const policy = await this.policyOf(record);
+    const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
+    const digest = snapshotDigest(snapshot);
+    if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return undefined;
+    return { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot, digest) };
+  }
+
+  /**
+   * Completes of one tenant and caller in one transaction: their records
+   * locked (in one order) with their attempts in one round trip, each decided
+   * by the same rules as alone, the finished ones written by one statement,
+   * then one COMMIT. A refused request is answered with its refusal and
+   * writes nothing; its neighbours are not affected. A second Complete of the
+   * same operation is decided alone once the batch has committed.
+   */
+  private async completeBatch(items: CompleteItem[]): Promise<Array<PromiseSettledResult<StoredRecord>>> {
+    const { db, actor } = items[0]!;
+    const tenant = items[0]!.input.ref.tenant;
+    const [batch, repeated] = partitionDistinct(items, (item) => item.input.ref.operationId);
+    let decided: Array<PromiseSettledResult<StoredRecord>>;
+    try {
+      decided = await db.transaction(
+        tenant,
+        async (q) => {
+          const operationIds = batch.map((i) => i.input.ref.operationId);
+          const [locked, attemptRows] = await pipelined<[{ rows: Record<string, unknown>[] }, { rows: Record<string, unknown>[] }]>([
+            batchStatements.lockRecords.run(q, { tenant, operationIds }),
+            batchStatements.loadAttemptsMany.run(q, { tenant, operationIds }),
+          ]);
+          const records = new Map(locked.rows.map((row) => [row.operation_id as string, toRecord(row)]));
+          const attempts = groupBy(attemptRows.rows, (row) => row.operation_id as string, toAttempt);
+          const plans = await Promise.allSettled(
+            batch.map(async ({ input }) => {
+              const record = records.get(input.ref.operationId);
+              if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
+              return { record, columns: await this.finishColumns(record, attempts.get(record.operationId) ?? [], input), outcome: input.outcome };
+            }),
+          );
+          const finishing = plans.flatMap((plan) => (plan.status === "fulfilled" && plan.value.columns ? [{ ...plan.value, columns: plan.value.columns }] : []));
+          const finished = new Map<string, StoredRecord>();
+          if (finishing.length > 0) {
+            const { rows } = await batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) });
+            for (const row of rows) finished.set(row.operation_id as string, toRecord(row));
+            if (finished.size !== finishing.length) throw new Error(`finishMany changed ${finished.size} of the ${finishing.length} records it had locked`);
+            for (let i = 0; i < finishing.length; i++) await this.hooks.reached("registry.complete.before-commit");
+          }
+          return plans.map((plan): PromiseSettledResult<StoredRecord> => {
+            if (plan.status === "rejected") return plan;
+            const { record } = plan.value;
+            return { status: "fulfilled", value: this.opened(finished.get(record.operationId) ?? record) };
+          });
+        },
+        "complete_batch",
+      );
+    } catch (error) {
+      if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
+      return settleEach(items.map((item) => item.alone));
+    }
+    return [...decided, ...(await settleEach(repeated.map((item) => item.alone)))];
   }
 
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
@@ -915,4 +1074,116 @@ async function appendEvent(q: Queryable, record: StoredRecord, event: ChangeFact
     caller: event.caller,
     eventDetail: JSON.stringify(event.detail ?? {}),
   });
+}
+
+/** A Reserve waiting for a batch: what its new record would be, and how to answer from a row. */
+interface ReserveItem {
+  db: Db;
+  tenant: string;
+  caller: string;
+  record: batchStatements.NewRecord;
+  /** The principal's quota of unfinished records under the request's policy. */
+  quota: number;
+  /** The answer when the row is this request's new record. */
+  accepted: (record: StoredRecord) => ReserveResult;
+  /** The answer from someone else's record when no write is needed, or undefined to decide alone. */
+  decideFound: (record: StoredRecord) => ReserveResult | undefined;
+  /** The request decided on its own, in its own transaction. */
+  alone: () => Promise<ReserveResult>;
+}
+
+/** A Complete waiting for a batch. */
+interface CompleteItem {
+  db: Db;
+  input: CompleteInput;
+  actor: Actor;
+  alone: () => Promise<StoredRecord>;
+}
+
+/** A principal's new records in a batch would pass its quota: the batch rolls back and each request is decided alone. */
+class QuotaReachedInBatch extends Error {
+  override readonly name = "QuotaReachedInBatch";
+}
+
+/** A failure that decided nothing for any request of a batch (the registry busy or unreachable): each gets it, to retry. */
+function isUndecided(error: unknown): boolean {
+  return error instanceof IdempotencyError && (error.reason === "REGISTRY_BUSY" || error.reason === "REGISTRY_UNAVAILABLE");
+}
+
+/** The first request of each key, and the ones whose key came earlier. */
+function partitionDistinct<T>(items: readonly T[], key: (item: T) => string): [T[], T[]] {
+  const seen = new Set<string>();
+  const first: T[] = [];
+  const again: T[] = [];
+  for (const item of items) {
+    const k = key(item);
+    (seen.has(k) ? again : first).push(item);
+    seen.add(k);
+  }
+  return [first, again];
+}
+
+/** Answers (or runs, for functions) every entry concurrently; each settles on its own. */
+function settleEach<T>(entries: ReadonlyArray<T | (() => Promise<T>)>): Promise<Array<PromiseSettledResult<T>>> {
+  return Promise.allSettled(entries.map((entry) => (typeof entry === "function" ? (entry as () => Promise<T>)() : Promise.resolve(entry))));
+}
+
+function groupBy<R, V>(rows: readonly R[], key: (row: R) => string, value: (row: R) => V): Map<string, V[]> {
+  const groups = new Map<string, V[]>();
+  for (const row of rows) {
+    const k = key(row);
+    const group = groups.get(k);
+    if (group) group.push(value(row));
+    else groups.set(k, [value(row)]);
+  }
+  return groups;
+}
+
+/** The batch insert's arrays, one element per new record. */
+function columnsOf(records: ReadonlyArray<batchStatements.NewRecord>): Omit<batchStatements.NewRecords, "tenant" | "caller"> {
+  return {
+    scopes: records.map((r) => r.scope),
+    operationIds: records.map((r) => r.operationId),
+    principals: records.map((r) => r.principal),
+    operations: records.map((r) => r.operation),
+    apiRevisions: records.map((r) => r.apiRevision),
+    schemaRevisions: records.map((r) => r.schemaRevision),
+    fingerprints: records.map((r) => r.fingerprint),
+    states: records.map((r) => r.state),
+    leaseMs: records.map((r) => r.leaseMs),
+    acquisitionIds: records.map((r) => r.acquisitionId),
+    writerEpochs: records.map((r) => r.writerEpoch),
+  };
+}
+
+/** The batch finish's arrays, one element per record to finish. */
+function finishesOf(
+  finishing: ReadonlyArray<{ record: StoredRecord; columns: recordStatements.SnapshotColumns; outcome: string }>,
+): Omit<batchStatements.Finishes, "tenant" | "caller"> {
+  return {
+    operationIds: finishing.map((f) => f.record.operationId),
+    generations: finishing.map((f) => f.record.generation),
+    outcomes: finishing.map((f) => f.columns.outcome),
+    keepMs: finishing.map((f) => f.columns.keepMs),
+    snapshotStatuses: finishing.map((f) => f.columns.snapshotStatus),
+    snapshotMediaTypes: finishing.map((f) => f.columns.snapshotMediaType),
+    snapshotLocations: finishing.map((f) => f.columns.snapshotLocation),
+    snapshotBusinessVersions: finishing.map((f) => f.columns.snapshotBusinessVersion),
+    snapshotHeaders: finishing.map((f) => f.columns.snapshotHeaders),
+    snapshotBodies: finishing.map((f) => f.columns.snapshotBody),
+    snapshotDigests: finishing.map((f) => f.columns.snapshotDigest),
+    snapshotKeyIds: finishing.map((f) => f.columns.snapshotKeyId),
+    eventDetails: finishing.map((f) => JSON.stringify({ outcome: f.outcome })),
+  };
+}
+
+/** Ids of Dbs, so that one lane never mixes two databases. */
+const dbIds = new WeakMap<Db, number>();
+let nextDbId = 0;
+
+/** The lane of a request: its database, tenant and caller, what one batch transaction is bound to and logs. */
+function laneOf(db: Db, tenant: string, caller: string): string {
+  let id = dbIds.get(db);
+  if (id === undefined) dbIds.set(db, (id = nextDbId++));
+  return JSON.stringify([id, tenant, caller]);
 }

@@ -188,11 +188,31 @@ export interface SnapshotColumns {
   snapshotKeyId: string | null;
 }
 
-const FINISH = `state = :outcome, recovering = false, lease_expires_at = NULL, completed_at = now(),
-   retain_until = ${nowPlusMs(":keepMs")}, snapshot_status = :snapshotStatus, snapshot_media_type = :snapshotMediaType,
-   snapshot_location = :snapshotLocation, snapshot_business_version = :snapshotBusinessVersion,
-   snapshot_headers = :snapshotHeaders::jsonb, snapshot_body = :snapshotBody, snapshot_digest = :snapshotDigest,
-   snapshot_key_id = :snapshotKeyId`;
+/**
+ * What finishing a record sets, from one SQL expression per SnapshotColumns
+ * value: named parameters for one record, or the columns of a batch's rows
+ * (statements/batches.ts).
+ */
+export function finishAssignments(value: { [K in keyof SnapshotColumns]: string }): string {
+  return `state = ${value.outcome}, recovering = false, lease_expires_at = NULL, completed_at = now(),
+   retain_until = ${nowPlusMs(value.keepMs)}, snapshot_status = ${value.snapshotStatus}, snapshot_media_type = ${value.snapshotMediaType},
+   snapshot_location = ${value.snapshotLocation}, snapshot_business_version = ${value.snapshotBusinessVersion},
+   snapshot_headers = ${value.snapshotHeaders}::jsonb, snapshot_body = ${value.snapshotBody}, snapshot_digest = ${value.snapshotDigest},
+   snapshot_key_id = ${value.snapshotKeyId}`;
+}
+
+const FINISH = finishAssignments({
+  outcome: ":outcome",
+  keepMs: ":keepMs",
+  snapshotStatus: ":snapshotStatus",
+  snapshotMediaType: ":snapshotMediaType",
+  snapshotLocation: ":snapshotLocation",
+  snapshotBusinessVersion: ":snapshotBusinessVersion",
+  snapshotHeaders: ":snapshotHeaders",
+  snapshotBody: ":snapshotBody",
+  snapshotDigest: ":snapshotDigest",
+  snapshotKeyId: ":snapshotKeyId",
+});
 
 /** Complete: the terminal state and the response to replay. */
 export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINISH);
