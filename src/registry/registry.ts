@@ -379,7 +379,8 @@ export class Registry {
             return item.decideFound(hit.record);
           });
         },
-        "reserve_batch",
+        // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
+        "reserve",
       );
     } catch (error) {
       if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
@@ -610,7 +611,7 @@ export class Registry {
             return { status: "fulfilled", value: this.opened(finished.get(record.operationId) ?? record) };
           });
         },
-        "complete_batch",
+        "complete",
       );
     } catch (error) {
       if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
