@@ -717,9 +717,7 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
   const runServiceLevel = options.level !== "coordinator";
   const phaseSec = options.warmupSec + options.measureSec + 1;
   const perCommit =
-    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * (3 * phaseSec + (options.quick ? 0 : 6)) + 8 : 0) +
-    (runServiceLevel ? 3 * phaseSec + (options.quick ? 3 : 12) + 4 : 0) +
-    3;
+    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * 3 * phaseSec + 8 : 0) + (runServiceLevel ? 3 * (phaseSec + options.warmupSec) + 4 : 0) + 3;
   const estimate = 10 + options.commit.length * perCommit + (runCoordinatorLevel ? 12 + options.roundTripOps * 0.06 : 0);
   const levels = runCoordinatorLevel && runServiceLevel ? "coordinator and service levels" : runCoordinatorLevel ? "coordinator level" : "service level";
   progress(
