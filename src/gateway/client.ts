@@ -1,8 +1,26 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { Code, createClient, type Client, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
+import { getAbortSignalReason } from "@connectrpc/connect/protocol";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { ClaimMode as ProtoClaimMode, CoordinatorService, Decision as ProtoDecision, LookupRequestSchema } from "../gen/idempotency/v1/coordinator_pb.js";
+import { MAX_BATCH_CALLS } from "../contract/batch.js";
+import {
+  AbandonRequestSchema,
+  type BatchCall,
+  BatchCallSchema,
+  type BatchResult,
+  ClaimMode as ProtoClaimMode,
+  ClaimRequestSchema,
+  CompleteRequestSchema,
+  CoordinatorService,
+  Decision as ProtoDecision,
+  LookupRequestSchema,
+  RecordEffectAttemptRequestSchema,
+  ReleaseRequestSchema,
+  RenewLeaseRequestSchema,
+  ReserveRequestSchema,
+  ResolveEffectAttemptRequestSchema,
+} from "../gen/idempotency/v1/coordinator_pb.js";
 import {
   EffectStatus as ProtoEffectStatus,
   HttpRequestPartsSchema,
@@ -12,7 +30,8 @@ import {
   type OperationRecord as ProtoOperationRecord,
   type ResponseSnapshot as ProtoResponseSnapshot,
 } from "../gen/idempotency/v1/types_pb.js";
-import { CoordinatorError, toCoordinatorError } from "./errors.js";
+import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
+import { CoordinatorError, errorOfStatus, toCoordinatorError } from "./errors.js";
 import {
   silentLogger,
   type ClaimInput,
@@ -69,6 +88,32 @@ export interface CoordinatorClientOptions {
   /** A ready transport instead of `baseUrl` (tests: `createRouterTransport`). */
   transport?: Transport;
   logger?: GatewayLogger;
+  /**
+   * Carry concurrent calls together in Batch RPCs (default true), so that
+   * the cost of an RPC, on both sides, is paid once for many calls. Each
+   * call keeps its own deadline, signal, retries and refusals, exactly as
+   * when sent alone. `false` sends every call as its own RPC; so does a
+   * client whose coordinator does not serve Batch yet (it says so once).
+   */
+  batching?: boolean | BatchingOptions;
+}
+
+/** How concurrent calls are carried in Batch RPCs. */
+export interface BatchingOptions {
+  /**
+   * Batch RPCs in flight at once (default 4). A call made while fewer are
+   * in flight goes out at once; calls made meanwhile wait for the first of
+   * them to be answered, and go out together.
+   */
+  inFlight?: number;
+  /** Most calls in one batch (default and at most 256, the contract's bound). */
+  maxCalls?: number;
+  /**
+   * About the most bytes of calls in one batch (default 1 MiB): keep it well
+   * under the coordinator's IDEM_MAX_REQUEST_BYTES. A larger call goes out
+   * as its own RPC.
+   */
+  maxBytes?: number;
 }
 
 /** Per-call options. */
@@ -90,6 +135,7 @@ export interface CallOptions {
  */
 export class CoordinatorClient {
   private readonly clients: Array<Client<typeof CoordinatorService>>;
+  private batcher: Batcher | undefined;
   private readonly sessions: Http2SessionManager[] = [];
   private next = 0;
   private readonly timeoutMs: number;
@@ -106,6 +152,20 @@ export class CoordinatorClient {
     this.maxDelayMs = options.retry?.maxDelayMs ?? 1000;
     this.logger = options.logger ?? silentLogger;
     this.headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
+    if (options.batching !== false) {
+      const batching = options.batching === true || options.batching === undefined ? {} : options.batching;
+      this.batcher = new Batcher({
+        inFlight: Math.max(1, batching.inFlight ?? 4),
+        maxCalls: Math.min(MAX_BATCH_CALLS, Math.max(1, batching.maxCalls ?? MAX_BATCH_CALLS)),
+        maxBytes: batching.maxBytes ?? 1024 * 1024,
+        send: (calls, options) => this.pick().batch({ calls }, { ...options, headers: this.headers }),
+        unsupported: () => {
+          // An older coordinator: every later call goes as its own RPC, without asking again.
+          this.batcher = undefined;
+          this.logger.warn({}, "the coordinator does not serve Batch (UNIMPLEMENTED): sending every call as its own RPC from now on");
+        },
+      });
+    }
     if (options.transport) {
       this.clients = [createClient(CoordinatorService, options.transport)];
       return;
@@ -130,31 +190,27 @@ export class CoordinatorClient {
 
   /** Decides what to do with a request (the acceptance point). */
   async reserve(input: ReserveInput, call?: CallOptions): Promise<ReserveResult> {
-    const res = await this.call("Reserve", call, (client, options) =>
-      client.reserve(
-        {
-          subject: input.subject,
-          operation: input.operation,
-          apiRevision: input.apiRevision,
-          idempotencyKey: input.idempotencyKey,
-          request: {
-            case: "parts",
-            value: create(HttpRequestPartsSchema, {
-              method: input.parts.method,
-              path: input.parts.path,
-              query: input.parts.query,
-              mediaType: input.parts.mediaType,
-              headers: input.parts.headers.map((h) => ({ name: h.name, value: h.value })),
-              body: input.parts.body,
-            }),
-          },
-          claim: input.claim ?? false,
-          lease: leaseOf(input.leaseMs),
-          writerEpoch: BigInt(input.writerEpoch ?? 0),
-        },
-        options,
-      ),
-    );
+    const request = create(ReserveRequestSchema, {
+      subject: input.subject,
+      operation: input.operation,
+      apiRevision: input.apiRevision,
+      idempotencyKey: input.idempotencyKey,
+      request: {
+        case: "parts",
+        value: create(HttpRequestPartsSchema, {
+          method: input.parts.method,
+          path: input.parts.path,
+          query: input.parts.query,
+          mediaType: input.parts.mediaType,
+          headers: input.parts.headers.map((h) => ({ name: h.name, value: h.value })),
+          body: input.parts.body,
+        }),
+      },
+      claim: input.claim ?? false,
+      lease: leaseOf(input.leaseMs),
+      writerEpoch: BigInt(input.writerEpoch ?? 0),
+    });
+    const res = await this.call("reserve", request, call);
     return {
       decision: fromDecision(res.decision),
       operationId: res.operationId,
@@ -171,18 +227,14 @@ export class CoordinatorClient {
 
   /** Takes ownership for execution: OWNER, TAKEOVER or RECOVER. */
   async claim(input: ClaimInput, call?: CallOptions): Promise<ClaimResult> {
-    const res = await this.call("Claim", call, (client, options) =>
-      client.claim(
-        {
-          ref: input.ref,
-          mode: toClaimMode(input.mode),
-          generation: BigInt(input.generation),
-          lease: leaseOf(input.leaseMs),
-          writerEpoch: BigInt(input.writerEpoch ?? 0),
-        },
-        options,
-      ),
-    );
+    const request = create(ClaimRequestSchema, {
+      ref: input.ref,
+      mode: toClaimMode(input.mode),
+      generation: BigInt(input.generation),
+      lease: leaseOf(input.leaseMs),
+      writerEpoch: BigInt(input.writerEpoch ?? 0),
+    });
+    const res = await this.call("claim", request, call);
     return {
       generation: Number(res.generation),
       state: fromState(res.state),
@@ -194,35 +246,29 @@ export class CoordinatorClient {
 
   /** Extends the lease of the generation held; returns the new expiry. */
   async renewLease(input: RenewLeaseInput, call?: CallOptions): Promise<Date | undefined> {
-    const res = await this.call("RenewLease", call, (client, options) =>
-      client.renewLease({ ref: input.ref, generation: BigInt(input.generation), lease: leaseOf(input.leaseMs) }, options),
-    );
+    const request = create(RenewLeaseRequestSchema, { ref: input.ref, generation: BigInt(input.generation), lease: leaseOf(input.leaseMs) });
+    const res = await this.call("renewLease", request, call);
     return res.leaseExpiresAt ? timestampDate(res.leaseExpiresAt) : undefined;
   }
 
   /** Registers a downstream call before making it; the attempt carries the stable downstream key. */
   async recordEffectAttempt(input: RecordEffectAttemptInput, call?: CallOptions): Promise<EffectAttempt> {
-    const res = await this.call("RecordEffectAttempt", call, (client, options) =>
-      client.recordEffectAttempt({ ref: input.ref, generation: BigInt(input.generation), effect: input.effect, provider: input.provider }, options),
-    );
+    const request = create(RecordEffectAttemptRequestSchema, { ref: input.ref, generation: BigInt(input.generation), effect: input.effect, provider: input.provider });
+    const res = await this.call("recordEffectAttempt", request, call);
     if (!res.attempt) throw new CoordinatorError("RecordEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
     return fromAttempt(res.attempt);
   }
 
   /** Records what a downstream call did. */
   async resolveEffectAttempt(input: ResolveEffectAttemptInput, call?: CallOptions): Promise<EffectAttempt> {
-    const res = await this.call("ResolveEffectAttempt", call, (client, options) =>
-      client.resolveEffectAttempt(
-        {
-          ref: input.ref,
-          generation: BigInt(input.generation),
-          attemptNumber: input.attemptNumber,
-          status: toEffectStatus(input.status),
-          providerHandle: input.providerHandle ?? "",
-        },
-        options,
-      ),
-    );
+    const request = create(ResolveEffectAttemptRequestSchema, {
+      ref: input.ref,
+      generation: BigInt(input.generation),
+      attemptNumber: input.attemptNumber,
+      status: toEffectStatus(input.status),
+      providerHandle: input.providerHandle ?? "",
+    });
+    const res = await this.call("resolveEffectAttempt", request, call);
     if (!res.attempt) throw new CoordinatorError("ResolveEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
     return fromAttempt(res.attempt);
   }
@@ -230,30 +276,26 @@ export class CoordinatorClient {
   /** Finishes the operation with an outcome and the response to replay. */
   async complete(input: CompleteInput, call?: CallOptions): Promise<CompleteResult> {
     const { snapshot } = input;
-    const res = await this.call("Complete", call, (client, options) =>
-      client.complete(
-        {
-          ref: input.ref,
-          generation: BigInt(input.generation),
-          outcome: toOutcome(input.outcome),
-          snapshot: {
-            statusCode: snapshot.statusCode,
-            mediaType: snapshot.mediaType,
-            location: snapshot.location,
-            businessVersion: snapshot.businessVersion,
-            headers: snapshot.headers.map(([name, value]) => ({ name, value })),
-            body: snapshot.body,
-          },
-        },
-        options,
-      ),
-    );
+    const request = create(CompleteRequestSchema, {
+      ref: input.ref,
+      generation: BigInt(input.generation),
+      outcome: toOutcome(input.outcome),
+      snapshot: {
+        statusCode: snapshot.statusCode,
+        mediaType: snapshot.mediaType,
+        location: snapshot.location,
+        businessVersion: snapshot.businessVersion,
+        headers: snapshot.headers.map(([name, value]) => ({ name, value })),
+        body: snapshot.body,
+      },
+    });
+    const res = await this.call("complete", request, call);
     return { state: fromState(res.state), snapshotDigest: res.snapshotDigest, ...dateField("completedAt", res.completedAt) };
   }
 
   /** Hands a reservation back without any effect: the next identical retry takes it over. */
   async release(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
-    const res = await this.call("Release", call, (client, options) => client.release({ ref: input.ref, generation: BigInt(input.generation) }, options));
+    const res = await this.call("release", create(ReleaseRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
 
@@ -263,7 +305,7 @@ export class CoordinatorClient {
    * for the lease to end.
    */
   async abandon(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
-    const res = await this.call("Abandon", call, (client, options) => client.abandon({ ref: input.ref, generation: BigInt(input.generation) }, options));
+    const res = await this.call("abandon", create(AbandonRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
 
@@ -272,15 +314,18 @@ export class CoordinatorClient {
     const by: MessageInitShape<typeof LookupRequestSchema>["by"] =
       "ref" in input ? { case: "ref", value: { tenant: input.ref.tenant, operationId: input.ref.operationId } } : { case: "scope", value: input.scope };
     const subject = "ref" in input ? input.subject : undefined;
-    const res = await this.call("Lookup", call, (client, options) => client.lookup({ by, ...(subject ? { subject } : {}) }, options));
+    const res = await this.call("lookup", create(LookupRequestSchema, { by, ...(subject ? { subject } : {}) }), call);
     if (!res.record) throw new CoordinatorError("Lookup answered without a record", Code.Internal, "INTERNAL");
     return fromRecord(res.record);
   }
 
-  /** Lists records a recovery worker should act on (worker role). */
+  /** Lists records a recovery worker should act on (worker role); always its own RPC. */
   async listRecoverable(input: ListRecoverableInput = {}, call?: CallOptions): Promise<ListRecoverableResult> {
-    const res = await this.call("ListRecoverable", call, (client, options) =>
-      client.listRecoverable({ tenant: input.tenant ?? "", operations: [...(input.operations ?? [])], pageSize: input.pageSize ?? 0, pageToken: input.pageToken ?? "" }, options),
+    const res = await this.retrying("ListRecoverable", call, (options) =>
+      this.pick().listRecoverable(
+        { tenant: input.tenant ?? "", operations: [...(input.operations ?? [])], pageSize: input.pageSize ?? 0, pageToken: input.pageToken ?? "" },
+        { ...options, headers: this.headers },
+      ),
     );
     return {
       records: res.records.map((r) => ({ record: fromRecord(r.record!), claimMode: fromClaimMode(r.claimMode) })),
@@ -293,29 +338,237 @@ export class CoordinatorClient {
     for (const session of this.sessions) session.abort();
   }
 
+  /** The next connection's client, in turn. */
+  private pick(): Client<typeof CoordinatorService> {
+    return this.clients[this.next++ % this.clients.length]!;
+  }
+
+  /** One call of the request path: in a batch with concurrent ones, or as its own RPC. */
+  private call<K extends CallKind>(kind: K, request: RequestOf<K>, call: CallOptions | undefined): Promise<ResponseOf<K>> {
+    // The client's method of each RPC is named as the case of BatchCall that carries its request.
+    const alone = (options: AttemptOptions) => (this.pick()[kind] as unknown as UnaryMethod)(request, { ...options, headers: this.headers });
+    const batched = { case: kind, value: request } as BatchCall["call"];
+    const attempt = (options: AttemptOptions) => (this.batcher ? this.batcher.call(batched, options, alone) : alone(options)) as Promise<ResponseOf<K>>;
+    return this.retrying(CoordinatorService.method[kind].name, call, attempt);
+  }
+
   /**
    * One call with its deadline, repeated on transport failures only, with
    * exponential backoff and full jitter so that many gateways hitting a
    * restarting coordinator do not retry in lockstep.
    */
-  private async call<T>(
-    rpc: string,
-    call: CallOptions | undefined,
-    invoke: (client: Client<typeof CoordinatorService>, options: { timeoutMs: number; headers: Record<string, string>; signal?: AbortSignal }) => Promise<T>,
-  ): Promise<T> {
+  private async retrying<T>(rpc: string, call: CallOptions | undefined, attempt: (options: AttemptOptions) => Promise<T>): Promise<T> {
     const timeoutMs = call?.timeoutMs ?? this.timeoutMs;
-    for (let attempt = 1; ; attempt++) {
-      const client = this.clients[this.next++ % this.clients.length]!;
+    for (let n = 1; ; n++) {
       try {
-        return await invoke(client, { timeoutMs, headers: this.headers, ...(call?.signal ? { signal: call.signal } : {}) });
+        return await attempt({ timeoutMs, ...(call?.signal ? { signal: call.signal } : {}) });
       } catch (error) {
         const failure = toCoordinatorError(error);
-        if (!failure.retryable || attempt >= this.attempts || call?.signal?.aborted) throw failure;
-        const delay = Math.random() * Math.min(this.maxDelayMs, this.baseDelayMs * 2 ** (attempt - 1));
-        this.logger.debug({ rpc, attempt, reason: failure.reason, code: failure.code, delayMs: Math.round(delay) }, "coordinator call failed in transit; retrying");
+        if (!failure.retryable || n >= this.attempts || call?.signal?.aborted) throw failure;
+        const delay = Math.random() * Math.min(this.maxDelayMs, this.baseDelayMs * 2 ** (n - 1));
+        this.logger.debug({ rpc, attempt: n, reason: failure.reason, code: failure.code, delayMs: Math.round(delay) }, "coordinator call failed in transit; retrying");
         await new Promise((resolve) => setTimeout(resolve, delay));
       }
     }
+  }
+}
+
+/** The deadline and signal of one attempt of a call. */
+interface AttemptOptions {
+  timeoutMs: number;
+  signal?: AbortSignal;
+}
+
+/** A unary method of the Connect client. */
+type UnaryMethod = (request: unknown, options: AttemptOptions & { headers: Record<string, string> }) => Promise<unknown>;
+
+/** The kinds of call a batch carries, named as the client's methods of their RPCs. */
+type CallKind = NonNullable<BatchCall["call"]["case"]>;
+type RequestOf<K extends CallKind> = Extract<BatchCall["call"], { case: K }>["value"];
+type ResponseOf<K extends CallKind> = Extract<BatchResult["result"], { case: K }>["value"];
+
+/** A call waiting for its batch's answer. */
+interface Pending {
+  readonly call: BatchCall;
+  readonly bytes: number;
+  /** When this call stops waiting (Date.now() time). */
+  readonly deadline: number;
+  /** Settles the call once (with its result, an error, or by sending it alone); later answers are ignored. */
+  readonly settle: (outcome: { result: BatchResult["result"] } | { error: Error } | { alone: true }) => void;
+  settled: boolean;
+  /** Told when the call has settled, once it is in a batch. */
+  onSettled?: () => void;
+}
+
+interface BatcherOptions {
+  inFlight: number;
+  maxCalls: number;
+  maxBytes: number;
+  /** Sends one Batch RPC. */
+  send: (calls: BatchCall[], options: AttemptOptions) => Promise<{ results: BatchResult[] }>;
+  /** The coordinator does not serve Batch: called once, before the calls are sent alone. */
+  unsupported: () => void;
+}
+
+/**
+ * Coalesces concurrent calls into Batch RPCs: a call made while fewer than
+ * `inFlight` batches are in flight goes out at once (calls made in the same
+ * turn of the event loop go together); the calls made while the limit is
+ * reached wait for the first batch to be answered and go together in the
+ * next one. Each call keeps its own deadline and signal: it stops waiting
+ * when either ends, as its own RPC would, whatever its batch does.
+ */
+class Batcher {
+  private readonly queue: Pending[] = [];
+  private inFlight = 0;
+  private flushing = false;
+  /** Set when the coordinator answered UNIMPLEMENTED: queued calls go alone. */
+  private unsupported = false;
+
+  constructor(private readonly options: BatcherOptions) {}
+
+  /** Sends `call` in a batch, or alone when it is too large to share one; answers its response or throws its refusal. */
+  call(call: BatchCall["call"], attempt: AttemptOptions, alone: (options: AttemptOptions) => Promise<unknown>): Promise<unknown> {
+    const bytes = approximateBytes(call);
+    // Too large to share a batch: alone, exactly as without batching.
+    if (bytes > this.options.maxBytes) return alone(attempt);
+    const { signal } = attempt;
+    if (signal?.aborted) return Promise.reject(ConnectError.from(getAbortSignalReason(signal), Code.Canceled));
+    return new Promise<unknown>((resolve, reject) => {
+      const deadline = Date.now() + attempt.timeoutMs;
+      const onAbort = () => pending.settle({ error: ConnectError.from(getAbortSignalReason(signal!), Code.Canceled) });
+      // The same error as the deadline of a call sent alone.
+      const timer = setTimeout(() => pending.settle({ error: new ConnectError("the operation timed out", Code.DeadlineExceeded) }), attempt.timeoutMs);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const pending: Pending = {
+        call: create(BatchCallSchema, { call }),
+        bytes,
+        deadline,
+        settled: false,
+        settle: (outcome) => {
+          if (pending.settled) return;
+          pending.settled = true;
+          clearTimeout(timer);
+          signal?.removeEventListener("abort", onAbort);
+          pending.onSettled?.();
+          if ("alone" in outcome) alone({ ...attempt, timeoutMs: Math.max(0, deadline - Date.now()) }).then(resolve, reject);
+          else if ("error" in outcome) reject(outcome.error);
+          else if (outcome.result.case === call.case) resolve(outcome.result.value);
+          else if (outcome.result.case === "error") reject(errorOfStatus(outcome.result.value));
+          else reject(new CoordinatorError(`the coordinator answered a ${String(call.case)} call with ${outcome.result.case ?? "nothing"}`, Code.Internal, "INTERNAL"));
+        },
+      };
+      this.queue.push(pending);
+      this.scheduleFlush();
+    });
+  }
+
+  /** Flushes after the calls of the current turn of the event loop have joined the queue, without waiting for a timer. */
+  private scheduleFlush(): void {
+    if (this.flushing) return;
+    this.flushing = true;
+    queueMicrotask(() => {
+      this.flushing = false;
+      this.flush();
+    });
+  }
+
+  private flush(): void {
+    while (this.inFlight < this.options.inFlight || this.unsupported) {
+      const batch = this.take();
+      if (batch.length === 0) return;
+      if (this.unsupported) {
+        for (const pending of batch) pending.settle({ alone: true });
+        continue;
+      }
+      this.inFlight++;
+      void this.dispatch(batch).finally(() => {
+        this.inFlight--;
+        this.flush();
+      });
+    }
+  }
+
+  /** The next batch: waiting calls in order, up to the bounds; calls that stopped waiting are dropped. */
+  private take(): Pending[] {
+    const batch: Pending[] = [];
+    let bytes = 0;
+    while (this.queue.length > 0 && batch.length < this.options.maxCalls) {
+      const next = this.queue[0]!;
+      if (next.settled) {
+        this.queue.shift();
+        continue;
+      }
+      if (batch.length > 0 && bytes + next.bytes > this.options.maxBytes) break;
+      batch.push(this.queue.shift()!);
+      bytes += next.bytes;
+    }
+    return batch;
+  }
+
+  private async dispatch(batch: Pending[]): Promise<void> {
+    // The batch lives as long as its longest-waiting call; when every call has stopped waiting, it is cancelled.
+    const controller = new AbortController();
+    const timeoutMs = Math.max(1, ...batch.map((pending) => pending.deadline - Date.now()));
+    let waiting = batch.length;
+    for (const pending of batch) {
+      pending.onSettled = () => {
+        if (--waiting === 0) controller.abort();
+      };
+    }
+    try {
+      const { results } = await this.options.send(
+        batch.map((pending) => pending.call),
+        { timeoutMs, signal: controller.signal },
+      );
+      if (results.length !== batch.length) {
+        const error = new CoordinatorError(`the coordinator answered ${results.length} results to a batch of ${batch.length} calls`, Code.Internal, "INTERNAL");
+        for (const pending of batch) pending.settle({ error });
+        return;
+      }
+      batch.forEach((pending, i) => pending.settle({ result: results[i]!.result }));
+    } catch (error) {
+      const failure = ConnectError.from(error);
+      if (failure.code === Code.Unimplemented) {
+        // An older coordinator: nothing was decided; every call goes alone, now and from now on.
+        if (!this.unsupported) {
+          this.unsupported = true;
+          this.options.unsupported();
+        }
+        for (const pending of batch) pending.settle({ alone: true });
+        this.flush();
+        return;
+      }
+      if (failure.code === Code.ResourceExhausted && failure.findDetails(ErrorInfoSchema).length === 0) {
+        // The batch was larger than the coordinator reads (refused before any call was decided): each call goes alone, as it would have.
+        for (const pending of batch) pending.settle({ alone: true });
+        return;
+      }
+      // What failed the whole batch (the transport, authentication) fails each of its calls as it would have failed each alone.
+      for (const pending of batch) pending.settle({ error: failure });
+    }
+  }
+}
+
+/**
+ * About how many bytes a call adds to a batch: the request's variable parts
+ * (bodies, headers, path) and a generous allowance for the rest, without
+ * encoding it twice.
+ */
+function approximateBytes(call: BatchCall["call"]): number {
+  const fixed = 1024;
+  const headerBytes = (headers: ReadonlyArray<{ name: string; value: string }>) => headers.reduce((sum, h) => sum + h.name.length + h.value.length + 8, 0);
+  switch (call.case) {
+    case "reserve": {
+      const identity = call.value.request;
+      return fixed + (identity.case === "parts" ? identity.value.body.length + identity.value.path.length + identity.value.query.length + headerBytes(identity.value.headers) : 0);
+    }
+    case "complete": {
+      const snapshot = call.value.snapshot;
+      return fixed + (snapshot ? snapshot.body.length + snapshot.location.length + headerBytes(snapshot.headers) : 0);
+    }
+    default:
+      return fixed;
   }
 }
 

@@ -1,6 +1,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ERROR_DOMAIN, IdempotencyError, refusalOf, REFUSALS, STATUS_CODES } from "../contract/errors.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
+import type { Status } from "../gen/google/rpc/status_pb.js";
 
 /** True for a reason that says "nothing was decided, the registry was momentarily out of reach" (REFUSALS). */
 const isTransient = (reason: string): boolean => refusalOf(reason)?.retryable === true;
@@ -59,6 +60,21 @@ export function toCoordinatorError(error: unknown): CoordinatorError {
   return new CoordinatorError(connectError.rawMessage || connectError.message, connectError.code, info?.reason || undefined, info ? { ...info.metadata } : {}, {
     cause: error,
   });
+}
+
+/**
+ * The error of a call refused inside a Batch RPC: the ConnectError the gRPC
+ * protocol builds from the grpc-status-details-bin trailer of the same call
+ * refused alone (same code, message and details), for toCoordinatorError to
+ * read as it reads that one.
+ */
+export function errorOfStatus(status: Status): ConnectError {
+  if (!(status.code in Code) || status.code === 0) {
+    return new ConnectError(`the coordinator answered a call with an invalid status ${status.code}`, Code.Internal);
+  }
+  const error = new ConnectError(status.message, status.code);
+  error.details = status.details.map((any) => ({ type: any.typeUrl.substring(any.typeUrl.lastIndexOf("/") + 1), value: any.value }));
+  return error;
 }
 
 /**

@@ -9,7 +9,7 @@
  * over the wire only: no entry of it loads a database driver. See
  * docs/adopting.md.
  */
-export { CoordinatorClient, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
+export { CoordinatorClient, type BatchingOptions, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
 export {
   IdempotencyContext,
   IdempotencyGateway,

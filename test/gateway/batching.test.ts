@@ -1,0 +1,293 @@
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError, createRouterTransport, type Interceptor } from "@connectrpc/connect";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { MAX_BATCH_CALLS } from "../../src/contract/batch.js";
+import type { FaultHooks, HookPoint } from "../../src/fault-hooks.js";
+import { CoordinatorService, Decision as ProtoDecision, ReserveResponseSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { RecordState as ProtoRecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { CoordinatorClient, CoordinatorError, type CoordinatorClientOptions, type GatewayLogger, type ReserveInput } from "../../src/gateway/index.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { jsonParts, newKey } from "../support/fixtures.js";
+import { startTestServer, type TestServer } from "../support/server.js";
+
+/**
+ * The gateway SDK's batching against a real coordinator: concurrent calls
+ * share Batch RPCs, and each call answers, fails, times out and is cancelled
+ * exactly as the same call sent as its own RPC.
+ */
+
+let t: TestDatabase;
+let server: TestServer;
+const clients: CoordinatorClient[] = [];
+
+/** Holds Complete after its commit while set: a call that is still running on the coordinator. */
+let completeHeld: Promise<void> | undefined;
+const hooks: FaultHooks = { reached: (point: HookPoint) => (point === "registry.complete.after-commit" ? completeHeld : undefined) };
+
+beforeAll(async () => {
+  t = await createTestDatabase();
+  server = await startTestServer(t, { hooks });
+});
+afterAll(async () => {
+  for (const client of clients) client.close();
+  await server?.stop();
+  await t?.drop();
+});
+
+function client(options: Partial<CoordinatorClientOptions> = {}): CoordinatorClient {
+  const made = new CoordinatorClient({ baseUrl: server.baseUrl, token: server.tokens.gateway, retry: { attempts: 1 }, ...options });
+  clients.push(made);
+  return made;
+}
+
+const reserveInput = (key: string, overrides: Partial<ReserveInput> = {}): ReserveInput => ({
+  subject: { tenant: "acme", principal: "alice" },
+  operation: "payments.create",
+  apiRevision: 1,
+  idempotencyKey: key,
+  parts: jsonParts({ amount: 10 }),
+  claim: true,
+  ...overrides,
+});
+
+const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [] as Array<[string, string]>, body: new Uint8Array([1, 2]) };
+
+/** How many RPCs of `method` the coordinator has timed (idem_rpc_duration_seconds on /metrics), whatever their code. */
+async function rpcCount(method: string): Promise<number> {
+  const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
+  let total = 0;
+  for (const m of text.matchAll(/^idem_rpc_duration_seconds_count\{([^}]*)\} (\S+)$/gm)) {
+    if (m[1]!.includes(`method="${method}"`)) total += Number(m[2]);
+  }
+  return total;
+}
+
+/** What a caller sees of a failed call. */
+async function failureOf(call: Promise<unknown>) {
+  const error = await call.then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(error, "expected the call to fail").toBeInstanceOf(CoordinatorError);
+  const failure = error as CoordinatorError;
+  return { message: failure.message, code: failure.code, reason: failure.reason, metadata: failure.metadata, retryable: failure.retryable, unreachable: failure.unreachable };
+}
+
+describe("batching against a coordinator that serves Batch", () => {
+  it("carries concurrent calls in fewer RPCs than calls, each with its own answer", async () => {
+    const batched = client();
+    const keys = Array.from({ length: 200 }, () => newKey());
+    const batchesBefore = await rpcCount("Batch");
+    const reservesBefore = await rpcCount("Reserve");
+    const flows = await Promise.all(
+      keys.map(async (key, i) => {
+        const reserved = await batched.reserve(reserveInput(key, { parts: jsonParts({ amount: i }) }));
+        const completed = await batched.complete({ ref: { tenant: "acme", operationId: reserved.operationId }, generation: reserved.generation, outcome: "SUCCEEDED", snapshot });
+        return { reserved, completed };
+      }),
+    );
+    const batches = (await rpcCount("Batch")) - batchesBefore;
+    // Every call reached the coordinator (timed under its own RPC), in far fewer RPCs.
+    expect((await rpcCount("Reserve")) - reservesBefore).toBe(keys.length);
+    expect(batches).toBeGreaterThan(0);
+    expect(batches).toBeLessThan(keys.length);
+    expect(new Set(flows.map((f) => f.reserved.operationId)).size).toBe(keys.length);
+    for (const { reserved, completed } of flows) {
+      expect(reserved).toMatchObject({ decision: "ACCEPTED", generation: 1, state: "EXECUTING", enforced: true });
+      expect(completed.state).toBe("SUCCEEDED");
+    }
+    // Each answer belongs to its own request: the record of each key, read alone, is the one its call was given.
+    const alone = client({ batching: false });
+    for (const [i, key] of keys.entries()) {
+      const replay = await alone.reserve(reserveInput(key, { parts: jsonParts({ amount: i }) }));
+      expect(replay).toMatchObject({ decision: "REPLAY", operationId: flows[i]!.reserved.operationId });
+      expect(Buffer.from(replay.snapshot!.digest!).toString("hex")).toBe(Buffer.from(flows[i]!.completed.snapshotDigest).toString("hex"));
+    }
+  });
+
+  it("never sends more than the contract's bound in one batch", async () => {
+    const batched = client({ batching: { inFlight: 1 } });
+    const batchesBefore = await rpcCount("Batch");
+    const calls = MAX_BATCH_CALLS * 2 + 10;
+    // Calls refused before the registry: a busy test machine cannot make any of them time out.
+    const failures = await Promise.all(Array.from({ length: calls }, () => failureOf(batched.reserve(reserveInput("too-short")))));
+    expect(failures.every((f) => f.reason === "INVALID_KEY")).toBe(true);
+    // Calls made together go together, in batches of at most the bound (the coordinator refuses larger ones).
+    expect((await rpcCount("Batch")) - batchesBefore).toBe(Math.ceil(calls / MAX_BATCH_CALLS));
+  });
+
+  it("raises each refusal exactly as the same call sent alone, next to calls that succeed", async () => {
+    const alone = client({ batching: false });
+    const batched = client();
+    const owned = await alone.reserve(reserveInput(newKey()));
+    const ref = { tenant: "acme", operationId: owned.operationId };
+    const refused: Array<(c: CoordinatorClient) => Promise<unknown>> = [
+      (c) => c.complete({ ref, generation: 2, outcome: "SUCCEEDED", snapshot }),
+      (c) => c.lookup({ ref: { tenant: "acme", operationId: "01a229d0-0f4c-7516-846e-0457ee592196" }, subject: { tenant: "acme", principal: "alice" } }),
+      (c) => c.reserve(reserveInput(newKey(), { subject: { tenant: "globex", principal: "alice" } })),
+      (c) => c.reserve(reserveInput("too-short")),
+      (c) => c.claim({ ref, mode: "RECOVER", generation: 1 }),
+      (c) => c.resolveEffectAttempt({ ref, generation: 1, attemptNumber: 7, status: "CONFIRMED" }),
+    ];
+    const expected = [];
+    for (const call of refused) expected.push(await failureOf(call(alone)));
+    expect(expected.map((e) => e.reason)).toEqual(["STALE_GENERATION", "NOT_FOUND", "PERMISSION_DENIED", "INVALID_KEY", "PERMISSION_DENIED", "ATTEMPT_NOT_FOUND"]);
+    expect(expected[0]!.metadata).toEqual({ current_generation: "1" });
+
+    const batchesBefore = await rpcCount("Batch");
+    const [failures, neighbours] = await Promise.all([
+      Promise.all(refused.map((call) => failureOf(call(batched)))),
+      Promise.all(Array.from({ length: 6 }, () => batched.reserve(reserveInput(newKey())))),
+    ]);
+    expect(failures).toStrictEqual(expected);
+    expect(neighbours.every((r) => r.decision === "ACCEPTED")).toBe(true);
+    expect((await rpcCount("Batch")) - batchesBefore).toBeLessThan(refused.length + neighbours.length);
+  });
+
+  it("ends a call at its own deadline, with the error of a call sent alone, while its neighbours get their answers", async () => {
+    const alone = client({ batching: false });
+    const batched = client();
+    const held = await alone.reserve(reserveInput(newKey()));
+    const ref = { tenant: "acme", operationId: held.operationId };
+    let release!: () => void;
+    completeHeld = new Promise((resolve) => (release = resolve));
+    try {
+      const expected = await failureOf(alone.complete({ ref, generation: 1, outcome: "SUCCEEDED", snapshot }, { timeoutMs: 150 }));
+      expect(expected.code).toBe(Code.DeadlineExceeded);
+      const other = await alone.reserve(reserveInput(newKey()));
+      const otherRef = { tenant: "acme", operationId: other.operationId };
+      const started = performance.now();
+      const timedOut = failureOf(batched.complete({ ref: otherRef, generation: 1, outcome: "SUCCEEDED", snapshot }, { timeoutMs: 150 }));
+      const neighbour = batched.reserve(reserveInput(newKey()), { timeoutMs: 10_000 });
+      expect(await timedOut).toStrictEqual(expected);
+      // It stopped waiting at its deadline, not when its batch was answered.
+      expect(performance.now() - started).toBeLessThan(1500);
+      release();
+      expect((await neighbour).decision).toBe("ACCEPTED");
+    } finally {
+      release();
+      completeHeld = undefined;
+    }
+  });
+
+  it("cancels a call with its signal, with the error of a call sent alone", async () => {
+    const alone = client({ batching: false });
+    const batched = client();
+    const held = await alone.reserve(reserveInput(newKey()));
+    const other = await alone.reserve(reserveInput(newKey()));
+    let release!: () => void;
+    completeHeld = new Promise((resolve) => (release = resolve));
+    try {
+      const cancelled = async (c: CoordinatorClient, operationId: string) => {
+        const controller = new AbortController();
+        const call = failureOf(
+          c.complete({ ref: { tenant: "acme", operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, { signal: controller.signal, timeoutMs: 10_000 }),
+        );
+        setTimeout(() => controller.abort(), 100);
+        return call;
+      };
+      const expected = await cancelled(alone, held.operationId);
+      expect(expected.code).toBe(Code.Canceled);
+      expect(await cancelled(batched, other.operationId)).toStrictEqual(expected);
+      // A signal aborted before the call: refused at once, as alone.
+      const aborted = AbortSignal.abort();
+      const complete = (c: CoordinatorClient) =>
+        c.complete({ ref: { tenant: "acme", operationId: other.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, { signal: aborted });
+      expect(await failureOf(complete(batched))).toStrictEqual(await failureOf(complete(alone)));
+    } finally {
+      release();
+      completeHeld = undefined;
+    }
+  });
+
+  it("sends no Batch RPC with batching off", async () => {
+    const alone = client({ batching: false });
+    const batchesBefore = await rpcCount("Batch");
+    const reservesBefore = await rpcCount("Reserve");
+    await Promise.all(Array.from({ length: 20 }, () => alone.reserve(reserveInput(newKey()))));
+    expect((await rpcCount("Batch")) - batchesBefore).toBe(0);
+    expect((await rpcCount("Reserve")) - reservesBefore).toBe(20);
+  });
+});
+
+describe("batching against a coordinator without Batch", () => {
+  /** An in-memory coordinator that serves Reserve only, as one that predates Batch; `seen` lists the RPCs it was asked for. */
+  function olderCoordinator() {
+    const seen: string[] = [];
+    const counting: Interceptor = (next) => (req) => {
+      seen.push(req.method.name);
+      return next(req);
+    };
+    const transport = createRouterTransport(
+      ({ service }) => {
+        service(CoordinatorService, {
+          reserve: (req) =>
+            create(ReserveResponseSchema, {
+              decision: ProtoDecision.ACCEPTED,
+              operationId: `op-${req.idempotencyKey}`,
+              state: ProtoRecordState.EXECUTING,
+              generation: 1n,
+              enforced: true,
+              schemaRevision: 1,
+              contractVersion: "http.idempotency.v1",
+            }),
+        });
+      },
+      { router: { interceptors: [counting] } },
+    );
+    return { transport, seen };
+  }
+
+  function recordingLogger(): GatewayLogger & { warnings: string[] } {
+    const warnings: string[] = [];
+    const ignore = () => undefined;
+    return { warnings, debug: ignore, info: ignore, error: ignore, warn: (_obj, msg) => warnings.push(msg ?? "") };
+  }
+
+  it("falls back to unary RPCs for good when Batch is UNIMPLEMENTED, and says so once", async () => {
+    const { transport, seen } = olderCoordinator();
+    const logger = recordingLogger();
+    const fallingBack = new CoordinatorClient({ transport, logger, retry: { attempts: 1 } });
+    const keys = Array.from({ length: 30 }, () => newKey());
+    const first = await Promise.all(keys.map((key) => fallingBack.reserve(reserveInput(key))));
+    expect(first.map((r) => r.operationId)).toEqual(keys.map((key) => `op-${key}`));
+    const asked = seen.filter((m) => m === "Batch").length;
+    expect(asked).toBeGreaterThan(0);
+    // Later calls never ask for Batch again.
+    const later = await Promise.all(keys.map((key) => fallingBack.reserve(reserveInput(key))));
+    expect(later.every((r) => r.decision === "ACCEPTED")).toBe(true);
+    expect(seen.filter((m) => m === "Batch")).toHaveLength(asked);
+    expect(seen.filter((m) => m === "Reserve")).toHaveLength(keys.length * 2);
+    expect(logger.warnings).toHaveLength(1);
+    expect(logger.warnings[0]).toMatch(/does not serve Batch/);
+  });
+
+  it("retries a batch that failed in transit call by call, as each call alone", async () => {
+    let failures = 2;
+    const transport = createRouterTransport(({ service }) => {
+      service(CoordinatorService, {
+        batch: (req) => {
+          if (failures-- > 0) throw new ConnectError("connection reset", Code.Unavailable);
+          return {
+            results: req.calls.map((call) => ({
+              result: {
+                case: "reserve" as const,
+                value: create(ReserveResponseSchema, {
+                  decision: ProtoDecision.ACCEPTED,
+                  operationId: call.call.case === "reserve" ? `op-${call.call.value.idempotencyKey}` : "",
+                  state: ProtoRecordState.EXECUTING,
+                  generation: 1n,
+                  enforced: true,
+                }),
+              },
+            })),
+          };
+        },
+      });
+    });
+    const retrying = new CoordinatorClient({ transport, retry: { attempts: 4, baseDelayMs: 1, maxDelayMs: 2 } });
+    const key = newKey();
+    expect(await retrying.reserve(reserveInput(key))).toMatchObject({ decision: "ACCEPTED", operationId: `op-${key}` });
+    expect(failures).toBe(-1);
+  });
+});
