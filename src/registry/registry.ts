@@ -353,7 +353,7 @@ export class Registry {
    */
   private async reserveBatch(items: ReserveItem[]): Promise<Array<PromiseSettledResult<ReserveResult>>> {
     const { db, tenant, caller } = items[0]!;
-    const [batch, repeated] = partitionDistinct(items, (item) => item.record.scope.toString("hex"));
+    const [batch] = partitionDistinct(items, (item) => item.record.scope.toString("hex"));
     let decided: Array<ReserveResult | undefined>;
     try {
       decided = await db.transaction(
@@ -386,7 +386,9 @@ export class Registry {
       if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
       decided = batch.map(() => undefined);
     }
-    return settleEach([...batch.map((item, i) => decided[i] ?? item.alone), ...repeated.map((item) => item.alone)]);
+    // In the order the requests came: each request's answer in its own place.
+    const answers = new Map<ReserveItem, ReserveResult | (() => Promise<ReserveResult>)>(batch.map((item, i) => [item, decided[i] ?? item.alone]));
+    return settleEach(items.map((item) => answers.get(item) ?? item.alone));
   }
 
   /** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
@@ -617,7 +619,10 @@ export class Registry {
       if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
       return settleEach(items.map((item) => item.alone));
     }
-    return [...decided, ...(await settleEach(repeated.map((item) => item.alone)))];
+    const late = await settleEach(repeated.map((item) => item.alone));
+    // In the order the requests came: each request's answer in its own place.
+    const answers = new Map([...batch.map((item, i) => [item, decided[i]!] as const), ...repeated.map((item, i) => [item, late[i]!] as const)]);
+    return items.map((item) => answers.get(item)!);
   }
 
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */

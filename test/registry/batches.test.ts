@@ -75,6 +75,25 @@ describe("coalesced Reserves", () => {
     expect(rows[0]!.n).toBe(1);
   });
 
+  it("answers each request with its own scope's record when copies of one scope interleave with others in a batch", async () => {
+    const { registry, db } = coalescing();
+    const subject = { tenant: "acme", principal: `p-${newKey()}` };
+    const keys = Array.from({ length: 10 }, () => newKey());
+    // A, B, A, C, B, … : the second copy of a scope is decided after its batch, the others in it.
+    const order = [...keys, ...keys, ...keys].sort(() => Math.random() - 0.5);
+    const results = await Promise.all(order.map((key) => registry.reserve(db, reserveInput(key, { amount: 1 }, { subject }), gateway)));
+    const { rows } = await t.pool.query<{ operation_id: string; scope: Buffer }>("SELECT operation_id, scope FROM idem_record WHERE principal = $1", [subject.principal]);
+    expect(rows).toHaveLength(10);
+    const operationOfKey = new Map<string, string>();
+    order.forEach((key, i) => {
+      const answered = results[i]!.record!.operationId;
+      expect(operationOfKey.get(key) ?? answered).toBe(answered);
+      operationOfKey.set(key, answered);
+    });
+    expect(new Set(operationOfKey.values()).size).toBe(10);
+    expect(results.filter((r) => r.decision === "ACCEPTED")).toHaveLength(10);
+  });
+
   it("keeps the quota exact: of 20 concurrent new scopes under a quota of 3, exactly 3 are accepted and nothing of the others is stored", async () => {
     const { registry, db } = coalescing();
     const subject = { tenant: "acme", principal: `p-${newKey()}` };
@@ -177,6 +196,19 @@ describe("coalesced Completes", () => {
       registry.complete(db, { ref: { tenant: "acme", operationId: ids[0]! }, generation: 1, outcome: "SUCCEEDED", snapshot: snapshot("{}") }, gateway),
       "ALREADY_COMPLETED",
     );
+  });
+
+  it("answers each Complete with its own operation when two Completes of one operation interleave with others in a batch", async () => {
+    const { registry, db } = coalescing();
+    const ids = await accepted(registry, db, 8);
+    const order = [...ids, ...ids].sort(() => Math.random() - 0.5);
+    const results = await Promise.all(
+      order.map((operationId) =>
+        registry.complete(db, { ref: { tenant: "acme", operationId }, generation: 1, outcome: "SUCCEEDED", snapshot: snapshot(`{"id":"${operationId}"}`) }, gateway),
+      ),
+    );
+    expect(results.map((r) => r.operationId)).toEqual(order);
+    expect(results.map((r) => new TextDecoder().decode(r.snapshot!.body))).toEqual(order.map((id) => `{"id":"${id}"}`));
   });
 
   it("commits all of a batch or none of it: after a failure before its COMMIT, each operation is finished once, alone", async () => {
