@@ -34,6 +34,8 @@ describe("SIGTERM", () => {
         IDEM_CALLERS: JSON.stringify([{ name: "gw", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway"] }]),
         IDEM_OPERATIONS: JSON.stringify([{ operation: "payments.create", apiRevision: 1 }]),
         IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
+        // Ten transactions of one tenant and caller at a time, so that each of the ten Reserves below waits in a transaction of its own.
+        IDEM_BATCH_IN_FLIGHT: "10",
         LOG_LEVEL: "info",
       },
       stdio: ["ignore", "pipe", "pipe"],
