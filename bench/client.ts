@@ -1,7 +1,10 @@
 /**
  * The load generator's client: the coordinator over HTTP/2 (gRPC, as the
  * gateway SDK calls it, or the Connect protocol), a few connections with the
- * workers spread over them.
+ * workers spread over them. Reserve and Complete go either through the
+ * gateway SDK's CoordinatorClient, which carries concurrent calls in Batch
+ * RPCs as a service's gateway does (`sdk`), or as one unary RPC each, as a
+ * client generated from the proto calls (`unary`).
  */
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -11,10 +14,12 @@ import { performance } from "node:perf_hooks";
 import { Health } from "../src/gen/grpc/health/v1/health_pb.js";
 import { CompleteRequestSchema, CoordinatorService, Decision, ReserveRequestSchema } from "../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome } from "../src/gen/idempotency/v1/types_pb.js";
+import { CoordinatorClient } from "../src/gateway/client.js";
 import type { Operation } from "./load.js";
 import type { OperationValues } from "./sql.js";
 
 export type Protocol = "grpc" | "connect";
+export type ClientKind = "sdk" | "unary";
 
 export interface Reserved {
   operationId: string;
@@ -32,7 +37,7 @@ export interface BenchClients {
   close(): void;
 }
 
-export function openClients(options: { baseUrl: string; token: string; connections: number; protocol: Protocol; values: OperationValues }): BenchClients {
+export function openClients(options: { baseUrl: string; token: string; connections: number; protocol: Protocol; client: ClientKind; values: OperationValues }): BenchClients {
   const { baseUrl, values } = options;
   const managers = Array.from({ length: options.connections }, () => new Http2SessionManager(baseUrl));
   const transports = managers.map((sessionManager) =>
@@ -48,7 +53,22 @@ export function openClients(options: { baseUrl: string; token: string; connectio
     body: new TextEncoder().encode(JSON.stringify({ amount: 10, currency: "EUR" })),
   });
 
+  const sdk = options.client === "sdk" ? new CoordinatorClient({ baseUrl, token: options.token, connections: options.connections }) : undefined;
+  const sdkParts = { method: "POST", path: "/v1/payments", query: "", mediaType: "application/json", headers: [], body: parts.body };
+
   const reserve = async (worker: number): Promise<Reserved> => {
+    if (sdk) {
+      const reserved = await sdk.reserve({
+        subject: { tenant: values.tenant, principal: `${values.principal}-${worker}` },
+        operation: values.operation,
+        apiRevision: values.apiRevision,
+        idempotencyKey: randomUUID(),
+        parts: sdkParts,
+        claim: true,
+      });
+      if (reserved.decision !== "ACCEPTED") throw new Error(`Reserve answered ${reserved.decision}, not ACCEPTED`);
+      return { operationId: reserved.operationId, generation: BigInt(reserved.generation) };
+    }
     const reserved = await coordinators[worker % coordinators.length]!.reserve(
       create(ReserveRequestSchema, {
         // One principal per worker, as pgbench has one per client.
@@ -65,6 +85,15 @@ export function openClients(options: { baseUrl: string; token: string; connectio
     return { operationId: reserved.operationId, generation: reserved.generation };
   };
   const complete = async (worker: number, reserved: Reserved): Promise<void> => {
+    if (sdk) {
+      await sdk.complete({
+        ref: { tenant: values.tenant, operationId: reserved.operationId },
+        generation: Number(reserved.generation),
+        outcome: "SUCCEEDED",
+        snapshot: { statusCode: values.snapshot.statusCode, mediaType: values.snapshot.mediaType, location: "", businessVersion: "", headers: [], body: values.snapshot.body },
+      });
+      return;
+    }
     await coordinators[worker % coordinators.length]!.complete(
       create(CompleteRequestSchema, {
         ref: { tenant: values.tenant, operationId: reserved.operationId },
@@ -90,6 +119,9 @@ export function openClients(options: { baseUrl: string; token: string; connectio
       await health.check({ service: "" }, { headers });
       await health.check({ service: "" }, { headers });
     },
-    close: () => managers.forEach((m) => m.abort()),
+    close: () => {
+      sdk?.close();
+      managers.forEach((m) => m.abort());
+    },
   };
 }

@@ -15,7 +15,7 @@ import pino from "pino";
 import { parsePolicyDocument } from "../src/policy/document.js";
 import { toOperationPolicy } from "../src/policy/operations.js";
 import { migrate } from "../src/registry/migrate.js";
-import { openClients, type BenchClients, type Reserved } from "./client.js";
+import { openClients, type BenchClients, type ClientKind, type Reserved } from "./client.js";
 import { CpuMeter } from "./cpu.js";
 import { databaseFacts, enableStatements, readStatements, resetStatements, settle, startDatabase, synchronousCommit, type BenchDatabase, type StatementCount } from "./database.js";
 import { closedLoop, openLoop, summarize, type Operation, type Phase, type Sample, type Summary } from "./load.js";
@@ -80,6 +80,10 @@ depend on them) and writes JSON.
   --connections N         HTTP/2 connections of the load generator (default 2)
   --protocol grpc|connect gRPC, as the gateway SDK calls (default), or the Connect
                           protocol (binary) over the same HTTP/2 connections
+  --client sdk|unary      coordinator level: Reserve and Complete through the
+                          gateway SDK's CoordinatorClient, which carries concurrent
+                          calls in Batch RPCs (default), or one unary RPC each, as a
+                          client generated from the proto calls (gRPC only with sdk)
   --in-process            run the coordinator in the benchmark's process
   --cpu-prof DIR          the coordinator process writes a V8 CPU profile of the
                           whole run into DIR (open it in Chrome DevTools)
@@ -110,6 +114,7 @@ interface Options {
   poolMax: number;
   connections: number;
   protocol: "grpc" | "connect";
+  client: ClientKind;
   inProcess: boolean;
   cpuProfileDir?: string;
   roundTripOps: number;
@@ -132,6 +137,7 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
     poolMax: 20,
     connections: 2,
     protocol: "grpc",
+    client: "sdk",
     inProcess: false,
     roundTripOps: quick ? 50 : 200,
     out: join(ROOT, "bench", "results", "latest.json"),
@@ -215,6 +221,12 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
       case "--connections":
         options.connections = positive("--connections", value(), 64);
         break;
+      case "--client": {
+        const client = value();
+        if (client !== "sdk" && client !== "unary") throw new UsageError(`--client is sdk or unary, got '${client}'`);
+        options.client = client;
+        break;
+      }
       case "--protocol": {
         const protocol = value();
         if (protocol !== "grpc" && protocol !== "connect") throw new UsageError(`--protocol is grpc or connect, got '${protocol}'`);
@@ -244,6 +256,7 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
     }
   }
   if (render) return { render, markdown };
+  if (options.client === "sdk" && options.protocol !== "grpc") throw new UsageError("--protocol connect needs --client unary: the gateway SDK calls over gRPC");
   return options;
 }
 
@@ -416,7 +429,14 @@ async function coordinator(
     ...(ctx.options.cpuProfileDir ? { cpuProfileDir: ctx.options.cpuProfileDir } : {}),
     ...(extraEnvironment ? { extraEnvironment } : {}),
   });
-  const clients = openClients({ baseUrl: server.baseUrl, token: ctx.token, connections: ctx.options.connections, protocol: ctx.options.protocol, values: ctx.values });
+  const clients = openClients({
+    baseUrl: server.baseUrl,
+    token: ctx.token,
+    connections: ctx.options.connections,
+    protocol: ctx.options.protocol,
+    client: ctx.options.client,
+    values: ctx.values,
+  });
   clientSets.add(clients);
   const stop = async () => {
     clients.close();
@@ -845,7 +865,10 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
     database: { embedded: database.embedded, version: facts.version, settings: facts.settings, pgStatStatements: statements.available },
     server: serverInfo!,
     loadGenerator: {
-      description: `@connectrpc/connect-node ${options.protocol === "grpc" ? "gRPC" : "Connect (binary)"} client over ${options.connections} HTTP/2 connection(s), in the benchmark's process`,
+      description:
+        options.client === "sdk"
+          ? `the gateway SDK's CoordinatorClient (concurrent calls in Batch RPCs) over ${options.connections} HTTP/2 connection(s), in the benchmark's process`
+          : `@connectrpc/connect-node ${options.protocol === "grpc" ? "gRPC" : "Connect (binary)"} client, one unary RPC per call, over ${options.connections} HTTP/2 connection(s), in the benchmark's process`,
       protocol: options.protocol === "grpc" ? "gRPC (binary protobuf) over HTTP/2 cleartext, as the gateway SDK" : "Connect protocol (binary protobuf) over HTTP/2 cleartext",
       connections: options.connections,
       noop: "two grpc.health.v1.Health/Check RPCs per operation (Reserve + Complete are two RPCs)",
