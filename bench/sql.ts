@@ -96,7 +96,7 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
   });
   const who = { tenant: ":tenant", principal, operation: ":operation", apiRevision: ":api_revision", scope, acquisitionId };
   const gate = bind(STATEMENTS.gate, who);
-  const count = bind(STATEMENTS.count, { ...who, limit: ":quota_limit" });
+  const count = bind(STATEMENTS.count, { ...who, quota: ":quota" });
   const ref = { tenant: ":tenant", operationId };
   const finish = bind(STATEMENTS.finish, {
     ...ref,
@@ -152,7 +152,7 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     lease_ms: String(v.leaseMs),
     writer_epoch: "0",
     caller: v.caller,
-    quota_limit: String(v.quota + 1),
+    quota: String(v.quota),
     generation: "1",
     event_detail: JSON.stringify({ outcome: "SUCCEEDED" }),
     outcome: "SUCCEEDED",

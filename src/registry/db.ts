@@ -2,7 +2,10 @@ import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
-import { preparedName } from "./statement.js";
+import { pipelined, preparedName } from "./statement.js";
+
+/** A row as the driver returns it. */
+type Row = Record<string, unknown>;
 
 /** Anything that runs one SQL statement: a pool, a client, a client inside a transaction. */
 export interface Queryable {
@@ -41,6 +44,18 @@ export interface Db {
    * on transient failures). `name` labels it in metrics ("reserve", …).
    */
   transaction<T>(tenant: TenantBinding, work: (q: Queryable) => Promise<T>, name?: string): Promise<T>;
+  /**
+   * Runs statements in one transaction bound to `tenant`, with its COMMIT in
+   * the same round trip: each of `sends` sends one statement (synchronously,
+   * as Statement.run does), all go out at once behind BEGIN and ahead of
+   * COMMIT, and nothing is decided between them and the COMMIT. A statement
+   * that fails aborts the transaction, so that the COMMIT behind it rolls
+   * everything back, and its failure is thrown (the first in the order sent).
+   * Retried as a whole on transient failures, like transaction(). Inside a
+   * caller's own transaction (co-located mode) they run there and commit
+   * with it.
+   */
+  commitTogether(tenant: TenantBinding, sends: ReadonlyArray<(q: Queryable) => Promise<pg.QueryResult<Row>>>, name?: string): Promise<Array<pg.QueryResult<Row>>>;
   /**
    * Whether concurrent requests may share one of its transactions (the
    * registry's batches): true for a Db that owns its transactions; never
@@ -226,26 +241,41 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
   }
 
   const onLost = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
+  /** Runs `body` on a connection in a transaction bound to `tenant`, retried as a whole on transient failures. */
+  const bound = <T>(tenant: TenantBinding, name: string, body: (q: Queryable, began: number) => Promise<T>): Promise<T> =>
+    withRetries(() =>
+      onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
+        const began = performance.now();
+        const q = registryConnection(client, preparedStatements);
+        // Not awaited: the work's first statement follows it on the wire, one
+        // round trip for both. Should BEGIN itself fail, that statement ran
+        // unbound, where row-level security shows and admits no row, and the
+        // failure is thrown below before anything is committed.
+        const begun = q.query(beginBound(tenant));
+        begun.catch(() => undefined);
+        const result = await body(q, began);
+        await begun;
+        observer.committed?.(name, (performance.now() - began) / 1000);
+        return result;
+      }),
+    );
   return {
     coalescible: true,
     transaction: (tenant, work, name = "other") =>
-      withRetries(() =>
-        onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
-          const began = performance.now();
-          const q = registryConnection(client, preparedStatements);
-          // Not awaited: the work's first statement follows it on the wire, one
-          // round trip for both. Should BEGIN itself fail, that statement ran
-          // unbound, where row-level security shows and admits no row, and the
-          // failure is thrown below before anything is committed.
-          const begun = q.query(beginBound(tenant));
-          begun.catch(() => undefined);
-          const result = await work(q);
-          await begun;
-          await q.query("COMMIT");
-          observer.committed?.(name, (performance.now() - began) / 1000);
-          return result;
-        }),
-      ),
+      bound(tenant, name, async (q) => {
+        const result = await work(q);
+        await q.query("COMMIT");
+        return result;
+      }),
+    commitTogether: (tenant, sends, name = "other") =>
+      bound(tenant, name, async (q) => {
+        const sent = sends.map((send) => send(q));
+        const committed = q.query("COMMIT");
+        const results = await pipelined<Array<pg.QueryResult<Row>>>([...sent, committed]);
+        // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
+        if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
+        return results.slice(0, -1);
+      }),
   };
 }
 
@@ -255,15 +285,17 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
  * Each unit of work binds the caller's transaction to its tenant first.
  */
 export function transactionDb(client: Queryable): Db {
+  const transaction: Db["transaction"] = async (tenant, work) => {
+    try {
+      await client.query(BIND_SQL, bindingSettings(tenant));
+      return await work(client);
+    } catch (error) {
+      throw classify(error);
+    }
+  };
   return {
-    async transaction(tenant, work) {
-      try {
-        await client.query(BIND_SQL, bindingSettings(tenant));
-        return await work(client);
-      } catch (error) {
-        throw classify(error);
-      }
-    },
+    transaction,
+    commitTogether: (tenant, sends) => transaction(tenant, (q) => pipelined(sends.map((send) => send(q)))),
   };
 }
 

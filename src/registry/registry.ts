@@ -7,7 +7,7 @@ import { validateKey } from "../contract/keys.js";
 import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { ALL_TENANTS, bindingFor, type Db, type Queryable } from "./db.js";
+import { ALL_TENANTS, bindingFor, sqlState, type Db, type Queryable } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
@@ -191,13 +191,50 @@ export class Registry {
       schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
     });
 
-    const alone = () =>
+    // The new record this request would make, when it may make one.
+    const insertable = policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined;
+    const newRecord: batchStatements.NewRecord = {
+      scope: Buffer.from(scope),
+      operationId,
+      principal: subject.principal,
+      operation: input.operation,
+      apiRevision: input.apiRevision,
+      schemaRevision: policy.fingerprint.schemaRevision,
+      fingerprint: Buffer.from(fp ?? new Uint8Array(32)),
+      state,
+      leaseMs,
+      acquisitionId,
+      writerEpoch: input.writerEpoch,
+    };
+    /** The answer from someone else's record when it needs no write (a replay, an owner at work, an expired record), or undefined. */
+    const decideFound = (record: StoredRecord): ReserveResult | undefined => {
+      if (record.tombstonedAt !== null || record.schemaRevision !== policy.fingerprint.schemaRevision) return undefined;
+      const verdict = reserveVerdict(record, fp!);
+      if (verdict.kind === "replay") return answer("REPLAY", record);
+      if (verdict.kind === "expired") return answer("EXPIRED", record);
+      if (verdict.kind === "in_progress") return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
+      return undefined;
+    };
+    // The common cases in one round trip with their COMMIT: a new record, or
+    // an existing one that needs no write. Anything else (a conflict to log,
+    // a takeover, a tombstone, a record committed after the insert's
+    // snapshot) is decided in a transaction of its own below.
+    const alone = async (): Promise<ReserveResult> => {
+      if (insertable) {
+        const found = await withQuota(policy, insertOrFindCommitted(db, subject.tenant, actor.caller, newRecord, policy.maxActivePerPrincipal));
+        if (found && (found.inserted || found.record.acquisitionId === acquisitionId)) return answer("ACCEPTED", found.record);
+        const answered = found && decideFound(found.record);
+        if (answered) return answered;
+      }
+      return withQuota(policy, decideWithWrites());
+    };
+    const decideWithWrites = () =>
       db.transaction(
         subject.tenant,
         async (q): Promise<ReserveResult> => {
           for (let round = 0; round < RESERVE_ROUNDS; round++) {
             let found: { record: StoredRecord; inserted: boolean } | undefined;
-            if (policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined) {
+            if (insertable) {
               const admitted = await insertOrFind(q, {
                 tenant: subject.tenant,
                 scope,
@@ -206,7 +243,7 @@ export class Registry {
                 operation: input.operation,
                 apiRevision: input.apiRevision,
                 schemaRevision: policy.fingerprint.schemaRevision,
-                fingerprint: fp,
+                fingerprint: fp!,
                 state,
                 leaseMs,
                 acquisitionId,
@@ -304,35 +341,16 @@ export class Registry {
     // A batch decides what needs no write beyond the new record's (a new scope,
     // a replay, an owner at work, an expired record); anything else it leaves
     // to `alone`, as does every request a batch could not take.
-    const batchable = this.reserves !== undefined && db.coalescible === true && policy.mode !== "DRAINING" && fp !== undefined && !refusal && !keyRefusal;
+    const batchable = this.reserves !== undefined && db.coalescible === true && insertable;
     const result = batchable
       ? await this.reserves.submit(laneOf(db, subject.tenant, actor.caller), {
           db,
           tenant: subject.tenant,
           caller: actor.caller,
-          record: {
-            scope: Buffer.from(scope),
-            operationId,
-            principal: subject.principal,
-            operation: input.operation,
-            apiRevision: input.apiRevision,
-            schemaRevision: policy.fingerprint.schemaRevision,
-            fingerprint: Buffer.from(fp!),
-            state,
-            leaseMs,
-            acquisitionId,
-            writerEpoch: input.writerEpoch,
-          },
+          record: newRecord,
           quota: policy.maxActivePerPrincipal,
           accepted: (record) => answer("ACCEPTED", record),
-          decideFound: (record) => {
-            if (record.tombstonedAt !== null || record.schemaRevision !== policy.fingerprint.schemaRevision) return undefined;
-            const verdict = reserveVerdict(record, fp!);
-            if (verdict.kind === "replay") return answer("REPLAY", record);
-            if (verdict.kind === "expired") return answer("EXPIRED", record);
-            if (verdict.kind === "in_progress") return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
-            return undefined;
-          },
+          decideFound,
           alone,
         })
       : await alone();
@@ -356,32 +374,25 @@ export class Registry {
     const [batch] = partitionDistinct(items, (item) => item.record.scope.toString("hex"));
     let decided: Array<ReserveResult | undefined>;
     try {
-      decided = await db.transaction(
+      const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId), quotas: batch.map((i) => i.quota) };
+      // One round trip with the COMMIT: a principal over its quota fails the count, and the batch rolls back.
+      const [inserted] = await db.commitTogether(
         tenant,
-        async (q) => {
-          const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId) };
-          const [{ rows }, , counted] = await pipelined<
-            [{ rows: Record<string, unknown>[] }, unknown, { rows: Array<{ principal: string; operation: string; api_revision: number; active: number }> }]
-          >([
-            batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }),
-            batchStatements.holdQuotaGates.run(q, made),
-            batchStatements.countActiveMany.run(q, { ...made, limit: Math.max(...batch.map((i) => i.quota)) + 1 }),
-          ]);
-          for (const group of counted.rows) {
-            const quota = batch.find((i) => i.record.principal === group.principal && i.record.operation === group.operation && i.record.apiRevision === group.api_revision)!.quota;
-            if (group.active > quota) throw new QuotaReachedInBatch();
-          }
-          const found = new Map(rows.map((row) => [(row.scope as Buffer).toString("hex"), { record: toRecord(row), inserted: row.inserted === true }]));
-          return batch.map((item) => {
-            const hit = found.get(item.record.scope.toString("hex"));
-            if (!hit) return undefined;
-            if (hit.inserted || hit.record.acquisitionId === item.record.acquisitionId) return item.accepted(hit.record);
-            return item.decideFound(hit.record);
-          });
-        },
+        [
+          (q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }),
+          (q) => batchStatements.holdQuotaGates.run(q, made),
+          (q) => batchStatements.countActiveMany.run(q, made),
+        ],
         // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
         "reserve",
       );
+      const found = new Map(inserted!.rows.map((row) => [(row.scope as Buffer).toString("hex"), { record: toRecord(row), inserted: row.inserted === true }]));
+      decided = batch.map((item) => {
+        const hit = found.get(item.record.scope.toString("hex"));
+        if (!hit) return undefined;
+        if (hit.inserted || hit.record.acquisitionId === item.record.acquisitionId) return item.accepted(hit.record);
+        return item.decideFound(hit.record);
+      });
     } catch (error) {
       if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
       decided = batch.map(() => undefined);
@@ -1007,9 +1018,46 @@ async function countActiveUnderGate(
   const subject = { tenant: r.tenant, principal: r.principal, operation: r.operation, apiRevision: r.apiRevision, scope: Buffer.from(r.scope), acquisitionId: r.acquisitionId };
   const [, { rows }] = await pipelined<[unknown, { rows: Array<{ active: number }> }]>([
     quotaStatements.holdQuotaGate.run(q, subject),
-    quotaStatements.countActive.run(q, { ...subject, limit: r.quota + 1 }),
+    quotaStatements.countActive.run(q, { ...subject, quota: r.quota }),
   ]);
   return rows[0]?.active ?? 0;
+}
+
+/**
+ * The guarded insert with the quota gate and count behind it, and COMMIT
+ * behind them, in one round trip (Db.commitTogether): returns the new record
+ * or the existing one (or nothing: see insertOrFind). Over the quota the
+ * count fails with IDQ01 and nothing is committed (withQuota refuses).
+ */
+async function insertOrFindCommitted(
+  db: Db,
+  tenant: string,
+  caller: string,
+  record: batchStatements.NewRecord,
+  quota: number,
+): Promise<{ record: StoredRecord; inserted: boolean } | undefined> {
+  const subject = { tenant, principal: record.principal, operation: record.operation, apiRevision: record.apiRevision, scope: record.scope, acquisitionId: record.acquisitionId };
+  const [inserted] = await db.commitTogether(
+    tenant,
+    [
+      (q) => recordStatements.insertOrFind.run(q, { ...record, tenant, caller }),
+      (q) => quotaStatements.holdQuotaGate.run(q, subject),
+      (q) => quotaStatements.countActive.run(q, { ...subject, quota }),
+    ],
+    "reserve",
+  );
+  const row = inserted!.rows[0];
+  return row ? { record: toRecord(row), inserted: row.inserted === true } : undefined;
+}
+
+/** Turns the quota count's failure (IDQ01: nothing was committed) into the QUOTA_EXCEEDED refusal. */
+async function withQuota<T>(policy: OperationPolicy, work: Promise<T>): Promise<T> {
+  try {
+    return await work;
+  } catch (error) {
+    if (sqlState(error) === quotaStatements.QUOTA_EXCEEDED_SQLSTATE) refuseQuota(policy);
+    throw error;
+  }
 }
 
 function refuseQuota(policy: OperationPolicy): never {
@@ -1104,11 +1152,6 @@ interface CompleteItem {
   input: CompleteInput;
   actor: Actor;
   alone: () => Promise<StoredRecord>;
-}
-
-/** A principal's new records in a batch would pass its quota: the batch rolls back and each request is decided alone. */
-class QuotaReachedInBatch extends Error {
-  override readonly name = "QuotaReachedInBatch";
 }
 
 /** A failure that decided nothing for any request of a batch (the registry busy or unreachable): each gets it, to retry. */

@@ -39,16 +39,28 @@ const gateway = actor();
  */
 function failing(db: Db, code: string, times: number, syscall?: string): { db: Db; failures: () => number } {
   let failures = 0;
-  const inject =
-    <T>(work: (q: Queryable) => Promise<T>) =>
-    (q: Queryable) => {
-      const fails = failures < times;
-      if (fails) failures++;
-      return work({
-        query: (text, values) => (fails ? Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) })) : q.query(text, values)),
-      });
+  /** The connection of one run of a unit of work: each of its statements fails while the first `times` runs last. */
+  const faulty = (q: Queryable): Queryable => {
+    const fails = failures < times;
+    if (fails) failures++;
+    return {
+      query: (text, values) => (fails ? Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) })) : q.query(text, values)),
     };
-  return { db: { transaction: (tenant, work, name) => db.transaction(tenant, inject(work), name) }, failures: () => failures };
+  };
+  const runs = new WeakMap<Queryable, Queryable>();
+  const runOf = (q: Queryable) => runs.get(q) ?? runs.set(q, faulty(q)).get(q)!;
+  return {
+    db: {
+      transaction: (tenant, work, name) => db.transaction(tenant, (q) => work(faulty(q)), name),
+      commitTogether: (tenant, sends, name) =>
+        db.commitTogether(
+          tenant,
+          sends.map((send) => (q: Queryable) => send(runOf(q))),
+          name,
+        ),
+    },
+    failures: () => failures,
+  };
 }
 
 describe("injected serialization failures and deadlocks", () => {

@@ -110,6 +110,8 @@ describe("connections", () => {
           }
           return work(q);
         }),
+      // Claim runs no statements together with its COMMIT.
+      commitTogether: () => Promise.reject(new Error("not used by Claim")),
     };
     const claimed = await registry.claim(killing, { ref, mode: "OWNER", generation: 1, writerEpoch: 0 }, gateway);
     expect(claimed.record.state).toBe("EXECUTING");

@@ -259,19 +259,19 @@ describe("round trips per call", () => {
     return { db: poolDb(countingPool, silentLogger), counts: () => ({ roundTrips, messages }) };
   }
 
-  it("takes two round trips (five messages: BEGIN, the insert, the quota gate and count, COMMIT) for a new scope, a replay or in progress, three for a conflict (logged) or a takeover", async () => {
+  it("takes one round trip (five messages: BEGIN, the insert, the quota gate and count, COMMIT) for a new scope, a replay or in progress; a conflict (logged) or a takeover is decided in a second transaction (three more)", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
       const c = counting();
       const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
       return [result.decision, c.counts()];
     };
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 2, messages: 5 }]);
-    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 2, messages: 5 }]);
-    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 3, messages: 6 }]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 1, messages: 5 }]);
+    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 1, messages: 5 }]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 4, messages: 11 }]);
     const { rows } = await t.pool.query<{ operation_id: string }>("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0]!.operation_id);
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 3, messages: 6 }]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 4, messages: 11 }]);
   });
 
   /** A Db on one connection whose socket writes are counted (a write or a writev is one system call). */
@@ -303,14 +303,14 @@ describe("round trips per call", () => {
     return { db: poolDb(watched, silentLogger, options), writes: () => writes, named: () => named };
   }
 
-  it("sends the messages of one round trip in one socket write: two writes for a new scope's Reserve, three for a Complete", async () => {
+  it("sends the messages of one round trip in one socket write: one write for a new scope's Reserve, three for a Complete", async () => {
     const c = countingWrites();
     const accepted = await registry.reserve(c.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
     expect(accepted.decision).toBe("ACCEPTED");
-    expect(c.writes()).toBe(2);
+    expect(c.writes()).toBe(1);
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
-    expect(c.writes()).toBe(5);
+    expect(c.writes()).toBe(4);
   });
 
   it("prepares the statements layer's statements once per connection by name, and sends none by name when told not to (poolers in transaction mode)", async () => {

@@ -77,15 +77,20 @@ export const insertOrFindMany = statement<NewRecords>(
    SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = ANY(:scopes::bytea[])`,
 );
 
-/** The records this transaction made, by scope and the acquisition id it minted for each (a replay's scope matches none). */
+/**
+ * The records this transaction made, by scope and the acquisition id it
+ * minted for each (a replay's scope matches none), with the quota of each
+ * one's principal under its policy.
+ */
 export interface MadeRecords {
   tenant: string;
   scopes: Buffer[];
   acquisitionIds: string[];
+  quotas: number[];
 }
 
-const MADE = `SELECT r.principal, r.operation, r.api_revision FROM idem_record r
-   JOIN unnest(:scopes::bytea[], :acquisitionIds::uuid[]) AS m(m_scope, m_acquisition_id)
+const MADE = `SELECT r.principal, r.operation, r.api_revision, m.m_quota AS quota FROM idem_record r
+   JOIN unnest(:scopes::bytea[], :acquisitionIds::uuid[], :quotas::int[]) AS m(m_scope, m_acquisition_id, m_quota)
      ON r.scope = m.m_scope AND r.acquisition_id = m.m_acquisition_id
   WHERE r.tenant_id = :tenant`;
 
@@ -103,18 +108,19 @@ export const holdQuotaGates = statement<MadeRecords>(
 
 /**
  * For every principal with a new record in this transaction, its unfinished
- * records counted up to `limit` (quota.ts countActive), in a statement that
- * starts once holdQuotaGates holds the gates.
+ * records counted up to one past its quota (quota.ts countActive), in a
+ * statement that starts once holdQuotaGates holds the gates; over a quota it
+ * fails with IDQ01, and the whole batch rolls back.
  */
-export const countActiveMany = statement<MadeRecords & { limit: number }, { principal: string; operation: string; api_revision: number; active: number }>(
+export const countActiveMany = statement<MadeRecords, { principal: string; operation: string; api_revision: number; active: number }>(
   "countActiveMany",
   `SELECT g.principal, g.operation, g.api_revision,
-          (SELECT count(*)::int FROM (
+          idem_within_quota((SELECT count(*)::int FROM (
              SELECT 1 FROM idem_record r
               WHERE r.tenant_id = :tenant AND r.principal = g.principal AND r.operation = g.operation AND r.api_revision = g.api_revision
                 AND r.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-              LIMIT :limit) capped) AS active
-     FROM (SELECT DISTINCT principal, operation, api_revision FROM (${MADE}) made) g`,
+              LIMIT g.quota + 1) capped), g.quota) AS active
+     FROM (SELECT DISTINCT principal, operation, api_revision, quota FROM (${MADE}) made) g`,
 );
 
 /** Records by operation id. */

@@ -33,13 +33,20 @@ export const holdQuotaGate = statement<QuotaSubject>(
    ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET principal = EXCLUDED.principal WHERE false`,
 );
 
-/** The principal's unfinished records, counted up to `limit` (the quota plus one). */
-export const countActive = statement<QuotaSubject & { limit: number }, { active: number }>(
+/**
+ * The principal's unfinished records, counted up to one past `quota`; over
+ * the quota the statement fails with IDQ01 (migrations/000012), so that the
+ * transaction cannot commit the new record.
+ */
+export const countActive = statement<QuotaSubject & { quota: number }, { active: number }>(
   "countActive",
-  `SELECT count(*)::int AS active FROM (
+  `SELECT idem_within_quota(count(*)::int, :quota) AS active FROM (
      SELECT 1 FROM idem_record
       WHERE tenant_id = :tenant AND principal = :principal AND operation = :operation AND api_revision = :apiRevision
         AND state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-      LIMIT :limit) capped
+      LIMIT :quota + 1) capped
    WHERE EXISTS (SELECT 1 FROM idem_record WHERE tenant_id = :tenant AND scope = :scope AND acquisition_id = :acquisitionId)`,
 );
+
+/** The SQLSTATE of a count over its quota (idem_within_quota). */
+export const QUOTA_EXCEEDED_SQLSTATE = "IDQ01";
