@@ -271,7 +271,7 @@ const n2 = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(2));
 
 /** The order a transaction sends its statements in: BEGIN, the tenant binding, the registry's statements, COMMIT; anything else after BEGIN. */
 export function statementRank(name: string): number {
-  return ["begin", "bind", "reserve", "gate", "count", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
+  return ["begin", "bind", "reserve", "count", "lock", "attempts", "finish", "commit"].indexOf(name) + 1 || 2;
 }
 
 function roundTripLines(rt: RoundTrips): string[] {

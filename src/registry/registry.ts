@@ -378,11 +378,7 @@ export class Registry {
       // One round trip with the COMMIT: a principal over its quota fails the count, and the batch rolls back.
       const [inserted] = await db.commitTogether(
         tenant,
-        [
-          (q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }),
-          (q) => batchStatements.holdQuotaGates.run(q, made),
-          (q) => batchStatements.countActiveMany.run(q, made),
-        ],
+        [(q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }), (q) => batchStatements.countActiveMany.run(q, made)],
         // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
         "reserve",
       );
@@ -1003,29 +999,27 @@ async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: Store
 
 /**
  * How many unfinished records the principal has, this transaction's new one
- * included, counted while holding the principal's quota gate (0 when this
- * transaction made no record of `scope`). Every transaction that adds an
- * unfinished record takes the gate after adding it and holds it until it ends,
- * so each one counts every record admitted before it: of any number of racing
- * reservations, on any number of coordinators, no more than the quota commit.
- * Only new records of one principal and operation wait for each other;
- * replays and other principals never touch the gate.
+ * included, as its gate row counts them (0 when this transaction made no
+ * record of `scope`); over the quota the statement fails (IDQ01). The
+ * statement that made the record counted it and locked the gate row until
+ * the transaction ends (migrations/000013), so each reservation counts every
+ * record admitted before it: of any number of racing reservations, on any
+ * number of coordinators, no more than the quota commit. Only new records of
+ * one principal and operation wait for each other; replays and other
+ * principals never touch the gate.
  */
 async function countActiveUnderGate(
   q: Queryable,
   r: { tenant: string; principal: string; operation: string; apiRevision: number; scope: Uint8Array; acquisitionId: string; quota: number },
 ): Promise<number> {
   const subject = { tenant: r.tenant, principal: r.principal, operation: r.operation, apiRevision: r.apiRevision, scope: Buffer.from(r.scope), acquisitionId: r.acquisitionId };
-  const [, { rows }] = await pipelined<[unknown, { rows: Array<{ active: number }> }]>([
-    quotaStatements.holdQuotaGate.run(q, subject),
-    quotaStatements.countActive.run(q, { ...subject, quota: r.quota }),
-  ]);
+  const { rows } = await quotaStatements.countActive.run(q, { ...subject, quota: r.quota });
   return rows[0]?.active ?? 0;
 }
 
 /**
- * The guarded insert with the quota gate and count behind it, and COMMIT
- * behind them, in one round trip (Db.commitTogether): returns the new record
+ * The guarded insert with the quota count behind it, and COMMIT behind
+ * them, in one round trip (Db.commitTogether): returns the new record
  * or the existing one (or nothing: see insertOrFind). Over the quota the
  * count fails with IDQ01 and nothing is committed (withQuota refuses).
  */
@@ -1039,11 +1033,7 @@ async function insertOrFindCommitted(
   const subject = { tenant, principal: record.principal, operation: record.operation, apiRevision: record.apiRevision, scope: record.scope, acquisitionId: record.acquisitionId };
   const [inserted] = await db.commitTogether(
     tenant,
-    [
-      (q) => recordStatements.insertOrFind.run(q, { ...record, tenant, caller }),
-      (q) => quotaStatements.holdQuotaGate.run(q, subject),
-      (q) => quotaStatements.countActive.run(q, { ...subject, quota }),
-    ],
+    [(q) => recordStatements.insertOrFind.run(q, { ...record, tenant, caller }), (q) => quotaStatements.countActive.run(q, { ...subject, quota })],
     "reserve",
   );
   const row = inserted!.rows[0];

@@ -113,9 +113,9 @@ describe("coalesced Reserves", () => {
     it(`gives every request of a batch whose connection died ${when} one definite answer: the batch is re-run, each recognizes its own record, nothing is doubled`, async () => {
       let armed = false;
       let died = false;
-      // The batch's quota gate statement arms the fault; the next COMMIT (the batch's: one transaction in flight) meets it.
+      // The batch's quota count arms the fault; the COMMIT sent behind it (the batch's: one transaction in flight) meets it.
       const dying = interceptedPool(t.openPool({ role: SERVER_ROLE }), async (text, _values, send) => {
-        if (text.includes("ORDER BY 2, 3, 4")) armed = !died;
+        if (text.includes("made.quota")) armed = !died;
         if (text !== "COMMIT" || !armed) return send();
         armed = false;
         died = true;
@@ -209,6 +209,34 @@ describe("coalesced Completes", () => {
     );
     expect(results.map((r) => r.operationId)).toEqual(order);
     expect(results.map((r) => new TextDecoder().decode(r.snapshot!.body))).toEqual(order.map((id) => `{"id":"${id}"}`));
+  });
+
+  it("keeps each principal's count of unfinished records equal to its records through batches, completions, releases, recovery and reconciliation", async () => {
+    const { registry, db } = coalescing();
+    const subject = { tenant: "acme", principal: `p-${newKey()}` };
+    const reserved = await Promise.all(Array.from({ length: 20 }, () => registry.reserve(db, reserveInput(newKey(), { amount: 1 }, { subject, claim: true }), gateway)));
+    const refs = reserved.map((r) => ({ tenant: "acme", operationId: r.record!.operationId }));
+    const counted = async () =>
+      (
+        await t.pool.query<{ active: number; actual: number }>(
+          `SELECT g.active, (SELECT count(*)::int FROM idem_record r
+                              WHERE r.tenant_id = g.tenant_id AND r.principal = g.principal AND r.operation = g.operation AND r.api_revision = g.api_revision
+                                AND r.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')) AS actual
+             FROM idem_quota_gate g WHERE g.tenant_id = 'acme' AND g.principal = $1`,
+          [subject.principal],
+        )
+      ).rows;
+    expect(await counted()).toEqual([{ active: 20, actual: 20 }]);
+    // Eight finish together, three are handed back (still unfinished), two go UNKNOWN after an effect, one of which an operator settles.
+    await Promise.all(refs.slice(0, 8).map((ref) => registry.complete(db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot: snapshot("{}") }, gateway)));
+    await Promise.all(refs.slice(8, 11).map((ref) => registry.release(db, { ref, generation: 1 }, gateway)));
+    for (const ref of refs.slice(11, 13)) {
+      await registry.recordEffectAttempt(db, { ref, generation: 1, effect: "card.charge", provider: "cards" }, gateway);
+      await registry.abandon(db, { ref, generation: 1 }, gateway);
+    }
+    const operator = actor({ operator: true });
+    await registry.reconcile(db, { ref: refs[11]!, outcome: "SUCCEEDED", snapshot: snapshot("{}"), evidence: "provider dashboard", operatorName: "olga" }, operator);
+    expect(await counted()).toEqual([{ active: 11, actual: 11 }]);
   });
 
   it("commits all of a batch or none of it: after a failure before its COMMIT, each operation is finished once, alone", async () => {

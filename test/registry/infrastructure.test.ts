@@ -81,6 +81,51 @@ describe("migration 8 (every attempt counts)", () => {
   });
 });
 
+describe("migration 13 (quota counts kept by the database)", () => {
+  it("counts the unfinished records already there, per principal, and keeps counting from then on", async () => {
+    const schema = `m_${randomBytes(5).toString("hex")}`;
+    await t.pool.query(`CREATE SCHEMA ${schema}`);
+    const before = await mkdtemp(join(tmpdir(), "idem-migrations-"));
+    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => f < "000013")) await copyFile(join(MIGRATIONS_DIR, file), join(before, file));
+    const pool = openPool({ ...t.settings, options: `-c search_path=${schema}` }, silentLogger);
+    try {
+      await migrate(pool, silentLogger, before);
+      const record = (principal: string, state: string) =>
+        pool.query(
+          `INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                                    fingerprint, state, generation, acquisition_id, snapshot_digest)
+           VALUES ('acme', $1, gen_random_uuid(), $2, 'payments.create', 1, 1, $3, $4, 1, gen_random_uuid(), $5)`,
+          [randomBytes(32), principal, randomBytes(32), state, ["SUCCEEDED", "FAILED_FINAL", "REJECTED"].includes(state) ? randomBytes(32) : null],
+        );
+      for (const state of ["RESERVED", "EXECUTING", "UNKNOWN", "SUCCEEDED", "REJECTED"]) await record("alice", state);
+      await record("bob", "SUCCEEDED");
+      await record("carol", "EXECUTING");
+
+      expect(await migrate(pool, silentLogger)).toEqual((await loadMigrations()).map((m) => m.version).filter((v) => v >= 13));
+      const counts = async () =>
+        (await pool.query<{ principal: string; active: number }>("SELECT principal, active FROM idem_quota_gate WHERE tenant_id = 'acme' ORDER BY principal")).rows;
+      expect(await counts()).toEqual([
+        { principal: "alice", active: 3 },
+        { principal: "carol", active: 1 },
+      ]);
+      // From then on every change of a record's state moves its principal's count: new, finished, unfinished again, removed.
+      await record("bob", "EXECUTING");
+      await pool.query("UPDATE idem_record SET state = 'SUCCEEDED', snapshot_digest = $1 WHERE principal = 'alice' AND state = 'EXECUTING'", [randomBytes(32)]);
+      await pool.query("UPDATE idem_record SET state = 'RESERVED', snapshot_digest = NULL WHERE principal = 'alice' AND state = 'REJECTED'");
+      await pool.query("DELETE FROM idem_record WHERE principal = 'carol'");
+      expect(await counts()).toEqual([
+        { principal: "alice", active: 3 },
+        { principal: "bob", active: 1 },
+        { principal: "carol", active: 0 },
+      ]);
+    } finally {
+      await pool.end();
+      await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
+      await rm(before, { recursive: true, force: true });
+    }
+  });
+});
+
 describe("connections", () => {
   it("survives the server killing an idle pooled connection, and keeps serving", async () => {
     const applicationName = `idem-kill-${randomBytes(4).toString("hex")}`;

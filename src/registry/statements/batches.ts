@@ -11,9 +11,10 @@ import { finishAssignments } from "./records.js";
  * still decided alone: the statements return each one's row, and the registry
  * applies the same rules to each as for a single request.
  *
- * Locks are taken in one order (scopes, gates and operation ids sorted), so
- * that batches running at once, on any number of coordinators, wait for one
- * another but never deadlock.
+ * Locks are taken in one order (scopes and operation ids sorted; the gates
+ * of the quota counts sorted by the database's triggers), so that batches
+ * running at once, on any number of coordinators, wait for one another but
+ * never deadlock.
  */
 
 /** One new record of a batch. */
@@ -95,32 +96,16 @@ const MADE = `SELECT r.principal, r.operation, r.api_revision, m.m_quota AS quot
   WHERE r.tenant_id = :tenant`;
 
 /**
- * The quota gates (quota.ts holdQuotaGate) of every principal that has a new
- * record in this transaction, locked in one order for the rest of it.
- */
-export const holdQuotaGates = statement<MadeRecords>(
-  "holdQuotaGates",
-  `INSERT INTO idem_quota_gate (tenant_id, principal, operation, api_revision)
-   SELECT DISTINCT :tenant, principal, operation, api_revision FROM (${MADE}) made
-    ORDER BY 2, 3, 4
-   ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET principal = EXCLUDED.principal WHERE false`,
-);
-
-/**
- * For every principal with a new record in this transaction, its unfinished
- * records counted up to one past its quota (quota.ts countActive), in a
- * statement that starts once holdQuotaGates holds the gates; over a quota it
- * fails with IDQ01, and the whole batch rolls back.
+ * For every principal with a new record in this transaction, its count of
+ * unfinished records (quota.ts countActive); over a quota it fails with
+ * IDQ01, and the whole batch rolls back.
  */
 export const countActiveMany = statement<MadeRecords, { principal: string; operation: string; api_revision: number; active: number }>(
   "countActiveMany",
-  `SELECT g.principal, g.operation, g.api_revision,
-          idem_within_quota((SELECT count(*)::int FROM (
-             SELECT 1 FROM idem_record r
-              WHERE r.tenant_id = :tenant AND r.principal = g.principal AND r.operation = g.operation AND r.api_revision = g.api_revision
-                AND r.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-              LIMIT g.quota + 1) capped), g.quota) AS active
-     FROM (SELECT DISTINCT principal, operation, api_revision, quota FROM (${MADE}) made) g`,
+  `SELECT g.principal, g.operation, g.api_revision, idem_within_quota(g.active, made.quota) AS active
+     FROM idem_quota_gate g
+     JOIN (SELECT DISTINCT principal, operation, api_revision, quota FROM (${MADE}) m) made USING (principal, operation, api_revision)
+    WHERE g.tenant_id = :tenant`,
 );
 
 /** Records by operation id. */
