@@ -13,56 +13,46 @@
 -- that statements changing several principals' counts never deadlock.
 ALTER TABLE idem_quota_gate ADD COLUMN active integer NOT NULL DEFAULT 0;
 
-CREATE FUNCTION idem_count_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF EXISTS (SELECT FROM new_records WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')) THEN
-        INSERT INTO idem_quota_gate AS g (tenant_id, principal, operation, api_revision, active)
-        SELECT tenant_id, principal, operation, api_revision, count(*)::int FROM new_records
-         WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-         GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-        ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET active = g.active + EXCLUDED.active;
-    END IF;
-    RETURN NULL;
-END
+-- One change of a principal's count: +1 or -1 per record.
+CREATE TYPE idem_count_change AS (tenant_id text, principal text, operation text, api_revision integer, change integer);
+
+-- Applies changes to the counts, summed per principal, in key order.
+CREATE FUNCTION idem_apply_count_changes(changes idem_count_change[]) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO idem_quota_gate AS g (tenant_id, principal, operation, api_revision, active)
+    SELECT tenant_id, principal, operation, api_revision, sum(change)::int FROM unnest(changes)
+     GROUP BY 1, 2, 3, 4 HAVING sum(change) <> 0 ORDER BY 1, 2, 3, 4
+    ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET active = g.active + EXCLUDED.active;
 $$;
 
-CREATE FUNCTION idem_count_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+-- +1 for each record the statement left unfinished, -1 for each it found
+-- unfinished: an update keeps a record's tenant, principal, operation and
+-- API revision, so the sum per principal is the change of its count.
+CREATE FUNCTION idem_count_unfinished() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    changes idem_count_change[] := '{}';
 BEGIN
-    -- A record keeps its tenant and scope (its key) in every update, and with
-    -- them its principal, operation and API revision.
-    IF EXISTS (SELECT FROM old_records o JOIN new_records n USING (tenant_id, scope)
-                WHERE (o.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')) <> (n.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN'))) THEN
-        INSERT INTO idem_quota_gate AS g (tenant_id, principal, operation, api_revision, active)
-        SELECT n.tenant_id, n.principal, n.operation, n.api_revision,
-               sum(CASE WHEN n.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') THEN 1 ELSE -1 END)::int
-          FROM old_records o JOIN new_records n USING (tenant_id, scope)
-         WHERE (o.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')) <> (n.state IN ('RESERVED', 'EXECUTING', 'UNKNOWN'))
-         GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-        ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET active = g.active + EXCLUDED.active;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        changes := changes || ARRAY(SELECT ROW(tenant_id, principal, operation, api_revision, 1)::idem_count_change
+                                      FROM new_records WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN'));
     END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION idem_count_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF EXISTS (SELECT FROM old_records WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')) THEN
-        INSERT INTO idem_quota_gate AS g (tenant_id, principal, operation, api_revision, active)
-        SELECT tenant_id, principal, operation, api_revision, -count(*)::int FROM old_records
-         WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN')
-         GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-        ON CONFLICT (tenant_id, principal, operation, api_revision) DO UPDATE SET active = g.active + EXCLUDED.active;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        changes := changes || ARRAY(SELECT ROW(tenant_id, principal, operation, api_revision, -1)::idem_count_change
+                                      FROM old_records WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN'));
+    END IF;
+    -- Most updates change no count (a lease renewed, a takeover, a lease ended): no gate is touched then.
+    IF EXISTS (SELECT FROM unnest(changes) GROUP BY tenant_id, principal, operation, api_revision HAVING sum(change) <> 0) THEN
+        PERFORM idem_apply_count_changes(changes);
     END IF;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER idem_record_count_inserted AFTER INSERT ON idem_record
-    REFERENCING NEW TABLE AS new_records FOR EACH STATEMENT EXECUTE FUNCTION idem_count_inserted();
+    REFERENCING NEW TABLE AS new_records FOR EACH STATEMENT EXECUTE FUNCTION idem_count_unfinished();
 CREATE TRIGGER idem_record_count_updated AFTER UPDATE ON idem_record
-    REFERENCING OLD TABLE AS old_records NEW TABLE AS new_records FOR EACH STATEMENT EXECUTE FUNCTION idem_count_updated();
+    REFERENCING OLD TABLE AS old_records NEW TABLE AS new_records FOR EACH STATEMENT EXECUTE FUNCTION idem_count_unfinished();
 CREATE TRIGGER idem_record_count_deleted AFTER DELETE ON idem_record
-    REFERENCING OLD TABLE AS old_records FOR EACH STATEMENT EXECUTE FUNCTION idem_count_deleted();
+    REFERENCING OLD TABLE AS old_records FOR EACH STATEMENT EXECUTE FUNCTION idem_count_unfinished();
 
 -- The triggers write a gate row only when a count changes. The jobs across
 -- tenants (idem_cross_tenant) never make a record unfinished or finished,
