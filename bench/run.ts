@@ -85,6 +85,8 @@ depend on them) and writes JSON.
                           calls in Batch RPCs (default), or one unary RPC each, as a
                           client generated from the proto calls (gRPC only with sdk)
   --in-process            run the coordinator in the benchmark's process
+  --setting NAME=VALUE    a setting of the coordinator under test (README,
+                          "Configuration"), e.g. IDEM_BATCH_IN_FLIGHT=8; repeatable
   --cpu-prof DIR          the coordinator process writes a V8 CPU profile of the
                           whole run into DIR (open it in Chrome DevTools)
   --round-trip-ops N      calls of each RPC counted for round trips (default 200; quick 50)
@@ -117,6 +119,8 @@ interface Options {
   client: ClientKind;
   inProcess: boolean;
   cpuProfileDir?: string;
+  /** Settings of the coordinator under test, as its environment. */
+  settings: Record<string, string>;
   roundTripOps: number;
   out: string;
 }
@@ -138,6 +142,7 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
     connections: 2,
     protocol: "grpc",
     client: "sdk",
+    settings: {},
     inProcess: false,
     roundTripOps: quick ? 50 : 200,
     out: join(ROOT, "bench", "results", "latest.json"),
@@ -236,6 +241,13 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
       case "--in-process":
         options.inProcess = true;
         break;
+      case "--setting": {
+        const setting = value();
+        const match = /^(IDEM_[A-Z0-9_]+)=(.*)$/.exec(setting);
+        if (!match) throw new UsageError(`--setting is NAME=VALUE with an IDEM_ name, got '${setting}'`);
+        options.settings[match[1]!] = match[2]!;
+        break;
+      }
       case "--cpu-prof":
         options.cpuProfileDir = resolve(value());
         break;
@@ -427,7 +439,8 @@ async function coordinator(
     poolMax: ctx.options.poolMax,
     inProcess: ctx.options.inProcess,
     ...(ctx.options.cpuProfileDir ? { cpuProfileDir: ctx.options.cpuProfileDir } : {}),
-    ...(extraEnvironment ? { extraEnvironment } : {}),
+    // The run's own settings (--setting), then the phase's (the round-trip count parks the jobs).
+    extraEnvironment: { ...ctx.options.settings, ...extraEnvironment },
   });
   const clients = openClients({
     baseUrl: server.baseUrl,
