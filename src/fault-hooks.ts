@@ -10,7 +10,7 @@
 export const HOOK_POINTS = [
   /** Reserve accepted a new record and its statement committed; the answer is not sent yet. */
   "registry.reserve.after-commit",
-  /** Complete wrote the terminal state; its transaction has not committed. */
+  /** Complete decided the terminal state under the record's lock; it is written with the COMMIT that follows, not yet. */
   "registry.complete.before-commit",
   /** Complete committed; the answer is not sent yet. */
   "registry.complete.after-commit",

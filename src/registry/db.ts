@@ -4,9 +4,6 @@ import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
 import { pipelined, preparedName } from "./statement.js";
 
-/** A row as the driver returns it. */
-type Row = Record<string, unknown>;
-
 /** Anything that runs one SQL statement: a pool, a client, a client inside a transaction. */
 export interface Queryable {
   query<R extends pg.QueryResultRow = pg.QueryResultRow>(text: string, values?: unknown[]): Promise<pg.QueryResult<R>>;
@@ -42,26 +39,38 @@ export interface Db {
   /**
    * Runs `work` inside one transaction bound to `tenant` (retried as a whole
    * on transient failures). `name` labels it in metrics ("reserve", …).
+   * `work` may end by sending its last statements with `commitWith`, which
+   * sends COMMIT behind them in the same round trip (see CommitWith);
+   * otherwise the transaction commits once `work` returns.
    */
-  transaction<T>(tenant: TenantBinding, work: (q: Queryable) => Promise<T>, name?: string): Promise<T>;
-  /**
-   * Runs statements in one transaction bound to `tenant`, with its COMMIT in
-   * the same round trip: each of `sends` sends one statement (synchronously,
-   * as Statement.run does), all go out at once behind BEGIN and ahead of
-   * COMMIT, and nothing is decided between them and the COMMIT. A statement
-   * that fails aborts the transaction, so that the COMMIT behind it rolls
-   * everything back, and its failure is thrown (the first in the order sent).
-   * Retried as a whole on transient failures, like transaction(). Inside a
-   * caller's own transaction (co-located mode) they run there and commit
-   * with it.
-   */
-  commitTogether(tenant: TenantBinding, sends: ReadonlyArray<(q: Queryable) => Promise<pg.QueryResult<Row>>>, name?: string): Promise<Array<pg.QueryResult<Row>>>;
+  transaction<T>(tenant: TenantBinding, work: (q: Queryable, commitWith: CommitWith) => Promise<T>, name?: string): Promise<T>;
   /**
    * Whether concurrent requests may share one of its transactions (the
    * registry's batches): true for a Db that owns its transactions; never
    * inside a caller's own, which commits one request's business rows.
    */
   readonly coalescible?: boolean;
+}
+
+/** A row as the driver returns it. */
+type Row = Record<string, unknown>;
+
+/** Sends one statement (synchronously, as Statement.run does) and answers its result. */
+export type Send = (q: Queryable) => Promise<pg.QueryResult<Row>>;
+
+/**
+ * Sends the statements of `sends` in order, all at once, with COMMIT behind
+ * them in the same round trip: nothing is decided between them and the
+ * COMMIT. A statement that fails aborts the transaction, so that the COMMIT
+ * behind it rolls everything back, and its failure is thrown (the first in
+ * the order sent). Inside a caller's own transaction (co-located mode) the
+ * statements run there and commit with it.
+ */
+export type CommitWith = (sends: readonly Send[]) => Promise<Array<pg.QueryResult<Row>>>;
+
+/** A transaction of nothing but `sends` and its COMMIT: one round trip (see CommitWith). */
+export function commitTogether(db: Db, tenant: TenantBinding, sends: readonly Send[], name?: string): Promise<Array<pg.QueryResult<Row>>> {
+  return db.transaction(tenant, (_q, commitWith) => commitWith(sends), name);
 }
 
 /** What a Db over a pool reports as it works (metrics). */
@@ -263,18 +272,17 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
     coalescible: true,
     transaction: (tenant, work, name = "other") =>
       bound(tenant, name, async (q) => {
-        const result = await work(q);
-        await q.query("COMMIT");
+        let committed = false;
+        const commitWith: CommitWith = async (sends) => {
+          committed = true;
+          const results = await pipelined<Array<pg.QueryResult<Row>>>([...sends.map((send) => send(q)), q.query("COMMIT")]);
+          // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
+          if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
+          return results.slice(0, -1);
+        };
+        const result = await work(q, commitWith);
+        if (!committed) await q.query("COMMIT");
         return result;
-      }),
-    commitTogether: (tenant, sends, name = "other") =>
-      bound(tenant, name, async (q) => {
-        const sent = sends.map((send) => send(q));
-        const committed = q.query("COMMIT");
-        const results = await pipelined<Array<pg.QueryResult<Row>>>([...sent, committed]);
-        // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
-        if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
-        return results.slice(0, -1);
       }),
   };
 }
@@ -285,17 +293,17 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
  * Each unit of work binds the caller's transaction to its tenant first.
  */
 export function transactionDb(client: Queryable): Db {
-  const transaction: Db["transaction"] = async (tenant, work) => {
-    try {
-      await client.query(BIND_SQL, bindingSettings(tenant));
-      return await work(client);
-    } catch (error) {
-      throw classify(error);
-    }
-  };
+  // The caller commits: the statements run in its transaction.
+  const commitWith: CommitWith = (sends) => pipelined(sends.map((send) => send(client)));
   return {
-    transaction,
-    commitTogether: (tenant, sends) => transaction(tenant, (q) => pipelined(sends.map((send) => send(q)))),
+    async transaction(tenant, work) {
+      try {
+        await client.query(BIND_SQL, bindingSettings(tenant));
+        return await work(client, commitWith);
+      } catch (error) {
+        throw classify(error);
+      }
+    },
   };
 }
 

@@ -7,7 +7,7 @@ import { validateKey } from "../contract/keys.js";
 import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { ALL_TENANTS, bindingFor, sqlState, type Db, type Queryable } from "./db.js";
+import { ALL_TENANTS, bindingFor, commitTogether, sqlState, type Db, type Queryable, type Send } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
@@ -376,7 +376,8 @@ export class Registry {
     try {
       const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId), quotas: batch.map((i) => i.quota) };
       // One round trip with the COMMIT: a principal over its quota fails the count, and the batch rolls back.
-      const [inserted] = await db.commitTogether(
+      const [inserted] = await commitTogether(
+        db,
         tenant,
         [(q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }), (q) => batchStatements.countActiveMany.run(q, made)],
         // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
@@ -546,13 +547,15 @@ export class Registry {
     const alone = () =>
       db.transaction(
         input.ref.tenant,
-        async (q) => {
+        async (q, commitWith) => {
           const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
           const columns = await this.finishColumns(record, attempts, input);
           if (!columns) return this.opened(record);
-          const finished = await changeLocked(q, recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
           await this.hooks.reached("registry.complete.before-commit");
-          return this.opened(finished);
+          // The terminal state goes out with COMMIT: two round trips in all.
+          const finish = lockedChange(recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
+          const [written] = await commitWith([finish.send]);
+          return this.opened(finish.changed(written!));
         },
         "complete",
       );
@@ -591,7 +594,7 @@ export class Registry {
     try {
       decided = await db.transaction(
         tenant,
-        async (q) => {
+        async (q, commitWith) => {
           const operationIds = batch.map((i) => i.input.ref.operationId);
           const [locked, attemptRows] = await pipelined<[{ rows: Record<string, unknown>[] }, { rows: Record<string, unknown>[] }]>([
             batchStatements.lockRecords.run(q, { tenant, operationIds }),
@@ -609,10 +612,12 @@ export class Registry {
           const finishing = plans.flatMap((plan) => (plan.status === "fulfilled" && plan.value.columns ? [{ ...plan.value, columns: plan.value.columns }] : []));
           const finished = new Map<string, StoredRecord>();
           if (finishing.length > 0) {
-            const { rows } = await batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) });
-            for (const row of rows) finished.set(row.operation_id as string, toRecord(row));
-            if (finished.size !== finishing.length) throw new Error(`finishMany changed ${finished.size} of the ${finishing.length} records it had locked`);
             for (let i = 0; i < finishing.length; i++) await this.hooks.reached("registry.complete.before-commit");
+            // The terminal states go out with COMMIT. Under the locks every fenced update matches; were one not to,
+            // the requests are decided again alone (a finished record is then an identical repeat).
+            const [written] = await commitWith([(q) => batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) })]);
+            for (const row of written!.rows) finished.set(row.operation_id as string, toRecord(row));
+            if (finished.size !== finishing.length) throw new Error(`finishMany changed ${finished.size} of the ${finishing.length} records it had locked`);
           }
           return plans.map((plan): PromiseSettledResult<StoredRecord> => {
             if (plan.status === "rejected") return plan;
@@ -1019,7 +1024,7 @@ async function countActiveUnderGate(
 
 /**
  * The guarded insert with the quota count behind it, and COMMIT behind
- * them, in one round trip (Db.commitTogether): returns the new record
+ * them, in one round trip (commitTogether): returns the new record
  * or the existing one (or nothing: see insertOrFind). Over the quota the
  * count fails with IDQ01 and nothing is committed (withQuota refuses).
  */
@@ -1031,7 +1036,8 @@ async function insertOrFindCommitted(
   quota: number,
 ): Promise<{ record: StoredRecord; inserted: boolean } | undefined> {
   const subject = { tenant, principal: record.principal, operation: record.operation, apiRevision: record.apiRevision, scope: record.scope, acquisitionId: record.acquisitionId };
-  const [inserted] = await db.commitTogether(
+  const [inserted] = await commitTogether(
+    db,
     tenant,
     [(q) => recordStatements.insertOrFind.run(q, { ...record, tenant, caller }), (q) => quotaStatements.countActive.run(q, { ...subject, quota })],
     "reserve",
@@ -1091,18 +1097,34 @@ async function changeLocked<Values extends object>(
   facts: ChangeFacts,
   values: Values,
 ): Promise<StoredRecord> {
-  const { rows } = await statement.run(q, {
-    ...values,
-    tenant: record.tenant,
-    operationId: record.operationId,
-    generation: record.generation,
-    caller: facts.caller,
-    eventDetail: JSON.stringify(facts.detail ?? {}),
-  });
-  if (rows.length !== 1) {
-    throw new Error(`${statement.name} of ${record.operationId} at generation ${record.generation} changed ${rows.length} rows`);
-  }
-  return toRecord(rows[0]!);
+  const change = lockedChange(statement, record, facts, values);
+  return change.changed(await change.send(q));
+}
+
+/** changeLocked in two steps: the statement to send (alone, or with COMMIT), and the changed record from its result. */
+function lockedChange<Values extends object>(
+  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values>,
+  record: StoredRecord,
+  facts: ChangeFacts,
+  values: Values,
+): { send: Send; changed: (result: { rows: Record<string, unknown>[] }) => StoredRecord } {
+  return {
+    send: (q) =>
+      statement.run(q, {
+        ...values,
+        tenant: record.tenant,
+        operationId: record.operationId,
+        generation: record.generation,
+        caller: facts.caller,
+        eventDetail: JSON.stringify(facts.detail ?? {}),
+      }),
+    changed({ rows }) {
+      if (rows.length !== 1) {
+        throw new Error(`${statement.name} of ${record.operationId} at generation ${record.generation} changed ${rows.length} rows`);
+      }
+      return toRecord(rows[0]!);
+    },
+  };
 }
 
 /** An event about a record that changes nothing (a conflict, a record seen going UNKNOWN before its recovery claim). */

@@ -47,15 +47,16 @@ function failing(db: Db, code: string, times: number, syscall?: string): { db: D
       query: (text, values) => (fails ? Promise.reject(Object.assign(new Error(`injected ${code}`), { code, ...(syscall ? { syscall } : {}) })) : q.query(text, values)),
     };
   };
-  const runs = new WeakMap<Queryable, Queryable>();
-  const runOf = (q: Queryable) => runs.get(q) ?? runs.set(q, faulty(q)).get(q)!;
   return {
     db: {
-      transaction: (tenant, work, name) => db.transaction(tenant, (q) => work(faulty(q)), name),
-      commitTogether: (tenant, sends, name) =>
-        db.commitTogether(
+      // Every statement of a run fails, those sent with its COMMIT too.
+      transaction: (tenant, work, name) =>
+        db.transaction(
           tenant,
-          sends.map((send) => (q: Queryable) => send(runOf(q))),
+          (q, commitWith) => {
+            const run = faulty(q);
+            return work(run, (sends) => commitWith(sends.map((send) => () => send(run))));
+          },
           name,
         ),
     },
@@ -153,7 +154,7 @@ describe("connections killed inside a transaction", () => {
     try {
       const { client, call, reserve } = rpc(server);
       const { operationId } = await reserve();
-      // Complete pauses with its terminal state written and not committed; its backend is killed meanwhile.
+      // Complete pauses inside its transaction, its terminal state decided and not yet sent with COMMIT; its backend is killed meanwhile.
       const paused = failpoints.arm("registry.complete.before-commit", { kind: "pause", ms: 1500 }, { once: true });
       const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new Uint8Array([7]) } }, call);
       await paused;

@@ -148,15 +148,13 @@ describe("connections", () => {
     let killed = false;
     const killing: Db = {
       transaction: (tenant, work) =>
-        base.transaction(tenant, async (q) => {
+        base.transaction(tenant, async (q, commitWith) => {
           if (!killed) {
             killed = true;
             await q.query("SELECT pg_terminate_backend(pg_backend_pid())");
           }
-          return work(q);
+          return work(q, commitWith);
         }),
-      // Claim runs no statements together with its COMMIT.
-      commitTogether: () => Promise.reject(new Error("not used by Claim")),
     };
     const claimed = await registry.claim(killing, { ref, mode: "OWNER", generation: 1, writerEpoch: 0 }, gateway);
     expect(claimed.record.state).toBe("EXECUTING");

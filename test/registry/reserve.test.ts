@@ -303,14 +303,14 @@ describe("round trips per call", () => {
     return { db: poolDb(watched, silentLogger, options), writes: () => writes, named: () => named };
   }
 
-  it("sends the messages of one round trip in one socket write: one write for a new scope's Reserve, three for a Complete", async () => {
+  it("sends the messages of one round trip in one socket write: one write for a new scope's Reserve, two for a Complete", async () => {
     const c = countingWrites();
     const accepted = await registry.reserve(c.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
     expect(accepted.decision).toBe("ACCEPTED");
     expect(c.writes()).toBe(1);
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
-    expect(c.writes()).toBe(4);
+    expect(c.writes()).toBe(3);
   });
 
   it("prepares the statements layer's statements once per connection by name, and sends none by name when told not to (poolers in transaction mode)", async () => {
@@ -332,12 +332,12 @@ describe("round trips per call", () => {
     expect(none.rows).toEqual([]);
   });
 
-  it("takes three round trips (five messages) for a Complete: the lock and the attempts travel with BEGIN", async () => {
+  it("takes two round trips (five messages) for a Complete: the lock and the attempts travel with BEGIN, the terminal state with COMMIT", async () => {
     const accepted = await registry.reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
     const c = counting();
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
     expect(done.state).toBe("SUCCEEDED");
-    expect(c.counts()).toEqual({ roundTrips: 3, messages: 5 });
+    expect(c.counts()).toEqual({ roundTrips: 2, messages: 5 });
   });
 });
