@@ -59,8 +59,8 @@ const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
  * Every unit of work is a transaction bound to its tenant as
  * src/registry/db.ts does it, and grouped into round trips as the registry
  * sends it: Reserve is one pipeline (BEGIN, the binding, the insert-or-find,
- * the quota count and COMMIT); Complete is BEGIN, the binding, the locking
- * read and the attempts in one pipeline, then the fenced update, then COMMIT. pgbench cannot read a result inside a pipeline (`\gset`), so
+ * the quota count and COMMIT); Complete is two (BEGIN, the binding, the
+ * locking read and the attempts; then the fenced update and COMMIT). pgbench cannot read a result inside a pipeline (`\gset`), so
  * Complete names the operation by the same expression of the seed, and the
  * generation a new record starts at.
  */
@@ -132,8 +132,10 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     `${bind(STATEMENTS.lock, ref)};`,
     `${bind(STATEMENTS.attempts, ref)};`,
     "\\endpipeline",
+    "\\startpipeline",
     `${finish};`,
     "COMMIT;",
+    "\\endpipeline",
     "",
   ].join("\n");
   const sealedBody = new Uint8Array(v.snapshot.body.byteLength + SEAL_OVERHEAD).map(() => Math.floor(Math.random() * 256));
