@@ -250,40 +250,34 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
   }
 
   const onLost = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
-  /** Runs `body` on a connection in a transaction bound to `tenant`, retried as a whole on transient failures. */
-  const bound = <T>(tenant: TenantBinding, name: string, body: (q: Queryable, began: number) => Promise<T>): Promise<T> =>
-    withRetries(() =>
-      onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
-        const began = performance.now();
-        const q = registryConnection(client, preparedStatements);
-        // Not awaited: the work's first statement follows it on the wire, one
-        // round trip for both. Should BEGIN itself fail, that statement ran
-        // unbound, where row-level security shows and admits no row, and the
-        // failure is thrown below before anything is committed.
-        const begun = q.query(beginBound(tenant));
-        begun.catch(() => undefined);
-        const result = await body(q, began);
-        await begun;
-        observer.committed?.(name, (performance.now() - began) / 1000);
-        return result;
-      }),
-    );
   return {
     coalescible: true,
     transaction: (tenant, work, name = "other") =>
-      bound(tenant, name, async (q) => {
-        let committed = false;
-        const commitWith: CommitWith = async (sends) => {
-          committed = true;
-          const results = await pipelined<Array<pg.QueryResult<Row>>>([...sends.map((send) => send(q)), q.query("COMMIT")]);
-          // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
-          if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
-          return results.slice(0, -1);
-        };
-        const result = await work(q, commitWith);
-        if (!committed) await q.query("COMMIT");
-        return result;
-      }),
+      withRetries(() =>
+        onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
+          const began = performance.now();
+          const q = registryConnection(client, preparedStatements);
+          // Not awaited: the work's first statement follows it on the wire, one
+          // round trip for both. Should BEGIN itself fail, that statement ran
+          // unbound, where row-level security shows and admits no row, and the
+          // failure is thrown below before anything is committed.
+          const begun = q.query(beginBound(tenant));
+          begun.catch(() => undefined);
+          let committed = false;
+          const commitWith: CommitWith = async (sends) => {
+            committed = true;
+            const results = await pipelined<Array<pg.QueryResult<Row>>>([...sends.map((send) => send(q)), q.query("COMMIT")]);
+            // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
+            if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
+            return results.slice(0, -1);
+          };
+          const result = await work(q, commitWith);
+          await begun;
+          if (!committed) await q.query("COMMIT");
+          observer.committed?.(name, (performance.now() - began) / 1000);
+          return result;
+        }),
+      ),
   };
 }
 
