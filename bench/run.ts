@@ -87,8 +87,9 @@ depend on them) and writes JSON.
   --in-process            run the coordinator in the benchmark's process
   --setting NAME=VALUE    a setting of the coordinator under test (README,
                           "Configuration"), e.g. IDEM_BATCH_IN_FLIGHT=8; repeatable
-  --cpu-prof DIR          the coordinator process writes a V8 CPU profile of the
-                          whole run into DIR (open it in Chrome DevTools)
+  --cpu-prof DIR          the coordinator process (and the service level's Express
+                          service) writes a V8 CPU profile of the whole run into
+                          DIR (open it in Chrome DevTools)
   --round-trip-ops N      calls of each RPC counted for round trips (default 200; quick 50)
   --out FILE              JSON output (default bench/results/latest.json)
   --render FILE           print a saved JSON result again (add --markdown for Markdown)
@@ -679,6 +680,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     operation: OPERATION,
     apiRevision: ctx.values.apiRevision,
     poolMax: workers,
+    ...(options.cpuProfileDir ? { cpuProfileDir: options.cpuProfileDir } : {}),
   });
   cleanups.push({ name: "the Express service", run: () => service.stop() });
   progress(`${tag}Express service on ${service.baseUrl} (separate process, pid ${service.pid}, ${workers} database connections), ${workers} HTTP clients, one user each`);

@@ -43,6 +43,8 @@ export interface ServiceOptions {
   operation: string;
   apiRevision: number;
   poolMax: number;
+  /** Where the service process writes a V8 CPU profile when it exits. */
+  cpuProfileDir?: string;
 }
 
 /** Starts the Express service in a process of its own and waits until it answers. */
@@ -59,13 +61,17 @@ export async function startService(options: ServiceOptions): Promise<BenchServic
     BENCH_COORDINATOR_TOKEN: options.token,
   };
   const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/.test(name))) as Record<string, string>;
-  const child = spawn(process.execPath, ["--import", "tsx", "bench/express-service.ts"], {
-    cwd: ROOT,
-    env: { ...inherited, ...environment },
-    stdio: ["ignore", "pipe", "pipe"],
-    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
-    detached: true,
-  });
+  const child = spawn(
+    process.execPath,
+    [...(options.cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${options.cpuProfileDir}`] : []), "--import", "tsx", "bench/express-service.ts"],
+    {
+      cwd: ROOT,
+      env: { ...inherited, ...environment },
+      stdio: ["ignore", "pipe", "pipe"],
+      // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
+      detached: true,
+    },
+  );
   let output = "";
   const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-8000));
   child.stdout.on("data", keep);

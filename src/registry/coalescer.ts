@@ -3,11 +3,13 @@
  * share one transaction and one COMMIT (group commit) instead of paying one
  * each. Requests queue per lane (the registry keys a lane by database, tenant
  * and caller: what one transaction can be bound to). A lane runs at most
- * `maxInFlight` units of work at a time; a request that finds a free slot
- * goes at once, alone, so that a lone request waits for nothing. Requests
- * that arrive while every slot is busy wait, and the next free slot takes
- * them all (up to `maxBatch`) as one batch: the busier the lane, the larger
- * its batches.
+ * `maxInFlight` units of work at a time. What arrives in one turn of the
+ * event loop (every call of one Batch RPC, every RPC whose frames came in
+ * one read) goes out at the end of that turn, shared out over the free
+ * slots, so that a lone request waits for nothing but the turn it arrived
+ * in. Requests that arrive while every slot is busy wait, and the next free
+ * slot takes them all (up to `maxBatch`) as one batch: the busier the lane,
+ * the larger its batches.
  */
 export interface CoalescerOptions<Item, Answer> {
   /** Most requests in one batch. */
@@ -33,6 +35,8 @@ interface Waiting<Item, Answer> {
 interface Lane<Item, Answer> {
   queue: Array<Waiting<Item, Answer>>;
   inFlight: number;
+  /** A dispatch is due at the end of this turn of the event loop. */
+  due: boolean;
 }
 
 export class Coalescer<Item, Answer> {
@@ -46,24 +50,36 @@ export class Coalescer<Item, Answer> {
   submit(lane: string, item: Item): Promise<Answer> {
     let waiting = this.lanes.get(lane);
     if (!waiting) {
-      waiting = { queue: [], inFlight: 0 };
+      waiting = { queue: [], inFlight: 0, due: false };
       this.lanes.set(lane, waiting);
     }
     const entered = waiting;
     return new Promise<Answer>((resolve, reject) => {
       entered.queue.push({ item, resolve, reject });
-      this.dispatch(lane, entered);
+      if (entered.due) return;
+      entered.due = true;
+      // Not at once: the requests of this turn reach the queue one microtask
+      // apart, and the first ones would each take a slot alone.
+      setImmediate(() => {
+        entered.due = false;
+        this.dispatch(lane, entered);
+      });
     });
   }
 
   private dispatch(name: string, lane: Lane<Item, Answer>): void {
+    // What waits is shared out over the free slots: batches of equal size
+    // run on as many connections at once, which the database works on in
+    // parallel, where one batch of all would be one backend's work alone.
+    const free = this.options.maxInFlight - lane.inFlight;
+    const size = Math.min(this.options.maxBatch, Math.ceil(lane.queue.length / Math.max(1, free)));
     while (lane.inFlight < this.options.maxInFlight && lane.queue.length > 0) {
-      const batch = lane.queue.splice(0, this.options.maxBatch);
+      const batch = lane.queue.splice(0, size);
       lane.inFlight++;
       void this.run(batch).finally(() => {
         lane.inFlight--;
         if (lane.queue.length > 0) this.dispatch(name, lane);
-        else if (lane.inFlight === 0) this.lanes.delete(name);
+        else if (lane.inFlight === 0 && !lane.due) this.lanes.delete(name);
       });
     }
   }
