@@ -35,32 +35,15 @@ export function preparedName(text: string): string | undefined {
   return preparedNames.get(text);
 }
 
-/** How a statement is run. */
-export interface StatementOptions {
-  /**
-   * Whether it may be prepared under a name (default true). A statement
-   * whose values are a batch's arrays is not: after five runs PostgreSQL
-   * may keep one generic plan for every array, estimated for none of them
-   * (measured: Reserve+Complete at 64 in flight fell to a tenth, each batch
-   * waiting on a plan that scanned), where an unnamed statement is planned
-   * for the arrays it carries.
-   */
-  prepare?: boolean;
-}
-
 /** Defines a statement from text with named parameters (see Statement). */
-export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(
-  name: string,
-  namedText: string,
-  options: StatementOptions = {},
-): Statement<Values, Row> {
+export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(name: string, namedText: string): Statement<Values, Row> {
   const parameters: string[] = [];
   const text = namedText.replace(NAMED, (_, parameter: string) => {
     let position = parameters.indexOf(parameter);
     if (position < 0) position = parameters.push(parameter) - 1;
     return `$${position + 1}`;
   });
-  if (options.prepare !== false) preparedNames.set(text, `idem_${createHash("sha256").update(text).digest("hex").slice(0, 20)}`);
+  preparedNames.set(text, `idem_${createHash("sha256").update(text).digest("hex").slice(0, 20)}`);
   return {
     name,
     text,

@@ -17,9 +17,6 @@ import { finishAssignments } from "./records.js";
  * never deadlock.
  */
 
-/** Planned for the arrays each batch carries, never prepared under a name (statement.ts, StatementOptions). */
-const BATCH = { prepare: false };
-
 /** One new record of a batch. */
 export interface NewRecord {
   scope: Buffer;
@@ -79,7 +76,6 @@ export const insertOrFindMany = statement<NewRecords>(
    SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
    UNION ALL
    SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = ANY(:scopes::bytea[])`,
-  BATCH,
 );
 
 /**
@@ -110,7 +106,6 @@ export const countActiveMany = statement<MadeRecords, { principal: string; opera
      FROM idem_quota_gate g
      JOIN (SELECT DISTINCT principal, operation, api_revision, quota FROM (${MADE}) m) made USING (principal, operation, api_revision)
     WHERE g.tenant_id = :tenant`,
-  BATCH,
 );
 
 /** Records by operation id. */
@@ -125,7 +120,6 @@ export const lockRecords = statement<IdRefs>(
   `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
     WHERE tenant_id = :tenant AND operation_id = ANY(:operationIds::uuid[])
     ORDER BY operation_id FOR UPDATE`,
-  BATCH,
 );
 
 /** The attempts of a batch's records (attempts.ts loadAttempts), read once their locks are held. */
@@ -134,7 +128,6 @@ export const loadAttemptsMany = statement<IdRefs>(
   `SELECT operation_id, ${ATTEMPT_COLUMNS} FROM idem_effect_attempt
     WHERE tenant_id = :tenant AND operation_id = ANY(:operationIds::uuid[])
     ORDER BY operation_id, attempt_number`,
-  BATCH,
 );
 
 /** One element per record to finish. */
@@ -187,5 +180,4 @@ export const finishMany = statement<Finishes>(
       RETURNING ${RECORD_COLUMNS}, f_event_detail
    ), ${logChanges("updated", "'COMPLETED'", "f_event_detail::jsonb")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
-  BATCH,
 );
