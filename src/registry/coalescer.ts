@@ -63,6 +63,8 @@ export class Coalescer<Item, Answer> {
       setImmediate(() => {
         entered.due = false;
         this.dispatch(lane, entered);
+        // A slot freed meanwhile may have taken the queue already, and found the dispatch due.
+        if (entered.inFlight === 0 && entered.queue.length === 0) this.lanes.delete(lane);
       });
     });
   }

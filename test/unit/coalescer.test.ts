@@ -84,6 +84,26 @@ describe("Coalescer", () => {
     expect(await Promise.all(answers)).toEqual(["batch 1", "refused -2", "batch 3"]);
   });
 
+  it("forgets a lane once its work is done, even when a freed slot took the queue before the turn's dispatch", async () => {
+    let releaseFirst!: () => void;
+    const coalescer = new Coalescer<number, number>({
+      maxBatch: 8,
+      maxInFlight: 1,
+      // The first request waits to be released; any later one is answered at once.
+      runAlone: (item) => (item === 0 ? new Promise<number>((resolve) => (releaseFirst = () => resolve(0))) : Promise.resolve(item)),
+      runBatch: (items) => Promise.resolve(items.map((value) => ({ status: "fulfilled" as const, value }))),
+    });
+    const lanes = (coalescer as unknown as { lanes: Map<string, unknown> }).lanes;
+    const first = coalescer.submit("lane", 0);
+    await turn();
+    // Queued with its dispatch due at the end of this turn; the slot frees first and takes it.
+    const second = coalescer.submit("lane", 1);
+    releaseFirst();
+    expect(await Promise.all([first, second])).toEqual([0, 1]);
+    await turn();
+    expect(lanes.size).toBe(0);
+  });
+
   it("keeps lanes apart: requests of two lanes never share a unit of work", async () => {
     const { coalescer, units, releaseAll } = recording(1);
     const answers = [coalescer.submit("a", 1), coalescer.submit("b", 2), coalescer.submit("a", 3), coalescer.submit("b", 4)];
