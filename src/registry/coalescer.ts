@@ -64,7 +64,7 @@ export class Coalescer<Item, Answer> {
         entered.due = false;
         this.dispatch(lane, entered);
         // A slot freed meanwhile may have taken the queue already, and found the dispatch due.
-        if (entered.inFlight === 0 && entered.queue.length === 0) this.lanes.delete(lane);
+        this.forgetIfIdle(lane, entered);
       });
     });
   }
@@ -81,9 +81,14 @@ export class Coalescer<Item, Answer> {
       void this.run(batch).finally(() => {
         lane.inFlight--;
         if (lane.queue.length > 0) this.dispatch(name, lane);
-        else if (lane.inFlight === 0 && !lane.due) this.lanes.delete(name);
+        else this.forgetIfIdle(name, lane);
       });
     }
+  }
+
+  /** Drops a lane with nothing queued, running or due, so that lanes do not outlive their traffic. */
+  private forgetIfIdle(name: string, lane: Lane<Item, Answer>): void {
+    if (lane.inFlight === 0 && lane.queue.length === 0 && !lane.due) this.lanes.delete(name);
   }
 
   private async run(batch: Array<Waiting<Item, Answer>>): Promise<void> {
