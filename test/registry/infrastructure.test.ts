@@ -15,6 +15,27 @@ const t = useTestDatabase();
 const registry = testRegistry();
 const gateway = actor();
 
+/**
+ * Runs `check` on a schema of its own migrated up to (not including)
+ * `version`, so that a test can store what older releases stored before
+ * applying the rest; the schema and the copied migrations go afterwards.
+ */
+async function withMigrationsBefore(version: string, check: (pool: ReturnType<typeof openPool>) => Promise<void>): Promise<void> {
+  const schema = `m_${randomBytes(5).toString("hex")}`;
+  await t.pool.query(`CREATE SCHEMA ${schema}`);
+  const before = await mkdtemp(join(tmpdir(), "idem-migrations-"));
+  for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => f < version)) await copyFile(join(MIGRATIONS_DIR, file), join(before, file));
+  const pool = openPool({ ...t.settings, options: `-c search_path=${schema}` }, silentLogger);
+  try {
+    await migrate(pool, silentLogger, before);
+    await check(pool);
+  } finally {
+    await pool.end();
+    await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
+    await rm(before, { recursive: true, force: true });
+  }
+}
+
 describe("migrations", () => {
   it("apply each version exactly once when several replicas boot at the same time, and then do nothing", async () => {
     const schema = `m_${randomBytes(5).toString("hex")}`;
@@ -39,13 +60,7 @@ describe("migrations", () => {
 
 describe("migration 8 (every attempt counts)", () => {
   it("marks records whose earlier attempt may have had an effect, and sends one released in that state to recovery", async () => {
-    const schema = `m_${randomBytes(5).toString("hex")}`;
-    await t.pool.query(`CREATE SCHEMA ${schema}`);
-    const before = await mkdtemp(join(tmpdir(), "idem-migrations-"));
-    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => f < "000008")) await copyFile(join(MIGRATIONS_DIR, file), join(before, file));
-    const pool = openPool({ ...t.settings, options: `-c search_path=${schema}` }, silentLogger);
-    try {
-      await migrate(pool, silentLogger, before);
+    await withMigrationsBefore("000008", async (pool) => {
       // Stored under the old rule: attempt 1 CONFIRMED, attempt 2 NO_EFFECT, flag cleared; one of them released.
       const legacy = async (operationId: string, state: string, lease: string | null) => {
         await pool.query(
@@ -73,23 +88,13 @@ describe("migration 8 (every attempt counts)", () => {
       ]);
       const events = await pool.query("SELECT operation_id, kind, state FROM idem_event");
       expect(events.rows).toEqual([{ operation_id: released, kind: "UNKNOWN", state: "UNKNOWN" }]);
-    } finally {
-      await pool.end();
-      await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
-      await rm(before, { recursive: true, force: true });
-    }
+    });
   });
 });
 
 describe("migration 13 (quota counts kept by the database)", () => {
   it("counts the unfinished records already there, per principal, and keeps counting from then on", async () => {
-    const schema = `m_${randomBytes(5).toString("hex")}`;
-    await t.pool.query(`CREATE SCHEMA ${schema}`);
-    const before = await mkdtemp(join(tmpdir(), "idem-migrations-"));
-    for (const file of (await readdir(MIGRATIONS_DIR)).filter((f) => f < "000013")) await copyFile(join(MIGRATIONS_DIR, file), join(before, file));
-    const pool = openPool({ ...t.settings, options: `-c search_path=${schema}` }, silentLogger);
-    try {
-      await migrate(pool, silentLogger, before);
+    await withMigrationsBefore("000013", async (pool) => {
       const record = (principal: string, state: string) =>
         pool.query(
           `INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
@@ -118,11 +123,7 @@ describe("migration 13 (quota counts kept by the database)", () => {
         { principal: "bob", active: 1 },
         { principal: "carol", active: 0 },
       ]);
-    } finally {
-      await pool.end();
-      await t.pool.query(`DROP SCHEMA ${schema} CASCADE`);
-      await rm(before, { recursive: true, force: true });
-    }
+    });
   });
 });
 
