@@ -60,9 +60,10 @@ const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
  * src/registry/db.ts does it, and grouped into round trips as the registry
  * sends it: Reserve is one pipeline (BEGIN, the binding, the insert-or-find,
  * the quota count and COMMIT); Complete is two (BEGIN, the binding, the
- * locking read and the attempts; then the fenced update and COMMIT). pgbench cannot read a result inside a pipeline (`\gset`), so
- * Complete names the operation by the same expression of the seed, and the
- * generation a new record starts at.
+ * locking read and the attempts; then the fenced update and COMMIT).
+ * pgbench cannot read a result inside a pipeline (`\gset`), so Complete
+ * names the operation by the same expression of the seed, and the generation
+ * a new record starts at.
  */
 export function pgbenchScript(v: OperationValues): { script: string; variables: Record<string, string> } {
   const seed = ":seed::text";
