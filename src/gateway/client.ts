@@ -188,8 +188,14 @@ export class CoordinatorClient {
     }
   }
 
-  /** Decides what to do with a request (the acceptance point). */
+  /**
+   * Decides what to do with a request (the acceptance point). With
+   * `waitForOwnerMs`, a duplicate of a request still running waits for it on
+   * the coordinator (sent as its own RPC, never holding a batch, with that
+   * much added to its deadline).
+   */
   async reserve(input: ReserveInput, call?: CallOptions): Promise<ReserveResult> {
+    const waitMs = input.waitForOwnerMs && input.waitForOwnerMs > 0 ? input.waitForOwnerMs : 0;
     const request = create(ReserveRequestSchema, {
       subject: input.subject,
       operation: input.operation,
@@ -209,8 +215,11 @@ export class CoordinatorClient {
       claim: input.claim ?? false,
       lease: leaseOf(input.leaseMs),
       writerEpoch: BigInt(input.writerEpoch ?? 0),
+      ...(waitMs > 0 ? { waitForOwner: durationFromMs(waitMs) } : {}),
     });
-    const res = await this.call("reserve", request, call);
+    const res = await (waitMs > 0
+      ? this.call("reserve", request, { ...call, timeoutMs: (call?.timeoutMs ?? this.timeoutMs) + waitMs }, { alone: true })
+      : this.call("reserve", request, call));
     return {
       decision: fromDecision(res.decision),
       operationId: res.operationId,
@@ -343,12 +352,12 @@ export class CoordinatorClient {
     return this.clients[this.next++ % this.clients.length]!;
   }
 
-  /** One call of the request path: in a batch with concurrent ones, or as its own RPC. */
-  private call<K extends CallKind>(kind: K, request: RequestOf<K>, call: CallOptions | undefined): Promise<ResponseOf<K>> {
+  /** One call of the request path: in a batch with concurrent ones, or as its own RPC (always, with `alone`). */
+  private call<K extends CallKind>(kind: K, request: RequestOf<K>, call: CallOptions | undefined, how?: { alone: true }): Promise<ResponseOf<K>> {
     // The client's method of each RPC is named as the case of BatchCall that carries its request.
     const alone = (options: AttemptOptions) => (this.pick()[kind] as unknown as UnaryMethod)(request, { ...options, headers: this.headers });
     const batched = { case: kind, value: request } as BatchCall["call"];
-    const attempt = (options: AttemptOptions) => (this.batcher ? this.batcher.call(batched, options, alone) : alone(options)) as Promise<ResponseOf<K>>;
+    const attempt = (options: AttemptOptions) => (this.batcher && !how?.alone ? this.batcher.call(batched, options, alone) : alone(options)) as Promise<ResponseOf<K>>;
     return this.retrying(CoordinatorService.method[kind].name, call, attempt);
   }
 

@@ -34,6 +34,13 @@ export interface GatewayOptions {
   forwardHeaders?: readonly string[];
   /** Largest request body read, in bytes (default 1 MiB); larger ones get 413. */
   maxBodyBytes?: number;
+  /**
+   * A request whose key's first request is still running waits up to this
+   * long for it on the coordinator and is answered with its response (or
+   * runs, if the first let go), instead of 409 and a retry (default 2000 ms;
+   * 0 answers 409 at once; at most 30 s).
+   */
+  waitForOwnerMs?: number;
   /** Whether an effect's error means "definitely nothing happened" (default: `DefiniteFailure`). */
   isDefinite?: (error: unknown) => boolean;
   logger?: GatewayLogger;
@@ -51,6 +58,8 @@ export interface IdempotentRoute {
   leaseMs?: number;
   /** Overrides the gateway's `statusUrl` for this route. */
   statusUrl?: (operationId: string) => string;
+  /** Overrides the gateway's `waitForOwnerMs` for this route (a handler known to run long may say 0). */
+  waitForOwnerMs?: number;
   /**
    * A request without Idempotency-Key: `reject` (400, the default) or `run`
    * (unguarded, e.g. while clients adopt keys during a shadow rollout).
@@ -96,6 +105,7 @@ export class IdempotencyGateway {
   readonly logger: GatewayLogger;
   readonly maxBodyBytes: number;
   private readonly writerEpoch: number;
+  private readonly waitForOwnerMs: number;
   private readonly statusUrl: (operationId: string) => string;
   private readonly problemBase: string;
   private readonly forwardHeaders: ReadonlySet<string> | undefined;
@@ -107,6 +117,7 @@ export class IdempotencyGateway {
     this.colocated = options.colocated;
     this.logger = options.logger ?? silentLogger;
     this.maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
+    this.waitForOwnerMs = options.waitForOwnerMs ?? 2000;
     this.writerEpoch = options.writerEpoch ?? 0;
     this.statusUrl = options.statusUrl ?? ((id) => `/operations/${encodeURIComponent(id)}`);
     this.problemBase = options.problemTypeBase ?? DEFAULT_PROBLEM_BASE;
@@ -153,7 +164,7 @@ export class IdempotencyGateway {
 
     let reserved: ReserveResult;
     try {
-      reserved = await this.client.reserve({
+      const reserve = {
         subject,
         operation: route.operation,
         apiRevision: route.apiRevision,
@@ -169,7 +180,14 @@ export class IdempotencyGateway {
         claim: true,
         ...(route.leaseMs !== undefined ? { leaseMs: route.leaseMs } : {}),
         writerEpoch: this.writerEpoch,
-      });
+      };
+      reserved = await this.client.reserve(reserve);
+      // A duplicate of a request still running: asked again, waiting for its
+      // owner (its own RPC), so that only duplicates pay for the wait.
+      const waitForOwnerMs = route.waitForOwnerMs ?? this.waitForOwnerMs;
+      if (reserved.decision === "IN_PROGRESS" && reserved.enforced && waitForOwnerMs > 0) {
+        reserved = await this.client.reserve({ ...reserve, waitForOwnerMs });
+      }
     } catch (error) {
       return { run: false, response: this.refusal(toCoordinatorError(error), route) };
     }

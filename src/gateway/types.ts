@@ -84,6 +84,12 @@ export interface ReserveInput {
   /** Requested lease; the policy's default when unset. */
   leaseMs?: number;
   writerEpoch?: number;
+  /**
+   * When the record's owner is still running: wait up to this long (at most
+   * 30 s) for it to finish and answer its REPLAY (or ACCEPTED, when it let
+   * go). Unset or 0: IN_PROGRESS at once.
+   */
+  waitForOwnerMs?: number;
 }
 
 export interface ClaimInput {

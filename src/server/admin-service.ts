@@ -25,7 +25,7 @@ import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent } from "../registry/types.js";
 import { requireAllTenants, requireRole, type Caller } from "./callers.js";
-import { fromProtoLease, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
+import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 import { callerOf } from "./interceptors.js";
 import { policyFromProto, publishedToProto } from "./policy-convert.js";
@@ -133,7 +133,7 @@ export function adminService({ db, registry, store, policies, policyRefreshMs }:
       const views = await registry.listRecords(db, {
         ...scope,
         states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
-        olderThanMs: fromProtoLease(req.olderThan, "older_than"),
+        olderThanMs: fromProtoDuration(req.olderThan, "older_than"),
         pageSize,
         after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
       });

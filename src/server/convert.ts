@@ -91,12 +91,12 @@ export function fromUint64(value: bigint, field: string): number {
   return Number(value);
 }
 
-/** A requested lease; unset means the policy's default. */
-export function fromProtoLease(lease: Duration | undefined, field = "lease"): number | undefined {
-  if (!lease) return undefined;
-  if (lease.seconds < 0n || lease.nanos < 0) refuse("INVALID_REQUEST", `${field} must not be negative`);
-  if (lease.seconds > 86_400n * 365n) refuse("INVALID_REQUEST", `${field} is out of range`);
-  return Number(lease.seconds) * 1000 + Math.floor(lease.nanos / 1e6);
+/** A requested duration in milliseconds (a lease, a wait, an age); unset stays unset (the lease: the policy's default). */
+export function fromProtoDuration(duration: Duration | undefined, field = "lease"): number | undefined {
+  if (!duration) return undefined;
+  if (duration.seconds < 0n || duration.nanos < 0) refuse("INVALID_REQUEST", `${field} must not be negative`);
+  if (duration.seconds > 86_400n * 365n) refuse("INVALID_REQUEST", `${field} is out of range`);
+  return Number(duration.seconds) * 1000 + Math.floor(duration.nanos / 1e6);
 }
 
 export function toProtoDuration(ms: number): Duration {

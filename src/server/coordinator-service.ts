@@ -28,7 +28,7 @@ import { requireRole } from "./callers.js";
 import {
   fromProtoClaimMode,
   fromProtoEffectStatus,
-  fromProtoLease,
+  fromProtoDuration,
   fromProtoOutcome,
   fromProtoRef,
   fromProtoSnapshot,
@@ -45,6 +45,7 @@ import {
 import { errorMappingOf, statusOf } from "./errors.js";
 import { callerOf, refuseUnknownFields } from "./interceptors.js";
 import type { Metrics } from "./metrics.js";
+import { RecordWatch, waitBudgetMs, waitForOwner } from "./owner-wait.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
 /** What the coordinator's handlers need. */
@@ -60,7 +61,7 @@ export interface CoordinatorDeps {
  * between the wire and the registry, which holds every rule of the contract.
  */
 export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
-  const unary = unaryHandlers({ registry, db, metrics });
+  const unary = unaryHandlers({ registry, db, metrics }, new RecordWatch());
 
   /** One call of a batch, answered by its unary handler: its response, or the status its unary RPC would be refused with. */
   async function answer(call: BatchCall, ctx: HandlerContext): Promise<BatchResult["result"]> {
@@ -117,26 +118,30 @@ function untilAborted<T>(signal: AbortSignal, work: Promise<T>): Promise<T> {
   });
 }
 
-/** The unary RPCs' handlers, which Batch runs too. */
-function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<ServiceImpl<typeof CoordinatorService>, "batch"> {
+/**
+ * The unary RPCs' handlers, which Batch runs too. Every change a holder
+ * commits here (Complete, Release, Abandon) wakes the Reserves of this
+ * coordinator waiting on its record (`watch`).
+ */
+function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: RecordWatch): Omit<ServiceImpl<typeof CoordinatorService>, "batch"> {
   return {
     async reserve(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const result = await registry.reserve(
-        db,
-        {
-          subject: fromProtoSubject(req.subject),
-          operation: req.operation,
-          apiRevision: req.apiRevision,
-          idempotencyKey: req.idempotencyKey,
-          request: requestIdentity(req.request),
-          claim: req.claim,
-          leaseMs: fromProtoLease(req.lease),
-          writerEpoch: fromUint64(req.writerEpoch, "writer_epoch"),
-        },
-        caller,
-      );
+      const input = {
+        subject: fromProtoSubject(req.subject),
+        operation: req.operation,
+        apiRevision: req.apiRevision,
+        idempotencyKey: req.idempotencyKey,
+        request: requestIdentity(req.request),
+        claim: req.claim,
+        leaseMs: fromProtoDuration(req.lease),
+        writerEpoch: fromUint64(req.writerEpoch, "writer_epoch"),
+      };
+      const budgetMs = waitBudgetMs(fromProtoDuration(req.waitForOwner, "wait_for_owner"), ctx.timeoutMs());
+      const decide = () => registry.reserve(db, input, caller);
+      let result = await decide();
+      if (budgetMs > 0) result = await waitForOwner(result, { tenant: input.subject.tenant, budgetMs, watch, signal: ctx.signal, decide });
       const record = result.record;
       metrics?.decisions.inc({ operation: req.operation, decision: result.decision, enforced: String(result.enforced) });
       if (result.takenOver) metrics?.takeovers.inc({ operation: req.operation, mode: "RESERVE" });
@@ -167,7 +172,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<Service
           ref: fromProtoRef(req.ref),
           mode,
           generation: fromUint64(req.generation, "generation"),
-          leaseMs: fromProtoLease(req.lease),
+          leaseMs: fromProtoDuration(req.lease),
           writerEpoch: fromUint64(req.writerEpoch, "writer_epoch"),
         },
         caller,
@@ -185,7 +190,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<Service
     async renewLease(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const record = await registry.renewLease(db, { ...holder(req), leaseMs: fromProtoLease(req.lease) }, caller);
+      const record = await registry.renewLease(db, { ...holder(req), leaseMs: fromProtoDuration(req.lease) }, caller);
       return create(RenewLeaseResponseSchema, { leaseExpiresAt: toTimestamp(record.leaseExpiresAt) });
     },
 
@@ -211,6 +216,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<Service
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
       const record = await registry.complete(db, { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot) }, caller);
+      watch.changed(record.tenant, record.operationId);
       return create(CompleteResponseSchema, {
         state: toProtoState(record.state),
         snapshotDigest: record.snapshot!.digest,
@@ -222,6 +228,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<Service
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
       const record = await registry.release(db, holder(req), caller);
+      watch.changed(record.tenant, record.operationId);
       return create(ReleaseResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
     },
 
@@ -229,6 +236,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps): Omit<Service
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
       const record = await registry.abandon(db, holder(req), caller);
+      watch.changed(record.tenant, record.operationId);
       return create(AbandonResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
     },
 

@@ -28,6 +28,8 @@ const OPERATIONS = {
   "/drain": { operation: "drain.create", apiRevision: 1 },
   "/shadow": { operation: "shadow.create", apiRevision: 1 },
   "/lease": { operation: "lease.create", apiRevision: 1, leaseMs: 1000 },
+  // The same operation, where a duplicate waits for the first request far longer than the gateway's default here.
+  "/payments-waiting": { operation: "payments.create", apiRevision: 1, waitForOwnerMs: 20_000 },
 } as const;
 
 beforeAll(async () => {
@@ -47,7 +49,8 @@ beforeAll(async () => {
   });
   // The worker token is granted every operation (the gateway token only payments.create).
   client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.worker });
-  const gateway = new IdempotencyGateway({ client, statusUrl: (id) => `/status/${id}` });
+  // A short wait for an owner in flight, so that the tests of 409 do not wait the default 2 s.
+  const gateway = new IdempotencyGateway({ client, statusUrl: (id) => `/status/${id}`, waitForOwnerMs: 300 });
   const handlers = new Map<string, (req: IncomingMessage, res: ServerResponse) => Promise<void>>();
   for (const [path, route] of Object.entries(OPERATIONS)) {
     handlers.set(
@@ -89,7 +92,31 @@ function gate() {
 }
 
 describe("decisions and refusals as HTTP (contract section 8)", () => {
-  it("answers 409 with Retry-After and a status link while the first request runs, then replays", async () => {
+  it("answers a duplicate that arrives while the first request runs with the first one's response, once it is done", async () => {
+    const key = randomUUID();
+    const g = gate();
+    behaviours.set(key, async (req, res, ctx) => {
+      g.enter();
+      await g.opened;
+      return ok(req, res, ctx);
+    });
+    const first = post(`${base}/payments-waiting`, key, body(), ALICE);
+    await within(g.entered, "the first request to run");
+    const runsBefore = runs;
+
+    const second = post(`${base}/payments-waiting`, key, body(), ALICE);
+    const answeredEarly = await Promise.race([second.then(() => true), new Promise((resolve) => setTimeout(() => resolve(false), 500))]);
+    expect(answeredEarly, "the duplicate to wait for the first request instead of a 409").toBe(false);
+    g.open();
+    const [done, duplicate] = await Promise.all([first, second]);
+    expect(done.status).toBe(201);
+    expect(duplicate.status).toBe(201);
+    expect(duplicate.headers.get("idempotent-replayed")).toBe("true");
+    expect(duplicate.text).toBe(done.text);
+    expect(runs, "the handler to have run once").toBe(runsBefore);
+  });
+
+  it("answers 409 with Retry-After and a status link while the first request runs past the wait, then replays", async () => {
     const key = randomUUID();
     const g = gate();
     behaviours.set(key, async (req, res, ctx) => {
