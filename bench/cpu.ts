@@ -1,6 +1,6 @@
 /**
  * Where the machine's CPU goes during a phase (Linux /proc): the coordinator
- * process, the service process (the service level), PostgreSQL (the postmaster, its live backends, and the backends
+ * process with its children (its workers, under IDEM_WORKERS), the service process (the service level), PostgreSQL (the postmaster, its live backends, and the backends
  * that ended, through the postmaster's children times), and the benchmark's
  * own process with its ended children (the load generator, or pgbench).
  * Reported as cores busy on average over the phase: on a 2-core machine,
@@ -52,6 +52,15 @@ function childrenOf(parent: number): number[] {
   return pids;
 }
 
+/** A process's time with its children's, live and ended (the coordinator's workers under IDEM_WORKERS). */
+function processTreeTime(pid: number): number | undefined {
+  const root = stat(pid);
+  if (!root) return undefined;
+  let total = root.own + root.children;
+  for (const child of childrenOf(pid)) total += stat(child)?.own ?? 0;
+  return total;
+}
+
 export interface CpuSnapshot {
   at: number;
   coordinator?: number;
@@ -87,7 +96,7 @@ export class CpuMeter {
   snapshot(): CpuSnapshot | undefined {
     if (!this.available) return undefined;
     const self = stat("self")!;
-    const coordinator = this.coordinatorPid !== undefined ? stat(this.coordinatorPid)?.own : undefined;
+    const coordinator = this.coordinatorPid !== undefined ? processTreeTime(this.coordinatorPid) : undefined;
     const service = this.servicePid !== undefined ? stat(this.servicePid)?.own : undefined;
     let postgres: number | undefined;
     let postgresZombies: number | undefined;

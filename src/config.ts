@@ -72,6 +72,11 @@ export interface Config {
   maxDeadlineMs: number;
   /** How long SIGTERM waits for in-flight RPCs before closing connections. */
   shutdownGraceMs: number;
+  /**
+   * Coordinator processes on this machine sharing the RPC port (node:cluster);
+   * worker i serves its admin port at IDEM_ADMIN_PORT + i.
+   */
+  workers: number;
   /** Local state of the embedded default: cluster files and the development token. */
   stateDir: string;
   embeddedPostgresPort: number;
@@ -110,6 +115,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     meaning: "prepare the registry's statements once per connection; false behind a pooler in transaction mode (PgBouncer)",
   },
   { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock)" },
+  {
+    name: "IDEM_WORKERS",
+    default: "1",
+    meaning: "coordinator processes sharing the RPC port (needs DATABASE_URL); worker i answers on admin port IDEM_ADMIN_PORT + i",
+  },
   { name: "IDEM_CALLERS", default: "(none)", meaning: "JSON array of callers: name, tokenSha256 and/or certificate, tenants, operations, roles" },
   { name: "IDEM_CALLERS_FILE", default: "(none)", meaning: "path of a file holding that JSON array instead" },
   { name: "IDEM_ALLOW_ANONYMOUS", default: "false", meaning: "development only: serve requests without a token" },
@@ -397,12 +407,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),
+    workers: read("IDEM_WORKERS", integer(1, 64), 1),
     stateDir: read("IDEM_STATE_DIR", (raw) => raw, ".idem"),
     embeddedPostgresPort: read("IDEM_EMBEDDED_PG_PORT", integer(1, 65535), 54329),
     logLevel,
   };
   if (config.rpcPort !== 0 && config.rpcPort === config.adminPort) {
     problems.push("IDEM_RPC_PORT and IDEM_ADMIN_PORT: must differ");
+  }
+  if (config.workers > 1 && config.databaseUrl === undefined) {
+    problems.push("IDEM_WORKERS: more than one needs DATABASE_URL (the embedded development database serves one process)");
+  }
+  if (config.workers > 1 && config.adminPort !== 0 && config.rpcPort > config.adminPort && config.rpcPort < config.adminPort + config.workers) {
+    problems.push(`IDEM_WORKERS: the admin ports ${config.adminPort}–${config.adminPort + config.workers - 1} (one per worker) include IDEM_RPC_PORT`);
   }
   // One problem in one line (what `npm start` prints); several as a list.
   if (problems.length === 1) throw new ConfigError(`the configuration cannot be used: ${problems[0]}`);

@@ -1,3 +1,4 @@
+import cluster, { type Worker } from "node:cluster";
 import { randomBytes } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
@@ -14,13 +15,20 @@ import { listenFailure, requireListenable } from "../net.js";
 /**
  * Runs the coordinator until SIGTERM or SIGINT. With DATABASE_URL unset it
  * first starts the embedded PostgreSQL, and when no caller is configured it
- * mints a development token so that a first call works out of the box.
+ * mints a development token so that a first call works out of the box. With
+ * IDEM_WORKERS above 1 this process runs that many coordinators (serveWorkers).
  */
 export async function serve(config: Config, options: { hooks?: FaultHooks } = {}): Promise<void> {
-  const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator" } });
-  // Before the database: a second start on the same ports stops here, in one line, touching nothing.
-  await requireListenable(config.host, config.rpcPort, "IDEM_RPC_PORT");
-  await requireListenable(config.host, config.adminPort, "IDEM_ADMIN_PORT");
+  if (config.workers > 1 && cluster.isPrimary) return serveWorkers(config);
+  const worker = cluster.isWorker ? Number(process.env.IDEM_WORKER_INDEX ?? 0) : undefined;
+  if (worker !== undefined && config.adminPort !== 0) config = { ...config, adminPort: config.adminPort + worker };
+  const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator", ...(worker !== undefined ? { worker } : {}) } });
+  if (worker === undefined) {
+    // Before the database: a second start on the same ports stops here, in one line, touching nothing.
+    // (A worker's ports were checked by its primary; the RPC port is the primary's to share.)
+    await requireListenable(config.host, config.rpcPort, "IDEM_RPC_PORT");
+    await requireListenable(config.host, config.adminPort, "IDEM_ADMIN_PORT");
+  }
   let embedded: EmbeddedPostgres | undefined;
   let databaseUrl = config.databaseUrl;
   if (databaseUrl === undefined) {
@@ -57,7 +65,8 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
     const admin = (error as { port?: unknown }).port === config.adminPort;
     throw listenFailure(error, config.host, admin ? config.adminPort : config.rpcPort, admin ? "IDEM_ADMIN_PORT" : "IDEM_RPC_PORT") ?? error;
   }
-  process.stdout.write(banner(config, coordinator.rpcPort, coordinator.adminPort, developmentToken, embedded));
+  if (worker === undefined) process.stdout.write(banner(config, coordinator.rpcPort, [coordinator.adminPort], developmentToken, embedded));
+  else process.send?.({ kind: "serving", rpcPort: coordinator.rpcPort, adminPort: coordinator.adminPort } satisfies Serving);
 
   let stoppingSince: number | undefined;
   const stop = async (signal: string) => {
@@ -78,6 +87,90 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
   };
   process.on("SIGTERM", () => void stop("SIGTERM"));
   process.on("SIGINT", () => void stop("SIGINT"));
+}
+
+/** What a worker tells its primary once it serves. */
+interface Serving {
+  kind: "serving";
+  rpcPort: number;
+  adminPort: number;
+}
+
+/**
+ * IDEM_WORKERS: that many coordinators on this machine, each a process of its
+ * own (node:cluster) sharing the RPC port: this process accepts connections
+ * and hands each to a worker in turn, and a connection stays with its worker
+ * (gRPC multiplexes a client's calls on few connections, so a client with
+ * one connection is served by one worker). Every worker is a whole
+ * coordinator on the registry, as a replica on another machine would be: its
+ * own pool, batches, caches and metrics (worker i answers /metrics and
+ * /readyz on IDEM_ADMIN_PORT + i), and the background jobs run on one of them
+ * at a time. A worker that dies is started again; one that cannot start
+ * stops them all. SIGTERM or SIGINT stops every worker (each drains its RPCs)
+ * and then this process.
+ */
+async function serveWorkers(config: Config): Promise<void> {
+  const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator", workers: config.workers } });
+  await requireListenable(config.host, config.rpcPort, "IDEM_RPC_PORT");
+  if (config.adminPort !== 0) {
+    for (let i = 0; i < config.workers; i++) await requireListenable(config.host, config.adminPort + i, "IDEM_ADMIN_PORT (worker admin ports)");
+  }
+  const running = new Map<number, Worker>();
+  const serving = new Map<number, Serving>();
+  let allServed = false;
+  let stoppingSince: number | undefined;
+
+  const start = (index: number) => {
+    const worker = cluster.fork({ IDEM_WORKER_INDEX: String(index) });
+    running.set(index, worker);
+    worker.on("message", (message: Serving) => {
+      if (message?.kind !== "serving") return;
+      serving.set(index, message);
+      if (allServed || serving.size < config.workers) return;
+      allServed = true;
+      const adminPorts = [...serving.values()].map((s) => s.adminPort).sort((a, b) => a - b);
+      process.stdout.write(banner(config, message.rpcPort, adminPorts, undefined, undefined));
+      logger.info({ rpcPort: message.rpcPort, adminPorts }, `${config.workers} workers serving`);
+    });
+    worker.on("exit", (code, signal) => {
+      running.delete(index);
+      if (stoppingSince !== undefined) {
+        if (running.size === 0) {
+          logger.info("stopped");
+          process.exit(0);
+        }
+        return;
+      }
+      if (!allServed) {
+        // It could not start (its own error is printed): the others would fail alike.
+        for (const other of running.values()) other.process.kill("SIGTERM");
+        process.exitCode = code || 1;
+        stoppingSince = Date.now();
+        if (running.size === 0) process.exit(process.exitCode);
+        return;
+      }
+      logger.error({ worker: index, code, signal }, "a worker exited; starting another in its place");
+      setTimeout(() => {
+        if (stoppingSince === undefined) start(index);
+      }, 1000);
+    });
+  };
+  for (let i = 0; i < config.workers; i++) start(i);
+
+  const stop = (signal: string) => {
+    if (stoppingSince !== undefined) {
+      if (Date.now() - stoppingSince < 1000) return;
+      logger.warn({ signal }, "second signal: stopping every worker at once");
+      for (const worker of running.values()) worker.process.kill("SIGKILL");
+      process.exit(1);
+    }
+    stoppingSince = Date.now();
+    logger.info({ signal }, "stopping every worker: no new RPCs, draining in-flight ones");
+    if (running.size === 0) process.exit(0);
+    for (const worker of running.values()) worker.process.kill("SIGTERM");
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
 }
 
 /** The development token, kept under the state folder so that it survives restarts. */
@@ -106,14 +199,16 @@ function developmentCaller(token: string): CallerGrant {
   return { name: "development", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] };
 }
 
-function banner(config: Config, rpcPort: number, adminPort: number, token: string | undefined, embedded: EmbeddedPostgres | undefined): string {
+function banner(config: Config, rpcPort: number, adminPorts: number[], token: string | undefined, embedded: EmbeddedPostgres | undefined): string {
   const host = config.host === "0.0.0.0" ? "127.0.0.1" : config.host;
   const auth = token ? `-H "Authorization: Bearer $(cat ${join(config.stateDir, "dev-token")})" ` : `-H "Authorization: Bearer $TOKEN" `;
   const lines = [
     "",
     `idempotency coordinator serving`,
     `  RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): ${host}:${rpcPort}`,
-    `  admin (/healthz, /readyz):                          http://${host}:${adminPort}`,
+    adminPorts.length === 1
+      ? `  admin (/healthz, /readyz):                          http://${host}:${adminPorts[0]}`
+      : `  admin (/healthz, /readyz), one port per worker:     http://${host}:${adminPorts.join(", ")}`,
     `  registry: ${embedded ? `embedded PostgreSQL in ${resolve(embedded.dataDir)}` : "DATABASE_URL"}`,
     `  policies: ${config.operations.map((o) => `${o.operation}@${o.apiRevision} revision ${o.schemaRevision}`).join(", ") || "none published at boot"}`,
     ...(token ? [`  development token (all grants, this machine only): ${join(config.stateDir, "dev-token")}`] : []),

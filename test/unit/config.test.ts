@@ -69,6 +69,15 @@ describe("loadConfig", () => {
     );
   });
 
+  it("runs one coordinator process unless told more, and more only on a real database with room for their admin ports", () => {
+    const database = { DATABASE_URL: "postgres://db/registry", IDEM_SNAPSHOT_KEYS: keyRing() };
+    expect(loadConfig(database).workers).toBe(1);
+    expect(loadConfig({ ...database, IDEM_WORKERS: "4" }).workers).toBe(4);
+    expect(() => loadConfig({ IDEM_WORKERS: "2" })).toThrow(/IDEM_WORKERS: more than one needs DATABASE_URL/);
+    expect(() => loadConfig({ ...database, IDEM_WORKERS: "0" })).toThrow(/IDEM_WORKERS/);
+    expect(() => loadConfig({ ...database, IDEM_WORKERS: "3", IDEM_ADMIN_PORT: "7071", IDEM_RPC_PORT: "7073" })).toThrow(/admin ports 7071–7073/);
+  });
+
   it("refuses the same port for RPC and admin", () => {
     expect(() => loadConfig({ IDEM_RPC_PORT: "8000", IDEM_ADMIN_PORT: "8000" })).toThrow(/must differ/);
   });

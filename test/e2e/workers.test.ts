@@ -1,0 +1,150 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes, randomUUID } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { create } from "@bufbuild/protobuf";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { CoordinatorService, Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
+import { freePort } from "../../src/net.js";
+import { tokenHash } from "../../src/server/callers.js";
+import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { testDocument } from "../support/fixtures.js";
+import { EVENT_TIMEOUT_MS, printed } from "../support/wait.js";
+
+/**
+ * IDEM_WORKERS=2: one start, two coordinator processes sharing the RPC port,
+ * each a whole coordinator with its own admin port; a worker that dies is
+ * replaced, and SIGTERM stops them all.
+ */
+let t: TestDatabase;
+let primary: ChildProcess;
+let output = "";
+let rpcUrl: string;
+let adminPort: number;
+const token = `gw_${randomBytes(16).toString("hex")}`;
+
+/** A port whose next one is free too (worker 1's admin port). */
+async function twoFreePorts(): Promise<number> {
+  for (;;) {
+    const port = await freePort();
+    const free = await new Promise<boolean>((resolve) => {
+      const probe = createServer().once("error", () => resolve(false));
+      probe.listen(port + 1, "127.0.0.1", () => probe.close(() => resolve(true)));
+    });
+    if (free) return port;
+  }
+}
+
+/** The live worker processes of the primary: its children running the coordinator's entry (Linux /proc; tsx has an esbuild child too). */
+function childrenOf(pid: number): number[] {
+  return readdirSync("/proc")
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((entry) => {
+      try {
+        const stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+        const parent = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+        return parent === pid && readFileSync(`/proc/${entry}/cmdline`, "utf8").includes("src/main.ts");
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
+
+beforeAll(async () => {
+  t = await createTestDatabase();
+  const rpcPort = await freePort();
+  adminPort = await twoFreePorts();
+  rpcUrl = `http://127.0.0.1:${rpcPort}`;
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    DATABASE_URL: t.url,
+    PGOPTIONS: `-c search_path=${t.schema}`,
+    IDEM_WORKERS: "2",
+    IDEM_HOST: "127.0.0.1",
+    IDEM_RPC_PORT: String(rpcPort),
+    IDEM_ADMIN_PORT: String(adminPort),
+    IDEM_CALLERS: JSON.stringify([{ name: "gateway", tokenSha256: tokenHash(token), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] }]),
+    IDEM_OPERATIONS: JSON.stringify([testDocument()]),
+    IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
+    IDEM_SHUTDOWN_GRACE_MS: "2000",
+    LOG_LEVEL: "info",
+  };
+  primary = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { env, stdio: ["ignore", "pipe", "pipe"] });
+  primary.stdout!.on("data", (chunk) => (output += chunk));
+  primary.stderr!.on("data", (chunk) => (output += chunk));
+  await printed(primary, () => output, "idempotency coordinator serving", 60_000);
+}, 90_000);
+
+afterAll(async () => {
+  if (primary?.exitCode === null && primary.pid) {
+    for (const pid of childrenOf(primary.pid)) process.kill(pid, "SIGKILL");
+    primary.kill("SIGKILL");
+  }
+  await t?.drop();
+});
+
+/** A Reserve of a new key over a connection of its own (connections are handed to workers in turn). */
+async function reserveOnNewConnection() {
+  const client = createClient(CoordinatorService, createConnectTransport({ baseUrl: rpcUrl, httpVersion: "2" }));
+  const request = create(ReserveRequestSchema, {
+    subject: { tenant: "acme", principal: "alice" },
+    operation: "payments.create",
+    apiRevision: 1,
+    idempotencyKey: randomUUID(),
+    request: {
+      case: "parts",
+      value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode("{}") }),
+    },
+  });
+  return client.reserve(request, { headers: { authorization: `Bearer ${token}` } });
+}
+
+/** Reserve decisions a worker counted, from its /metrics. */
+async function decisionsOf(worker: number): Promise<number> {
+  const text = await (await fetch(`http://127.0.0.1:${adminPort + worker}/metrics`)).text();
+  return text
+    .split("\n")
+    .filter((line) => line.startsWith("idem_decisions_total{"))
+    .reduce((sum, line) => sum + Number(line.slice(line.lastIndexOf(" ") + 1)), 0);
+}
+
+describe("IDEM_WORKERS=2", () => {
+  it("serves one RPC port from two processes, each with its own admin port", async () => {
+    expect(output).toContain(`http://127.0.0.1:${adminPort}, ${adminPort + 1}`);
+    expect(childrenOf(primary.pid!)).toHaveLength(2);
+    const answers = await Promise.all(Array.from({ length: 8 }, () => reserveOnNewConnection()));
+    expect(answers.map((a) => a.decision)).toEqual(Array(8).fill(Decision.ACCEPTED));
+    for (const worker of [0, 1]) {
+      expect((await fetch(`http://127.0.0.1:${adminPort + worker}/readyz`)).status).toBe(200);
+      expect(await decisionsOf(worker), `worker ${worker} to have decided some of the Reserves`).toBeGreaterThan(0);
+    }
+  });
+
+  it("starts another worker in place of one that dies, and keeps serving meanwhile", async () => {
+    const [victim] = childrenOf(primary.pid!);
+    process.kill(victim!, "SIGKILL");
+    expect((await reserveOnNewConnection()).decision).toBe(Decision.ACCEPTED);
+    await vi.waitFor(
+      async () => {
+        const workers = childrenOf(primary.pid!);
+        expect(workers).toHaveLength(2);
+        expect(workers).not.toContain(victim);
+        for (const worker of [0, 1]) expect((await fetch(`http://127.0.0.1:${adminPort + worker}/readyz`)).status).toBe(200);
+      },
+      { timeout: EVENT_TIMEOUT_MS * 3, interval: 200 },
+    );
+    expect(output).toContain("a worker exited; starting another in its place");
+  }, 60_000);
+
+  it("stops every worker on SIGTERM, and then itself with status 0", async () => {
+    const workers = childrenOf(primary.pid!);
+    const exited = new Promise<number | null>((resolve) => primary.once("exit", (code) => resolve(code)));
+    primary.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    for (const pid of workers) expect(() => process.kill(pid, 0), `worker ${pid} to be gone`).toThrow();
+  }, 30_000);
+});
