@@ -2,6 +2,7 @@ import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
+import type { PlanReadiness } from "./plan-readiness.js";
 import { pipelined, preparedName } from "./statement.js";
 
 /** Anything that runs one SQL statement: a pool, a client, a client inside a transaction. */
@@ -189,6 +190,8 @@ export interface PoolDbOptions extends DbObserver {
    * where a connection's prepared statements are not the next transaction's.
    */
   preparedStatements?: boolean;
+  /** Prepared only once this says so (planReadiness: the registry has statistics); always when unset. */
+  planned?: PlanReadiness;
 }
 
 /**
@@ -234,7 +237,7 @@ function registryConnection(client: pg.PoolClient, prepared: boolean): Queryable
  * Work bound to ALL_TENANTS runs on `options.crossTenantPool`.
  */
 export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {}): Db {
-  const { crossTenantPool = pool, preparedStatements = true, ...observer } = options;
+  const { crossTenantPool = pool, preparedStatements = true, planned, ...observer } = options;
   async function withRetries<T>(attempt: () => Promise<T>): Promise<T> {
     for (let n = 1; ; n++) {
       try {
@@ -256,7 +259,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
       withRetries(() =>
         onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
           const began = performance.now();
-          const q = registryConnection(client, preparedStatements);
+          const q = registryConnection(client, preparedStatements && (planned?.ready() ?? true));
           // Not awaited: the work's first statement follows it on the wire, one
           // round trip for both. Should BEGIN itself fail, that statement ran
           // unbound, where row-level security shows and admits no row, and the
