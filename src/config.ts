@@ -66,6 +66,8 @@ export interface Config {
   snapshotKeys: SnapshotKeyring | undefined;
   /** Store response bodies unsealed when no key ring is set (IDEM_ALLOW_PLAINTEXT_SNAPSHOTS): warned at every boot. */
   allowPlaintextSnapshots: boolean;
+  /** Serve gRPC server reflection (grpc.reflection.v1 and v1alpha) on the RPC port, without credentials. */
+  reflection: boolean;
   /** Largest RPC request accepted, in bytes. */
   maxRequestBytes: number;
   /** Upper bound of any deadline a client asks for. */
@@ -141,6 +143,7 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     default: "false",
     meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)",
   },
+  { name: "IDEM_REFLECTION", default: "true", meaning: "serve gRPC server reflection (v1, v1alpha) without credentials, for buf curl, grpcurl, grpcui, Postman" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -404,6 +407,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     tls,
     snapshotKeys: keysInline ?? keysFile,
     allowPlaintextSnapshots,
+    reflection: read("IDEM_REFLECTION", boolean, true),
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),

@@ -19,6 +19,7 @@ import { listenAdmin, type AdminServer } from "./admin-http.js";
 import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
+import { reflectionRoutes } from "./reflection.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
 import { BackgroundJob } from "./jobs.js";
@@ -200,6 +201,7 @@ export async function startCoordinator({
       routes: (router) => {
         serviceRoutes({ registry, db, metrics, store, policies: policyCache, policyRefreshMs: config.policyRefreshMs })(router);
         router.service(Health, health.service());
+        if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
       },
       // Outermost first: count, trace, time and log the RPC; then map any error, authenticate and check the message.
       interceptors: [inFlight.interceptor, ...(tracer ? [tracingInterceptor(tracer)] : []), metrics.interceptor(), accessLog(logger), ...refusalInterceptors(logger, callers)],

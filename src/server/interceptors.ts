@@ -2,6 +2,8 @@ import { Code, ConnectError, createContextKey, type Interceptor } from "@connect
 import type { Logger } from "pino";
 import { refuse } from "../contract/errors.js";
 import { Health } from "../gen/grpc/health/v1/health_pb.js";
+import { ServerReflection as ReflectionV1 } from "../gen/grpc/reflection/v1/reflection_pb.js";
+import { ServerReflection as ReflectionV1alpha } from "../gen/grpc/reflection/v1alpha/reflection_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import type { Caller, Callers, PeerCertificate } from "./callers.js";
 
@@ -18,10 +20,13 @@ export function callerOf(values: { get<T>(key: { id: symbol; defaultValue: T }):
   return caller;
 }
 
-/** Authenticates every RPC except health checks (probes call them without credentials): by client certificate or bearer token. */
+/** Services anyone may call: health checks (probes call them without credentials) and reflection (the published schema). */
+const OPEN_SERVICES = new Set([Health.typeName, ReflectionV1.typeName, ReflectionV1alpha.typeName]);
+
+/** Authenticates every RPC except those of OPEN_SERVICES: by client certificate or bearer token. */
 export function authentication(callers: Callers): Interceptor {
   return (next) => async (req) => {
-    if (req.service.typeName !== Health.typeName) {
+    if (!OPEN_SERVICES.has(req.service.typeName)) {
       req.contextValues.set(callerKey, callers.authenticate(req.header.get("authorization"), req.contextValues.get(peerKey)));
     }
     return next(req);
