@@ -114,7 +114,8 @@ export async function startPaymentsService(options: PaymentsServiceOptions): Pro
           await store.recordIntent(pool, { operationId: ctx.operationId, downstreamKey, tenant: subject.tenant, principal: subject.principal, ...input });
           return provider.charge(downstreamKey, input);
         },
-        { handle: (c) => c.id },
+        // The CONFIRMED resolution goes with the co-located Complete: one RPC and one commit fewer per payment.
+        { handle: (c) => c.id, resolveWithComplete: true },
       );
       chargeId = charge.id;
     } catch (error) {

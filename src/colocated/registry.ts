@@ -136,7 +136,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
    * its own rows, and its ROLLBACK undoes both. Refusals are thrown as
    * CoordinatorError with the same reasons as over RPC.
    */
-  async complete(tx: Queryable, { ref, generation, outcome, snapshot }: CompleteInput): Promise<CompleteResult> {
+  async complete(tx: Queryable, { ref, generation, outcome, snapshot, resolutions }: CompleteInput): Promise<CompleteResult> {
     try {
       const record = await this.registry.complete(
         transactionDb(tx),
@@ -152,6 +152,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
             headers: snapshot.headers,
             body: snapshot.body,
           },
+          resolutions: (resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: r.status, providerHandle: r.providerHandle ?? "" })),
         },
         this.actor,
       );

@@ -297,6 +297,7 @@ export class CoordinatorClient {
         headers: snapshot.headers.map(([name, value]) => ({ name, value })),
         body: snapshot.body,
       },
+      resolutions: (input.resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: toEffectStatus(r.status), providerHandle: r.providerHandle ?? "" })),
     });
     const res = await this.call("complete", request, call);
     return { state: fromState(res.state), snapshotDigest: res.snapshotDigest, ...dateField("completedAt", res.completedAt) };

@@ -16,6 +16,15 @@ export interface EffectOptions<T> {
    * (a `DefiniteFailure`); anything else is INDETERMINATE.
    */
   isDefinite?: (error: unknown) => boolean;
+  /**
+   * Send the CONFIRMED resolution of a call that succeeded with the
+   * operation's Complete (in its transaction) instead of right after the
+   * call: one RPC and one commit fewer per effect. Until Complete the
+   * registry holds the attempt as PENDING; should this process die first,
+   * recovery replays it with its downstream key, as after a crash right after
+   * the call. Abandon and Release send it first. Default false.
+   */
+  resolveWithComplete?: boolean;
 }
 
 /**
@@ -107,6 +116,8 @@ export abstract class OwnedOperation {
   private lostReason: string | undefined;
   /** Set once a co-located transaction committed the terminal state. */
   completedWithin: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
+  /** CONFIRMED resolutions held for Complete (EffectOptions.resolveWithComplete), not yet sent. */
+  private held: Array<{ attemptNumber: number; status: "CONFIRMED"; providerHandle: string; effect: string }> = [];
 
   constructor(init: OwnedOperationInit) {
     this.client = init.client;
@@ -231,8 +242,28 @@ export abstract class OwnedOperation {
       throw error;
     }
     await this.hooks.reached("gateway.effect.after-call");
-    await this.resolveQuietly(attempt, "CONFIRMED", options.handle?.(result) ?? "");
+    const providerHandle = options.handle?.(result) ?? "";
+    if (options.resolveWithComplete) {
+      this.held.push({ attemptNumber: attempt.attemptNumber, status: "CONFIRMED", providerHandle, effect: attempt.effect });
+      this.ledger.set(attempt.effect, attempt.attemptNumber, "CONFIRMED");
+    } else {
+      await this.resolveQuietly(attempt, "CONFIRMED", providerHandle);
+    }
     return result;
+  }
+
+  /** The held resolutions, as Complete sends them. */
+  private heldResolutions(): Array<{ attemptNumber: number; status: "CONFIRMED"; providerHandle: string }> {
+    return this.held.map(({ attemptNumber, status, providerHandle }) => ({ attemptNumber, status, providerHandle }));
+  }
+
+  /** Sends the held resolutions on their own (before Abandon or Release: recovery should know what happened). */
+  private async sendHeld(): Promise<void> {
+    const held = this.held;
+    this.held = [];
+    for (const { attemptNumber, providerHandle, effect } of held) {
+      await this.resolveQuietly({ attemptNumber, effect }, "CONFIRMED", providerHandle);
+    }
   }
 
   /**
@@ -241,7 +272,7 @@ export abstract class OwnedOperation {
    * left PENDING only means the operation cannot complete until someone
    * resolves it (the recovery worker).
    */
-  private async resolveQuietly(attempt: EffectAttempt, status: Exclude<EffectStatus, "PENDING">, providerHandle: string): Promise<void> {
+  private async resolveQuietly(attempt: Pick<EffectAttempt, "attemptNumber" | "effect">, status: Exclude<EffectStatus, "PENDING">, providerHandle: string): Promise<void> {
     try {
       await this.resolveAttempt({ attemptNumber: attempt.attemptNumber, status, providerHandle }, attempt.effect);
     } catch (error) {
@@ -285,29 +316,33 @@ export abstract class OwnedOperation {
       const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
       if (outcome === "release") return result;
       const snapshot = snapshotOf(http);
-      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot });
+      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.heldResolutions() });
       completed = { outcome, snapshot };
       return result;
     });
     if (completed) {
+      this.held = [];
       this.completedWithin = completed;
       this.stopLease();
     }
     return response;
   }
 
-  /** Complete over RPC (idempotent: an identical repeat succeeds). */
+  /** Complete over RPC, with the held resolutions (idempotent: an identical repeat succeeds). */
   async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
-    await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot });
+    await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.heldResolutions() });
+    this.held = [];
   }
 
   /** Release over RPC: back to RESERVED, the next identical retry takes it over. */
   async release(): Promise<void> {
+    await this.sendHeld();
     await this.client.release({ ref: this.ref, generation: this.generation });
   }
 
-  /** Abandon over RPC: this owner will not finish; recovery may start now. */
+  /** Abandon over RPC: this owner will not finish; recovery may start now (knowing what the held resolutions say). */
   async abandon(): Promise<void> {
+    await this.sendHeld();
     await this.client.abandon({ ref: this.ref, generation: this.generation });
   }
 }

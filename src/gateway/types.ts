@@ -138,6 +138,8 @@ export interface CompleteInput extends OwnedRef {
   outcome: Outcome;
   /** The response every retry will get. */
   snapshot: ResponseSnapshot;
+  /** Attempts to resolve (CONFIRMED or NO_EFFECT) in the same transaction, instead of a ResolveEffectAttempt each. */
+  resolutions?: ReadonlyArray<{ attemptNumber: number; status: "CONFIRMED" | "NO_EFFECT"; providerHandle?: string }>;
 }
 
 /** Where Release and Abandon left the record. */

@@ -20,13 +20,26 @@ import * as jobStatements from "./statements/jobs.js";
 import * as quotaStatements from "./statements/quota.js";
 import * as recordStatements from "./statements/records.js";
 import * as viewStatements from "./statements/views.js";
-import { checkRecordEffect, checkRenew, effectFlags, planAbandon, planClaim, planComplete, planRelease, planResolve, reserveVerdict, retryAfterMs } from "./state-machine.js";
+import {
+  checkRecordEffect,
+  checkRenew,
+  effectFlags,
+  planAbandon,
+  planClaim,
+  planComplete,
+  planRelease,
+  planResolutions,
+  planResolve,
+  reserveVerdict,
+  retryAfterMs,
+} from "./state-machine.js";
 import type {
   Actor,
   Census,
   ClaimInput,
   ClaimResult,
   CompleteInput,
+  EffectResolution,
   EventCursor,
   HolderInput,
   LoggedEvent,
@@ -50,6 +63,8 @@ import type {
 
 /** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
 const RESERVE_ROUNDS = 5;
+/** Most attempts one Complete resolves (proto: CompleteRequest.resolutions). */
+const MAX_RESOLUTIONS = 64;
 
 /**
  * The registry: the state machine of the contract over PostgreSQL, and the
@@ -544,23 +559,35 @@ export class Registry {
   async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
     validateRef(input.ref);
     requireTenant(actor, input.ref.tenant);
+    const resolutions = input.resolutions ?? [];
+    validateResolutions(resolutions);
     const alone = () =>
       db.transaction(
         input.ref.tenant,
         async (q, commitWith) => {
-          const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
-          const columns = await this.finishColumns(record, attempts, input);
-          if (!columns) return this.opened(record);
+          const locked = await this.lockWithAttempts(q, input.ref, actor);
+          // The resolutions as ResolveEffectAttempt would make them, then the finish judged on what they leave.
+          const resolving = planResolutions(locked.record, locked.attempts, input.generation, resolutions);
+          const record = resolving.changes.length > 0 ? { ...locked.record, effectPossible: effectFlags(resolving.attempts).possible } : locked.record;
+          const columns = await this.finishColumns(record, resolving.attempts, input);
+          if (!columns) return this.opened(locked.record);
           await this.hooks.reached("registry.complete.before-commit");
-          // The terminal state goes out with COMMIT: two round trips in all.
+          // The resolutions and the terminal state go out with COMMIT: two round trips in all.
+          const made = resolutionSends(locked.record, locked.attempts, resolving.changes, actor.caller);
           const finish = lockedChange(recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
-          const [written] = await commitWith([finish.send]);
-          return this.opened(finish.changed(written!));
+          const written = await commitWith([...made, finish.send]);
+          for (const result of written.slice(0, -1)) {
+            if (result.rows.length !== 1) throw new Error(`a resolution of ${record.operationId} changed ${result.rows.length} rows`);
+          }
+          return this.opened(finish.changed(written.at(-1)!));
         },
         "complete",
       );
+    // A Complete with resolutions writes more than a batch's finish: it is decided alone.
     const completed =
-      this.completes && db.coalescible === true ? await this.completes.submit(laneOf(db, input.ref.tenant, actor.caller), { db, input, actor, alone }) : await alone();
+      this.completes && db.coalescible === true && resolutions.length === 0
+        ? await this.completes.submit(laneOf(db, input.ref.tenant, actor.caller), { db, input, actor, alone })
+        : await alone();
     await this.hooks.reached("registry.complete.after-commit");
     return completed;
   }
@@ -1125,6 +1152,39 @@ function lockedChange<Values extends object>(
       return toRecord(rows[0]!);
     },
   };
+}
+
+/**
+ * The statements of Complete's resolutions, for a record this transaction
+ * has locked: each attempt's new status, and the record's effect flag with
+ * its EFFECT_RESOLVED event, as ResolveEffectAttempt writes them.
+ */
+function resolutionSends(record: StoredRecord, attempts: readonly StoredAttempt[], changes: readonly EffectResolution[], caller: string): Send[] {
+  const sends: Send[] = [];
+  let after = [...attempts];
+  for (const { attemptNumber, status, providerHandle } of changes) {
+    after = after.map((a) => (a.attemptNumber === attemptNumber ? { ...a, status } : a));
+    const effectPossible = effectFlags(after).possible;
+    sends.push(
+      (q) => attemptStatements.resolveAttempt.run(q, { tenant: record.tenant, operationId: record.operationId, attemptNumber, status, providerHandle }),
+      lockedChange(recordStatements.setEffectPossible, record, { caller, detail: { attempt: attemptNumber, status } }, { effectPossible }).send,
+    );
+  }
+  return sends;
+}
+
+/** Complete's resolutions are well formed: CONFIRMED or NO_EFFECT, each attempt once, at most MAX_RESOLUTIONS. */
+function validateResolutions(resolutions: readonly EffectResolution[]): void {
+  if (resolutions.length > MAX_RESOLUTIONS) refuse("INVALID_REQUEST", `a Complete resolves at most ${MAX_RESOLUTIONS} attempts, this one ${resolutions.length}`);
+  const seen = new Set<number>();
+  for (const { attemptNumber, status, providerHandle } of resolutions) {
+    if (status !== "CONFIRMED" && status !== "NO_EFFECT") {
+      refuse("INVALID_REQUEST", "a resolution sent with Complete is CONFIRMED or NO_EFFECT: resolve an INDETERMINATE attempt with ResolveEffectAttempt");
+    }
+    if (seen.has(attemptNumber)) refuse("INVALID_REQUEST", `attempt ${attemptNumber} is resolved twice in one Complete`);
+    seen.add(attemptNumber);
+    if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
+  }
 }
 
 /** An event about a record that changes nothing (a conflict, a record seen going UNKNOWN before its recovery claim). */

@@ -1,5 +1,5 @@
 import { refuse } from "../contract/errors.js";
-import type { ClaimMode, EffectStatus, Outcome, RecordState, StoredAttempt, StoredRecord } from "./types.js";
+import type { ClaimMode, EffectResolution, EffectStatus, Outcome, RecordState, StoredAttempt, StoredRecord } from "./types.js";
 
 /**
  * The rules of the contract's section 3, as pure functions over a record read
@@ -204,6 +204,40 @@ export function planResolve(record: StoredRecord, attempt: StoredAttempt | undef
     });
   }
   return "resolve";
+}
+
+/**
+ * Complete's resolutions, on a record read under its lock: each judged as
+ * ResolveEffectAttempt judges it, the attempts as they are once the ones
+ * that change something (`changes`) are made. On a finished record (a
+ * repeat of the Complete that finished it) each must be what is stored.
+ */
+export function planResolutions(
+  record: StoredRecord,
+  attempts: readonly StoredAttempt[],
+  generation: number,
+  resolutions: readonly EffectResolution[],
+): { attempts: StoredAttempt[]; changes: EffectResolution[] } {
+  if (isTerminal(record.state)) {
+    for (const resolution of resolutions) {
+      const attempt = attempts.find((a) => a.attemptNumber === resolution.attemptNumber);
+      if (!attempt) refuse("ATTEMPT_NOT_FOUND", `no effect attempt ${resolution.attemptNumber} on the operation`);
+      const same = attempt.status === resolution.status && (resolution.providerHandle === "" || resolution.providerHandle === attempt.providerHandle);
+      if (!same) refuse("ATTEMPT_ALREADY_RESOLVED", `attempt ${attempt.attemptNumber} was already resolved as ${attempt.status}`, { status: attempt.status });
+    }
+    return { attempts: [...attempts], changes: [] };
+  }
+  let after = [...attempts];
+  const changes: EffectResolution[] = [];
+  for (const resolution of resolutions) {
+    const attempt = after.find((a) => a.attemptNumber === resolution.attemptNumber);
+    if (planResolve(record, attempt, generation, resolution.status, resolution.providerHandle) === "unchanged") continue;
+    changes.push(resolution);
+    after = after.map((a) =>
+      a.attemptNumber === resolution.attemptNumber ? { ...a, status: resolution.status, providerHandle: resolution.providerHandle || a.providerHandle } : a,
+    );
+  }
+  return { attempts: after, changes };
 }
 
 export type CompletePlan = "complete" | "repeat";

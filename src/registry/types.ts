@@ -115,6 +115,17 @@ export interface CompleteInput {
   generation: number;
   outcome: Outcome;
   snapshot: Snapshot;
+  /** Attempts to resolve first, in the same transaction (CONFIRMED or NO_EFFECT). */
+  resolutions?: readonly EffectResolution[];
+}
+
+/** What a downstream call did, for one attempt, resolved with Complete. */
+export interface EffectResolution {
+  attemptNumber: number;
+  /** CONFIRMED or NO_EFFECT (anything else is refused). */
+  status: EffectStatus;
+  /** The provider's id of what it did; empty keeps the one stored. */
+  providerHandle: string;
 }
 
 /** A record with its attempts, as Lookup returns it. */

@@ -215,7 +215,12 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: Record
     async complete(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
-      const record = await registry.complete(db, { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot) }, caller);
+      const resolutions = req.resolutions.map((r) => ({ attemptNumber: r.attemptNumber, status: fromProtoEffectStatus(r.status), providerHandle: r.providerHandle }));
+      const record = await registry.complete(
+        db,
+        { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot), resolutions },
+        caller,
+      );
       watch.changed(record.tenant, record.operationId);
       return create(CompleteResponseSchema, {
         state: toProtoState(record.state),

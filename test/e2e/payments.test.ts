@@ -64,6 +64,12 @@ describe.each(["co-located", "remote"] as const)("the payments service behind th
     // The status link answers for the owner of the operation.
     const status = await get(`${app().service.url}/v1/operations/${originals[0]!.json?.operationId}`, ALICE);
     expect(status.json).toMatchObject({ state: "SUCCEEDED", settled: true });
+    // The charge's resolution went with the Complete (resolveWithComplete), and says what the provider did.
+    const record = await app().client.lookup({ scope: { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
+    const charge = app()
+      .provider.charges()
+      .find((c) => c.idempotencyKey === record.effectAttempts[0]?.downstreamKey);
+    expect(record.effectAttempts).toMatchObject([{ effect: "card.charge", status: "CONFIRMED", providerHandle: charge!.id }]);
   });
 
   it("refuses a changed amount under the same key with 422, revealing nothing and storing nothing", async () => {

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { CoordinatorClient, DefiniteFailure, IdempotencyGateway, LeaseLostError, type IdempotencyContext } from "../../src/gateway/index.js";
 import { withIdempotency, writeResponse, type NodeIdempotentHandler } from "../../src/gateway/node.js";
@@ -334,6 +334,43 @@ describe("what the handler's result records", () => {
     // A retry never runs it again.
     const retry = await post(`${base}/payments`, key, body(), ALICE);
     expect(retry.status).toBe(409);
+  });
+
+  /** A charge whose CONFIRMED resolution goes with Complete. */
+  const heldCharge = (ctx: IdempotencyContext) => ctx.effect("card.charge", "cards", async () => ({ id: "ch_held" }), { handle: (c) => c.id, resolveWithComplete: true });
+
+  it("sends the resolution of an effect with Complete when asked (resolveWithComplete): no ResolveEffectAttempt, the attempt CONFIRMED with its handle", async () => {
+    const key = randomUUID();
+    behaviours.set(key, async (req, res, ctx) => {
+      await heldCharge(ctx);
+      return ok(req, res, ctx);
+    });
+    const resolves = vi.spyOn(client, "resolveEffectAttempt");
+    const completes = vi.spyOn(client, "complete");
+    try {
+      expect((await post(`${base}/payments`, key, body(), ALICE)).status).toBe(201);
+      expect(resolves).not.toHaveBeenCalled();
+      expect(completes.mock.calls[0]![0].resolutions).toEqual([{ attemptNumber: 1, status: "CONFIRMED", providerHandle: "ch_held" }]);
+    } finally {
+      resolves.mockRestore();
+      completes.mockRestore();
+    }
+    const record = await lookup(key);
+    expect(record.state).toBe("SUCCEEDED");
+    expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED", providerHandle: "ch_held" }]);
+  });
+
+  it("sends a held resolution on its own before handing the operation to recovery, so that recovery knows the effect happened", async () => {
+    const key = randomUUID();
+    behaviours.set(key, async (_req, _res, ctx) => {
+      await heldCharge(ctx);
+      throw new Error("crashed after charging");
+    });
+    const first = await post(`${base}/payments`, key, body(), ALICE);
+    expect(first.status).toBe(500);
+    const record = await lookup(key);
+    expect(record.state).toBe("UNKNOWN");
+    expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED", providerHandle: "ch_held" }]);
   });
 
   it("releases when the handler throws before any effect: 503, and the retry runs", async () => {
