@@ -65,7 +65,8 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
     const admin = (error as { port?: unknown }).port === config.adminPort;
     throw listenFailure(error, config.host, admin ? config.adminPort : config.rpcPort, admin ? "IDEM_ADMIN_PORT" : "IDEM_RPC_PORT") ?? error;
   }
-  if (worker === undefined) process.stdout.write(banner(config, coordinator.rpcPort, [coordinator.adminPort], developmentToken, embedded));
+  // On stderr: stdout carries the JSON log lines only, for whatever collects them.
+  if (worker === undefined) process.stderr.write(banner(config, coordinator.rpcPort, [coordinator.adminPort], developmentToken, embedded));
   else process.send?.({ kind: "serving", rpcPort: coordinator.rpcPort, adminPort: coordinator.adminPort } satisfies Serving);
 
   let stoppingSince: number | undefined;
@@ -129,7 +130,7 @@ async function serveWorkers(config: Config): Promise<void> {
       if (allServed || serving.size < config.workers) return;
       allServed = true;
       const adminPorts = [...serving.values()].map((s) => s.adminPort).sort((a, b) => a - b);
-      process.stdout.write(banner(config, message.rpcPort, adminPorts, undefined, undefined));
+      process.stderr.write(banner(config, message.rpcPort, adminPorts, undefined, undefined));
       logger.info({ rpcPort: message.rpcPort, adminPorts }, `${config.workers} workers serving`);
     });
     worker.on("exit", (code, signal) => {

@@ -216,11 +216,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: Record
       const caller = callerOf(ctx.values);
       requireRole(caller, "gateway", "worker");
       const resolutions = req.resolutions.map((r) => ({ attemptNumber: r.attemptNumber, status: fromProtoEffectStatus(r.status), providerHandle: r.providerHandle }));
-      const record = await registry.complete(
-        db,
-        { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot), resolutions },
-        caller,
-      );
+      const record = await registry.complete(db, { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot), resolutions }, caller);
       watch.changed(record.tenant, record.operationId);
       return create(CompleteResponseSchema, {
         state: toProtoState(record.state),

@@ -28,6 +28,8 @@ function readmeBlock(heading: string): string {
 let stateDir: string;
 let child: ChildProcess;
 let output = "";
+/** What it printed on stdout alone. */
+let stdout = "";
 let rpcPort: number;
 let adminPort: number;
 let pgPort: number;
@@ -42,7 +44,10 @@ beforeAll(async () => {
   env = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
   delete env.DATABASE_URL;
   child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
-  child.stdout!.on("data", (chunk) => (output += chunk));
+  child.stdout!.on("data", (chunk) => {
+    output += chunk;
+    stdout += chunk;
+  });
   child.stderr!.on("data", (chunk) => (output += chunk));
   // Its first start initializes the embedded cluster: by far the longest wait of this file.
   await printed(child, () => output, "idempotency coordinator serving", 90_000);
@@ -63,6 +68,13 @@ describe("npm start on the embedded default", () => {
     expect(output).toContain(`http://127.0.0.1:${adminPort}`);
     expect(output).toContain(join(stateDir, "dev-token"));
     expect(output).toContain("/idempotency.v1.CoordinatorService/Reserve");
+  });
+
+  it("keeps stdout for JSON log lines (the banner goes to stderr), npm's own lines aside", () => {
+    const lines = stdout.split("\n").filter((line) => line.trim() !== "" && !line.startsWith("> "));
+    expect(lines.length).toBeGreaterThan(0);
+    for (const line of lines) expect(() => JSON.parse(line) as unknown, line).not.toThrow();
+    expect(stdout).not.toContain("idempotency coordinator serving");
   });
 
   it("answers the README's first call with decisions", async () => {
