@@ -190,7 +190,7 @@ export interface PoolDbOptions extends DbObserver {
    * where a connection's prepared statements are not the next transaction's.
    */
   preparedStatements?: boolean;
-  /** Prepared only once this says so (planReadiness: the registry has statistics); always when unset. */
+  /** Prepared again under new names in each of its plan epochs (planReadiness: the registry's size, until it has statistics); once when unset. */
   planned?: PlanReadiness;
 }
 
@@ -202,7 +202,7 @@ export interface PoolDbOptions extends DbObserver {
  * the first query of a tick and uncorked after it, since each write is a
  * system call, and system calls cost more than a short statement.
  */
-function registryConnection(client: pg.PoolClient, prepared: boolean): Queryable {
+function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: string): Queryable {
   // The driver's socket; not part of its typed interface, hence looked up defensively.
   const stream = (client as unknown as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
   const corkable = typeof stream?.cork === "function" && typeof stream.uncork === "function";
@@ -219,7 +219,7 @@ function registryConnection(client: pg.PoolClient, prepared: boolean): Queryable
         process.nextTick(uncork);
       }
       const name = prepared ? preparedName(text) : undefined;
-      return name === undefined ? client.query<R>(text, values) : client.query<R>({ name, text, values: values ?? [] });
+      return name === undefined ? client.query<R>(text, values) : client.query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
     },
   };
 }
@@ -259,7 +259,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
       withRetries(() =>
         onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
           const began = performance.now();
-          const q = registryConnection(client, preparedStatements && (planned?.ready() ?? true));
+          const q = registryConnection(client, preparedStatements, planned?.epoch() ?? "");
           // Not awaited: the work's first statement follows it on the wire, one
           // round trip for both. Should BEGIN itself fail, that statement ran
           // unbound, where row-level security shows and admits no row, and the

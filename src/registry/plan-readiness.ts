@@ -2,48 +2,59 @@ import type pg from "pg";
 import type { Logger } from "pino";
 
 /**
- * Whether the registry's statements may be prepared yet (PoolDbOptions.planned).
+ * When the registry's prepared statements are planned again (PoolDbOptions.planned).
  *
  * A prepared statement's generic plan is made once per connection, after its
  * fifth run, and kept until the table's statistics change. While `idem_record`
- * has none worth the name (never analyzed, or analyzed nearly empty: a new
- * registry, for about its first minute under load), the planner believes a
- * tenant has about one record, and finds a scan of all the tenant's records
- * on the operation id index exactly as cheap as the lookup of one scope on
- * the primary key. It may keep the scan: every Reserve and Complete then reads
- * every record of its tenant, more of them each second, until autovacuum's
- * first analyze replans. Until then the statements go unnamed, planned at
- * each run for the table as it is, which costs a plan per statement and never
- * a scan; once the table has statistics of at least `minRecords` records,
- * they are prepared from the next transaction on.
+ * has no statistics worth the name (never analyzed, or analyzed nearly empty:
+ * a new registry, for about its first minute under load) the planner sizes the
+ * table from its pages at planning time, and while it is small it believes a
+ * tenant has about one record: a scan of all the tenant's records on the
+ * operation id index then costs it exactly as much as the lookup of one scope
+ * on the primary key, and it may keep the scan. Kept as the table grows, that
+ * plan reads every record of the tenant at every Reserve and Complete, more of
+ * them each second, until autovacuum's first analyze replans.
+ *
+ * So until the table has been analyzed with at least `minRecords` records,
+ * each doubling of its size is a new plan epoch: the statements are prepared
+ * under new names, and planned for the table as it is now (from about 30
+ * pages on, the planner finds the lookup by the whole key cheaper). The
+ * epoch is read every `recheckMs`; once the statistics are there it stays.
  */
 export interface PlanReadiness {
-  /** True once statements may be prepared; checks the statistics again now and then until it is. */
-  ready(): boolean;
+  /** What the names of prepared statements end with in this epoch ("" once the statistics can be trusted). */
+  epoch(): string;
 }
 
 /** What a registry needs to have been analyzed with before its generic plans are trusted. */
 const MIN_ANALYZED_RECORDS = 1000;
 const RECHECK_MS = 5000;
 
-/** Reads `idem_record`'s statistics (pg_class.reltuples: -1 before the first analyze) on `pool`. */
+/** Reads `idem_record`'s statistics and size (pg_class.reltuples is -1 before the first analyze) on `pool`. */
 export function planReadiness(pool: pg.Pool, logger: Logger, options: { minRecords?: number; recheckMs?: number } = {}): PlanReadiness {
   const minRecords = options.minRecords ?? MIN_ANALYZED_RECORDS;
   const recheckMs = options.recheckMs ?? RECHECK_MS;
-  let ready = false;
+  // Before the first reading: the epoch of an empty table.
+  let epoch = "_p0";
+  let settled = false;
   let checking = false;
   let checkedAt = -Infinity;
   const check = async () => {
     checking = true;
     try {
-      const { rows } = await pool.query<{ records: number | null }>("SELECT reltuples::float8 AS records FROM pg_class WHERE oid = to_regclass('idem_record')");
-      const records = rows[0]?.records ?? -1;
+      const { rows } = await pool.query<{ records: number; pages: number }>(
+        "SELECT reltuples::float8 AS records, (pg_relation_size(oid) / 8192)::float8 AS pages FROM pg_class WHERE oid = to_regclass('idem_record')",
+      );
+      const { records = -1, pages = 0 } = rows[0] ?? {};
       if (records >= minRecords) {
-        ready = true;
-        logger.info({ records: Math.round(records) }, "the registry has statistics: preparing its statements from now on");
+        settled = true;
+        epoch = "";
+        logger.info({ records: Math.round(records) }, "the registry has statistics: its statements keep their plans from now on");
+      } else {
+        epoch = `_p${Math.floor(Math.log2(Math.max(1, pages)))}`;
       }
     } catch (error) {
-      // Unprepared statements are always correct; the next check may succeed.
+      // The epoch stays as it was: plans a little older than they could be, never wrong.
       logger.debug({ error: (error as Error).message }, "could not read the registry's statistics");
     } finally {
       checking = false;
@@ -51,9 +62,9 @@ export function planReadiness(pool: pg.Pool, logger: Logger, options: { minRecor
     }
   };
   return {
-    ready() {
-      if (!ready && !checking && performance.now() - checkedAt >= recheckMs) void check();
-      return ready;
+    epoch() {
+      if (!settled && !checking && performance.now() - checkedAt >= recheckMs) void check();
+      return epoch;
     },
   };
 }

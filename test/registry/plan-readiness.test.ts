@@ -5,16 +5,17 @@ import { actor, newKey, reserveInput, testPolicy, testRegistry } from "../suppor
 import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
 
 /**
- * A coordinator prepares the registry's statements only once idem_record has
- * statistics (src/registry/plan-readiness.ts): before, a generic plan made for
- * a nearly empty table may scan a whole tenant at every request.
+ * A coordinator's prepared statements are planned again each time
+ * idem_record doubles in size, until the table has statistics
+ * (src/registry/plan-readiness.ts): a generic plan made for a nearly empty
+ * table may scan a whole tenant at every request as the table grows.
  */
 const t = useTestDatabase();
 const registry = testRegistry(testPolicy());
 const gateway = actor();
 
-describe("statements prepared once the registry has statistics", () => {
-  it("sends them unnamed on a registry never analyzed, and by name from the first transaction after an analyze with enough records", async () => {
+describe("plan epochs of the registry's prepared statements", () => {
+  it("prepares them under new names as the table doubles, and keeps the names once it is analyzed", async () => {
     const named: string[] = [];
     const raw = t.openPool({ max: 2 });
     const pool = interceptedPool(raw, (_text, _values, send, preparedName) => {
@@ -23,24 +24,39 @@ describe("statements prepared once the registry has statistics", () => {
     });
     const planned = planReadiness(raw, silentLogger, { minRecords: 20, recheckMs: 0 });
     const db = poolDb(pool, silentLogger, { planned });
+    const reserveOne = async () => expect((await registry.reserve(db, reserveInput(newKey()), gateway)).decision).toBe("ACCEPTED");
 
-    for (let i = 0; i < 25; i++) expect((await registry.reserve(db, reserveInput(newKey()), gateway)).decision).toBe("ACCEPTED");
-    // 25 records, but no statistics yet: nothing was prepared.
-    expect(planned.ready()).toBe(false);
-    expect(named).toEqual([]);
+    await reserveOne();
+    await vi.waitFor(() => expect(planned.epoch()).toMatch(/^_p\d+$/));
+    const first = planned.epoch();
+    named.length = 0;
+    await reserveOne();
+    expect(named.length).toBeGreaterThan(0);
+    expect(named.every((name) => name.endsWith(first))).toBe(true);
+
+    // Records until the table's size has doubled at least once.
+    for (let i = 0; i < 500 && planned.epoch() === first; i++) await reserveOne();
+    const grown = planned.epoch();
+    expect(grown).toMatch(/^_p\d+$/);
+    expect(Number(grown.slice(2))).toBeGreaterThan(Number(first.slice(2)));
+    named.length = 0;
+    await reserveOne();
+    expect(named.every((name) => name.endsWith(grown))).toBe(true);
 
     await t.pool.query("ANALYZE idem_record");
-    await vi.waitFor(() => expect(planned.ready()).toBe(true));
-    expect((await registry.reserve(db, reserveInput(newKey()), gateway)).decision).toBe("ACCEPTED");
+    await vi.waitFor(() => expect(planned.epoch()).toBe(""));
+    named.length = 0;
+    await reserveOne();
     expect(named.length).toBeGreaterThan(0);
+    expect(named.every((name) => /^idem_[0-9a-f]{20}$/.test(name))).toBe(true);
     await raw.end();
   });
 
-  it("waits for enough records: an analyze of a nearly empty table is not enough", async () => {
+  it("does not trust an analyze of a nearly empty table", async () => {
     const planned = planReadiness(t.pool, silentLogger, { minRecords: 1_000_000, recheckMs: 0 });
     await t.pool.query("ANALYZE idem_record");
-    planned.ready();
+    planned.epoch();
     await new Promise((resolve) => setTimeout(resolve, 200));
-    expect(planned.ready()).toBe(false);
+    expect(planned.epoch()).toMatch(/^_p\d+$/);
   });
 });
