@@ -149,7 +149,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
   { name: "IDEM_STATE_DIR", default: ".idem", meaning: "embedded default: cluster files and development token" },
   { name: "IDEM_EMBEDDED_PG_PORT", default: "54329", meaning: "embedded default: port of the embedded PostgreSQL" },
-  { name: "OTEL_EXPORTER_OTLP_ENDPOINT", default: "(unset: no tracing)", meaning: "OpenTelemetry collector (OTLP/HTTP); one span per RPC" },
+  {
+    name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+    default: "(unset: no tracing)",
+    meaning: "OpenTelemetry collector (OTLP/HTTP); a span per RPC, per batched call and per registry transaction",
+  },
   { name: "OTEL_SERVICE_NAME", default: "idempotency-coordinator", meaning: "service name on the spans" },
   { name: "LOG_LEVEL", default: "info", meaning: "pino log level (fatal, error, warn, info, debug, trace, silent)" },
 ];

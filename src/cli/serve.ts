@@ -9,7 +9,7 @@ import { startEmbeddedPostgres, type EmbeddedPostgres } from "../dev/embedded-po
 import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
 import { startCoordinator } from "../server/app.js";
 import { tokenHash } from "../server/callers.js";
-import { startTracing } from "../server/tracing.js";
+import { startTracing, traceFields } from "../server/tracing.js";
 import { listenFailure, requireListenable } from "../net.js";
 
 /**
@@ -22,7 +22,8 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
   if (config.workers > 1 && cluster.isPrimary) return serveWorkers(config);
   const worker = cluster.isWorker ? Number(process.env.IDEM_WORKER_INDEX ?? 0) : undefined;
   if (worker !== undefined && config.adminPort !== 0) config = { ...config, adminPort: config.adminPort + worker };
-  const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator", ...(worker !== undefined ? { worker } : {}) } });
+  // Inside an RPC that is traced, every line carries its trace and span ids.
+  const logger = pino({ level: config.logLevel, base: { service: "idempotency-coordinator", ...(worker !== undefined ? { worker } : {}) }, mixin: traceFields });
   if (worker === undefined) {
     // Before the database: a second start on the same ports stops here, in one line, touching nothing.
     // (A worker's ports were checked by its primary; the RPC port is the primary's to share.)

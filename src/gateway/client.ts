@@ -1,6 +1,7 @@
+import { context, propagation } from "@opentelemetry/api";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { getAbortSignalReason } from "@connectrpc/connect/protocol";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
@@ -87,6 +88,8 @@ export interface CoordinatorClientOptions {
   idleConnectionTimeoutMs?: number;
   /** A ready transport instead of `baseUrl` (tests: `createRouterTransport`). */
   transport?: Transport;
+  /** Connect interceptors for every RPC (headers, logging, metrics of your own), as any connect-es client takes them; not with `transport`. */
+  interceptors?: Interceptor[];
   logger?: GatewayLogger;
   /**
    * Carry concurrent calls together in Batch RPCs (default true), so that
@@ -184,7 +187,7 @@ export class CoordinatorClient {
         pingTimeoutMs: Math.min(this.timeoutMs, 2000),
       });
       this.sessions.push(sessionManager);
-      this.clients.push(createClient(CoordinatorService, createGrpcTransport({ baseUrl, sessionManager })));
+      this.clients.push(createClient(CoordinatorService, createGrpcTransport({ baseUrl, sessionManager, interceptors: options.interceptors ?? [] })));
     }
   }
 
@@ -353,12 +356,20 @@ export class CoordinatorClient {
     return this.clients[this.next++ % this.clients.length]!;
   }
 
-  /** One call of the request path: in a batch with concurrent ones, or as its own RPC (always, with `alone`). */
+  /**
+   * One call of the request path: in a batch with concurrent ones, or as its
+   * own RPC (always, with `alone`). The caller's trace context (W3C, from the
+   * active OpenTelemetry context and the globally registered propagator, if
+   * the service traces) goes with it: as headers alone, in the batched call.
+   */
   private call<K extends CallKind>(kind: K, request: RequestOf<K>, call: CallOptions | undefined, how?: { alone: true }): Promise<ResponseOf<K>> {
+    const traceContext: Record<string, string> = {};
+    propagation.inject(context.active(), traceContext);
     // The client's method of each RPC is named as the case of BatchCall that carries its request.
-    const alone = (options: AttemptOptions) => (this.pick()[kind] as unknown as UnaryMethod)(request, { ...options, headers: this.headers });
+    const alone = (options: AttemptOptions) => (this.pick()[kind] as unknown as UnaryMethod)(request, { ...options, headers: { ...this.headers, ...traceContext } });
     const batched = { case: kind, value: request } as BatchCall["call"];
-    const attempt = (options: AttemptOptions) => (this.batcher && !how?.alone ? this.batcher.call(batched, options, alone) : alone(options)) as Promise<ResponseOf<K>>;
+    const attempt = (options: AttemptOptions) =>
+      (this.batcher && !how?.alone ? this.batcher.call(batched, traceContext, options, alone) : alone(options)) as Promise<ResponseOf<K>>;
     return this.retrying(CoordinatorService.method[kind].name, call, attempt);
   }
 
@@ -438,7 +449,7 @@ class Batcher {
   constructor(private readonly options: BatcherOptions) {}
 
   /** Sends `call` in a batch, or alone when it is too large to share one; answers its response or throws its refusal. */
-  call(call: BatchCall["call"], attempt: AttemptOptions, alone: (options: AttemptOptions) => Promise<unknown>): Promise<unknown> {
+  call(call: BatchCall["call"], traceContext: Record<string, string>, attempt: AttemptOptions, alone: (options: AttemptOptions) => Promise<unknown>): Promise<unknown> {
     const bytes = approximateBytes(call);
     // Too large to share a batch: alone, exactly as without batching.
     if (bytes > this.options.maxBytes) return alone(attempt);
@@ -451,7 +462,7 @@ class Batcher {
       const timer = setTimeout(() => pending.settle({ error: new ConnectError("the operation timed out", Code.DeadlineExceeded) }), attempt.timeoutMs);
       signal?.addEventListener("abort", onAbort, { once: true });
       const pending: Pending = {
-        call: create(BatchCallSchema, { call }),
+        call: create(BatchCallSchema, { call, traceContext }),
         bytes,
         deadline,
         settled: false,

@@ -1,5 +1,6 @@
 import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
+import { context, SpanKind, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
 import type { PlanReadiness } from "./plan-readiness.js";
@@ -192,6 +193,8 @@ export interface PoolDbOptions extends DbObserver {
   preparedStatements?: boolean;
   /** Prepared again under new names in each of its plan epochs (planReadiness: the registry's size, until it has statistics); once when unset. */
   planned?: PlanReadiness;
+  /** Each transaction (each try of it) is a span, a child of the active one (its RPC's), when given. */
+  tracer?: Tracer;
 }
 
 /**
@@ -237,7 +240,7 @@ function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: str
  * Work bound to ALL_TENANTS runs on `options.crossTenantPool`.
  */
 export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {}): Db {
-  const { crossTenantPool = pool, preparedStatements = true, planned, ...observer } = options;
+  const { crossTenantPool = pool, preparedStatements = true, planned, tracer, ...observer } = options;
   async function withRetries<T>(attempt: () => Promise<T>): Promise<T> {
     for (let n = 1; ; n++) {
       try {
@@ -257,31 +260,47 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
     coalescible: true,
     transaction: (tenant, work, name = "other") =>
       withRetries(() =>
-        onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
-          const began = performance.now();
-          const q = registryConnection(client, preparedStatements, planned?.epoch() ?? "");
-          // Not awaited: the work's first statement follows it on the wire, one
-          // round trip for both. Should BEGIN itself fail, that statement ran
-          // unbound, where row-level security shows and admits no row, and the
-          // failure is thrown below before anything is committed.
-          const begun = q.query(beginBound(tenant));
-          begun.catch(() => undefined);
-          let committed = false;
-          const commitWith: CommitWith = async (sends) => {
-            committed = true;
-            const results = await pipelined<Array<pg.QueryResult<Row>>>([...sends.map((send) => send(q)), q.query("COMMIT")]);
-            // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
-            if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
-            return results.slice(0, -1);
-          };
-          const result = await work(q, commitWith);
-          await begun;
-          if (!committed) await q.query("COMMIT");
-          observer.committed?.(name, (performance.now() - began) / 1000);
-          return result;
-        }),
+        traced(tracer, name, () =>
+          onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
+            const began = performance.now();
+            const q = registryConnection(client, preparedStatements, planned?.epoch() ?? "");
+            // Not awaited: the work's first statement follows it on the wire, one
+            // round trip for both. Should BEGIN itself fail, that statement ran
+            // unbound, where row-level security shows and admits no row, and the
+            // failure is thrown below before anything is committed.
+            const begun = q.query(beginBound(tenant));
+            begun.catch(() => undefined);
+            let committed = false;
+            const commitWith: CommitWith = async (sends) => {
+              committed = true;
+              const results = await pipelined<Array<pg.QueryResult<Row>>>([...sends.map((send) => send(q)), q.query("COMMIT")]);
+              // COMMIT of a transaction a statement aborted answers ROLLBACK; the statement's failure was thrown above.
+              if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
+              return results.slice(0, -1);
+            };
+            const result = await work(q, commitWith);
+            await begun;
+            if (!committed) await q.query("COMMIT");
+            observer.committed?.(name, (performance.now() - began) / 1000);
+            return result;
+          }),
+        ),
       ),
   };
+}
+
+/** `work` in a span named after the transaction (`registry reserve`), when tracing; its failure marks the span. */
+async function traced<T>(tracer: Tracer | undefined, name: string, work: () => Promise<T>): Promise<T> {
+  if (!tracer) return work();
+  const span = tracer.startSpan(`registry ${name}`, { kind: SpanKind.CLIENT, attributes: { "db.system": "postgresql", "db.operation.name": name } });
+  try {
+    return await context.with(trace.setSpan(context.active(), span), work);
+  } catch (error) {
+    span.setStatus({ code: SpanStatusCode.ERROR, message: (error as Error).message });
+    throw error;
+  } finally {
+    span.end();
+  }
 }
 
 /**

@@ -177,6 +177,7 @@ export async function startCoordinator({
       crossTenantPool,
       preparedStatements: config.db.preparedStatements,
       planned: planReadiness(pool, logger),
+      ...(tracer ? { tracer } : {}),
     });
     for (const notice of config.notices ?? []) logger.warn(notice);
     const store = new PolicyStore(db);
@@ -201,7 +202,7 @@ export async function startCoordinator({
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
-        serviceRoutes({ registry, db, metrics, store, policies: policyCache, policyRefreshMs: config.policyRefreshMs })(router);
+        serviceRoutes({ registry, db, metrics, store, policies: policyCache, policyRefreshMs: config.policyRefreshMs, ...(tracer ? { tracer } : {}) })(router);
         router.service(Health, health.service());
         if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
       },

@@ -1,5 +1,6 @@
 import { create, type Message } from "@bufbuild/protobuf";
 import { ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import type { Tracer } from "@opentelemetry/api";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
 import { refuse } from "../contract/errors.js";
 import { CONTRACT_VERSION } from "../contract/scope.js";
@@ -46,6 +47,7 @@ import { errorMappingOf, statusOf } from "./errors.js";
 import { callerOf, refuseUnknownFields } from "./interceptors.js";
 import type { Metrics } from "./metrics.js";
 import { RecordWatch, waitBudgetMs, waitForOwner } from "./owner-wait.js";
+import { tracedBatchCall } from "./tracing.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
 /** What the coordinator's handlers need. */
@@ -54,13 +56,15 @@ export interface CoordinatorDeps {
   db: Db;
   /** Decisions and takeovers are counted when given. */
   metrics?: Metrics;
+  /** Each call of a Batch gets a span of its own when given (its RPC's span comes from the tracing interceptor). */
+  tracer?: Tracer;
 }
 
 /**
  * The CoordinatorService handlers: authorization by role, then translation
  * between the wire and the registry, which holds every rule of the contract.
  */
-export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
+export function coordinatorService({ registry, db, metrics, tracer }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
   const unary = unaryHandlers({ registry, db, metrics }, new RecordWatch());
 
   /** One call of a batch, answered by its unary handler: its response, or the status its unary RPC would be refused with. */
@@ -81,7 +85,8 @@ export function coordinatorService({ registry, db, metrics }: CoordinatorDeps): 
       refuseUnknownFields(call.call.value);
       // Each case of BatchCall.call is named after the RPC whose request it carries, and BatchResult.result after the one whose response it holds.
       const handler = unary[kind] as (req: Message, ctx: HandlerContext) => Promise<Message>;
-      const value = await handler(call.call.value, ctx);
+      const request = call.call.value;
+      const value = await tracedBatchCall(tracer, `${CoordinatorService.typeName}/${method}`, call.traceContext, () => handler(request, ctx));
       if (method) metrics?.observeCall(CoordinatorService.typeName, method, startedAt);
       return { case: kind, value } as BatchResult["result"];
     } catch (error) {

@@ -1,4 +1,5 @@
-import { context, SpanKind, SpanStatusCode, trace, type TextMapGetter, type Tracer } from "@opentelemetry/api";
+import { context, SpanKind, SpanStatusCode, trace, type Span, type TextMapGetter, type Tracer } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
@@ -29,10 +30,33 @@ const headerGetter: TextMapGetter<Headers> = {
 };
 
 /**
+ * Makes the active span follow an RPC across its awaits (AsyncLocalStorage),
+ * so that its database transactions become its child spans and its log lines
+ * carry its trace id. Once per process; a context manager the process set up
+ * already (its own OpenTelemetry SDK) is kept.
+ */
+function followSpansAcrossAwaits(): void {
+  if (contextFollowed) return;
+  contextFollowed = true;
+  const manager = new AsyncLocalStorageContextManager().enable();
+  if (!context.setGlobalContextManager(manager)) manager.disable();
+}
+let contextFollowed = false;
+
+/** The trace and span ids of the active span, for every log line (pino's `mixin`); nothing outside one. */
+export function traceFields(): { traceId?: string; spanId?: string } {
+  const span = trace.getActiveSpan();
+  if (!span) return {};
+  const { traceId, spanId } = span.spanContext();
+  return { traceId, spanId };
+}
+
+/**
  * A span per RPC: `rpc.service`, `rpc.method`, the status code, and the
  * operation id when the request names one. Keys and bodies are never attributes.
  */
 export function tracingInterceptor(tracer: Tracer): Interceptor {
+  followSpansAcrossAwaits();
   return (next) => async (req) => {
     const parent = propagator.extract(context.active(), req.header, headerGetter);
     const span = tracer.startSpan(
@@ -58,4 +82,36 @@ export function tracingInterceptor(tracer: Tracer): Interceptor {
       span.end();
     }
   };
+}
+
+/** Reads a batched call's trace context from its `trace_context` map. */
+const mapGetter: TextMapGetter<Record<string, string>> = {
+  get: (carrier, key) => carrier[key],
+  keys: (carrier) => Object.keys(carrier),
+};
+
+/**
+ * Runs one call of a Batch in a span of its own: a child of the call's own
+ * trace context when it carries one (its request's trace), otherwise of the
+ * batch's span. Without a tracer, runs `work` alone.
+ */
+export async function tracedBatchCall<T>(tracer: Tracer | undefined, name: string, traceContext: Record<string, string>, work: () => Promise<T>): Promise<T> {
+  if (!tracer) return work();
+  const parent = Object.keys(traceContext).length > 0 ? propagator.extract(context.active(), traceContext, mapGetter) : context.active();
+  const [service, method] = name.split("/");
+  const span: Span = tracer.startSpan(
+    name,
+    { kind: SpanKind.SERVER, attributes: { "rpc.system": "connect_rpc", "rpc.service": service!, "rpc.method": method!, "idempotency.batched": true } },
+    parent,
+  );
+  try {
+    return await context.with(trace.setSpan(parent, span), work);
+  } catch (error) {
+    const code = ConnectError.from(error).code;
+    span.setAttribute("rpc.grpc.status_code", code);
+    span.setStatus({ code: SpanStatusCode.ERROR, message: Code[code] });
+    throw error;
+  } finally {
+    span.end();
+  }
 }

@@ -3,6 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
+import type { Logger } from "pino";
 import { expect, vi } from "vitest";
 import { loadConfig, type CallerGrant, type Config } from "../../src/config.js";
 import type { FaultHooks } from "../../src/fault-hooks.js";
@@ -47,7 +48,7 @@ export interface TestServer {
 /** A real coordinator on ephemeral ports, over the test file's schema. */
 export async function startTestServer(
   t: TestDatabase,
-  options: { operations?: PolicyDocument[]; config?: Partial<Config>; tracer?: Tracer; hooks?: FaultHooks } = {},
+  options: { operations?: PolicyDocument[]; config?: Partial<Config>; tracer?: Tracer; hooks?: FaultHooks; logger?: Logger } = {},
 ): Promise<TestServer> {
   const tokens: TestTokens = {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
@@ -79,7 +80,7 @@ export async function startTestServer(
   const coordinator = await startCoordinator({
     config,
     databaseUrl: t.url,
-    logger: silentLogger,
+    logger: options.logger ?? silentLogger,
     databaseOptions: `-c search_path=${t.schema}`,
     applicationName,
     ...(options.tracer ? { tracer: options.tracer } : {}),
