@@ -44,13 +44,14 @@ development token. Stops gracefully on SIGTERM or SIGINT.`,
   },
   migrate: {
     summary: "apply pending registry migrations and exit",
-    usage: "idemctl migrate [--status]",
+    usage: "idemctl migrate [--status] [--json]",
     help: `Applies the numbered migrations in migrations/ as the owner of the tables:
 IDEM_MIGRATION_DATABASE_URL, else DATABASE_URL (or the embedded PostgreSQL when both are
 unset), each in its own transaction, under an advisory lock so that concurrent runs are
-safe. --status lists applied and pending versions without applying.`,
+safe. --status lists applied and pending versions without applying. --json prints one JSON
+object instead of lines (progress goes to stderr).`,
     async run(args) {
-      const { values } = parseArgs({ args, options: { status: { type: "boolean", default: false } } });
+      const { values } = parseArgs({ args, options: { status: { type: "boolean", default: false }, json: { type: "boolean", default: false } } });
       // Migrations store no response body: no key ring needed (the migrate Job has none).
       const config = loadConfig(process.env, { forMigrations: true });
       const logger = pino({ level: config.logLevel === "info" ? "warn" : config.logLevel });
@@ -77,15 +78,20 @@ safe. --status lists applied and pending versions without applying.`,
         if (values.status) {
           // Any failure is reported, not shown as "pending".
           const applied = await appliedMigrations(pool).catch(unreachable);
+          if (values.json) {
+            print(JSON.stringify({ migrations: known.map((m) => ({ version: m.version, name: m.name, appliedAt: applied.get(m.version)?.toISOString() ?? null })) }));
+            return;
+          }
           for (const m of known) {
             const at = applied.get(m.version);
-            process.stdout.write(`${String(m.version).padStart(6, "0")}_${m.name}  ${at ? `applied ${at.toISOString()}` : "pending"}\n`);
+            print(`${String(m.version).padStart(6, "0")}_${m.name}  ${at ? `applied ${at.toISOString()}` : "pending"}`);
           }
           return;
         }
-        process.stdout.write(`checking ${known.length} migration(s)…\n`);
+        (values.json ? progress : print)(`checking ${known.length} migration(s)…`);
         const done = await migrate(pool, logger).catch(unreachable);
-        process.stdout.write(done.length > 0 ? `applied: ${done.join(", ")}\n` : "nothing to apply: the registry is up to date\n");
+        if (values.json) print(JSON.stringify({ known: known.length, applied: done }));
+        else print(done.length > 0 ? `applied: ${done.join(", ")}` : "nothing to apply: the registry is up to date");
       } finally {
         await pool.end();
         await embedded?.stop();
@@ -94,7 +100,7 @@ safe. --status lists applied and pending versions without applying.`,
   },
   policy: {
     summary: "publish, read and list operation policies",
-    usage: "idemctl policy apply FILE | get OPERATION [--api-revision N] [--revision N] [--json] | list [OPERATION] [--json]",
+    usage: "idemctl policy apply FILE [--json] | get OPERATION [--api-revision N] [--revision N] [--json] | list [OPERATION] [--json]",
     help: `apply FILE   validates every policy revision in FILE (YAML or JSON; one document or a list) and
              publishes them in order. A revision already published with equal rules is left as it is;
              with other rules it is refused: publish a higher revision instead (docs/policies.md).
@@ -106,9 +112,9 @@ ${CONNECTION_HELP}`,
       const [action, ...rest] = args;
       switch (action) {
         case "apply": {
-          const { values, positionals } = parseArgs({ args: rest, options: CONNECTION_OPTIONS, allowPositionals: true });
+          const { values, positionals } = parseArgs({ args: rest, options: { ...CONNECTION_OPTIONS, json: { type: "boolean", default: false } }, allowPositionals: true });
           if (positionals.length !== 1) throw new UsageError("apply takes one FILE");
-          await applyPolicies(positionals[0]!, await resolveConnection(values), print);
+          await applyPolicies(positionals[0]!, values.json, await resolveConnection(values), print);
           return;
         }
         case "get": {
@@ -187,7 +193,7 @@ ${CONNECTION_HELP}`,
   reconcile: {
     summary: "settle an UNKNOWN record as SUCCEEDED or FAILED_FINAL, with evidence",
     usage:
-      "idemctl reconcile --tenant T --operation-id ID --outcome SUCCEEDED|FAILED_FINAL --status CODE [--media-type T] [--body TEXT | --body-file F] --evidence TEXT --operator NAME",
+      "idemctl reconcile --tenant T --operation-id ID --outcome SUCCEEDED|FAILED_FINAL --status CODE [--media-type T] [--body TEXT | --body-file F] --evidence TEXT --operator NAME [--json]",
     help: `Only UNKNOWN records are reconciled: an effect may have happened and no machine could tell.
 Look at the downstream system first (the record's attempts name each effect's downstream key
 and handle), then record what you found. Retries of the request replay the snapshot given here.
@@ -231,12 +237,26 @@ ${CONNECTION_HELP}`,
   },
   sweep: {
     summary: "run the retention sweep now (finished records past retention become tombstones)",
-    usage: "idemctl sweep [--batch-size 500] [--max-batches N]",
+    usage: "idemctl sweep [--batch-size 500] [--max-batches N] [--json]",
     help: `The sweep also runs on its own every IDEM_SWEEP_INTERVAL_MS on one replica.
 ${CONNECTION_HELP}`,
     async run(args) {
-      const { values } = parseArgs({ args, options: { ...CONNECTION_OPTIONS, "batch-size": { type: "string", default: "500" }, "max-batches": { type: "string", default: "0" } } });
-      await sweepCommand(wholeNumber(values["batch-size"], "--batch-size"), wholeNumber(values["max-batches"], "--max-batches"), await resolveConnection(values), print);
+      const { values } = parseArgs({
+        args,
+        options: {
+          ...CONNECTION_OPTIONS,
+          "batch-size": { type: "string", default: "500" },
+          "max-batches": { type: "string", default: "0" },
+          json: { type: "boolean", default: false },
+        },
+      });
+      await sweepCommand(
+        wholeNumber(values["batch-size"], "--batch-size"),
+        wholeNumber(values["max-batches"], "--max-batches"),
+        values.json,
+        await resolveConnection(values),
+        print,
+      );
     },
   },
   mode: {
@@ -309,20 +329,22 @@ ${CONNECTION_HELP}`,
   },
   keygen: {
     summary: "make a snapshot key (AES-256) and print the key ring entry to configure",
-    usage: "idemctl keygen --id KEY_ID [--ring]",
+    usage: "idemctl keygen --id KEY_ID [--ring] [--json]",
     help: `Prints a new random 32-byte key as the entry to add to IDEM_SNAPSHOT_KEYS
 ({"active": "<id>", "keys": {"<id>": "<base64>", …}}). To rotate: add the new key, make it
 active, deploy; keep the old keys in the ring while bodies sealed with them exist.
 --ring prints a whole key ring with this key active, alone on stdout: the first ring of a
-deployment (IDEM_SNAPSHOT_KEYS, or the file of IDEM_SNAPSHOT_KEYS_FILE).`,
+deployment (IDEM_SNAPSHOT_KEYS, or the file of IDEM_SNAPSHOT_KEYS_FILE). --json prints the entry
+alone, as JSON.`,
     run(args) {
-      const { values } = parseArgs({ args, options: { id: { type: "string" }, ring: { type: "boolean", default: false } } });
+      const { values } = parseArgs({ args, options: { id: { type: "string" }, ring: { type: "boolean", default: false }, json: { type: "boolean", default: false } } });
       if (!values.id || !/^[A-Za-z0-9._-]{1,64}$/.test(values.id)) throw new UsageError("--id is required: 1 to 64 characters of A-Z a-z 0-9 . _ -, e.g. --id 2026-11");
       const key = randomBytes(32).toString("base64");
       if (values.ring) {
         print(JSON.stringify({ active: values.id, keys: { [values.id]: key } }));
         return;
       }
+      if (values.json) return print(JSON.stringify({ [values.id]: key }));
       print(`key ring entry (keep it secret; add it to IDEM_SNAPSHOT_KEYS and make it "active" to seal new bodies with it):\n  ${JSON.stringify({ [values.id]: key })}`);
     },
   },
@@ -346,10 +368,10 @@ deployment (IDEM_SNAPSHOT_KEYS, or the file of IDEM_SNAPSHOT_KEYS_FILE).`,
   },
   token: {
     summary: "mint a caller token and print the caller entry to configure",
-    usage: "idemctl token --name NAME [--tenants a,b|*] [--operations x,y|*] [--roles gateway,worker,operator]",
+    usage: "idemctl token --name NAME [--tenants a,b|*] [--operations x,y|*] [--roles gateway,worker,operator] [--json]",
     help: `Prints a new random bearer token (give it to the caller, once) and the JSON entry for
 IDEM_CALLERS or IDEM_CALLERS_FILE, which holds only the token's SHA-256. Defaults: all
-tenants, all operations, the gateway role.`,
+tenants, all operations, the gateway role. --json prints {"token": …, "caller": …}.`,
     run(args) {
       const { values } = parseArgs({
         args,
@@ -358,6 +380,7 @@ tenants, all operations, the gateway role.`,
           tenants: { type: "string", default: "*" },
           operations: { type: "string", default: "*" },
           roles: { type: "string", default: "gateway" },
+          json: { type: "boolean", default: false },
         },
       });
       if (!values.name) throw new UsageError("--name is required, e.g. --name payments-gateway");
@@ -375,12 +398,15 @@ tenants, all operations, the gateway role.`,
       } catch (error) {
         throw new UsageError((error as Error).message.replace(/^callers\[0\]\./, "--"));
       }
-      process.stdout.write(`token (give it to the caller; it is not stored anywhere):\n  ${token}\n\ncaller entry for IDEM_CALLERS:\n  ${JSON.stringify(entry)}\n`);
+      if (values.json) return print(JSON.stringify({ token, caller: entry }));
+      print(`token (give it to the caller; it is not stored anywhere):\n  ${token}\n\ncaller entry for IDEM_CALLERS:\n  ${JSON.stringify(entry)}`);
     },
   },
 };
 
-const print = (text: string) => process.stdout.write(`${text}\n`);
+const print = (text: string): void => void process.stdout.write(`${text}\n`);
+/** Progress of a command printing JSON: on stderr, so that stdout holds the JSON alone. */
+const progress = (text: string): void => void process.stderr.write(`${text}\n`);
 
 function wholeNumber(text: string, option: string): number {
   const n = Number(text);

@@ -12,7 +12,7 @@ import { clientsOf, table, type Connection } from "./connection.js";
  * JSON; one document or a list) locally first, so that a mistake is reported
  * with its path before anything is sent, then publishes them in order.
  */
-export async function applyPolicies(file: string, connection: Connection, out: (line: string) => void): Promise<void> {
+export async function applyPolicies(file: string, json: boolean, connection: Connection, out: (line: string) => void): Promise<void> {
   const text = await readFile(file, "utf8");
   let parsed: unknown;
   try {
@@ -34,9 +34,14 @@ export async function applyPolicies(file: string, connection: Connection, out: (
     call: { headers },
   } = clientsOf(connection);
   for (const [i, document] of documents.entries()) {
-    out(`publishing ${describe(document.operation, document.apiRevision, document.schemaRevision)} (${i + 1}/${documents.length})…`);
+    if (!json) out(`publishing ${describe(document.operation, document.apiRevision, document.schemaRevision)} (${i + 1}/${documents.length})…`);
     const { published, created } = await client.publishPolicy({ policy: policyToProto(document) }, { headers });
-    out(`  ${created ? "published" : "unchanged: this exact revision was already published"}, digest ${toHex(published!.digest).slice(0, 16)}…`);
+    if (json) {
+      const { operation, apiRevision, schemaRevision } = document;
+      out(JSON.stringify({ operation, apiRevision, schemaRevision, created, digest: toHex(published!.digest) }));
+    } else {
+      out(`  ${created ? "published" : "unchanged: this exact revision was already published"}, digest ${toHex(published!.digest).slice(0, 16)}…`);
+    }
   }
 }
 

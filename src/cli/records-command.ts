@@ -108,11 +108,11 @@ export async function reconcileCommand(
 }
 
 /** `idemctl sweep`: the retention sweep, now. */
-export async function sweepCommand(batchSize: number, maxBatches: number, connection: Connection, out: Out): Promise<void> {
+export async function sweepCommand(batchSize: number, maxBatches: number, json: boolean, connection: Connection, out: Out): Promise<void> {
   const { admin, call } = clientsOf(connection);
-  out("sweeping finished records past their retention…");
+  if (!json) out("sweeping finished records past their retention…");
   const { tombstoned, batches } = await admin.runRetentionSweep({ batchSize, maxBatches }, call);
-  out(`tombstoned ${tombstoned} record(s) in ${batches} batch(es)`);
+  out(json ? JSON.stringify({ tombstoned: Number(tombstoned), batches: Number(batches) }) : `tombstoned ${tombstoned} record(s) in ${batches} batch(es)`);
 }
 
 const MODES: Record<string, OperationMode> = { ENFORCE: OperationMode.ENFORCE, SHADOW: OperationMode.SHADOW, DRAINING: OperationMode.DRAINING };

@@ -1,4 +1,7 @@
 import { execFile, spawn } from "node:child_process";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { promisify } from "node:util";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -130,6 +133,28 @@ describe("idemctl", { timeout: 120_000 }, () => {
       .filter((e) => e.operationId === accepted.operationId)
       .map((e) => e.kind);
     expect(kinds).toEqual(["ACCEPTED", "EFFECT_RECORDED", "UNKNOWN", "RECONCILED"]);
+  });
+
+  it("prints JSON alone on stdout with --json, for every command that prints", async () => {
+    const parsed = async (...args: string[]) => {
+      const result = await idemctl(...args);
+      expect(result.code, args.join(" ")).toBe(0);
+      return JSON.parse(result.stdout) as Record<string, unknown>;
+    };
+    const env = { ...process.env, DATABASE_URL: t.url, PGOPTIONS: `-c search_path=${t.schema}` };
+    const migrations = JSON.parse((await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "migrate", "--status", "--json"], { env })).stdout) as {
+      migrations: Array<{ version: number; appliedAt: string | null }>;
+    };
+    expect(migrations.migrations.length).toBeGreaterThanOrEqual(14);
+    expect(migrations.migrations.every((m) => typeof m.appliedAt === "string")).toBe(true);
+    const applied = JSON.parse((await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "migrate", "--json"], { env })).stdout) as { applied: number[] };
+    expect(applied.applied).toEqual([]);
+    expect(await parsed("sweep", "--json")).toMatchObject({ tombstoned: expect.any(Number) as number, batches: expect.any(Number) as number });
+    expect(Object.keys(await parsed("keygen", "--id", "2026-12", "--json"))).toEqual(["2026-12"]);
+    expect(await parsed("token", "--name", "payments-gateway", "--json")).toMatchObject({ token: expect.stringMatching(/^idem_/) as string, caller: { name: "payments-gateway" } });
+    const file = join(await mkdtemp(join(tmpdir(), "idemctl-")), "refunds.yaml");
+    await writeFile(file, "operation: refunds.create\napiRevision: 1\nschemaRevision: 1\n");
+    expect(await parsed("policy", "apply", file, "--json")).toMatchObject({ operation: "refunds.create", apiRevision: 1, schemaRevision: 1, created: true });
   });
 
   it("sets modes and epochs and lists them", async () => {
