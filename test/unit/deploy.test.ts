@@ -1,8 +1,11 @@
+import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import type pg from "pg";
+import { promisify } from "node:util";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { parse as parseYaml } from "yaml";
@@ -215,6 +218,15 @@ describe("deploy/compose.yaml and the Dockerfile", () => {
     expect([build.compilerOptions.rootDir, build.compilerOptions.outDir]).toEqual(["src", "dist"]);
   });
 
+  it("has a migration Job that a new image can apply again (a finished one removes itself)", async () => {
+    const job = await yaml<{ kind: string; spec: { ttlSecondsAfterFinished?: number; template: { spec: { containers: Array<{ command: string[] }> } } } }>(
+      "deploy/kubernetes/migrate-job.yaml",
+    );
+    expect(job.kind).toBe("Job");
+    expect(job.spec.ttlSecondsAfterFinished).toBeGreaterThan(0);
+    expect(job.spec.template.spec.containers[0]!.command).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
+  });
+
   it("build an image of production code and dependencies only, from a context without the host's state", async () => {
     // The runtime stage installs without development dependencies: the embedded PostgreSQL and tsx are among them.
     expect(await text("deploy/Dockerfile")).toContain("npm ci --omit=dev");
@@ -226,7 +238,35 @@ describe("deploy/compose.yaml and the Dockerfile", () => {
   });
 });
 
+const promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].find((path) => existsSync(path));
+
 describe("deploy/monitoring", () => {
+  interface Rules {
+    groups: Array<{ rules: Array<{ alert: string; expr: string; annotations: Record<string, string> }> }>;
+  }
+
+  it("alerts on a coordinator down, the RPC error ratio and Reserve's P99 beside the rest, each with a runbook section", async () => {
+    const rules = (await yaml<Rules>("deploy/monitoring/alerts.yaml")).groups.flatMap((group) => group.rules);
+    expect(rules.map((rule) => rule.alert)).toEqual(expect.arrayContaining(["IdempotencyCoordinatorDown", "IdempotencyRpcErrors", "IdempotencyReserveSlow"]));
+    const headings = new Set([...(await text("docs/runbook.md")).matchAll(/^## (\S+)$/gm)].map((m) => m[1]!.toLowerCase()));
+    for (const rule of rules) {
+      expect(rule.annotations.runbook_url, rule.alert).toBe(`docs/runbook.md#${rule.alert.toLowerCase()}`);
+      expect(headings.has(rule.alert.toLowerCase()), `docs/runbook.md has a section ${rule.alert}`).toBe(true);
+    }
+  });
+
+  it.skipIf(!promtool && process.env.CI !== "true")("passes promtool check rules (Debian's prometheus package; CI installs it)", async () => {
+    expect(promtool, "promtool is not installed: apt-get install prometheus").toBeDefined();
+    const { stdout } = await promisify(execFile)(promtool!, ["check", "rules", join(root.pathname, "deploy/monitoring/alerts.yaml")]);
+    expect(stdout).toMatch(/SUCCESS: \d+ rules found/);
+  });
+
+  it("counts the registry's records once in Grafana, not once per replica (every replica reports the same census)", async () => {
+    const dashboard = await text("deploy/monitoring/grafana-dashboard.json");
+    expect(dashboard).toContain('"expr": "max by (state) (idem_records)"');
+    expect(dashboard).not.toMatch(/sum[^"]*\(idem_records\)/);
+  });
+
   it("alerts and charts only on metrics the coordinator exposes", async () => {
     const pool = { totalCount: 0, idleCount: 0, waitingCount: 0 } as unknown as pg.Pool;
     // Nothing is collected here (the database is not asked): only which metrics are registered.
