@@ -68,6 +68,8 @@ export interface Config {
   allowPlaintextSnapshots: boolean;
   /** Serve gRPC server reflection (grpc.reflection.v1 and v1alpha) on the RPC port, without credentials. */
   reflection: boolean;
+  /** Origins whose pages may call the RPC port from a browser (CORS); none by default. */
+  corsOrigins: string[];
   /** Largest RPC request accepted, in bytes. */
   maxRequestBytes: number;
   /** Upper bound of any deadline a client asks for. */
@@ -144,6 +146,7 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)",
   },
   { name: "IDEM_REFLECTION", default: "true", meaning: "serve gRPC server reflection (v1, v1alpha) without credentials, for buf curl, grpcurl, grpcui, Postman" },
+  { name: "IDEM_CORS_ORIGINS", default: "(none)", meaning: "comma-separated origins whose pages may call the RPC port from a browser (Connect, gRPC-Web)" },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -412,6 +415,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     snapshotKeys: keysInline ?? keysFile,
     allowPlaintextSnapshots,
     reflection: read("IDEM_REFLECTION", boolean, true),
+    corsOrigins: read("IDEM_CORS_ORIGINS", originList, []),
     maxRequestBytes: read("IDEM_MAX_REQUEST_BYTES", integer(1024, 64 * 1024 * 1024), 4 * 1024 * 1024),
     maxDeadlineMs: read("IDEM_MAX_DEADLINE_MS", integer(100, 600_000), 30_000),
     shutdownGraceMs: read("IDEM_SHUTDOWN_GRACE_MS", integer(0, 600_000), 20_000),
@@ -435,6 +439,24 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     throw new ConfigError(`the configuration cannot be used:\n  - ${problems.join("\n  - ")}\nSee README.md, "Configuration".`);
   }
   return config;
+}
+
+/** Origins, comma-separated, each `scheme://host[:port]` exactly as a browser sends it. */
+function originList(raw: string): string[] {
+  const origins = raw
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean);
+  for (const origin of origins) {
+    let url: URL;
+    try {
+      url = new URL(origin);
+    } catch {
+      throw new Error(`'${origin}' is not an origin: scheme://host[:port], e.g. https://console.example.com`);
+    }
+    if (url.origin !== origin) throw new Error(`'${origin}' is not an origin as browsers send it (${url.origin}): no path, no trailing slash`);
+  }
+  return origins;
 }
 
 /** A path to a file this process can read. */

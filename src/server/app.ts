@@ -21,6 +21,7 @@ import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { reflectionRoutes } from "./reflection.js";
+import { withCors } from "./cors.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
 import { BackgroundJob } from "./jobs.js";
@@ -215,7 +216,7 @@ export async function startCoordinator({
     });
 
     jobs = backgroundJobs(registry, db, metrics, config, logger, clock);
-    rpc = await listenRpc(handler, config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
+    rpc = await listenRpc(withCors(handler, config.corsOrigins), config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(
       {

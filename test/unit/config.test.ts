@@ -78,6 +78,13 @@ describe("loadConfig", () => {
     expect(() => loadConfig({ ...database, IDEM_WORKERS: "3", IDEM_ADMIN_PORT: "7071", IDEM_RPC_PORT: "7073" })).toThrow(/admin ports 7071–7073/);
   });
 
+  it("takes browser origins for CORS exactly as browsers send them", () => {
+    expect(loadConfig({}).corsOrigins).toEqual([]);
+    expect(loadConfig({ IDEM_CORS_ORIGINS: "https://console.example.com, http://127.0.0.1:5173" }).corsOrigins).toEqual(["https://console.example.com", "http://127.0.0.1:5173"]);
+    expect(() => loadConfig({ IDEM_CORS_ORIGINS: "https://console.example.com/" })).toThrow(/IDEM_CORS_ORIGINS: .*no path, no trailing slash/);
+    expect(() => loadConfig({ IDEM_CORS_ORIGINS: "console.example.com" })).toThrow(/IDEM_CORS_ORIGINS: 'console.example.com' is not an origin/);
+  });
+
   it("refuses the same port for RPC and admin", () => {
     expect(() => loadConfig({ IDEM_RPC_PORT: "8000", IDEM_ADMIN_PORT: "8000" })).toThrow(/must differ/);
   });
