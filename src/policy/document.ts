@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { refuse } from "../contract/errors.js";
+import { IdempotencyError, refuse } from "../contract/errors.js";
 import type { FieldSchema, FieldType } from "../contract/json-schema.js";
 import { DEFAULT_KEY_RULES, MIN_ENTROPY_BITS_FLOOR } from "../contract/keys.js";
 import { DEFAULT_SNAPSHOT_BOUNDS, type SnapshotBounds } from "../contract/snapshot.js";
@@ -60,65 +60,108 @@ const FIELD_TYPES: readonly FieldType[] = ["string", "boolean", "integer", "deci
  */
 export function parsePolicyDocument(input: unknown, path = "policy"): PolicyDocument {
   const o = object(input, path);
-  allowOnly(o, path, ["operation", "apiRevision", "schemaRevision", "fingerprint", "keys", "lease", "retention", "maxActivePerPrincipal", "snapshot"]);
-  const operation = string(o.operation, `${path}.operation`);
-  const apiRevision = integer(o.apiRevision, `${path}.apiRevision`, 1, 65535);
-  guard(`${path}.operation`, () => validateOperationName(operation));
-  guard(`${path}.apiRevision`, () => validateApiRevision(apiRevision));
-
-  const fp = object(o.fingerprint ?? {}, `${path}.fingerprint`);
-  allowOnly(fp, `${path}.fingerprint`, ["mode", "queryParameters", "headers", "maxBodyBytes", "maxDepth", "schema"]);
-  const mode = fp.mode ?? "raw";
-  if (mode !== "raw" && mode !== "json") invalid(`${path}.fingerprint.mode`, 'must be "raw" or "json"');
-  const fingerprint: PolicyDocument["fingerprint"] = {
-    mode,
-    queryParameters: strings(fp.queryParameters ?? [], `${path}.fingerprint.queryParameters`, false).sort(),
-    headers: strings(fp.headers ?? [], `${path}.fingerprint.headers`, true).sort(),
-    maxBodyBytes: integer(fp.maxBodyBytes ?? MIB, `${path}.fingerprint.maxBodyBytes`, 0, 16 * MIB),
+  // Every setting is read even after one was refused, so that a document's author
+  // learns every problem of it at once, each with its path.
+  const problems: IdempotencyError[] = [];
+  const part = <T>(read: () => T, fallback: T): T => {
+    try {
+      return read();
+    } catch (error) {
+      if (!(error instanceof IdempotencyError) || error.reason !== "INVALID_POLICY") throw error;
+      problems.push(error);
+      return fallback;
+    }
   };
-  if (mode === "json") {
-    fingerprint.maxDepth = integer(fp.maxDepth ?? 32, `${path}.fingerprint.maxDepth`, 1, 256);
-    if (fp.schema === undefined) invalid(`${path}.fingerprint.schema`, "is required in json mode: the field schema of the body");
-    fingerprint.schema = fieldSchema(fp.schema, `${path}.fingerprint.schema`, 1, fingerprint.maxDepth);
-  } else {
-    if (fp.schema !== undefined) invalid(`${path}.fingerprint.schema`, 'is only meaningful with mode "json"');
-    if (fp.maxDepth !== undefined) invalid(`${path}.fingerprint.maxDepth`, 'is only meaningful with mode "json"');
-  }
+  part(() => allowOnly(o, path, ["operation", "apiRevision", "schemaRevision", "fingerprint", "keys", "lease", "retention", "maxActivePerPrincipal", "snapshot"]), undefined);
+  const operation = part(() => {
+    const name = string(o.operation, `${path}.operation`);
+    guard(`${path}.operation`, () => validateOperationName(name));
+    return name;
+  }, "");
+  const apiRevision = part(() => {
+    const revision = integer(o.apiRevision, `${path}.apiRevision`, 1, 65535);
+    guard(`${path}.apiRevision`, () => validateApiRevision(revision));
+    return revision;
+  }, 1);
+  const schemaRevision = part(() => integer(o.schemaRevision ?? 1, `${path}.schemaRevision`, 1, 65535), 1);
+  const fingerprint = part(() => fingerprintRules(o.fingerprint ?? {}, `${path}.fingerprint`), { mode: "raw", queryParameters: [], headers: [], maxBodyBytes: MIB });
 
-  const keys = object(o.keys ?? {}, `${path}.keys`);
-  allowOnly(keys, `${path}.keys`, ["minLength", "maxLength", "minEntropyBits"]);
-  const lease = object(o.lease ?? {}, `${path}.lease`);
-  allowOnly(lease, `${path}.lease`, ["default", "max"]);
-  const leaseDefault = duration(lease.default ?? "30s", `${path}.lease.default`, 1000, 3600_000);
-  const leaseMax = duration(lease.max ?? "5m", `${path}.lease.max`, leaseDefault, 86_400_000);
+  const keys = part(() => object(o.keys ?? {}, `${path}.keys`), {});
+  part(() => allowOnly(keys, `${path}.keys`, ["minLength", "maxLength", "minEntropyBits"]), undefined);
+  const leaseSettings = part(() => object(o.lease ?? {}, `${path}.lease`), {});
+  part(() => allowOnly(leaseSettings, `${path}.lease`, ["default", "max"]), undefined);
+  const leaseDefault = part(() => duration(leaseSettings.default ?? "30s", `${path}.lease.default`, 1000, 3600_000), 30_000);
+  const leaseMax = part(() => duration(leaseSettings.max ?? "5m", `${path}.lease.max`, leaseDefault, 86_400_000), 300_000);
 
-  const snapshot = object(o.snapshot ?? {}, `${path}.snapshot`);
-  allowOnly(snapshot, `${path}.snapshot`, ["headerAllowlist", "maxBodyBytes", ...SNAPSHOT_BOUND_RANGES.map(([name]) => name)]);
+  const snapshot = part(() => object(o.snapshot ?? {}, `${path}.snapshot`), {});
+  part(() => allowOnly(snapshot, `${path}.snapshot`, ["headerAllowlist", "maxBodyBytes", ...SNAPSHOT_BOUND_RANGES.map(([name]) => name)]), undefined);
 
-  return {
+  const document: PolicyDocument = {
     operation,
     apiRevision,
-    schemaRevision: integer(o.schemaRevision ?? 1, `${path}.schemaRevision`, 1, 65535),
+    schemaRevision,
     fingerprint,
     // Policies may only tighten the default key lengths. The entropy floor may
     // also be lowered, for clients whose random keys are shorter than 128
     // bits, but never below the point where counters and dates pass.
     keys: {
-      minLength: integer(keys.minLength ?? DEFAULT_KEY_RULES.minLength, `${path}.keys.minLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
-      maxLength: integer(keys.maxLength ?? DEFAULT_KEY_RULES.maxLength, `${path}.keys.maxLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
-      minEntropyBits: integer(keys.minEntropyBits ?? DEFAULT_KEY_RULES.minEntropyBits, `${path}.keys.minEntropyBits`, MIN_ENTROPY_BITS_FLOOR, 1024),
+      minLength: part(
+        () => integer(keys.minLength ?? DEFAULT_KEY_RULES.minLength, `${path}.keys.minLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
+        DEFAULT_KEY_RULES.minLength,
+      ),
+      maxLength: part(
+        () => integer(keys.maxLength ?? DEFAULT_KEY_RULES.maxLength, `${path}.keys.maxLength`, DEFAULT_KEY_RULES.minLength, DEFAULT_KEY_RULES.maxLength),
+        DEFAULT_KEY_RULES.maxLength,
+      ),
+      minEntropyBits: part(
+        () => integer(keys.minEntropyBits ?? DEFAULT_KEY_RULES.minEntropyBits, `${path}.keys.minEntropyBits`, MIN_ENTROPY_BITS_FLOOR, 1024),
+        DEFAULT_KEY_RULES.minEntropyBits,
+      ),
     },
     lease: { default: formatDuration(leaseDefault), max: formatDuration(leaseMax) },
-    retention: retention(o.retention ?? {}, `${path}.retention`),
-    maxActivePerPrincipal: integer(o.maxActivePerPrincipal ?? 1000, `${path}.maxActivePerPrincipal`, 1, 1_000_000),
+    retention: part(() => retention(o.retention ?? {}, `${path}.retention`), retention({}, `${path}.retention`)),
+    maxActivePerPrincipal: part(() => integer(o.maxActivePerPrincipal ?? 1000, `${path}.maxActivePerPrincipal`, 1, 1_000_000), 1000),
     snapshot: {
-      headerAllowlist: strings(snapshot.headerAllowlist ?? DEFAULT_HEADER_ALLOWLIST, `${path}.snapshot.headerAllowlist`, true).sort(),
-      maxBodyBytes: integer(snapshot.maxBodyBytes ?? MIB, `${path}.snapshot.maxBodyBytes`, 0, 16 * MIB),
+      headerAllowlist: part(() => strings(snapshot.headerAllowlist ?? DEFAULT_HEADER_ALLOWLIST, `${path}.snapshot.headerAllowlist`, true).sort(), []),
+      maxBodyBytes: part(() => integer(snapshot.maxBodyBytes ?? MIB, `${path}.snapshot.maxBodyBytes`, 0, 16 * MIB), MIB),
       ...(Object.fromEntries(
-        SNAPSHOT_BOUND_RANGES.map(([name, max]) => [name, integer(snapshot[name] ?? DEFAULT_SNAPSHOT_BOUNDS[name], `${path}.snapshot.${name}`, 1, max)]),
+        SNAPSHOT_BOUND_RANGES.map(([name, max]) => [
+          name,
+          part(() => integer(snapshot[name] ?? DEFAULT_SNAPSHOT_BOUNDS[name], `${path}.snapshot.${name}`, 1, max), DEFAULT_SNAPSHOT_BOUNDS[name]),
+        ]),
       ) as unknown as SnapshotBounds),
     },
   };
+  if (problems.length === 1) throw problems[0]!;
+  if (problems.length > 1) {
+    refuse("INVALID_POLICY", `${path} has ${problems.length} problems:\n  - ${problems.map((p) => p.message).join("\n  - ")}`, {
+      path: String(problems[0]!.metadata.path ?? path),
+    });
+  }
+  return document;
+}
+
+/** The fingerprint settings: what identifies a request, and the body's field schema in json mode. */
+function fingerprintRules(input: unknown, path: string): PolicyDocument["fingerprint"] {
+  const fp = object(input, path);
+  allowOnly(fp, path, ["mode", "queryParameters", "headers", "maxBodyBytes", "maxDepth", "schema"]);
+  const mode = fp.mode ?? "raw";
+  if (mode !== "raw" && mode !== "json") invalid(`${path}.mode`, 'must be "raw" or "json"');
+  const fingerprint: PolicyDocument["fingerprint"] = {
+    mode,
+    queryParameters: strings(fp.queryParameters ?? [], `${path}.queryParameters`, false).sort(),
+    headers: strings(fp.headers ?? [], `${path}.headers`, true).sort(),
+    maxBodyBytes: integer(fp.maxBodyBytes ?? MIB, `${path}.maxBodyBytes`, 0, 16 * MIB),
+  };
+  if (mode === "json") {
+    fingerprint.maxDepth = integer(fp.maxDepth ?? 32, `${path}.maxDepth`, 1, 256);
+    if (fp.schema === undefined) invalid(`${path}.schema`, "is required in json mode: the field schema of the body");
+    fingerprint.schema = fieldSchema(fp.schema, `${path}.schema`, 1, fingerprint.maxDepth);
+  } else {
+    if (fp.schema !== undefined) invalid(`${path}.schema`, 'is only meaningful with mode "json"');
+    if (fp.maxDepth !== undefined) invalid(`${path}.maxDepth`, 'is only meaningful with mode "json"');
+  }
+  return fingerprint;
 }
 
 function retention(input: unknown, path: string): PolicyDocument["retention"] {

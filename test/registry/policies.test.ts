@@ -63,6 +63,27 @@ describe("publishing policy revisions", () => {
     await expect(t.pool.query("DELETE FROM idem_policy WHERE operation = 'holds.create'")).rejects.toThrow(/never change/);
   });
 
+  it("reports every problem of a document at once, each with its path, in the order of the document", () => {
+    const refused = expectReason(
+      () => parsePolicyDocument({ operation: "Bad Name", apiRevision: 0, lease: { default: "5x" }, retention: { keep: "1h" }, snapshot: { maxHeaders: 0 } }, "policy.yaml"),
+      "INVALID_POLICY",
+    );
+    const lines = refused.message.split("\n");
+    expect(lines[0]).toBe("policy.yaml has 5 problems:");
+    expect(lines.slice(1).map((line) => /^ {2}- (\S+) /.exec(line)?.[1])).toEqual([
+      "policy.yaml.operation",
+      "policy.yaml.apiRevision",
+      "policy.yaml.lease.default",
+      "policy.yaml.retention.keep",
+      "policy.yaml.snapshot.maxHeaders",
+    ]);
+    expect(refused.metadata.path).toBe("policy.yaml.operation");
+    // One problem reads as before: the problem alone.
+    expect(expectReason(() => parsePolicyDocument({ operation: "payments.create", apiRevision: 0 }, "p"), "INVALID_POLICY").message).toBe(
+      "p.apiRevision must be an integer from 1 to 65535",
+    );
+  });
+
   it("refuses a retention shorter than the windows it must cover, and key rules looser than the contract", () => {
     expectReason(() => testDocument({ retention: { keep: "12h", clientRetryWindow: "24h" } }), "INVALID_POLICY");
     expectReason(() => testDocument({ retention: { keep: "72h", backupRestoreWindow: "7d" } }), "INVALID_POLICY");
