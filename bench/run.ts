@@ -12,7 +12,7 @@ import { join, relative, resolve } from "node:path";
 import { performance } from "node:perf_hooks";
 import pg from "pg";
 import pino from "pino";
-import { parsePolicyDocument } from "../src/policy/document.js";
+import { parseDuration, parsePolicyDocument } from "../src/policy/document.js";
 import { toOperationPolicy } from "../src/policy/operations.js";
 import { migrate } from "../src/registry/migrate.js";
 import { openClients, type BenchClients, type ClientKind, type Reserved } from "./client.js";
@@ -65,8 +65,9 @@ depend on them) and writes JSON.
                           (default on,off; quick on)
   --durable               the same as --commit on
   --concurrency LIST      closed-loop concurrencies (default 1,16,64)
-  --duration S            measured seconds per phase (default 4; quick 2)
-  --warmup S              unmeasured seconds before each phase (default 2; quick 1)
+  --duration D            measured time per phase (default 4s; quick 2s); D is a duration
+                          as everywhere in this project (4s, 2m), or whole seconds
+  --warmup D              unmeasured time before each phase (default 2s; quick 1s)
   --open LIST|none        open-model rates as fractions of the best closed-loop
                           coordinator throughput (default 0.5,0.8; quick 0.5)
   --service-clients N     concurrent HTTP clients of the service level (default 16)
@@ -150,6 +151,14 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
   };
   let render: string | undefined;
   let markdown = false;
+  // The project's durations (4s, 2m, as in policies, idemctl and the gate), or a whole number of seconds.
+  const seconds = (flag: string, raw: string | undefined, min: number, max: number) => {
+    const ms = parseDuration(raw ?? "") ?? (/^\d+$/.test(raw ?? "") ? Number(raw) * 1000 : undefined);
+    if (ms === undefined || ms % 1000 !== 0 || ms / 1000 < min || ms / 1000 > max) {
+      throw new UsageError(`${flag} needs a duration of whole seconds from ${min}s to ${max}s (e.g. 4s, 2m, or 4), got '${raw ?? ""}'`);
+    }
+    return ms / 1000;
+  };
   const positive = (flag: string, raw: string | undefined, max: number) => {
     const n = Number(raw);
     if (!Number.isInteger(n) || n < 1 || n > max) throw new UsageError(`${flag} needs a whole number from 1 to ${max}, got '${raw ?? ""}'`);
@@ -176,15 +185,11 @@ function parseArgs(argv: string[]): Options | { render: string; markdown: boolea
           .map((c) => positive("--concurrency", c, 1000));
         break;
       case "--duration":
-        options.measureSec = positive("--duration", value(), 3600);
+        options.measureSec = seconds("--duration", value(), 1, 3600);
         break;
-      case "--warmup": {
-        const raw = value();
-        const n = Number(raw);
-        if (!Number.isInteger(n) || n < 0 || n > 600) throw new UsageError(`--warmup needs a whole number of seconds from 0 to 600, got '${raw}'`);
-        options.warmupSec = n;
+      case "--warmup":
+        options.warmupSec = seconds("--warmup", value(), 0, 600);
         break;
-      }
       case "--open": {
         const raw = value();
         options.open =

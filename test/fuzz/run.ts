@@ -30,7 +30,20 @@ const { values } = parseArgs({
   },
 });
 if (values.help) {
-  process.stdout.write("usage: npm run fuzz -- [--cases N] [--policy-cases N] [--json-cases N]\n");
+  process.stdout.write(
+    [
+      "usage: npm run fuzz -- [--cases N] [--policy-cases N] [--json-cases N]",
+      "",
+      "The hostile-input suite at full size, against a real coordinator on the embedded PostgreSQL",
+      "(or DATABASE_URL, in a schema of its own); progress on stderr, the verdicts on stdout.",
+      "",
+      "  --cases N           hostile requests to the unary RPCs (default 100000)",
+      "  --policy-cases N    generated policy documents for the loader (default 100000)",
+      "  --json-cases N      generated JSON bodies for the parser (default 100000)",
+      "  --help              this text",
+      "",
+    ].join("\n"),
+  );
   process.exit(0);
 }
 const logger = pino({ level: "silent" });

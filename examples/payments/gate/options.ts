@@ -1,4 +1,5 @@
 import { parseArgs } from "node:util";
+import { parseDuration as durationOf } from "../../../src/policy/document.js";
 import { defaultWriter } from "./progress.js";
 
 /**
@@ -213,15 +214,15 @@ output and environment
   --verbose                 print the processes' output
   --help                    this text
 
-DURATION: 1500ms, 2s, 1m, or a number of milliseconds.`;
+DURATION: as everywhere in this project (policies, idemctl, bench): 1500ms, 2s, 1m, 1h; or a
+whole number of milliseconds.`;
 
-/** Parses `2s`, `1500ms`, `1m`, `1500` (ms). */
+/** The project's durations (`1500ms`, `2s`, `1m`, `1h`, as in policies and idemctl), or a whole number of milliseconds. */
 export function parseDuration(text: string, flag: string): number {
-  const match = /^(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(text.trim());
-  if (!match) throw new UsageError(`${flag}: not a duration: ${text} (e.g. 500ms, 2s, 1m)`);
-  const value = Number(match[1]);
-  const factor = match[2] === "s" ? 1000 : match[2] === "m" ? 60_000 : 1;
-  return Math.round(value * factor);
+  const trimmed = text.trim();
+  const ms = durationOf(trimmed) ?? (/^\d+$/.test(trimmed) ? Number(trimmed) : undefined);
+  if (ms === undefined) throw new UsageError(`${flag}: not a duration: ${text} (e.g. 500ms, 2s, 1m)`);
+  return ms;
 }
 
 function parseNumber(text: string, flag: string, integer: boolean): number {
