@@ -90,7 +90,14 @@ export async function startPaymentsService(options: PaymentsServiceOptions): Pro
     }
   };
 
-  const createPayment = withIdempotency(gateway, { ...PAYMENTS_OPERATION, subject: subjectOf, statusUrl: (id) => `/v1/operations/${id}` }, async (_req, res, ctx) => {
+  // The charge is declared with Reserve (one RecordEffectAttempt fewer) and resolved with the Complete.
+  const paymentsRoute = {
+    ...PAYMENTS_OPERATION,
+    subject: subjectOf,
+    statusUrl: (id: string) => `/v1/operations/${id}`,
+    effects: [{ effect: "card.charge", provider: "card-provider" }],
+  };
+  const createPayment = withIdempotency(gateway, paymentsRoute, async (_req, res, ctx) => {
     stats.handlerRuns++;
     if (faults.throwBeforeCharge > 0) {
       faults.throwBeforeCharge--;

@@ -219,6 +219,7 @@ export class CoordinatorClient {
       lease: leaseOf(input.leaseMs),
       writerEpoch: BigInt(input.writerEpoch ?? 0),
       ...(waitMs > 0 ? { waitForOwner: durationFromMs(waitMs) } : {}),
+      effects: (input.effects ?? []).map(({ effect, provider }) => ({ effect, provider })),
     });
     const res = await (waitMs > 0
       ? this.call("reserve", request, { ...call, timeoutMs: (call?.timeoutMs ?? this.timeoutMs) + waitMs }, { alone: true })
@@ -234,6 +235,7 @@ export class CoordinatorClient {
       enforced: res.enforced,
       schemaRevision: res.schemaRevision,
       contractVersion: res.contractVersion,
+      ...(res.effectAttempts.length > 0 ? { attempts: res.effectAttempts.map(fromAttempt) } : {}),
     };
   }
 

@@ -61,6 +61,14 @@ export interface IdempotentRoute {
   /** Overrides the gateway's `waitForOwnerMs` for this route (a handler known to run long may say 0). */
   waitForOwnerMs?: number;
   /**
+   * Effects the handler calls (`ctx.effect` with these names), registered
+   * with Reserve instead of one RecordEffectAttempt each: one RPC and one
+   * commit fewer per effect. An effect is possible from the acceptance on:
+   * one the handler did not call is resolved NO_EFFECT with the Complete (or
+   * before a Release); should the process die first, recovery decides.
+   */
+  effects?: ReadonlyArray<{ effect: string; provider: string }>;
+  /**
    * A request without Idempotency-Key: `reject` (400, the default) or `run`
    * (unguarded, e.g. while clients adopt keys during a shadow rollout).
    */
@@ -180,6 +188,7 @@ export class IdempotencyGateway {
         claim: true,
         ...(route.leaseMs !== undefined ? { leaseMs: route.leaseMs } : {}),
         writerEpoch: this.writerEpoch,
+        ...(route.effects && route.effects.length > 0 ? { effects: route.effects } : {}),
       };
       reserved = await this.client.reserve(reserve);
       // A duplicate of a request still running: asked again, waiting for its
@@ -455,6 +464,7 @@ export class IdempotencyGateway {
         ref: { tenant: subject.tenant, operationId: reserved.operationId },
         generation: reserved.generation,
         owned: true,
+        declared: reserved.attempts ?? [],
         isDefinite: this.isDefinite,
         logger: this.logger,
         hooks: this.hooks,

@@ -86,6 +86,8 @@ export interface OwnedOperationInit {
   /** False when this process does not own the record (shadow mode without ACCEPTED, or no key). */
   owned: boolean;
   attempts?: readonly EffectAttempt[];
+  /** Attempts registered with Reserve for the route's declared effects, not yet used by `effect()`. */
+  declared?: readonly EffectAttempt[];
   isDefinite: (error: unknown) => boolean;
   logger: GatewayLogger;
   /** Key for effects of an operation this process does not own (shadow mode). */
@@ -116,8 +118,10 @@ export abstract class OwnedOperation {
   private lostReason: string | undefined;
   /** Set once a co-located transaction committed the terminal state. */
   completedWithin: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
-  /** CONFIRMED resolutions held for Complete (EffectOptions.resolveWithComplete), not yet sent. */
-  private held: Array<{ attemptNumber: number; status: "CONFIRMED"; providerHandle: string; effect: string }> = [];
+  /** Resolutions held for Complete, not yet sent: CONFIRMED ones (EffectOptions.resolveWithComplete). */
+  private held: Array<{ attemptNumber: number; status: "CONFIRMED" | "NO_EFFECT"; providerHandle: string; effect: string }> = [];
+  /** Declared effects' attempts (registered with Reserve) that `effect()` has not used yet, by effect name. */
+  private readonly declared: Map<string, EffectAttempt>;
 
   constructor(init: OwnedOperationInit) {
     this.client = init.client;
@@ -126,6 +130,7 @@ export abstract class OwnedOperation {
     this.generation = init.generation;
     this.owned = init.owned;
     this.ledger = new EffectLedger(init.attempts);
+    this.declared = new Map((init.declared ?? []).map((attempt) => [attempt.effect, attempt]));
     this.isDefinite = init.isDefinite;
     this.logger = init.logger;
     this.unownedKey = init.unownedKey;
@@ -213,6 +218,13 @@ export abstract class OwnedOperation {
     if (this.lostReason !== undefined) {
       throw new LeaseLostError(`operation ${this.ref.operationId} lost its lease (${this.lostReason}); no new effect may start`, this.lostReason);
     }
+    // Registered with Reserve: its first call needs no RecordEffectAttempt.
+    const declared = this.declared.get(name);
+    if (declared) {
+      this.declared.delete(name);
+      this.ledger.set(name, declared.attemptNumber, "PENDING");
+      return this.callRegistered(declared, fn, options);
+    }
     let attempt: EffectAttempt;
     try {
       attempt = await this.client.recordEffectAttempt({ ref: this.ref, generation: this.generation, effect: name, provider });
@@ -252,17 +264,30 @@ export abstract class OwnedOperation {
     return result;
   }
 
-  /** The held resolutions, as Complete sends them. */
-  private heldResolutions(): Array<{ attemptNumber: number; status: "CONFIRMED"; providerHandle: string }> {
-    return this.held.map(({ attemptNumber, status, providerHandle }) => ({ attemptNumber, status, providerHandle }));
+  /**
+   * The resolutions Complete sends: the held ones, and NO_EFFECT for each
+   * declared effect the handler did not call (it called nothing downstream).
+   */
+  private heldResolutions(): Array<{ attemptNumber: number; status: "CONFIRMED" | "NO_EFFECT"; providerHandle: string }> {
+    const unused = [...this.declared.values()].map((a) => ({ attemptNumber: a.attemptNumber, status: "NO_EFFECT" as const, providerHandle: "" }));
+    return [...this.held.map(({ attemptNumber, status, providerHandle }) => ({ attemptNumber, status, providerHandle })), ...unused];
+  }
+
+  /** Forgets the held resolutions and the unused declared effects: the Complete that carried them committed. */
+  private heldSent(): void {
+    this.held = [];
+    this.declared.clear();
   }
 
   /** Sends the held resolutions on their own (before Abandon or Release: recovery should know what happened). */
   private async sendHeld(): Promise<void> {
-    const held = this.held;
-    this.held = [];
-    for (const { attemptNumber, providerHandle, effect } of held) {
-      await this.resolveQuietly({ attemptNumber, effect }, "CONFIRMED", providerHandle);
+    const held = [
+      ...this.held,
+      ...[...this.declared.values()].map((a) => ({ attemptNumber: a.attemptNumber, status: "NO_EFFECT" as const, providerHandle: "", effect: a.effect })),
+    ];
+    this.heldSent();
+    for (const { attemptNumber, status, providerHandle, effect } of held) {
+      await this.resolveQuietly({ attemptNumber, effect }, status, providerHandle);
     }
   }
 
@@ -321,7 +346,7 @@ export abstract class OwnedOperation {
       return result;
     });
     if (completed) {
-      this.held = [];
+      this.heldSent();
       this.completedWithin = completed;
       this.stopLease();
     }
@@ -331,7 +356,7 @@ export abstract class OwnedOperation {
   /** Complete over RPC, with the held resolutions (idempotent: an identical repeat succeeds). */
   async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
     await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.heldResolutions() });
-    this.held = [];
+    this.heldSent();
   }
 
   /** Release over RPC: back to RESERVED, the next identical retry takes it over. */

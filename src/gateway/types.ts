@@ -71,6 +71,8 @@ export interface ReserveResult {
   enforced: boolean;
   schemaRevision: number;
   contractVersion: string;
+  /** On ACCEPTED: the attempts registered for the declared effects (ReserveInput.effects). */
+  attempts?: EffectAttempt[];
 }
 
 export interface ReserveInput {
@@ -90,6 +92,8 @@ export interface ReserveInput {
    * go). Unset or 0: IN_PROGRESS at once.
    */
   waitForOwnerMs?: number;
+  /** Effects registered with the acceptance (a PENDING attempt each when ACCEPTED); needs `claim`. */
+  effects?: ReadonlyArray<{ effect: string; provider: string }>;
 }
 
 export interface ClaimInput {

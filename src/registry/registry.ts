@@ -65,6 +65,8 @@ import type {
 const RESERVE_ROUNDS = 5;
 /** Most attempts one Complete resolves (proto: CompleteRequest.resolutions). */
 const MAX_RESOLUTIONS = 64;
+/** Most effects one Reserve declares (proto: ReserveRequest.effects). */
+const MAX_DECLARED_EFFECTS = 16;
 
 /**
  * The registry: the state machine of the contract over PostgreSQL, and the
@@ -194,9 +196,10 @@ export class Registry {
     const leaseMs = grantLease(policy, input.leaseMs);
     const enforced = policy.mode !== "SHADOW";
     // Minted once, outside the retried work: a re-run after a lost COMMIT
-    // recognizes its own record by these ids.
+    // recognizes its own record by these ids (and its declared effects' attempts by theirs).
     const operationId = uuidv7();
     const acquisitionId = randomUUID();
+    const declared = declaredEffects(input);
     const state = input.claim ? "EXECUTING" : "RESERVED";
     const answer = (decision: ReserveResult["decision"], record?: StoredRecord, retryAfterMs?: number): ReserveResult => ({
       decision,
@@ -235,7 +238,8 @@ export class Registry {
     // a takeover, a tombstone, a record committed after the insert's
     // snapshot) is decided in a transaction of its own below.
     const alone = async (): Promise<ReserveResult> => {
-      if (insertable) {
+      // The fast path commits with its insert; declared effects are registered before that commit.
+      if (insertable && declared.length === 0) {
         const found = await withQuota(policy, insertOrFindCommitted(db, subject.tenant, actor.caller, newRecord, policy.maxActivePerPrincipal));
         if (found && (found.inserted || found.record.acquisitionId === acquisitionId)) return answer("ACCEPTED", found.record);
         const answered = found && decideFound(found.record);
@@ -247,6 +251,11 @@ export class Registry {
       db.transaction(
         subject.tenant,
         async (q): Promise<ReserveResult> => {
+          /** ACCEPTED, with the declared effects registered on the record (in this transaction). */
+          const accepted = async (record: StoredRecord, takenOver = false): Promise<ReserveResult> => {
+            const registered = await this.registerDeclared(q, record, declared, actor);
+            return { ...answer("ACCEPTED", registered.record), ...(takenOver ? { takenOver } : {}), ...(declared.length > 0 ? { attempts: registered.attempts } : {}) };
+          };
           for (let round = 0; round < RESERVE_ROUNDS; round++) {
             let found: { record: StoredRecord; inserted: boolean } | undefined;
             if (insertable) {
@@ -279,7 +288,7 @@ export class Registry {
               refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
             }
             const { record, inserted } = found;
-            if (inserted || record.acquisitionId === acquisitionId) return answer("ACCEPTED", record);
+            if (inserted || record.acquisitionId === acquisitionId) return accepted(record);
             // What every compare-and-set below is fenced by: the record as it was read.
             const seen = { tenant: record.tenant, scope: Buffer.from(record.scope), generation: record.generation };
 
@@ -311,7 +320,7 @@ export class Registry {
                   quota: policy.maxActivePerPrincipal,
                 });
                 if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
-                return answer("ACCEPTED", recycled);
+                return accepted(recycled);
               }
               continue;
             }
@@ -339,7 +348,7 @@ export class Registry {
                   writerEpoch: input.writerEpoch,
                   caller: actor.caller,
                 });
-                if (taken) return { ...answer("ACCEPTED", taken), takenOver: true };
+                if (taken) return accepted(taken, true);
                 break; // someone else moved the record first: re-read and decide again
               }
               case "mark_unknown": {
@@ -356,7 +365,7 @@ export class Registry {
     // A batch decides what needs no write beyond the new record's (a new scope,
     // a replay, an owner at work, an expired record); anything else it leaves
     // to `alone`, as does every request a batch could not take.
-    const batchable = this.reserves !== undefined && db.coalescible === true && insertable;
+    const batchable = this.reserves !== undefined && db.coalescible === true && insertable && declared.length === 0;
     const result = batchable
       ? await this.reserves.submit(laneOf(db, subject.tenant, actor.caller), {
           db,
@@ -524,6 +533,44 @@ export class Registry {
       },
       "record_effect_attempt",
     );
+  }
+
+  /**
+   * Reserve's declared effects on the record it just accepted, in its
+   * transaction: one PENDING attempt each, as RecordEffectAttempt registers
+   * one (the same downstream key, an EFFECT_RECORDED event each). A re-run
+   * after a lost COMMIT finds its attempts by their registration ids.
+   */
+  private async registerDeclared(
+    q: Queryable,
+    record: StoredRecord,
+    declared: readonly DeclaredEffect[],
+    actor: Actor,
+  ): Promise<{ record: StoredRecord; attempts: StoredAttempt[] }> {
+    if (declared.length === 0) return { record, attempts: [] };
+    const ref = { tenant: record.tenant, operationId: record.operationId };
+    const existing = (await attemptStatements.loadAttempts.run(q, ref)).rows.map(toAttempt);
+    const mine = declared.map((d) => existing.find((a) => a.registrationId === d.registrationId));
+    if (mine.every((a) => a !== undefined)) return { record, attempts: mine };
+    for (const { effect } of declared) checkRecordEffect(record, existing, record.generation, effect);
+    const first = (existing.at(-1)?.attemptNumber ?? 0) + 1;
+    const sends = declared.flatMap(({ effect, provider, registrationId }, i) => [
+      (q: Queryable) =>
+        attemptStatements.insertAttempt.run(q, {
+          ...ref,
+          attemptNumber: first + i,
+          effect,
+          provider,
+          downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
+          generation: record.generation,
+          registrationId,
+        }),
+      lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: first + i, effect } }, {}).send,
+    ]);
+    const results = await pipelined(sends.map((send) => send(q)));
+    const attempts = results.filter((_, i) => i % 2 === 0).map(({ rows }) => toAttempt(rows[0]!));
+    const marked = lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller }, {}).changed(results.at(-1)!);
+    return { record: marked, attempts };
   }
 
   /** Records what a downstream call did. */
@@ -1171,6 +1218,29 @@ function resolutionSends(record: StoredRecord, attempts: readonly StoredAttempt[
     );
   }
   return sends;
+}
+
+/** An effect declared with Reserve, with the registration id of its attempt (minted once, outside retried work). */
+interface DeclaredEffect {
+  effect: string;
+  provider: string;
+  registrationId: string;
+}
+
+/** Reserve's declared effects, checked: with `claim`, at most MAX_DECLARED_EFFECTS, each name valid and once. */
+function declaredEffects(input: ReserveInput): DeclaredEffect[] {
+  const effects = input.effects ?? [];
+  if (effects.length === 0) return [];
+  if (!input.claim) refuse("INVALID_REQUEST", "effects are declared with claim: true (attempts are registered on an executing record)");
+  if (effects.length > MAX_DECLARED_EFFECTS) refuse("INVALID_REQUEST", `a Reserve declares at most ${MAX_DECLARED_EFFECTS} effects, this one ${effects.length}`);
+  const seen = new Set<string>();
+  return effects.map(({ effect, provider }) => {
+    validateEffectName(effect);
+    if (provider.length > 0) validateText(provider, "provider", 128);
+    if (seen.has(effect)) refuse("INVALID_REQUEST", `effect ${effect} is declared twice`);
+    seen.add(effect);
+    return { effect, provider, registrationId: randomUUID() };
+  });
 }
 
 /** Complete's resolutions are well formed: CONFIRMED or NO_EFFECT, each attempt once, at most MAX_RESOLUTIONS. */

@@ -84,6 +84,8 @@ export interface ReserveInput {
   /** Requested lease; undefined means the policy's default. */
   leaseMs?: number;
   writerEpoch: number;
+  /** Effects registered with the acceptance (each a PENDING attempt when ACCEPTED); needs `claim`. */
+  effects?: ReadonlyArray<{ effect: string; provider: string }>;
 }
 
 export interface ReserveResult {
@@ -95,6 +97,8 @@ export interface ReserveResult {
   schemaRevision: number;
   /** ACCEPTED by taking over a record whose lease ended with nothing possible (not a new record, nor a reused tombstone). */
   takenOver?: boolean;
+  /** On ACCEPTED: the attempts registered for the declared effects, in their order. */
+  attempts?: StoredAttempt[];
 }
 
 export interface ClaimInput {

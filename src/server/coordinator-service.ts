@@ -142,6 +142,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: Record
         claim: req.claim,
         leaseMs: fromProtoDuration(req.lease),
         writerEpoch: fromUint64(req.writerEpoch, "writer_epoch"),
+        effects: req.effects.map(({ effect, provider }) => ({ effect, provider })),
       };
       const budgetMs = waitBudgetMs(fromProtoDuration(req.waitForOwner, "wait_for_owner"), ctx.timeoutMs());
       const decide = () => registry.reserve(db, input, caller);
@@ -162,6 +163,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: Record
         enforced: result.enforced,
         schemaRevision: result.schemaRevision,
         contractVersion: CONTRACT_VERSION,
+        effectAttempts: (result.attempts ?? []).map(toProtoAttempt),
       });
     },
 

@@ -136,7 +136,8 @@ describe.each(["co-located", "remote"] as const)("the payments service behind th
     const released = await app().client.lookup({ scope: { subject: { tenant: "acme", principal: "alice" }, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
     expect(released.state).toBe("RESERVED");
     expect(released.leaseExpiresAt).toBeUndefined();
-    expect(released.effectAttempts).toEqual([]);
+    // The charge declared with Reserve was never called: resolved NO_EFFECT before the release.
+    expect(released.effectAttempts).toMatchObject([{ effect: "card.charge", status: "NO_EFFECT" }]);
 
     const retried = await post(url(), key, payment(321), ALICE);
     expect(retried.status).toBe(201);

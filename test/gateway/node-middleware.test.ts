@@ -30,6 +30,8 @@ const OPERATIONS = {
   "/lease": { operation: "lease.create", apiRevision: 1, leaseMs: 1000 },
   // The same operation, where a duplicate waits for the first request far longer than the gateway's default here.
   "/payments-waiting": { operation: "payments.create", apiRevision: 1, waitForOwnerMs: 20_000 },
+  // The same operation, declaring its charge with Reserve.
+  "/payments-declared": { operation: "payments.create", apiRevision: 1, effects: [{ effect: "card.charge", provider: "cards" }] },
 } as const;
 
 beforeAll(async () => {
@@ -371,6 +373,52 @@ describe("what the handler's result records", () => {
     const record = await lookup(key);
     expect(record.state).toBe("UNKNOWN");
     expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED", providerHandle: "ch_held" }]);
+  });
+
+  describe("an effect declared with Reserve (route.effects)", () => {
+    const declared = "/payments-declared";
+
+    it("uses the attempt Reserve registered: no RecordEffectAttempt, the charge CONFIRMED", async () => {
+      const key = randomUUID();
+      behaviours.set(key, async (req, res, ctx) => {
+        await heldCharge(ctx);
+        return ok(req, res, ctx);
+      });
+      const registrations = vi.spyOn(client, "recordEffectAttempt");
+      try {
+        expect((await post(`${base}${declared}`, key, body(), ALICE)).status).toBe(201);
+        expect(registrations).not.toHaveBeenCalled();
+      } finally {
+        registrations.mockRestore();
+      }
+      const record = await lookup(key);
+      expect(record.state).toBe("SUCCEEDED");
+      expect(record.effectAttempts).toMatchObject([{ attemptNumber: 1, effect: "card.charge", status: "CONFIRMED", providerHandle: "ch_held" }]);
+    });
+
+    it("resolves a declared effect the handler did not call as NO_EFFECT with the Complete: a 400 is REJECTED", async () => {
+      const key = randomUUID();
+      behaviours.set(key, (_req, res) => writeResponse(res, { status: 400, json: { error: "bad" } }));
+      expect((await post(`${base}${declared}`, key, body(), ALICE)).status).toBe(400);
+      const record = await lookup(key);
+      expect(record.state).toBe("REJECTED");
+      expect(record.effectAttempts).toMatchObject([{ status: "NO_EFFECT" }]);
+    });
+
+    it("resolves it NO_EFFECT before releasing when the handler fails before calling it: the retry runs", async () => {
+      const key = randomUUID();
+      let calls = 0;
+      behaviours.set(key, (req, res, ctx) => {
+        calls++;
+        if (calls === 1) throw new Error("a dependency was down");
+        return ok(req, res, ctx);
+      });
+      expect((await post(`${base}${declared}`, key, body(), ALICE)).status).toBe(503);
+      expect((await lookup(key)).effectAttempts).toMatchObject([{ status: "NO_EFFECT" }]);
+      expect((await post(`${base}${declared}`, key, body(), ALICE)).status).toBe(201);
+      expect(calls).toBe(2);
+      expect((await lookup(key)).state).toBe("SUCCEEDED");
+    });
   });
 
   it("releases when the handler throws before any effect: 503, and the retry runs", async () => {

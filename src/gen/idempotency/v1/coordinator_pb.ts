@@ -33,7 +33,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempotency/v1/coordinator.proto.
  */
 export const file_idempotency_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("CiBpZGVtcG90ZW5jeS92MS9jb29yZGluYXRvci5wcm90bxIOaWRlbXBvdGVuY3kudjEiNAoMT3BlcmF0aW9uUmVmEg4KBnRlbmFudBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAki+wIKDlJlc2VydmVSZXF1ZXN0EigKB3N1YmplY3QYASABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0EhEKCW9wZXJhdGlvbhgCIAEoCRIUCgxhcGlfcmV2aXNpb24YAyABKA0SFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjEKBXBhcnRzGAUgASgLMiAuaWRlbXBvdGVuY3kudjEuSHR0cFJlcXVlc3RQYXJ0c0gAEj0KC2ZpbmdlcnByaW50GAYgASgLMiYuaWRlbXBvdGVuY3kudjEuUHJlY29tcHV0ZWRGaW5nZXJwcmludEgAEg0KBWNsYWltGAcgASgIEigKBWxlYXNlGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDHdyaXRlcl9lcG9jaBgJIAEoBBIxCg53YWl0X2Zvcl9vd25lchgKIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbkIJCgdyZXF1ZXN0IvICCg9SZXNlcnZlUmVzcG9uc2USKgoIZGVjaXNpb24YASABKA4yGC5pZGVtcG90ZW5jeS52MS5EZWNpc2lvbhIUCgxvcGVyYXRpb25faWQYAiABKAkSKgoFc3RhdGUYAyABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRISCgpnZW5lcmF0aW9uGAQgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KC3JldHJ5X2FmdGVyGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjIKCHNuYXBzaG90GAcgASgLMiAuaWRlbXBvdGVuY3kudjEuUmVzcG9uc2VTbmFwc2hvdBIQCghlbmZvcmNlZBgIIAEoCBIXCg9zY2hlbWFfcmV2aXNpb24YCSABKA0SGAoQY29udHJhY3RfdmVyc2lvbhgKIAEoCSK2AQoMQ2xhaW1SZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhInCgRtb2RlGAIgASgOMhkuaWRlbXBvdGVuY3kudjEuQ2xhaW1Nb2RlEhIKCmdlbmVyYXRpb24YAyABKAQSKAoFbGVhc2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMd3JpdGVyX2Vwb2NoGAUgASgEItEBCg1DbGFpbVJlc3BvbnNlEhIKCmdlbmVyYXRpb24YASABKAQSKgoFc3RhdGUYAiABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRI0ChBsZWFzZV9leHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpyZWNvdmVyaW5nGAQgASgIEjYKD2VmZmVjdF9hdHRlbXB0cxgFIAMoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQifAoRUmVuZXdMZWFzZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEhIKCmdlbmVyYXRpb24YAiABKAQSKAoFbGVhc2UYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSgoSUmVuZXdMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIn0KGlJlY29yZEVmZmVjdEF0dGVtcHRSZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEEg4KBmVmZmVjdBgDIAEoCRIQCghwcm92aWRlchgEIAEoCSJNChtSZWNvcmRFZmZlY3RBdHRlbXB0UmVzcG9uc2USLgoHYXR0ZW1wdBgBIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQiuwEKG1Jlc29sdmVFZmZlY3RBdHRlbXB0UmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIWCg5hdHRlbXB0X251bWJlchgDIAEoDRIsCgZzdGF0dXMYBCABKA4yHC5pZGVtcG90ZW5jeS52MS5FZmZlY3RTdGF0dXMSFwoPcHJvdmlkZXJfaGFuZGxlGAUgASgJIk4KHFJlc29sdmVFZmZlY3RBdHRlbXB0UmVzcG9uc2USLgoHYXR0ZW1wdBgBIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQi5QEKD0NvbXBsZXRlUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIoCgdvdXRjb21lGAMgASgOMhcuaWRlbXBvdGVuY3kudjEuT3V0Y29tZRIyCghzbmFwc2hvdBgEIAEoCzIgLmlkZW1wb3RlbmN5LnYxLlJlc3BvbnNlU25hcHNob3QSNQoLcmVzb2x1dGlvbnMYBSADKAsyIC5pZGVtcG90ZW5jeS52MS5FZmZlY3RSZXNvbHV0aW9uInEKEEVmZmVjdFJlc29sdXRpb24SFgoOYXR0ZW1wdF9udW1iZXIYASABKA0SLAoGc3RhdHVzGAIgASgOMhwuaWRlbXBvdGVuY3kudjEuRWZmZWN0U3RhdHVzEhcKD3Byb3ZpZGVyX2hhbmRsZRgDIAEoCSKJAQoQQ29tcGxldGVSZXNwb25zZRIqCgVzdGF0ZRgBIAEoDjIbLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN0YXRlEhcKD3NuYXBzaG90X2RpZ2VzdBgCIAEoDBIwCgxjb21wbGV0ZWRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIk8KDlJlbGVhc2VSZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEIlEKD1JlbGVhc2VSZXNwb25zZRIqCgVzdGF0ZRgBIAEoDjIbLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN0YXRlEhIKCmdlbmVyYXRpb24YAiABKAQiTwoOQWJhbmRvblJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEhIKCmdlbmVyYXRpb24YAiABKAQiUQoPQWJhbmRvblJlc3BvbnNlEioKBXN0YXRlGAEgASgOMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkU3RhdGUSEgoKZ2VuZXJhdGlvbhgCIAEoBCJ5CgtTY29wZUxvb2t1cBIoCgdzdWJqZWN0GAEgASgLMhcuaWRlbXBvdGVuY3kudjEuU3ViamVjdBIRCglvcGVyYXRpb24YAiABKAkSFAoMYXBpX3JldmlzaW9uGAMgASgNEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCSKaAQoNTG9va3VwUmVxdWVzdBIrCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWZIABIsCgVzY29wZRgCIAEoCzIbLmlkZW1wb3RlbmN5LnYxLlNjb3BlTG9va3VwSAASKAoHc3ViamVjdBgDIAEoCzIXLmlkZW1wb3RlbmN5LnYxLlN1YmplY3RCBAoCYnkiQQoOTG9va3VwUmVzcG9uc2USLwoGcmVjb3JkGAEgASgLMh8uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVjb3JkImMKFkxpc3RSZWNvdmVyYWJsZVJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhIKCm9wZXJhdGlvbnMYAiADKAkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkicwoRUmVjb3ZlcmFibGVSZWNvcmQSLwoGcmVjb3JkGAEgASgLMh8uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVjb3JkEi0KCmNsYWltX21vZGUYAiABKA4yGS5pZGVtcG90ZW5jeS52MS5DbGFpbU1vZGUiZgoXTGlzdFJlY292ZXJhYmxlUmVzcG9uc2USMgoHcmVjb3JkcxgBIAMoCzIhLmlkZW1wb3RlbmN5LnYxLlJlY292ZXJhYmxlUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI4CgxCYXRjaFJlcXVlc3QSKAoFY2FsbHMYASADKAsyGS5pZGVtcG90ZW5jeS52MS5CYXRjaENhbGwikAUKCUJhdGNoQ2FsbBIxCgdyZXNlcnZlGAEgASgLMh4uaWRlbXBvdGVuY3kudjEuUmVzZXJ2ZVJlcXVlc3RIABItCgVjbGFpbRgCIAEoCzIcLmlkZW1wb3RlbmN5LnYxLkNsYWltUmVxdWVzdEgAEjgKC3JlbmV3X2xlYXNlGAMgASgLMiEuaWRlbXBvdGVuY3kudjEuUmVuZXdMZWFzZVJlcXVlc3RIABJLChVyZWNvcmRfZWZmZWN0X2F0dGVtcHQYBCABKAsyKi5pZGVtcG90ZW5jeS52MS5SZWNvcmRFZmZlY3RBdHRlbXB0UmVxdWVzdEgAEk0KFnJlc29sdmVfZWZmZWN0X2F0dGVtcHQYBSABKAsyKy5pZGVtcG90ZW5jeS52MS5SZXNvbHZlRWZmZWN0QXR0ZW1wdFJlcXVlc3RIABIzCghjb21wbGV0ZRgGIAEoCzIfLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVxdWVzdEgAEjEKB3JlbGVhc2UYByABKAsyHi5pZGVtcG90ZW5jeS52MS5SZWxlYXNlUmVxdWVzdEgAEjEKB2FiYW5kb24YCCABKAsyHi5pZGVtcG90ZW5jeS52MS5BYmFuZG9uUmVxdWVzdEgAEi8KBmxvb2t1cBgJIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkxvb2t1cFJlcXVlc3RIABJCCg10cmFjZV9jb250ZXh0GBQgAygLMisuaWRlbXBvdGVuY3kudjEuQmF0Y2hDYWxsLlRyYWNlQ29udGV4dEVudHJ5GjMKEVRyYWNlQ29udGV4dEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCBgoEY2FsbCI9Cg1CYXRjaFJlc3BvbnNlEiwKB3Jlc3VsdHMYASADKAsyGy5pZGVtcG90ZW5jeS52MS5CYXRjaFJlc3VsdCLJBAoLQmF0Y2hSZXN1bHQSMgoHcmVzZXJ2ZRgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlJlc2VydmVSZXNwb25zZUgAEi4KBWNsYWltGAIgASgLMh0uaWRlbXBvdGVuY3kudjEuQ2xhaW1SZXNwb25zZUgAEjkKC3JlbmV3X2xlYXNlGAMgASgLMiIuaWRlbXBvdGVuY3kudjEuUmVuZXdMZWFzZVJlc3BvbnNlSAASTAoVcmVjb3JkX2VmZmVjdF9hdHRlbXB0GAQgASgLMisuaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlc3BvbnNlSAASTgoWcmVzb2x2ZV9lZmZlY3RfYXR0ZW1wdBgFIAEoCzIsLmlkZW1wb3RlbmN5LnYxLlJlc29sdmVFZmZlY3RBdHRlbXB0UmVzcG9uc2VIABI0Cghjb21wbGV0ZRgGIAEoCzIgLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVzcG9uc2VIABIyCgdyZWxlYXNlGAcgASgLMh8uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlc3BvbnNlSAASMgoHYWJhbmRvbhgIIAEoCzIfLmlkZW1wb3RlbmN5LnYxLkFiYW5kb25SZXNwb25zZUgAEjAKBmxvb2t1cBgJIAEoCzIeLmlkZW1wb3RlbmN5LnYxLkxvb2t1cFJlc3BvbnNlSAASIwoFZXJyb3IYDyABKAsyEi5nb29nbGUucnBjLlN0YXR1c0gAQggKBnJlc3VsdCqfAQoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIVChFERUNJU0lPTl9BQ0NFUFRFRBABEhMKD0RFQ0lTSU9OX1JFUExBWRACEhgKFERFQ0lTSU9OX0lOX1BST0dSRVNTEAMSHQoZREVDSVNJT05fUEFZTE9BRF9DT05GTElDVBAEEhQKEERFQ0lTSU9OX0VYUElSRUQQBSpuCglDbGFpbU1vZGUSGgoWQ0xBSU1fTU9ERV9VTlNQRUNJRklFRBAAEhQKEENMQUlNX01PREVfT1dORVIQARIXChNDTEFJTV9NT0RFX1RBS0VPVkVSEAISFgoSQ0xBSU1fTU9ERV9SRUNPVkVSEAMywgcKEkNvb3JkaW5hdG9yU2VydmljZRJKCgdSZXNlcnZlEh4uaWRlbXBvdGVuY3kudjEuUmVzZXJ2ZVJlcXVlc3QaHy5pZGVtcG90ZW5jeS52MS5SZXNlcnZlUmVzcG9uc2USRAoFQ2xhaW0SHC5pZGVtcG90ZW5jeS52MS5DbGFpbVJlcXVlc3QaHS5pZGVtcG90ZW5jeS52MS5DbGFpbVJlc3BvbnNlElMKClJlbmV3TGVhc2USIS5pZGVtcG90ZW5jeS52MS5SZW5ld0xlYXNlUmVxdWVzdBoiLmlkZW1wb3RlbmN5LnYxLlJlbmV3TGVhc2VSZXNwb25zZRJuChNSZWNvcmRFZmZlY3RBdHRlbXB0EiouaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlcXVlc3QaKy5pZGVtcG90ZW5jeS52MS5SZWNvcmRFZmZlY3RBdHRlbXB0UmVzcG9uc2UScQoUUmVzb2x2ZUVmZmVjdEF0dGVtcHQSKy5pZGVtcG90ZW5jeS52MS5SZXNvbHZlRWZmZWN0QXR0ZW1wdFJlcXVlc3QaLC5pZGVtcG90ZW5jeS52MS5SZXNvbHZlRWZmZWN0QXR0ZW1wdFJlc3BvbnNlEk0KCENvbXBsZXRlEh8uaWRlbXBvdGVuY3kudjEuQ29tcGxldGVSZXF1ZXN0GiAuaWRlbXBvdGVuY3kudjEuQ29tcGxldGVSZXNwb25zZRJKCgdSZWxlYXNlEh4uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlcXVlc3QaHy5pZGVtcG90ZW5jeS52MS5SZWxlYXNlUmVzcG9uc2USSgoHQWJhbmRvbhIeLmlkZW1wb3RlbmN5LnYxLkFiYW5kb25SZXF1ZXN0Gh8uaWRlbXBvdGVuY3kudjEuQWJhbmRvblJlc3BvbnNlEkwKBkxvb2t1cBIdLmlkZW1wb3RlbmN5LnYxLkxvb2t1cFJlcXVlc3QaHi5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXNwb25zZSIDkAIBEmcKD0xpc3RSZWNvdmVyYWJsZRImLmlkZW1wb3RlbmN5LnYxLkxpc3RSZWNvdmVyYWJsZVJlcXVlc3QaJy5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3ZlcmFibGVSZXNwb25zZSIDkAIBEkQKBUJhdGNoEhwuaWRlbXBvdGVuY3kudjEuQmF0Y2hSZXF1ZXN0Gh0uaWRlbXBvdGVuY3kudjEuQmF0Y2hSZXNwb25zZUI6WjhleGFtcGxlLmNvbS9pZGVtcG90ZW5jeS9nZW4vaWRlbXBvdGVuY3kvdjE7aWRlbXBvdGVuY3l2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status, file_idempotency_v1_types]);
+  fileDesc("CiBpZGVtcG90ZW5jeS92MS9jb29yZGluYXRvci5wcm90bxIOaWRlbXBvdGVuY3kudjEiNAoMT3BlcmF0aW9uUmVmEg4KBnRlbmFudBgBIAEoCRIUCgxvcGVyYXRpb25faWQYAiABKAkirAMKDlJlc2VydmVSZXF1ZXN0EigKB3N1YmplY3QYASABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0EhEKCW9wZXJhdGlvbhgCIAEoCRIUCgxhcGlfcmV2aXNpb24YAyABKA0SFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjEKBXBhcnRzGAUgASgLMiAuaWRlbXBvdGVuY3kudjEuSHR0cFJlcXVlc3RQYXJ0c0gAEj0KC2ZpbmdlcnByaW50GAYgASgLMiYuaWRlbXBvdGVuY3kudjEuUHJlY29tcHV0ZWRGaW5nZXJwcmludEgAEg0KBWNsYWltGAcgASgIEigKBWxlYXNlGAggASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDHdyaXRlcl9lcG9jaBgJIAEoBBIxCg53YWl0X2Zvcl9vd25lchgKIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIvCgdlZmZlY3RzGAsgAygLMh4uaWRlbXBvdGVuY3kudjEuRGVjbGFyZWRFZmZlY3RCCQoHcmVxdWVzdCIyCg5EZWNsYXJlZEVmZmVjdBIOCgZlZmZlY3QYASABKAkSEAoIcHJvdmlkZXIYAiABKAkiqgMKD1Jlc2VydmVSZXNwb25zZRIqCghkZWNpc2lvbhgBIAEoDjIYLmlkZW1wb3RlbmN5LnYxLkRlY2lzaW9uEhQKDG9wZXJhdGlvbl9pZBgCIAEoCRIqCgVzdGF0ZRgDIAEoDjIbLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN0YXRlEhIKCmdlbmVyYXRpb24YBCABKAQSNAoQbGVhc2VfZXhwaXJlc19hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoLcmV0cnlfYWZ0ZXIYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMgoIc25hcHNob3QYByABKAsyIC5pZGVtcG90ZW5jeS52MS5SZXNwb25zZVNuYXBzaG90EhAKCGVuZm9yY2VkGAggASgIEhcKD3NjaGVtYV9yZXZpc2lvbhgJIAEoDRIYChBjb250cmFjdF92ZXJzaW9uGAogASgJEjYKD2VmZmVjdF9hdHRlbXB0cxgLIAMoCzIdLmlkZW1wb3RlbmN5LnYxLkVmZmVjdEF0dGVtcHQitgEKDENsYWltUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSJwoEbW9kZRgCIAEoDjIZLmlkZW1wb3RlbmN5LnYxLkNsYWltTW9kZRISCgpnZW5lcmF0aW9uGAMgASgEEigKBWxlYXNlGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhQKDHdyaXRlcl9lcG9jaBgFIAEoBCLRAQoNQ2xhaW1SZXNwb25zZRISCgpnZW5lcmF0aW9uGAEgASgEEioKBXN0YXRlGAIgASgOMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkU3RhdGUSNAoQbGVhc2VfZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmVjb3ZlcmluZxgEIAEoCBI2Cg9lZmZlY3RfYXR0ZW1wdHMYBSADKAsyHS5pZGVtcG90ZW5jeS52MS5FZmZlY3RBdHRlbXB0InwKEVJlbmV3TGVhc2VSZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEEigKBWxlYXNlGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkoKElJlbmV3TGVhc2VSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJ9ChpSZWNvcmRFZmZlY3RBdHRlbXB0UmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBBIOCgZlZmZlY3QYAyABKAkSEAoIcHJvdmlkZXIYBCABKAkiTQobUmVjb3JkRWZmZWN0QXR0ZW1wdFJlc3BvbnNlEi4KB2F0dGVtcHQYASABKAsyHS5pZGVtcG90ZW5jeS52MS5FZmZlY3RBdHRlbXB0IrsBChtSZXNvbHZlRWZmZWN0QXR0ZW1wdFJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEhIKCmdlbmVyYXRpb24YAiABKAQSFgoOYXR0ZW1wdF9udW1iZXIYAyABKA0SLAoGc3RhdHVzGAQgASgOMhwuaWRlbXBvdGVuY3kudjEuRWZmZWN0U3RhdHVzEhcKD3Byb3ZpZGVyX2hhbmRsZRgFIAEoCSJOChxSZXNvbHZlRWZmZWN0QXR0ZW1wdFJlc3BvbnNlEi4KB2F0dGVtcHQYASABKAsyHS5pZGVtcG90ZW5jeS52MS5FZmZlY3RBdHRlbXB0IuUBCg9Db21wbGV0ZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEhIKCmdlbmVyYXRpb24YAiABKAQSKAoHb3V0Y29tZRgDIAEoDjIXLmlkZW1wb3RlbmN5LnYxLk91dGNvbWUSMgoIc25hcHNob3QYBCABKAsyIC5pZGVtcG90ZW5jeS52MS5SZXNwb25zZVNuYXBzaG90EjUKC3Jlc29sdXRpb25zGAUgAygLMiAuaWRlbXBvdGVuY3kudjEuRWZmZWN0UmVzb2x1dGlvbiJxChBFZmZlY3RSZXNvbHV0aW9uEhYKDmF0dGVtcHRfbnVtYmVyGAEgASgNEiwKBnN0YXR1cxgCIAEoDjIcLmlkZW1wb3RlbmN5LnYxLkVmZmVjdFN0YXR1cxIXCg9wcm92aWRlcl9oYW5kbGUYAyABKAkiiQEKEENvbXBsZXRlUmVzcG9uc2USKgoFc3RhdGUYASABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRIXCg9zbmFwc2hvdF9kaWdlc3QYAiABKAwSMAoMY29tcGxldGVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJPCg5SZWxlYXNlUmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYSEgoKZ2VuZXJhdGlvbhgCIAEoBCJRCg9SZWxlYXNlUmVzcG9uc2USKgoFc3RhdGUYASABKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRISCgpnZW5lcmF0aW9uGAIgASgEIk8KDkFiYW5kb25SZXF1ZXN0EikKA3JlZhgBIAEoCzIcLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlZhISCgpnZW5lcmF0aW9uGAIgASgEIlEKD0FiYW5kb25SZXNwb25zZRIqCgVzdGF0ZRgBIAEoDjIbLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN0YXRlEhIKCmdlbmVyYXRpb24YAiABKAQieQoLU2NvcGVMb29rdXASKAoHc3ViamVjdBgBIAEoCzIXLmlkZW1wb3RlbmN5LnYxLlN1YmplY3QSEQoJb3BlcmF0aW9uGAIgASgJEhQKDGFwaV9yZXZpc2lvbhgDIAEoDRIXCg9pZGVtcG90ZW5jeV9rZXkYBCABKAkimgEKDUxvb2t1cFJlcXVlc3QSKwoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmSAASLAoFc2NvcGUYAiABKAsyGy5pZGVtcG90ZW5jeS52MS5TY29wZUxvb2t1cEgAEigKB3N1YmplY3QYAyABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWJqZWN0QgQKAmJ5IkEKDkxvb2t1cFJlc3BvbnNlEi8KBnJlY29yZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZCJjChZMaXN0UmVjb3ZlcmFibGVSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRISCgpvcGVyYXRpb25zGAIgAygJEhEKCXBhZ2Vfc2l6ZRgDIAEoDRISCgpwYWdlX3Rva2VuGAQgASgJInMKEVJlY292ZXJhYmxlUmVjb3JkEi8KBnJlY29yZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZBItCgpjbGFpbV9tb2RlGAIgASgOMhkuaWRlbXBvdGVuY3kudjEuQ2xhaW1Nb2RlImYKF0xpc3RSZWNvdmVyYWJsZVJlc3BvbnNlEjIKB3JlY29yZHMYASADKAsyIS5pZGVtcG90ZW5jeS52MS5SZWNvdmVyYWJsZVJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOAoMQmF0Y2hSZXF1ZXN0EigKBWNhbGxzGAEgAygLMhkuaWRlbXBvdGVuY3kudjEuQmF0Y2hDYWxsIpAFCglCYXRjaENhbGwSMQoHcmVzZXJ2ZRgBIAEoCzIeLmlkZW1wb3RlbmN5LnYxLlJlc2VydmVSZXF1ZXN0SAASLQoFY2xhaW0YAiABKAsyHC5pZGVtcG90ZW5jeS52MS5DbGFpbVJlcXVlc3RIABI4CgtyZW5ld19sZWFzZRgDIAEoCzIhLmlkZW1wb3RlbmN5LnYxLlJlbmV3TGVhc2VSZXF1ZXN0SAASSwoVcmVjb3JkX2VmZmVjdF9hdHRlbXB0GAQgASgLMiouaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlcXVlc3RIABJNChZyZXNvbHZlX2VmZmVjdF9hdHRlbXB0GAUgASgLMisuaWRlbXBvdGVuY3kudjEuUmVzb2x2ZUVmZmVjdEF0dGVtcHRSZXF1ZXN0SAASMwoIY29tcGxldGUYBiABKAsyHy5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlcXVlc3RIABIxCgdyZWxlYXNlGAcgASgLMh4uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlcXVlc3RIABIxCgdhYmFuZG9uGAggASgLMh4uaWRlbXBvdGVuY3kudjEuQWJhbmRvblJlcXVlc3RIABIvCgZsb29rdXAYCSABKAsyHS5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXF1ZXN0SAASQgoNdHJhY2VfY29udGV4dBgUIAMoCzIrLmlkZW1wb3RlbmN5LnYxLkJhdGNoQ2FsbC5UcmFjZUNvbnRleHRFbnRyeRozChFUcmFjZUNvbnRleHRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQgYKBGNhbGwiPQoNQmF0Y2hSZXNwb25zZRIsCgdyZXN1bHRzGAEgAygLMhsuaWRlbXBvdGVuY3kudjEuQmF0Y2hSZXN1bHQiyQQKC0JhdGNoUmVzdWx0EjIKB3Jlc2VydmUYASABKAsyHy5pZGVtcG90ZW5jeS52MS5SZXNlcnZlUmVzcG9uc2VIABIuCgVjbGFpbRgCIAEoCzIdLmlkZW1wb3RlbmN5LnYxLkNsYWltUmVzcG9uc2VIABI5CgtyZW5ld19sZWFzZRgDIAEoCzIiLmlkZW1wb3RlbmN5LnYxLlJlbmV3TGVhc2VSZXNwb25zZUgAEkwKFXJlY29yZF9lZmZlY3RfYXR0ZW1wdBgEIAEoCzIrLmlkZW1wb3RlbmN5LnYxLlJlY29yZEVmZmVjdEF0dGVtcHRSZXNwb25zZUgAEk4KFnJlc29sdmVfZWZmZWN0X2F0dGVtcHQYBSABKAsyLC5pZGVtcG90ZW5jeS52MS5SZXNvbHZlRWZmZWN0QXR0ZW1wdFJlc3BvbnNlSAASNAoIY29tcGxldGUYBiABKAsyIC5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlc3BvbnNlSAASMgoHcmVsZWFzZRgHIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlJlbGVhc2VSZXNwb25zZUgAEjIKB2FiYW5kb24YCCABKAsyHy5pZGVtcG90ZW5jeS52MS5BYmFuZG9uUmVzcG9uc2VIABIwCgZsb29rdXAYCSABKAsyHi5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXNwb25zZUgAEiMKBWVycm9yGA8gASgLMhIuZ29vZ2xlLnJwYy5TdGF0dXNIAEIICgZyZXN1bHQqnwEKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFQoRREVDSVNJT05fQUNDRVBURUQQARITCg9ERUNJU0lPTl9SRVBMQVkQAhIYChRERUNJU0lPTl9JTl9QUk9HUkVTUxADEh0KGURFQ0lTSU9OX1BBWUxPQURfQ09ORkxJQ1QQBBIUChBERUNJU0lPTl9FWFBJUkVEEAUqbgoJQ2xhaW1Nb2RlEhoKFkNMQUlNX01PREVfVU5TUEVDSUZJRUQQABIUChBDTEFJTV9NT0RFX09XTkVSEAESFwoTQ0xBSU1fTU9ERV9UQUtFT1ZFUhACEhYKEkNMQUlNX01PREVfUkVDT1ZFUhADMsIHChJDb29yZGluYXRvclNlcnZpY2USSgoHUmVzZXJ2ZRIeLmlkZW1wb3RlbmN5LnYxLlJlc2VydmVSZXF1ZXN0Gh8uaWRlbXBvdGVuY3kudjEuUmVzZXJ2ZVJlc3BvbnNlEkQKBUNsYWltEhwuaWRlbXBvdGVuY3kudjEuQ2xhaW1SZXF1ZXN0Gh0uaWRlbXBvdGVuY3kudjEuQ2xhaW1SZXNwb25zZRJTCgpSZW5ld0xlYXNlEiEuaWRlbXBvdGVuY3kudjEuUmVuZXdMZWFzZVJlcXVlc3QaIi5pZGVtcG90ZW5jeS52MS5SZW5ld0xlYXNlUmVzcG9uc2USbgoTUmVjb3JkRWZmZWN0QXR0ZW1wdBIqLmlkZW1wb3RlbmN5LnYxLlJlY29yZEVmZmVjdEF0dGVtcHRSZXF1ZXN0GisuaWRlbXBvdGVuY3kudjEuUmVjb3JkRWZmZWN0QXR0ZW1wdFJlc3BvbnNlEnEKFFJlc29sdmVFZmZlY3RBdHRlbXB0EisuaWRlbXBvdGVuY3kudjEuUmVzb2x2ZUVmZmVjdEF0dGVtcHRSZXF1ZXN0GiwuaWRlbXBvdGVuY3kudjEuUmVzb2x2ZUVmZmVjdEF0dGVtcHRSZXNwb25zZRJNCghDb21wbGV0ZRIfLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVxdWVzdBogLmlkZW1wb3RlbmN5LnYxLkNvbXBsZXRlUmVzcG9uc2USSgoHUmVsZWFzZRIeLmlkZW1wb3RlbmN5LnYxLlJlbGVhc2VSZXF1ZXN0Gh8uaWRlbXBvdGVuY3kudjEuUmVsZWFzZVJlc3BvbnNlEkoKB0FiYW5kb24SHi5pZGVtcG90ZW5jeS52MS5BYmFuZG9uUmVxdWVzdBofLmlkZW1wb3RlbmN5LnYxLkFiYW5kb25SZXNwb25zZRJMCgZMb29rdXASHS5pZGVtcG90ZW5jeS52MS5Mb29rdXBSZXF1ZXN0Gh4uaWRlbXBvdGVuY3kudjEuTG9va3VwUmVzcG9uc2UiA5ACARJnCg9MaXN0UmVjb3ZlcmFibGUSJi5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3ZlcmFibGVSZXF1ZXN0GicuaWRlbXBvdGVuY3kudjEuTGlzdFJlY292ZXJhYmxlUmVzcG9uc2UiA5ACARJECgVCYXRjaBIcLmlkZW1wb3RlbmN5LnYxLkJhdGNoUmVxdWVzdBodLmlkZW1wb3RlbmN5LnYxLkJhdGNoUmVzcG9uc2VCOlo4ZXhhbXBsZS5jb20vaWRlbXBvdGVuY3kvZ2VuL2lkZW1wb3RlbmN5L3YxO2lkZW1wb3RlbmN5djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_google_rpc_status, file_idempotency_v1_types]);
 
 /**
  * Identifies an accepted operation for the writes that follow Reserve.
@@ -159,6 +159,18 @@ export type ReserveRequest = Message<"idempotency.v1.ReserveRequest"> & {
    * @generated from field: google.protobuf.Duration wait_for_owner = 10;
    */
   waitForOwner?: Duration | undefined;
+
+  /**
+   * Effects the handler will call, registered with the acceptance: when the
+   * decision is ACCEPTED each gets a PENDING attempt, as RecordEffectAttempt
+   * would register it (its downstream key is in the response), in the same
+   * transaction, saving that RPC and its commit. From then on an effect is
+   * possible: resolve an effect the handler did not call NO_EFFECT (with
+   * Complete, or before Release). Needs `claim`; at most 16, each name once.
+   *
+   * @generated from field: repeated idempotency.v1.DeclaredEffect effects = 11;
+   */
+  effects: DeclaredEffect[];
 };
 
 /**
@@ -167,6 +179,34 @@ export type ReserveRequest = Message<"idempotency.v1.ReserveRequest"> & {
  */
 export const ReserveRequestSchema: GenMessage<ReserveRequest> = /*@__PURE__*/
   messageDesc(file_idempotency_v1_coordinator, 1);
+
+/**
+ * An effect a handler declares with Reserve.
+ *
+ * @generated from message idempotency.v1.DeclaredEffect
+ */
+export type DeclaredEffect = Message<"idempotency.v1.DeclaredEffect"> & {
+  /**
+   * The effect's name, e.g. `card.charge`.
+   *
+   * @generated from field: string effect = 1;
+   */
+  effect: string;
+
+  /**
+   * The downstream system, e.g. `card-provider`.
+   *
+   * @generated from field: string provider = 2;
+   */
+  provider: string;
+};
+
+/**
+ * Describes the message idempotency.v1.DeclaredEffect.
+ * Use `create(DeclaredEffectSchema)` to create a new message.
+ */
+export const DeclaredEffectSchema: GenMessage<DeclaredEffect> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 2);
 
 /**
  * Reserve's decision and what the gateway needs to act on it.
@@ -246,6 +286,14 @@ export type ReserveResponse = Message<"idempotency.v1.ReserveResponse"> & {
    * @generated from field: string contract_version = 10;
    */
   contractVersion: string;
+
+  /**
+   * On ACCEPTED: the attempts registered for the declared effects, in their
+   * order, each with its downstream key.
+   *
+   * @generated from field: repeated idempotency.v1.EffectAttempt effect_attempts = 11;
+   */
+  effectAttempts: EffectAttempt[];
 };
 
 /**
@@ -253,7 +301,7 @@ export type ReserveResponse = Message<"idempotency.v1.ReserveResponse"> & {
  * Use `create(ReserveResponseSchema)` to create a new message.
  */
 export const ReserveResponseSchema: GenMessage<ReserveResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 2);
+  messageDesc(file_idempotency_v1_coordinator, 3);
 
 /**
  * Claim: take ownership for execution.
@@ -303,7 +351,7 @@ export type ClaimRequest = Message<"idempotency.v1.ClaimRequest"> & {
  * Use `create(ClaimRequestSchema)` to create a new message.
  */
 export const ClaimRequestSchema: GenMessage<ClaimRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 3);
+  messageDesc(file_idempotency_v1_coordinator, 4);
 
 /**
  * The ownership Claim granted.
@@ -353,7 +401,7 @@ export type ClaimResponse = Message<"idempotency.v1.ClaimResponse"> & {
  * Use `create(ClaimResponseSchema)` to create a new message.
  */
 export const ClaimResponseSchema: GenMessage<ClaimResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 4);
+  messageDesc(file_idempotency_v1_coordinator, 5);
 
 /**
  * RenewLease: keep ownership while the business logic runs long.
@@ -388,7 +436,7 @@ export type RenewLeaseRequest = Message<"idempotency.v1.RenewLeaseRequest"> & {
  * Use `create(RenewLeaseRequestSchema)` to create a new message.
  */
 export const RenewLeaseRequestSchema: GenMessage<RenewLeaseRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 5);
+  messageDesc(file_idempotency_v1_coordinator, 6);
 
 /**
  * The renewed lease.
@@ -409,7 +457,7 @@ export type RenewLeaseResponse = Message<"idempotency.v1.RenewLeaseResponse"> & 
  * Use `create(RenewLeaseResponseSchema)` to create a new message.
  */
 export const RenewLeaseResponseSchema: GenMessage<RenewLeaseResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 6);
+  messageDesc(file_idempotency_v1_coordinator, 7);
 
 /**
  * RecordEffectAttempt: written before every downstream call.
@@ -452,7 +500,7 @@ export type RecordEffectAttemptRequest = Message<"idempotency.v1.RecordEffectAtt
  * Use `create(RecordEffectAttemptRequestSchema)` to create a new message.
  */
 export const RecordEffectAttemptRequestSchema: GenMessage<RecordEffectAttemptRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 7);
+  messageDesc(file_idempotency_v1_coordinator, 8);
 
 /**
  * The registered attempt.
@@ -473,7 +521,7 @@ export type RecordEffectAttemptResponse = Message<"idempotency.v1.RecordEffectAt
  * Use `create(RecordEffectAttemptResponseSchema)` to create a new message.
  */
 export const RecordEffectAttemptResponseSchema: GenMessage<RecordEffectAttemptResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 8);
+  messageDesc(file_idempotency_v1_coordinator, 9);
 
 /**
  * ResolveEffectAttempt: what the downstream call did.
@@ -522,7 +570,7 @@ export type ResolveEffectAttemptRequest = Message<"idempotency.v1.ResolveEffectA
  * Use `create(ResolveEffectAttemptRequestSchema)` to create a new message.
  */
 export const ResolveEffectAttemptRequestSchema: GenMessage<ResolveEffectAttemptRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 9);
+  messageDesc(file_idempotency_v1_coordinator, 10);
 
 /**
  * The resolved attempt.
@@ -543,7 +591,7 @@ export type ResolveEffectAttemptResponse = Message<"idempotency.v1.ResolveEffect
  * Use `create(ResolveEffectAttemptResponseSchema)` to create a new message.
  */
 export const ResolveEffectAttemptResponseSchema: GenMessage<ResolveEffectAttemptResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 10);
+  messageDesc(file_idempotency_v1_coordinator, 11);
 
 /**
  * Complete: finish the operation and store the response to replay.
@@ -598,7 +646,7 @@ export type CompleteRequest = Message<"idempotency.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 11);
+  messageDesc(file_idempotency_v1_coordinator, 12);
 
 /**
  * What a downstream call did, for one attempt (Complete.resolutions).
@@ -633,7 +681,7 @@ export type EffectResolution = Message<"idempotency.v1.EffectResolution"> & {
  * Use `create(EffectResolutionSchema)` to create a new message.
  */
 export const EffectResolutionSchema: GenMessage<EffectResolution> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 12);
+  messageDesc(file_idempotency_v1_coordinator, 13);
 
 /**
  * The stored outcome.
@@ -668,7 +716,7 @@ export type CompleteResponse = Message<"idempotency.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 13);
+  messageDesc(file_idempotency_v1_coordinator, 14);
 
 /**
  * Release: give a reservation back without any effect.
@@ -696,7 +744,7 @@ export type ReleaseRequest = Message<"idempotency.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 14);
+  messageDesc(file_idempotency_v1_coordinator, 15);
 
 /**
  * The released record.
@@ -724,7 +772,7 @@ export type ReleaseResponse = Message<"idempotency.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 15);
+  messageDesc(file_idempotency_v1_coordinator, 16);
 
 /**
  * Abandon: the owner stops.
@@ -752,7 +800,7 @@ export type AbandonRequest = Message<"idempotency.v1.AbandonRequest"> & {
  * Use `create(AbandonRequestSchema)` to create a new message.
  */
 export const AbandonRequestSchema: GenMessage<AbandonRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 16);
+  messageDesc(file_idempotency_v1_coordinator, 17);
 
 /**
  * The abandoned record.
@@ -780,7 +828,7 @@ export type AbandonResponse = Message<"idempotency.v1.AbandonResponse"> & {
  * Use `create(AbandonResponseSchema)` to create a new message.
  */
 export const AbandonResponseSchema: GenMessage<AbandonResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 17);
+  messageDesc(file_idempotency_v1_coordinator, 18);
 
 /**
  * Lookup by the scope an HTTP request would have.
@@ -822,7 +870,7 @@ export type ScopeLookup = Message<"idempotency.v1.ScopeLookup"> & {
  * Use `create(ScopeLookupSchema)` to create a new message.
  */
 export const ScopeLookupSchema: GenMessage<ScopeLookup> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 18);
+  messageDesc(file_idempotency_v1_coordinator, 19);
 
 /**
  * Lookup: read an operation.
@@ -868,7 +916,7 @@ export type LookupRequest = Message<"idempotency.v1.LookupRequest"> & {
  * Use `create(LookupRequestSchema)` to create a new message.
  */
 export const LookupRequestSchema: GenMessage<LookupRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 19);
+  messageDesc(file_idempotency_v1_coordinator, 20);
 
 /**
  * The operation as it is now.
@@ -889,7 +937,7 @@ export type LookupResponse = Message<"idempotency.v1.LookupResponse"> & {
  * Use `create(LookupResponseSchema)` to create a new message.
  */
 export const LookupResponseSchema: GenMessage<LookupResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 20);
+  messageDesc(file_idempotency_v1_coordinator, 21);
 
 /**
  * ListRecoverable: which records to look at.
@@ -931,7 +979,7 @@ export type ListRecoverableRequest = Message<"idempotency.v1.ListRecoverableRequ
  * Use `create(ListRecoverableRequestSchema)` to create a new message.
  */
 export const ListRecoverableRequestSchema: GenMessage<ListRecoverableRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 21);
+  messageDesc(file_idempotency_v1_coordinator, 22);
 
 /**
  * A record to recover, and how.
@@ -960,7 +1008,7 @@ export type RecoverableRecord = Message<"idempotency.v1.RecoverableRecord"> & {
  * Use `create(RecoverableRecordSchema)` to create a new message.
  */
 export const RecoverableRecordSchema: GenMessage<RecoverableRecord> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 22);
+  messageDesc(file_idempotency_v1_coordinator, 23);
 
 /**
  * Records to recover, oldest lease end first.
@@ -988,7 +1036,7 @@ export type ListRecoverableResponse = Message<"idempotency.v1.ListRecoverableRes
  * Use `create(ListRecoverableResponseSchema)` to create a new message.
  */
 export const ListRecoverableResponseSchema: GenMessage<ListRecoverableResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 23);
+  messageDesc(file_idempotency_v1_coordinator, 24);
 
 /**
  * Batch: many calls in one RPC.
@@ -1009,7 +1057,7 @@ export type BatchRequest = Message<"idempotency.v1.BatchRequest"> & {
  * Use `create(BatchRequestSchema)` to create a new message.
  */
 export const BatchRequestSchema: GenMessage<BatchRequest> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 24);
+  messageDesc(file_idempotency_v1_coordinator, 25);
 
 /**
  * One call of a batch: the request its unary RPC takes.
@@ -1114,7 +1162,7 @@ export type BatchCall = Message<"idempotency.v1.BatchCall"> & {
  * Use `create(BatchCallSchema)` to create a new message.
  */
 export const BatchCallSchema: GenMessage<BatchCall> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 25);
+  messageDesc(file_idempotency_v1_coordinator, 26);
 
 /**
  * The answers to a batch.
@@ -1135,7 +1183,7 @@ export type BatchResponse = Message<"idempotency.v1.BatchResponse"> & {
  * Use `create(BatchResponseSchema)` to create a new message.
  */
 export const BatchResponseSchema: GenMessage<BatchResponse> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 26);
+  messageDesc(file_idempotency_v1_coordinator, 27);
 
 /**
  * The answer to one call of a batch: the response its unary RPC would have
@@ -1239,7 +1287,7 @@ export type BatchResult = Message<"idempotency.v1.BatchResult"> & {
  * Use `create(BatchResultSchema)` to create a new message.
  */
 export const BatchResultSchema: GenMessage<BatchResult> = /*@__PURE__*/
-  messageDesc(file_idempotency_v1_coordinator, 27);
+  messageDesc(file_idempotency_v1_coordinator, 28);
 
 /**
  * What Reserve decided.
