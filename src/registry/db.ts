@@ -3,7 +3,7 @@ import { parseIntoClientConfig } from "pg-connection-string";
 import { context, SpanKind, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import { IdempotencyError } from "../contract/errors.js";
-import type { PlanReadiness } from "./plan-readiness.js";
+import type { PlanEpochs } from "./plan-epochs.js";
 import { pipelined, preparedName } from "./statement.js";
 
 /** Anything that runs one SQL statement: a pool, a client, a client inside a transaction. */
@@ -191,8 +191,8 @@ export interface PoolDbOptions extends DbObserver {
    * where a connection's prepared statements are not the next transaction's.
    */
   preparedStatements?: boolean;
-  /** Prepared again under new names in each of its plan epochs (planReadiness: the registry's size, until it has statistics); once when unset. */
-  planned?: PlanReadiness;
+  /** Prepared again under new names in each of its plan epochs (planEpochs: the registry's size, until it has statistics); once when unset. */
+  planned?: PlanEpochs;
   /** Each transaction (each try of it) is a span, a child of the active one (its RPC's), when given. */
   tracer?: Tracer;
 }

@@ -11,7 +11,7 @@ import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
 import { openPool, poolDb, type Db } from "../registry/db.js";
 import { migrate } from "../registry/migrate.js";
-import { planReadiness } from "../registry/plan-readiness.js";
+import { planEpochs } from "../registry/plan-epochs.js";
 import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
 import { ping, reportUnreachable } from "../registry/reachability.js";
 import { PolicyStore } from "../registry/policy-store.js";
@@ -177,7 +177,7 @@ export async function startCoordinator({
       committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
       crossTenantPool,
       preparedStatements: config.db.preparedStatements,
-      planned: planReadiness(pool, logger),
+      planned: planEpochs(pool, logger),
       ...(tracer ? { tracer } : {}),
     });
     for (const notice of config.notices ?? []) logger.warn(notice);

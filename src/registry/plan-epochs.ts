@@ -21,7 +21,7 @@ import type { Logger } from "pino";
  * pages on, the planner finds the lookup by the whole key cheaper). The
  * epoch is read every `recheckMs`; once the statistics are there it stays.
  */
-export interface PlanReadiness {
+export interface PlanEpochs {
   /** What the names of prepared statements end with in this epoch ("" once the statistics can be trusted). */
   epoch(): string;
 }
@@ -31,7 +31,7 @@ const MIN_ANALYZED_RECORDS = 1000;
 const RECHECK_MS = 5000;
 
 /** Reads `idem_record`'s statistics and size (pg_class.reltuples is -1 before the first analyze) on `pool`. */
-export function planReadiness(pool: pg.Pool, logger: Logger, options: { minRecords?: number; recheckMs?: number } = {}): PlanReadiness {
+export function planEpochs(pool: pg.Pool, logger: Logger, options: { minRecords?: number; recheckMs?: number } = {}): PlanEpochs {
   const minRecords = options.minRecords ?? MIN_ANALYZED_RECORDS;
   const recheckMs = options.recheckMs ?? RECHECK_MS;
   // Before the first reading: the epoch of an empty table.

@@ -1,13 +1,13 @@
 import { describe, expect, it, vi } from "vitest";
 import { poolDb } from "../../src/registry/db.js";
-import { planReadiness } from "../../src/registry/plan-readiness.js";
+import { planEpochs } from "../../src/registry/plan-epochs.js";
 import { actor, newKey, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
 import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
 
 /**
  * A coordinator's prepared statements are planned again each time
  * idem_record doubles in size, until the table has statistics
- * (src/registry/plan-readiness.ts): a generic plan made for a nearly empty
+ * (src/registry/plan-epochs.ts): a generic plan made for a nearly empty
  * table may scan a whole tenant at every request as the table grows.
  */
 const t = useTestDatabase();
@@ -22,7 +22,7 @@ describe("plan epochs of the registry's prepared statements", () => {
       if (preparedName) named.push(preparedName);
       return send();
     });
-    const planned = planReadiness(raw, silentLogger, { minRecords: 20, recheckMs: 0 });
+    const planned = planEpochs(raw, silentLogger, { minRecords: 20, recheckMs: 0 });
     const db = poolDb(pool, silentLogger, { planned });
     const reserveOne = async () => expect((await registry.reserve(db, reserveInput(newKey()), gateway)).decision).toBe("ACCEPTED");
 
@@ -53,7 +53,7 @@ describe("plan epochs of the registry's prepared statements", () => {
   });
 
   it("does not trust an analyze of a nearly empty table", async () => {
-    const planned = planReadiness(t.pool, silentLogger, { minRecords: 1_000_000, recheckMs: 0 });
+    const planned = planEpochs(t.pool, silentLogger, { minRecords: 1_000_000, recheckMs: 0 });
     await t.pool.query("ANALYZE idem_record");
     planned.epoch();
     await new Promise((resolve) => setTimeout(resolve, 200));
