@@ -265,28 +265,31 @@ export abstract class OwnedOperation {
   }
 
   /**
-   * The resolutions Complete sends: the held ones, and NO_EFFECT for each
-   * declared effect the handler did not call (it called nothing downstream).
+   * The resolutions not sent yet, which Complete carries: the held ones, and
+   * NO_EFFECT for each declared effect the handler did not call (it called
+   * nothing downstream).
    */
-  private heldResolutions(): Array<{ attemptNumber: number; status: "CONFIRMED" | "NO_EFFECT"; providerHandle: string }> {
-    const unused = [...this.declared.values()].map((a) => ({ attemptNumber: a.attemptNumber, status: "NO_EFFECT" as const, providerHandle: "" }));
-    return [...this.held.map(({ attemptNumber, status, providerHandle }) => ({ attemptNumber, status, providerHandle })), ...unused];
+  private unsent(): Array<{ attemptNumber: number; status: "CONFIRMED" | "NO_EFFECT"; providerHandle: string; effect: string }> {
+    const unused = [...this.declared.values()].map(({ attemptNumber, effect }) => ({ attemptNumber, status: "NO_EFFECT" as const, providerHandle: "", effect }));
+    return [...this.held, ...unused];
   }
 
-  /** Forgets the held resolutions and the unused declared effects: the Complete that carried them committed. */
-  private heldSent(): void {
+  /** The unsent resolutions as Complete takes them. */
+  private unsentForComplete(): Array<{ attemptNumber: number; status: "CONFIRMED" | "NO_EFFECT"; providerHandle: string }> {
+    return this.unsent().map(({ attemptNumber, status, providerHandle }) => ({ attemptNumber, status, providerHandle }));
+  }
+
+  /** Forgets the unsent resolutions: the Complete that carried them committed, or they were sent on their own. */
+  private sent(): void {
     this.held = [];
     this.declared.clear();
   }
 
-  /** Sends the held resolutions on their own (before Abandon or Release: recovery should know what happened). */
-  private async sendHeld(): Promise<void> {
-    const held = [
-      ...this.held,
-      ...[...this.declared.values()].map((a) => ({ attemptNumber: a.attemptNumber, status: "NO_EFFECT" as const, providerHandle: "", effect: a.effect })),
-    ];
-    this.heldSent();
-    for (const { attemptNumber, status, providerHandle, effect } of held) {
+  /** Sends the unsent resolutions on their own (before Abandon or Release: recovery should know what happened). */
+  private async sendUnsent(): Promise<void> {
+    const unsent = this.unsent();
+    this.sent();
+    for (const { attemptNumber, status, providerHandle, effect } of unsent) {
       await this.resolveQuietly({ attemptNumber, effect }, status, providerHandle);
     }
   }
@@ -341,12 +344,12 @@ export abstract class OwnedOperation {
       const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
       if (outcome === "release") return result;
       const snapshot = snapshotOf(http);
-      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.heldResolutions() });
+      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
       completed = { outcome, snapshot };
       return result;
     });
     if (completed) {
-      this.heldSent();
+      this.sent();
       this.completedWithin = completed;
       this.stopLease();
     }
@@ -355,19 +358,19 @@ export abstract class OwnedOperation {
 
   /** Complete over RPC, with the held resolutions (idempotent: an identical repeat succeeds). */
   async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
-    await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.heldResolutions() });
-    this.heldSent();
+    await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
+    this.sent();
   }
 
   /** Release over RPC: back to RESERVED, the next identical retry takes it over. */
   async release(): Promise<void> {
-    await this.sendHeld();
+    await this.sendUnsent();
     await this.client.release({ ref: this.ref, generation: this.generation });
   }
 
   /** Abandon over RPC: this owner will not finish; recovery may start now (knowing what the held resolutions say). */
   async abandon(): Promise<void> {
-    await this.sendHeld();
+    await this.sendUnsent();
     await this.client.abandon({ ref: this.ref, generation: this.generation });
   }
 }
