@@ -554,23 +554,22 @@ export class Registry {
     if (mine.every((a) => a !== undefined)) return { record, attempts: mine };
     for (const { effect } of declared) checkRecordEffect(record, existing, record.generation, effect);
     const first = (existing.at(-1)?.attemptNumber ?? 0) + 1;
-    const sends = declared.flatMap(({ effect, provider, registrationId }, i) => [
-      (q: Queryable) =>
-        attemptStatements.insertAttempt.run(q, {
-          ...ref,
-          attemptNumber: first + i,
-          effect,
-          provider,
-          downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
-          generation: record.generation,
-          registrationId,
-        }),
-      lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: first + i, effect } }, {}).send,
-    ]);
-    const results = await pipelined(sends.map((send) => send(q)));
-    const attempts = results.filter((_, i) => i % 2 === 0).map(({ rows }) => toAttempt(rows[0]!));
-    const marked = lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller }, {}).changed(results.at(-1)!);
-    return { record: marked, attempts };
+    // All pipelined: the attempts, then the record's flag with an EFFECT_RECORDED event for each.
+    const inserts = declared.map(({ effect, provider, registrationId }, i) =>
+      attemptStatements.insertAttempt.run(q, {
+        ...ref,
+        attemptNumber: first + i,
+        effect,
+        provider,
+        downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
+        generation: record.generation,
+        registrationId,
+      }),
+    );
+    const marks = declared.map(({ effect }, i) => lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: first + i, effect } }, {}));
+    const results = await pipelined([...inserts, ...marks.map((mark) => mark.send(q))]);
+    const attempts = results.slice(0, inserts.length).map(({ rows }) => toAttempt(rows[0]!));
+    return { record: marks.at(-1)!.changed(results.at(-1)!), attempts };
   }
 
   /** Records what a downstream call did. */
@@ -615,12 +614,13 @@ export class Registry {
           const locked = await this.lockWithAttempts(q, input.ref, actor);
           // The resolutions as ResolveEffectAttempt would make them, then the finish judged on what they leave.
           const resolving = planResolutions(locked.record, locked.attempts, input.generation, resolutions);
-          const record = resolving.changes.length > 0 ? { ...locked.record, effectPossible: effectFlags(resolving.attempts).possible } : locked.record;
+          const last = resolving.changes.at(-1);
+          const record = last ? { ...locked.record, effectPossible: last.effectPossible } : locked.record;
           const columns = await this.finishColumns(record, resolving.attempts, input);
           if (!columns) return this.opened(locked.record);
           await this.hooks.reached("registry.complete.before-commit");
           // The resolutions and the terminal state go out with COMMIT: two round trips in all.
-          const made = resolutionSends(locked.record, locked.attempts, resolving.changes, actor.caller);
+          const made = resolutionSends(locked.record, resolving.changes, actor.caller);
           const finish = lockedChange(recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
           const written = await commitWith([...made, finish.send]);
           for (const result of written.slice(0, -1)) {
@@ -1202,22 +1202,16 @@ function lockedChange<Values extends object>(
 }
 
 /**
- * The statements of Complete's resolutions, for a record this transaction
- * has locked: each attempt's new status, and the record's effect flag with
- * its EFFECT_RESOLVED event, as ResolveEffectAttempt writes them.
+ * The statements of Complete's resolutions (planResolutions' changes), for a
+ * record this transaction has locked: each attempt's new status, and the
+ * record's effect flag with its EFFECT_RESOLVED event, as
+ * ResolveEffectAttempt writes them.
  */
-function resolutionSends(record: StoredRecord, attempts: readonly StoredAttempt[], changes: readonly EffectResolution[], caller: string): Send[] {
-  const sends: Send[] = [];
-  let after = [...attempts];
-  for (const { attemptNumber, status, providerHandle } of changes) {
-    after = after.map((a) => (a.attemptNumber === attemptNumber ? { ...a, status } : a));
-    const effectPossible = effectFlags(after).possible;
-    sends.push(
-      (q) => attemptStatements.resolveAttempt.run(q, { tenant: record.tenant, operationId: record.operationId, attemptNumber, status, providerHandle }),
-      lockedChange(recordStatements.setEffectPossible, record, { caller, detail: { attempt: attemptNumber, status } }, { effectPossible }).send,
-    );
-  }
-  return sends;
+function resolutionSends(record: StoredRecord, changes: ReadonlyArray<EffectResolution & { effectPossible: boolean }>, caller: string): Send[] {
+  return changes.flatMap(({ attemptNumber, status, providerHandle, effectPossible }): Send[] => [
+    (q) => attemptStatements.resolveAttempt.run(q, { tenant: record.tenant, operationId: record.operationId, attemptNumber, status, providerHandle }),
+    lockedChange(recordStatements.setEffectPossible, record, { caller, detail: { attempt: attemptNumber, status } }, { effectPossible }).send,
+  ]);
 }
 
 /** An effect declared with Reserve, with the registration id of its attempt (minted once, outside retried work). */

@@ -209,15 +209,17 @@ export function planResolve(record: StoredRecord, attempt: StoredAttempt | undef
 /**
  * Complete's resolutions, on a record read under its lock: each judged as
  * ResolveEffectAttempt judges it, the attempts as they are once the ones
- * that change something (`changes`) are made. On a finished record (a
- * repeat of the Complete that finished it) each must be what is stored.
+ * that change something (`changes`) are made, and for each change whether an
+ * effect is possible once it is made (what ResolveEffectAttempt would set).
+ * On a finished record (a repeat of the Complete that finished it) each must
+ * be what is stored.
  */
 export function planResolutions(
   record: StoredRecord,
   attempts: readonly StoredAttempt[],
   generation: number,
   resolutions: readonly EffectResolution[],
-): { attempts: StoredAttempt[]; changes: EffectResolution[] } {
+): { attempts: StoredAttempt[]; changes: Array<EffectResolution & { effectPossible: boolean }> } {
   if (isTerminal(record.state)) {
     for (const resolution of resolutions) {
       const attempt = attempts.find((a) => a.attemptNumber === resolution.attemptNumber);
@@ -228,14 +230,14 @@ export function planResolutions(
     return { attempts: [...attempts], changes: [] };
   }
   let after = [...attempts];
-  const changes: EffectResolution[] = [];
+  const changes: Array<EffectResolution & { effectPossible: boolean }> = [];
   for (const resolution of resolutions) {
     const attempt = after.find((a) => a.attemptNumber === resolution.attemptNumber);
     if (planResolve(record, attempt, generation, resolution.status, resolution.providerHandle) === "unchanged") continue;
-    changes.push(resolution);
     after = after.map((a) =>
       a.attemptNumber === resolution.attemptNumber ? { ...a, status: resolution.status, providerHandle: resolution.providerHandle || a.providerHandle } : a,
     );
+    changes.push({ ...resolution, effectPossible: effectFlags(after).possible });
   }
   return { attempts: after, changes };
 }
