@@ -86,7 +86,7 @@ export function coordinatorService({ registry, db, metrics, tracer }: Coordinato
       // Each case of BatchCall.call is named after the RPC whose request it carries, and BatchResult.result after the one whose response it holds.
       const handler = unary[kind] as (req: Message, ctx: HandlerContext) => Promise<Message>;
       const request = call.call.value;
-      const value = await tracedBatchCall(tracer, `${CoordinatorService.typeName}/${method}`, call.traceContext, () => handler(request, ctx));
+      const value = await tracedBatchCall(tracer, CoordinatorService.typeName, CoordinatorService.method[kind].name, call.traceContext, () => handler(request, ctx));
       if (method) metrics?.observeCall(CoordinatorService.typeName, method, startedAt);
       return { case: kind, value } as BatchResult["result"];
     } catch (error) {

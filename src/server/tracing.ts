@@ -1,4 +1,4 @@
-import { context, SpanKind, SpanStatusCode, trace, type Span, type TextMapGetter, type Tracer } from "@opentelemetry/api";
+import { context, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type TextMapGetter, type Tracer } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
@@ -57,30 +57,16 @@ export function traceFields(): { traceId?: string; spanId?: string } {
  */
 export function tracingInterceptor(tracer: Tracer): Interceptor {
   followSpansAcrossAwaits();
-  return (next) => async (req) => {
-    const parent = propagator.extract(context.active(), req.header, headerGetter);
-    const span = tracer.startSpan(
-      `${req.service.typeName}/${req.method.name}`,
-      {
-        kind: SpanKind.SERVER,
-        attributes: { "rpc.system": "connect_rpc", "rpc.service": req.service.typeName, "rpc.method": req.method.name },
-      },
-      parent,
-    );
+  return (next) => (req) => {
     const operationId = (req.message as { ref?: { operationId?: unknown } } | undefined)?.ref?.operationId;
-    if (typeof operationId === "string" && operationId !== "") span.setAttribute("idempotency.operation_id", operationId);
-    try {
-      const res = await context.with(trace.setSpan(parent, span), () => next(req));
-      span.setAttribute("rpc.grpc.status_code", 0);
-      return res;
-    } catch (error) {
-      const code = ConnectError.from(error).code;
-      span.setAttribute("rpc.grpc.status_code", code);
-      span.setStatus({ code: SpanStatusCode.ERROR, message: Code[code] });
-      throw error;
-    } finally {
-      span.end();
-    }
+    return inServerSpan(
+      tracer,
+      propagator.extract(context.active(), req.header, headerGetter),
+      req.service.typeName,
+      req.method.name,
+      typeof operationId === "string" && operationId !== "" ? { "idempotency.operation_id": operationId } : {},
+      () => next(req),
+    );
   };
 }
 
@@ -91,21 +77,27 @@ const mapGetter: TextMapGetter<Record<string, string>> = {
 };
 
 /**
- * Runs one call of a Batch in a span of its own: a child of the call's own
- * trace context when it carries one (its request's trace), otherwise of the
- * batch's span. Without a tracer, runs `work` alone.
+ * Runs one call of a Batch in a span of its own, as the RPC it stands for: a
+ * child of the call's own trace context when it carries one (its request's
+ * trace), otherwise of the batch's span. Without a tracer, runs `work` alone.
  */
-export async function tracedBatchCall<T>(tracer: Tracer | undefined, name: string, traceContext: Record<string, string>, work: () => Promise<T>): Promise<T> {
+export function tracedBatchCall<T>(tracer: Tracer | undefined, service: string, method: string, traceContext: Record<string, string>, work: () => Promise<T>): Promise<T> {
   if (!tracer) return work();
   const parent = Object.keys(traceContext).length > 0 ? propagator.extract(context.active(), traceContext, mapGetter) : context.active();
-  const [service, method] = name.split("/");
-  const span: Span = tracer.startSpan(
-    name,
-    { kind: SpanKind.SERVER, attributes: { "rpc.system": "connect_rpc", "rpc.service": service!, "rpc.method": method!, "idempotency.batched": true } },
+  return inServerSpan(tracer, parent, service, method, { "idempotency.batched": true }, work);
+}
+
+/** `work` in a server span of `service/method` under `parent`, with the gRPC status code it ended with. */
+async function inServerSpan<T>(tracer: Tracer, parent: Context, service: string, method: string, attributes: Attributes, work: () => Promise<T>): Promise<T> {
+  const span = tracer.startSpan(
+    `${service}/${method}`,
+    { kind: SpanKind.SERVER, attributes: { "rpc.system": "connect_rpc", "rpc.service": service, "rpc.method": method, ...attributes } },
     parent,
   );
   try {
-    return await context.with(trace.setSpan(parent, span), work);
+    const result = await context.with(trace.setSpan(parent, span), work);
+    span.setAttribute("rpc.grpc.status_code", 0);
+    return result;
   } catch (error) {
     const code = ConnectError.from(error).code;
     span.setAttribute("rpc.grpc.status_code", code);
