@@ -139,7 +139,8 @@ async function serveWorkers(config: Config): Promise<void> {
       if (stoppingSince !== undefined) {
         if (running.size === 0) {
           logger.info("stopped");
-          process.exit(0);
+          // 0 after a signal; a start that failed set its own status.
+          process.exit();
         }
         return;
       }

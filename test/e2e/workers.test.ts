@@ -159,3 +159,25 @@ describe("IDEM_WORKERS=2", () => {
     for (const pid of workers) expect(() => process.kill(pid, 0), `worker ${pid} to be gone`).toThrow();
   }, 30_000);
 });
+
+describe("IDEM_WORKERS=2 on a database it cannot reach", () => {
+  it("stops every worker and exits non-zero, saying which database", async () => {
+    const closed = await freePort();
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      DATABASE_URL: `postgres://idem@127.0.0.1:${closed}/registry`,
+      IDEM_WORKERS: "2",
+      IDEM_HOST: "127.0.0.1",
+      IDEM_RPC_PORT: String(await freePort()),
+      IDEM_ADMIN_PORT: String(await twoFreePorts()),
+      IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
+      LOG_LEVEL: "warn",
+    };
+    const main = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], { env, stdio: ["ignore", "pipe", "pipe"] });
+    let stderr = "";
+    main.stderr.on("data", (chunk) => (stderr += chunk));
+    const code = await new Promise<number | null>((resolve) => main.once("exit", resolve));
+    expect(code).not.toBe(0);
+    expect(stderr).toContain(`cannot reach the registry database at 127.0.0.1:${closed} (DATABASE_URL)`);
+  }, 60_000);
+});
