@@ -70,25 +70,49 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
   if (worker === undefined) process.stderr.write(banner(config, coordinator.rpcPort, [coordinator.adminPort], developmentToken, embedded));
   else process.send?.({ kind: "serving", rpcPort: coordinator.rpcPort, adminPort: coordinator.adminPort } satisfies Serving);
 
-  let stoppingSince: number | undefined;
-  const stop = async (signal: string) => {
-    if (stoppingSince !== undefined) {
-      // A terminal's Ctrl-C reaches both npm/tsx and this process, which then
-      // relay it once more: only a signal sent later on purpose forces the exit.
-      if (Date.now() - stoppingSince < 1000) return;
+  onStopSignals(
+    async (signal) => {
+      logger.info({ signal }, "stopping: no new RPCs, draining in-flight ones");
+      await coordinator.stop();
+      await tracing?.shutdown();
+      await embedded?.stop();
+      logger.info("stopped");
+      process.exit(0);
+    },
+    (signal) => {
       logger.warn({ signal }, "second signal: exiting at once");
       process.exit(1);
+    },
+  );
+}
+
+/**
+ * Stops on SIGTERM or SIGINT (`stop`), and forces the exit on one more
+ * (`force`). A terminal's Ctrl-C reaches both npm/tsx and this process, which
+ * then relay it once more: only a signal sent a second or more later, on
+ * purpose, forces. `stopping` says whether stopping has begun, by a signal or
+ * by `begin` (a start that failed).
+ */
+function onStopSignals(stop: (signal: string) => unknown, force: (signal: string) => void): { readonly stopping: boolean; begin(): void } {
+  let since: number | undefined;
+  const on = (signal: string) => {
+    if (since === undefined) {
+      since = Date.now();
+      void stop(signal);
+    } else if (Date.now() - since >= 1000) {
+      force(signal);
     }
-    stoppingSince = Date.now();
-    logger.info({ signal }, "stopping: no new RPCs, draining in-flight ones");
-    await coordinator.stop();
-    await tracing?.shutdown();
-    await embedded?.stop();
-    logger.info("stopped");
-    process.exit(0);
   };
-  process.on("SIGTERM", () => void stop("SIGTERM"));
-  process.on("SIGINT", () => void stop("SIGINT"));
+  process.on("SIGTERM", () => on("SIGTERM"));
+  process.on("SIGINT", () => on("SIGINT"));
+  return {
+    get stopping() {
+      return since !== undefined;
+    },
+    begin() {
+      since ??= Date.now();
+    },
+  };
 }
 
 /** What a worker tells its primary once it serves. */
@@ -120,7 +144,18 @@ async function serveWorkers(config: Config): Promise<void> {
   const running = new Map<number, Worker>();
   const serving = new Map<number, Serving>();
   let allServed = false;
-  let stoppingSince: number | undefined;
+  const signals = onStopSignals(
+    (signal) => {
+      logger.info({ signal }, "stopping every worker: no new RPCs, draining in-flight ones");
+      if (running.size === 0) process.exit(0);
+      for (const worker of running.values()) worker.process.kill("SIGTERM");
+    },
+    (signal) => {
+      logger.warn({ signal }, "second signal: stopping every worker at once");
+      for (const worker of running.values()) worker.process.kill("SIGKILL");
+      process.exit(1);
+    },
+  );
 
   const start = (index: number) => {
     const worker = cluster.fork({ IDEM_WORKER_INDEX: String(index) });
@@ -136,7 +171,7 @@ async function serveWorkers(config: Config): Promise<void> {
     });
     worker.on("exit", (code, signal) => {
       running.delete(index);
-      if (stoppingSince !== undefined) {
+      if (signals.stopping) {
         if (running.size === 0) {
           logger.info("stopped");
           // 0 after a signal; a start that failed set its own status.
@@ -148,32 +183,17 @@ async function serveWorkers(config: Config): Promise<void> {
         // It could not start (its own error is printed): the others would fail alike.
         for (const other of running.values()) other.process.kill("SIGTERM");
         process.exitCode = code || 1;
-        stoppingSince = Date.now();
+        signals.begin();
         if (running.size === 0) process.exit(process.exitCode);
         return;
       }
       logger.error({ worker: index, code, signal }, "a worker exited; starting another in its place");
       setTimeout(() => {
-        if (stoppingSince === undefined) start(index);
+        if (!signals.stopping) start(index);
       }, 1000);
     });
   };
   for (let i = 0; i < config.workers; i++) start(i);
-
-  const stop = (signal: string) => {
-    if (stoppingSince !== undefined) {
-      if (Date.now() - stoppingSince < 1000) return;
-      logger.warn({ signal }, "second signal: stopping every worker at once");
-      for (const worker of running.values()) worker.process.kill("SIGKILL");
-      process.exit(1);
-    }
-    stoppingSince = Date.now();
-    logger.info({ signal }, "stopping every worker: no new RPCs, draining in-flight ones");
-    if (running.size === 0) process.exit(0);
-    for (const worker of running.values()) worker.process.kill("SIGTERM");
-  };
-  process.on("SIGTERM", () => stop("SIGTERM"));
-  process.on("SIGINT", () => stop("SIGINT"));
 }
 
 /** The development token, kept under the state folder so that it survives restarts. */
