@@ -23,6 +23,14 @@ export interface Config {
   migrationDatabaseUrl: string | undefined;
   /** The login of the cross-tenant pool, when it is not DATABASE_URL's (it should not be: SECURITY.md). */
   crossTenantDatabaseUrl: string | undefined;
+  /**
+   * A hot standby of the registry for the reads that decide nothing (Lookup,
+   * ListRecoverable, the listings, policies, the console); undefined: every
+   * read on DATABASE_URL. See docs/contract.md, "Reads from a standby".
+   */
+  readDatabaseUrl: string | undefined;
+  /** The login on that standby of the reads that span tenants, when it is not readDatabaseUrl's. */
+  crossTenantReadDatabaseUrl: string | undefined;
   db: {
     /** The unprivileged role every serving connection acts as (undefined: the login's own). */
     role: string | undefined;
@@ -103,6 +111,17 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   },
   { name: "IDEM_DB_CROSS_TENANT_ROLE", default: "idem_cross_tenant", meaning: "role that work acts as: sees every tenant; empty: the login's own" },
   { name: "IDEM_DB_CROSS_TENANT_POOL_MAX", default: "4", meaning: "most connections of that work per process" },
+  {
+    name: "IDEM_DB_READ_URL",
+    default: "(unset: every read on DATABASE_URL)",
+    meaning:
+      "hot standby of the registry for the reads that decide nothing (Lookup, ListRecoverable, listings, policies, console), a login like DATABASE_URL's; while it does not answer they go to DATABASE_URL",
+  },
+  {
+    name: "IDEM_CROSS_TENANT_DB_READ_URL",
+    default: "(IDEM_DB_READ_URL)",
+    meaning: "login on that standby of the reads that span tenants; required with IDEM_CROSS_TENANT_DATABASE_URL",
+  },
   { name: "IDEM_DB_CONNECT_TIMEOUT_MS", default: "2000", meaning: "wait for a free connection before UNAVAILABLE" },
   { name: "IDEM_DB_STATEMENT_TIMEOUT_MS", default: "5000", meaning: "upper bound of one SQL statement" },
   { name: "IDEM_DB_LOCK_TIMEOUT_MS", default: "2000", meaning: "upper bound of waiting for a record's row lock" },
@@ -323,6 +342,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
   if (crossTenantDatabaseUrl !== undefined && databaseUrl === undefined) {
     problems.push("IDEM_CROSS_TENANT_DATABASE_URL: needs DATABASE_URL (the embedded default has one login)");
   }
+  const readDatabaseUrl = read("IDEM_DB_READ_URL", postgresUrl, undefined as string | undefined);
+  const crossTenantReadDatabaseUrl = read("IDEM_CROSS_TENANT_DB_READ_URL", postgresUrl, undefined as string | undefined);
+  if (readDatabaseUrl !== undefined && databaseUrl === undefined) {
+    problems.push("IDEM_DB_READ_URL: needs DATABASE_URL (the embedded default has no standby)");
+  }
+  if (crossTenantReadDatabaseUrl !== undefined && readDatabaseUrl === undefined) {
+    problems.push("IDEM_CROSS_TENANT_DB_READ_URL: needs IDEM_DB_READ_URL");
+  }
+  // The standby's logins are the primary's: reads that span tenants log in as the cross-tenant work does, never as the server.
+  if (readDatabaseUrl !== undefined && crossTenantDatabaseUrl !== undefined && crossTenantReadDatabaseUrl === undefined) {
+    problems.push("IDEM_CROSS_TENANT_DB_READ_URL: required with IDEM_DB_READ_URL and IDEM_CROSS_TENANT_DATABASE_URL (the cross-tenant login on the standby)");
+  }
   if (migrationDatabaseUrl !== undefined && databaseUrl === undefined) {
     problems.push("IDEM_MIGRATION_DATABASE_URL: needs DATABASE_URL (the embedded default migrates as its own superuser)");
   }
@@ -389,6 +420,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     adminPort: read("IDEM_ADMIN_PORT", port, 7071),
     migrationDatabaseUrl,
     crossTenantDatabaseUrl,
+    readDatabaseUrl,
+    crossTenantReadDatabaseUrl,
     db: {
       // Set but empty: connect as the login itself (which must then be unprivileged).
       role: env.IDEM_DB_ROLE?.trim() === "" ? undefined : read("IDEM_DB_ROLE", sqlRole, "idem_server"),

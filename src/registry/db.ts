@@ -289,6 +289,41 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
   };
 }
 
+/** Why a read went to the primary instead of the reader: its latest probe failed, or the read itself failed there. */
+export type ReaderFallback = "down" | "failed";
+
+/**
+ * The Db of the reads that decide nothing (lookups, listings, policies): on
+ * `reader`, a hot standby's pools, whose answers may be a replay lag behind
+ * the primary's. Nothing that decides, writes or locks may run here; a
+ * standby refuses writes and FOR UPDATE, so a mistake fails instead of
+ * deciding on stale rows.
+ *
+ * A standby is a way to offload reads, not something a read depends on:
+ * while `usable()` says it is down (its probe failed), reads go to `primary`;
+ * and a read that fails on it for want of an answer (a lost connection, no
+ * connection in time, a timeout, or replay cancelling it: what classify
+ * calls REGISTRY_UNAVAILABLE or REGISTRY_BUSY) runs again on `primary`. Any
+ * other failure (a refusal, a missing table) is the read's own and is thrown.
+ */
+export function readerDb(reader: Db, primary: Db, options: { usable: () => boolean; fellBack?: (why: ReaderFallback, error?: unknown) => void }): Db {
+  return {
+    async transaction(tenant, work, name) {
+      if (!options.usable()) {
+        options.fellBack?.("down");
+        return primary.transaction(tenant, work, name);
+      }
+      try {
+        return await reader.transaction(tenant, work, name);
+      } catch (error) {
+        if (!(error instanceof IdempotencyError) || (error.reason !== "REGISTRY_UNAVAILABLE" && error.reason !== "REGISTRY_BUSY")) throw error;
+        options.fellBack?.("failed", error);
+        return primary.transaction(tenant, work, name);
+      }
+    },
+  };
+}
+
 /** `work` in a span named after the transaction (`registry reserve`), when tracing; its failure marks the span. */
 async function traced<T>(tracer: Tracer | undefined, name: string, work: () => Promise<T>): Promise<T> {
   if (!tracer) return work();

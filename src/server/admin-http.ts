@@ -8,6 +8,8 @@ export interface AdminProbes {
   serving(): boolean;
   /** The registry database answers (the server's readiness probe: the same answer gRPC health gives). */
   databaseReachable(): Promise<boolean>;
+  /** The reader (IDEM_DB_READ_URL) answers; undefined without one. Reported, never a reason to be not ready. */
+  readerReachable?(): boolean | undefined;
   /** The Prometheus exposition of every metric. */
   metrics(): Promise<{ contentType: string; body: string }>;
 }
@@ -26,7 +28,8 @@ export interface AdminServer {
  * - `/healthz`: the process is alive (liveness);
  * - `/readyz`: it serves and its database answers (readiness, the same one
  *   grpc.health.v1 reports); 503 otherwise, including from the moment
- *   shutdown begins;
+ *   shutdown begins. With a reader, `reader` says whether it answers: its
+ *   reads go to the database meanwhile, so it changes nothing of readiness;
  * - `/metrics`: Prometheus metrics;
  * - whatever `routes` answer (the operator console).
  */
@@ -44,7 +47,13 @@ export function listenAdmin(probes: AdminProbes, routes: AdminRoute[], host: str
     if (path === "/readyz") {
       const serving = probes.serving();
       const database = serving && (await probes.databaseReachable());
-      return reply(res, serving && database ? 200 : 503, { status: serving && database ? "ready" : "not ready", serving, database });
+      const reader = probes.readerReachable?.();
+      return reply(res, serving && database ? 200 : 503, {
+        status: serving && database ? "ready" : "not ready",
+        serving,
+        database,
+        ...(reader !== undefined ? { reader } : {}),
+      });
     }
     if (path === "/metrics") {
       const { contentType, body } = await probes.metrics();

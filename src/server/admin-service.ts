@@ -35,6 +35,13 @@ export interface AdminDeps {
   registry: Registry;
   /** Published policies and the operations' switches. */
   store: PolicyStore;
+  /**
+   * Where the listings, GetPolicy and ListPolicies read: the reader's Db and a
+   * PolicyStore over it when one is configured (default `db` and `store`).
+   * Publishing, switches, Reconcile and the event stream stay on `db`.
+   */
+  reads?: Db;
+  readStore?: PolicyStore;
   /** Re-read after a change, so that this replica applies it at once. */
   policies: PolicyCache;
   /** How often other replicas re-read (reported to the operator). */
@@ -42,7 +49,7 @@ export interface AdminDeps {
 }
 
 /** AdminService: operator actions, each refused without the operator role. */
-export function adminService({ db, registry, store, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
+export function adminService({ db, registry, store, reads = db, readStore = store, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
   /**
    * Sets switches and logs the change in one transaction, and applies it here
    * at once (elsewhere within the refresh interval). A switch applies to every
@@ -78,7 +85,7 @@ export function adminService({ db, registry, store, policies, policyRefreshMs }:
       requireRole(callerOf(ctx.values), "operator");
       validateOperationName(req.operation);
       validateApiRevision(req.apiRevision);
-      const revisions = (await store.list(req.operation)).filter((p) => p.document.apiRevision === req.apiRevision);
+      const revisions = (await readStore.list(req.operation)).filter((p) => p.document.apiRevision === req.apiRevision);
       const found = req.schemaRevision === 0 ? revisions.at(-1) : revisions.find((p) => p.document.schemaRevision === req.schemaRevision);
       if (!found) {
         refuse("NOT_FOUND", `no published policy for ${req.operation} API revision ${req.apiRevision}${req.schemaRevision ? ` schema revision ${req.schemaRevision}` : ""}`);
@@ -89,7 +96,7 @@ export function adminService({ db, registry, store, policies, policyRefreshMs }:
     async listPolicies(req, ctx) {
       requireRole(callerOf(ctx.values), "operator");
       if (req.operation) validateOperationName(req.operation);
-      const all = await store.list(req.operation || undefined);
+      const all = await readStore.list(req.operation || undefined);
       // Without an operation: only the newest revision of each operation.
       const shown = req.operation
         ? all
@@ -119,7 +126,7 @@ export function adminService({ db, registry, store, policies, policyRefreshMs }:
     async listOperationControls(_req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
-      const controls = (await store.listControls()).filter((c) => caller.mayOperate(c.operation));
+      const controls = (await readStore.listControls()).filter((c) => caller.mayOperate(c.operation));
       return create(ListOperationControlsResponseSchema, { controls: controls.map(toProtoControl) });
     },
 
@@ -130,7 +137,7 @@ export function adminService({ db, registry, store, policies, policyRefreshMs }:
       if (pageSize > 500) refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
       const scope = grantedScope(caller, req.tenant, req.operations);
       const key = decodePageToken(req.pageToken, 3);
-      const views = await registry.listRecords(db, {
+      const views = await registry.listRecords(reads, {
         ...scope,
         states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
         olderThanMs: fromProtoDuration(req.olderThan, "older_than"),

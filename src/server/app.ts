@@ -9,7 +9,7 @@ import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
-import { openPool, poolDb, type Db } from "../registry/db.js";
+import { openPool, poolDb, readerDb, type Db } from "../registry/db.js";
 import { migrate } from "../registry/migrate.js";
 import { planEpochs } from "../registry/plan-epochs.js";
 import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
@@ -148,6 +148,20 @@ export async function startCoordinator({
     { ...poolSettings(crossTenantUrl, config.db.crossTenantPoolMax), ...(config.db.crossTenantRole ? { role: config.db.crossTenantRole } : {}) },
     logger,
   );
+  // A hot standby's pools for the reads that decide nothing, acting as the same two roles (docs/contract.md, "Reads from a standby").
+  const reader = config.readDatabaseUrl
+    ? {
+        pool: openPool({ ...poolSettings(config.readDatabaseUrl, config.db.poolMax), ...(config.db.role ? { role: config.db.role } : {}) }, logger),
+        crossTenantPool: openPool(
+          {
+            ...poolSettings(config.crossTenantReadDatabaseUrl ?? config.readDatabaseUrl, config.db.crossTenantPoolMax),
+            ...(config.db.crossTenantRole ? { role: config.db.crossTenantRole } : {}),
+          },
+          logger,
+        ),
+      }
+    : undefined;
+  const pools = [pool, crossTenantPool, ...(reader ? [reader.pool, reader.crossTenantPool] : [])];
   let rpc: RpcListener | undefined;
   let admin: AdminServer | undefined;
   let policies: PolicyCache | undefined;
@@ -164,6 +178,25 @@ export async function startCoordinator({
           "Serve with a login that is a member of idem_server only, and give the cross-tenant work its own (IDEM_CROSS_TENANT_DATABASE_URL); see SECURITY.md",
       );
     }
+    // The reader serves only once its logins are seen to act with least privilege, as the primary's are above. Down at
+    // start is no reason not to serve (its reads go to the primary until it answers); too much privilege is.
+    let readerChecked = false;
+    const probeReader =
+      reader &&
+      (async (atStart = false) => {
+        try {
+          await Promise.all([ping(reader.pool, READINESS_PROBE_TIMEOUT_MS), ping(reader.crossTenantPool, READINESS_PROBE_TIMEOUT_MS)]);
+        } catch (error) {
+          if (atStart) return;
+          throw error;
+        }
+        if (readerChecked) return;
+        await Promise.all([requireLeastPrivilege(reader.pool), requireLeastPrivilege(reader.crossTenantPool)]).catch((error: unknown) => {
+          throw new Error(`IDEM_DB_READ_URL: ${(error as Error).message}`, { cause: error });
+        });
+        readerChecked = true;
+      });
+    await probeReader?.(true);
 
     const callers = new Callers(config.callers, config.allowAnonymous);
     if (config.allowAnonymous) {
@@ -172,16 +205,26 @@ export async function startCoordinator({
       logger.warn("no callers are configured (IDEM_CALLERS or IDEM_CALLERS_FILE): every RPC will be refused as UNAUTHENTICATED");
     }
     let metrics: Metrics | undefined;
-    const db = poolDb(pool, logger, {
-      retried: (cause) => metrics?.retries.inc({ cause }),
-      committed: (name, seconds) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
-      crossTenantPool,
+    const dbOptions = {
+      retried: (cause: string) => metrics?.retries.inc({ cause }),
+      committed: (name: string, seconds: number) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
       preparedStatements: config.db.preparedStatements,
       planned: planEpochs(pool, logger),
       ...(tracer ? { tracer } : {}),
-    });
+    };
+    const db = poolDb(pool, logger, { ...dbOptions, crossTenantPool });
+    const reads = reader
+      ? readerDb(poolDb(reader.pool, logger, { ...dbOptions, crossTenantPool: reader.crossTenantPool }), db, {
+          usable: () => readiness?.readerReachable === true,
+          fellBack: (why, error) => {
+            metrics?.readerFallbacks.inc({ why });
+            if (error) logger.warn({ error: (error as Error).message }, "a read failed on the registry's reader: served by DATABASE_URL instead");
+          },
+        })
+      : db;
     for (const notice of config.notices ?? []) logger.warn(notice);
     const store = new PolicyStore(db);
+    const readStore = reader ? new PolicyStore(reads) : store;
     for (const document of config.operations) {
       const { created } = await store.publish(document, "configuration");
       if (created)
@@ -198,12 +241,12 @@ export async function startCoordinator({
     const registry = new Registry({ policies: policyCache, keyring: config.snapshotKeys, recoveryCadenceMs: config.recovererIntervalMs, hooks, coalesce: config.batch });
     metrics = new Metrics({ pool, census: () => registry.census(db), unknownSloSeconds: config.unknownSloSeconds });
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
-    readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock);
+    readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock, probeReader);
     const ready = readiness;
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
-        serviceRoutes({ registry, db, metrics, store, policies: policyCache, policyRefreshMs: config.policyRefreshMs, ...(tracer ? { tracer } : {}) })(router);
+        serviceRoutes({ registry, db, reads, metrics, store, readStore, policies: policyCache, policyRefreshMs: config.policyRefreshMs, ...(tracer ? { tracer } : {}) })(router);
         router.service(Health, health.service());
         if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
       },
@@ -222,9 +265,10 @@ export async function startCoordinator({
       {
         serving: () => ready.serving,
         databaseReachable: () => Promise.resolve(ready.databaseReachable),
+        readerReachable: () => ready.readerReachable,
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
-      [consoleRoutes({ db, registry, store, callers })],
+      [consoleRoutes({ db, reads, registry, store: readStore, callers })],
       config.host,
       config.adminPort,
       logger,
@@ -256,7 +300,7 @@ export async function startCoordinator({
           await Promise.all(runningJobs.map((job) => job.stop()));
           await adminServer.close();
           policyCache.stop();
-          await Promise.all([pool.end(), crossTenantPool.end()]);
+          await Promise.all(pools.map((p) => p.end()));
         })()),
     };
   } catch (error) {
@@ -265,7 +309,7 @@ export async function startCoordinator({
     policies?.stop();
     rpc?.destroy();
     await admin?.close();
-    await Promise.all([pool.end().catch(() => undefined), crossTenantPool.end().catch(() => undefined)]);
+    await Promise.all(pools.map((p) => p.end().catch(() => undefined)));
     throw error;
   }
 }

@@ -17,8 +17,16 @@ const MAX_BODY = 1024 * 1024;
  * operator's bearer token exactly like the RPCs (the page keeps the token in
  * the tab's session storage only).
  */
-export function consoleRoutes(deps: { db: Db; registry: Registry; store: PolicyStore; callers: Callers }): AdminRoute {
-  const { db, registry, store, callers } = deps;
+export function consoleRoutes(deps: {
+  db: Db;
+  /** Where the console's views read (the reader's Db when one is configured; default `db`); reconciling writes on `db`. */
+  reads?: Db;
+  registry: Registry;
+  /** Read for the operations' switches (over `reads`). */
+  store: PolicyStore;
+  callers: Callers;
+}): AdminRoute {
+  const { db, reads = db, registry, store, callers } = deps;
   return async (req, res, path) => {
     if (path === "/console" || path === "/console/") {
       res.writeHead(200, {
@@ -51,9 +59,9 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; store: PolicyS
       // Counts, ages and conflicts of the caller's tenants and operations only.
       const scope = { ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}) };
       const [census, controls, conflicts] = await Promise.all([
-        registry.census(db, scope),
+        registry.census(reads, scope),
         store.listControls(),
-        registry.recentEvents(db, { ...scope, kinds: ["CONFLICT"], limit: 20 }),
+        registry.recentEvents(reads, { ...scope, kinds: ["CONFLICT"], limit: 20 }),
       ]);
       return reply(res, 200, {
         records: Object.fromEntries(STATES.map((state) => [state, census.byState.get(state) ?? 0])),
@@ -67,7 +75,7 @@ export function consoleRoutes(deps: { db: Db; registry: Registry; store: PolicyS
     if (endpoint === "records" && req.method === "GET") {
       const state = new URL(req.url ?? "", "http://admin").searchParams.get("state") ?? "UNKNOWN";
       if (!STATES.includes(state as RecordState)) return reply(res, 400, { reason: "INVALID_REQUEST", message: `state must be one of ${STATES.join(", ")}` });
-      const views = await registry.listRecords(db, { states: [state as RecordState], ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}), pageSize: 200 });
+      const views = await registry.listRecords(reads, { states: [state as RecordState], ...(tenants ? { tenants } : {}), ...(operations ? { operations } : {}), pageSize: 200 });
       return reply(res, 200, {
         records: views.map(({ record, attempts }) => ({
           tenant: record.tenant,

@@ -54,6 +54,12 @@ import { decodePageToken, encodePageToken } from "./page-token.js";
 export interface CoordinatorDeps {
   registry: Registry;
   db: Db;
+  /**
+   * Where Lookup and ListRecoverable read (the reader's Db when one is
+   * configured; default `db`). A recovery worker may find a record there that
+   * was settled or claimed since: its Claim decides on `db` and refuses it.
+   */
+  reads?: Db;
   /** Decisions and takeovers are counted when given. */
   metrics?: Metrics;
   /** Each call of a Batch gets a span of its own when given (its RPC's span comes from the tracing interceptor). */
@@ -64,8 +70,8 @@ export interface CoordinatorDeps {
  * The CoordinatorService handlers: authorization by role, then translation
  * between the wire and the registry, which holds every rule of the contract.
  */
-export function coordinatorService({ registry, db, metrics, tracer }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
-  const unary = unaryHandlers({ registry, db, metrics }, new RecordWatch());
+export function coordinatorService({ registry, db, reads, metrics, tracer }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
+  const unary = unaryHandlers({ registry, db, reads, metrics }, new RecordWatch());
 
   /** One call of a batch, answered by its unary handler: its response, or the status its unary RPC would be refused with. */
   async function answer(call: BatchCall, ctx: HandlerContext): Promise<BatchResult["result"]> {
@@ -128,7 +134,7 @@ function untilAborted<T>(signal: AbortSignal, work: Promise<T>): Promise<T> {
  * commits here (Complete, Release, Abandon) wakes the Reserves of this
  * coordinator waiting on its record (`watch`).
  */
-function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: RecordWatch): Omit<ServiceImpl<typeof CoordinatorService>, "batch"> {
+function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, watch: RecordWatch): Omit<ServiceImpl<typeof CoordinatorService>, "batch"> {
   return {
     async reserve(req, ctx) {
       const caller = callerOf(ctx.values);
@@ -263,13 +269,13 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: Record
           } else if (!caller.isOperator) {
             refuse("INVALID_REQUEST", "subject is required: only operators look up operations of any principal");
           }
-          view = await registry.lookupById(db, { ref, ...(principal !== undefined ? { principal } : {}) }, caller);
+          view = await registry.lookupById(reads, { ref, ...(principal !== undefined ? { principal } : {}) }, caller);
           break;
         }
         case "scope": {
           const scope = req.by.value;
           view = await registry.lookupByScope(
-            db,
+            reads,
             { subject: fromProtoSubject(scope.subject, "scope.subject"), operation: scope.operation, apiRevision: scope.apiRevision, idempotencyKey: scope.idempotencyKey },
             caller,
           );
@@ -289,7 +295,7 @@ function unaryHandlers({ registry, db, metrics }: CoordinatorDeps, watch: Record
         if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
       }
       const { views, next } = await registry.listRecoverable(
-        db,
+        reads,
         {
           tenants: req.tenant ? [req.tenant] : caller.tenants === "*" ? undefined : [...caller.tenants],
           operations: req.operations.length > 0 ? req.operations : caller.operations === "*" ? undefined : [...caller.operations],

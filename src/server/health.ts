@@ -76,16 +76,23 @@ export const READINESS_PROBE_TIMEOUT_MS = 1000;
  * plus that bound. The probe takes a pooled connection like any request: a
  * replica whose pool has none free within its connect timeout could not
  * serve a request either, and says so.
+ *
+ * A reader (IDEM_DB_READ_URL), when configured, is probed alongside and
+ * reported, but never makes the server NOT_SERVING: while it does not
+ * answer, its reads go to the registry database (readerDb).
  */
 export class Readiness {
   private database = false;
+  /** The reader answered the latest probe; undefined before the first, or without a reader. */
+  private reader: boolean | undefined;
   private stopping = false;
   private timer: Timer | undefined;
 
   /**
    * `probe` resolves when the database answers and rejects otherwise; it must
    * bound itself (a query timeout) so that a hanging database rejects too.
-   * `clock` says when the next probe is due.
+   * `clock` says when the next probe is due. `probeReader`, bounded the same
+   * way, probes the reader when there is one.
    */
   constructor(
     private readonly health: HealthStatus,
@@ -93,6 +100,7 @@ export class Readiness {
     private readonly logger: Logger,
     private readonly intervalMs = READINESS_PROBE_INTERVAL_MS,
     private readonly clock: Clock = systemClock,
+    private readonly probeReader?: () => Promise<unknown>,
   ) {}
 
   /** Probes once, so that the server starts with a real answer, then keeps probing. */
@@ -117,19 +125,42 @@ export class Readiness {
     return this.database;
   }
 
+  /** The reader answered the latest probe; undefined without a reader. */
+  get readerReachable(): boolean | undefined {
+    return this.probeReader ? this.reader === true : undefined;
+  }
+
   private async check(): Promise<void> {
-    const reachable = await this.probe().then(
-      () => true,
-      (error: unknown) => {
-        if (this.database) this.logger.warn({ error: (error as Error).message }, "the registry database does not answer: NOT_SERVING until it does");
-        return false;
-      },
-    );
+    const [reachable] = await Promise.all([
+      this.probe().then(
+        () => true,
+        (error: unknown) => {
+          if (this.database) this.logger.warn({ error: (error as Error).message }, "the registry database does not answer: NOT_SERVING until it does");
+          return false;
+        },
+      ),
+      this.checkReader(),
+    ]);
     if (this.stopping) return;
     if (reachable && !this.database) this.logger.info("the registry database answers: SERVING");
     this.database = reachable;
     this.health.setAll(reachable ? Status.SERVING : Status.NOT_SERVING);
     // The next probe never keeps a process alive on its own: the clock's timers are unref'd.
     this.timer = this.clock.setTimer(() => void this.check(), this.intervalMs);
+  }
+
+  /** Probes the reader, if any, and says when its answer changes (at start too: a reader down from the start is worth a line). */
+  private async checkReader(): Promise<void> {
+    if (!this.probeReader) return;
+    const reachable = await this.probeReader().then(
+      () => true,
+      (error: unknown) => {
+        if (this.reader !== false)
+          this.logger.warn({ error: (error as Error).message }, "the registry's reader (IDEM_DB_READ_URL) cannot serve: its reads go to DATABASE_URL until it can");
+        return false;
+      },
+    );
+    if (reachable && this.reader !== true) this.logger.info("the registry's reader (IDEM_DB_READ_URL) answers: the reads that decide nothing go to it");
+    this.reader = reachable;
   }
 }

@@ -66,6 +66,13 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly readerFallbacks = new Counter({
+    name: "idem_db_reader_fallbacks_total",
+    help: "Reads meant for the reader (IDEM_DB_READ_URL) served by the registry database instead: why=down (its probe failed) or failed (the read failed there)",
+    labelNames: ["why"] as const,
+    registers: [this.registry],
+  });
+
   constructor(options: {
     pool: pg.Pool;
     /** Counts the records of every tenant (Registry.census over the cross-tenant pool). */
