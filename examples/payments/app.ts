@@ -10,8 +10,8 @@ import { startPaymentsService, type PaymentsService } from "./service.js";
 import { PaymentsStore } from "./store.js";
 
 export interface PaymentsAppOptions {
-  /** The coordinator's RPC address. */
-  coordinatorUrl: string;
+  /** The coordinator's RPC address, or its replicas' addresses. */
+  coordinatorUrl: string | readonly string[];
   /** A gateway-role token (tenant acme, payments.create). */
   gatewayToken: string;
   /** A worker-role token, for the recovery worker. */

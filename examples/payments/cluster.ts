@@ -7,9 +7,11 @@ import { tokenHash } from "../../src/server/callers.js";
 import { freePort } from "../../src/net.js";
 
 /**
- * The coordinator, the card provider and the payments service as three
- * processes, each of which can be killed (SIGKILL: a crash) and started again
- * on the same port: what the fault suite and the launch gate drive.
+ * The coordinator (one or several replicas on one registry), the card
+ * provider and the payments service as processes, each of which can be killed
+ * (SIGKILL: a crash) and started again on the same port: what the fault suite
+ * and the launch gate drive. The service spreads its calls over the replicas
+ * (the SDK's list of addresses), passing over one that is down.
  */
 export interface ClusterOptions {
   /** The registry's (and, co-located, the service's) PostgreSQL. */
@@ -17,6 +19,8 @@ export interface ClusterOptions {
   /** A schema for everything (PGOPTIONS search_path); default: the connection's. */
   schema?: string;
   colocated?: boolean;
+  /** Coordinator replicas on the registry (default 1). */
+  replicas?: number;
   /** Extra environment of the coordinator and the service (IDEM_FAILPOINTS, short leases, …). */
   coordinatorEnv?: Record<string, string>;
   serviceEnv?: Record<string, string>;
@@ -35,10 +39,15 @@ export interface Member {
   alive(): boolean;
   /** Everything it printed. */
   output(): string;
+  /** A coordinator's admin address (/metrics, /readyz). */
+  adminUrl?: string;
 }
 
 export interface Cluster {
+  /** The first replica. */
   coordinator: Member;
+  /** Every replica, the first one first. */
+  coordinators: Member[];
   provider: Member;
   service: Member;
   tokens: { gateway: string; worker: string; operator: string };
@@ -61,37 +70,45 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     ...(options.schema ? { PGOPTIONS: `-c search_path=${options.schema}` } : {}),
     LOG_LEVEL: options.verbose ? "info" : "warn",
   };
-  const [rpcPort, adminPort, providerPort, servicePort] = await Promise.all([freePort(), freePort(), freePort(), freePort()]);
+  const [providerPort, servicePort] = await Promise.all([freePort(), freePort()]);
   // The coordinator's key ring, which the co-located service seals with too.
   const snapshotKeys = JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } });
 
-  // Through the example's entry, which hands IDEM_FAILPOINTS to the coordinator (npm start has no such switch).
-  const coordinator = await member(
-    ["examples/payments/main.ts", "coordinator"],
-    {
-      ...base,
-      IDEM_RPC_PORT: String(rpcPort),
-      IDEM_ADMIN_PORT: String(adminPort),
-      IDEM_HOST: "127.0.0.1",
-      IDEM_CALLERS: JSON.stringify([
-        { name: "payments-gateway", tokenSha256: tokenHash(tokens.gateway), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] },
-        { name: "payments-recovery", tokenSha256: tokenHash(tokens.worker), tenants: ["acme"], operations: ["payments.create"], roles: ["worker"] },
-        { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
-      ]),
-      IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
-      IDEM_SNAPSHOT_KEYS: snapshotKeys,
-      IDEM_SHUTDOWN_GRACE_MS: "2000",
-      ...options.coordinatorEnv,
-    },
-    `http://127.0.0.1:${rpcPort}`,
-    options.verbose,
-  );
+  const callers = JSON.stringify([
+    { name: "payments-gateway", tokenSha256: tokenHash(tokens.gateway), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] },
+    { name: "payments-recovery", tokenSha256: tokenHash(tokens.worker), tenants: ["acme"], operations: ["payments.create"], roles: ["worker"] },
+    { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
+  ]);
+  const startReplica = async (): Promise<Member> => {
+    const [rpcPort, adminPort] = await Promise.all([freePort(), freePort()]);
+    // Through the example's entry, which hands IDEM_FAILPOINTS to the coordinator (npm start has no such switch).
+    const replica = await member(
+      ["examples/payments/main.ts", "coordinator"],
+      {
+        ...base,
+        IDEM_RPC_PORT: String(rpcPort),
+        IDEM_ADMIN_PORT: String(adminPort),
+        IDEM_HOST: "127.0.0.1",
+        IDEM_CALLERS: callers,
+        IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
+        IDEM_SNAPSHOT_KEYS: snapshotKeys,
+        IDEM_SHUTDOWN_GRACE_MS: "2000",
+        ...options.coordinatorEnv,
+      },
+      `http://127.0.0.1:${rpcPort}`,
+      options.verbose,
+    );
+    return { ...replica, adminUrl: `http://127.0.0.1:${adminPort}` };
+  };
+  // One after the other: the first one migrates the registry.
+  const coordinators: Member[] = [];
+  for (let i = 0; i < Math.max(1, options.replicas ?? 1); i++) coordinators.push(await startReplica());
   const provider = await member(["examples/payments/main.ts", "provider", "--port", String(providerPort)], base, `http://127.0.0.1:${providerPort}`, options.verbose);
   const service = await member(
     ["examples/payments/main.ts", "service", "--port", String(servicePort)],
     {
       ...base,
-      COORDINATOR_URL: coordinator.url,
+      COORDINATOR_URL: coordinators.map((c) => c.url).join(","),
       GATEWAY_TOKEN: tokens.gateway,
       WORKER_TOKEN: tokens.worker,
       PROVIDER_URL: provider.url,
@@ -104,7 +121,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   );
 
   return {
-    coordinator,
+    coordinator: coordinators[0]!,
+    coordinators,
     provider,
     service,
     tokens,
@@ -116,7 +134,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     },
     async stop() {
       await Promise.all([service.kill("SIGTERM"), provider.kill("SIGTERM")]);
-      await coordinator.kill("SIGTERM");
+      await Promise.all(coordinators.map((c) => c.kill("SIGTERM")));
     },
   };
 }

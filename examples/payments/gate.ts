@@ -38,7 +38,6 @@ import { Progress } from "./gate/progress.js";
 import { renderTable, writeReports, type GateReport } from "./gate/report.js";
 import { MetricsScraper, ReserveTracker } from "./gate/reserve.js";
 import { formatDuration, sleep } from "./gate/util.js";
-import { freePort } from "../../src/net.js";
 
 export type { GateInput, GateOptions } from "./gate/options.js";
 export type { GateReport } from "./gate/report.js";
@@ -92,10 +91,10 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     loadAverageAtStart: loadavg().map((n) => Number(n.toFixed(2))),
     code: codeVersion(),
   };
-  const plan = planChaos(options.serviceKills, options.coordinatorKills);
+  const plan = planChaos(options.serviceKills, options.coordinatorKills, options.registryFaults);
   log(
     `launch gate: ${options.requests.toLocaleString("en-US")} requests, ${options.concurrency} in flight, ` +
-      `${options.serviceKills} service and ${options.coordinatorKills} coordinator kill(s), seed ${options.seed}; ` +
+      `${options.replicas} coordinator replica(s), ${options.serviceKills} service and ${options.coordinatorKills} coordinator kill(s), seed ${options.seed}; ` +
       `database: ${options.databaseUrl ? "DATABASE_URL (a fresh schema)" : `embedded PostgreSQL${options.durable ? " (durable)" : " (fsync off)"}`}`,
   );
 
@@ -104,7 +103,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
   let chaos: ChaosMonkey | undefined;
   let progress: Progress | undefined;
   const emergency = () => {
-    for (const member of cluster ? [cluster.service, cluster.provider, cluster.coordinator] : []) void member.kill("SIGKILL");
+    for (const member of cluster ? [cluster.service, cluster.provider, ...cluster.coordinators] : []) void member.kill("SIGKILL");
     if (db?.kind === "embedded" && db.dataDir) {
       try {
         const pid = Number(readFileSync(join(db.dataDir, "postmaster.pid"), "utf8").split("\n")[0]);
@@ -128,25 +127,22 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       schema: db.schema ?? "public (a fresh database)",
     };
     if (signal.aborted) throw new GateAborted("aborted");
-    const adminPort = await freePort();
-    log(`starting the coordinator, the card provider and the payments service (${db.schema ? `schema ${db.schema}` : "a fresh database"})…`);
+    log(`starting ${options.replicas} coordinator replica(s), the card provider and the payments service (${db.schema ? `schema ${db.schema}` : "a fresh database"})…`);
     cluster = await startCluster({
       databaseUrl: db.url,
       ...(db.schema ? { schema: db.schema } : {}),
       verbose: options.verbose,
+      replicas: options.replicas,
       coordinatorEnv: {
-        // cluster.ts does not expose the admin port it picks: choose it here (coordinatorEnv is applied last).
-        IDEM_ADMIN_PORT: String(adminPort),
         IDEM_UNKNOWN_SLO_SECONDS: String(Math.max(1, Math.ceil(options.recoverySloMs / 1000))),
         IDEM_RECOVERER_INTERVAL_MS: "1000",
       },
     });
-    const metricsUrl = `http://127.0.0.1:${adminPort}/metrics`;
-    const scrapeMetrics = async () => {
-      const res = await fetch(metricsUrl, { signal: AbortSignal.timeout(5000) });
+    const scrapes = cluster.coordinators.map((replica) => async () => {
+      const res = await fetch(`${replica.adminUrl}/metrics`, { signal: AbortSignal.timeout(5000) });
       if (!res.ok) throw new Error(`GET /metrics: ${res.status}`);
       return res.text();
-    };
+    });
     phases.startupSeconds = (Date.now() - startedAt) / 1000;
     if (signal.aborted) throw new GateAborted("aborted");
 
@@ -157,7 +153,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     // The line is the reservation transaction's; the whole RPC (pool wait and queueing included) is reported beside it.
     const reserveTracker = new ReserveTracker(() => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } });
     const reserveRpcTracker = new ReserveTracker(() => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } });
-    const scraper = new MetricsScraper(scrapeMetrics, [reserveTracker, reserveRpcTracker]);
+    const scraper = new MetricsScraper(scrapes, [reserveTracker, reserveRpcTracker]);
     const cpuAtStart = sampleCpu();
     const generatorCpuAtStart = process.cpuUsage();
     progress = new Progress(
@@ -184,7 +180,8 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       plan,
       downtimeMs: options.downtimeMs,
       progress: () => ({ sent: load.stats.sent, planned: options.requests }),
-      beforeCoordinatorKill: () => scraper.endLife(),
+      beforeCoordinatorKill: (replica) => scraper.endLife(replica),
+      registryFaults: options.registryFaults,
       log: note,
       signal,
     });
@@ -238,10 +235,11 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
 
     // --- measure ------------------------------------------------------------------
     const measureStarted = Date.now();
-    await scraper.endLife();
+    await scraper.endAllLives();
     const reserve = reserveTracker.total();
     const providerState = await cluster.providerState();
     const measurement = await measure({ pool: db.pool, keys: load.keys, stats: load.stats, provider: providerState, reserve, reserveRpc: reserveRpcTracker.total(), options });
+    if (options.moreCriteria) measurement.criteria.push(...(await options.moreCriteria()));
     phases.measureSeconds = (Date.now() - measureStarted) / 1000;
 
     environment.loadAverageAtEnd = loadavg().map((n) => Number(n.toFixed(2)));
@@ -332,7 +330,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
 
 /** Stops the cluster: SIGTERM (graceful), SIGKILL after 15 s or at once when aborting. */
 async function stopCluster(cluster: Cluster, fast: boolean): Promise<void> {
-  const killAll = () => Promise.all([cluster.service.kill("SIGKILL"), cluster.provider.kill("SIGKILL"), cluster.coordinator.kill("SIGKILL")]);
+  const killAll = () => Promise.all([cluster.service, cluster.provider, ...cluster.coordinators].map((member) => member.kill("SIGKILL")));
   if (fast) {
     await killAll();
     return;
@@ -360,8 +358,8 @@ function codeVersion(): Record<string, unknown> {
 }
 
 function publicOptions(options: GateOptions): Record<string, unknown> {
-  const { signal: _signal, log: _log, databaseUrl, ...rest } = options;
-  return { ...rest, databaseUrl: databaseUrl ? redact(databaseUrl) : undefined };
+  const { signal: _signal, log: _log, databaseUrl, registryFaults, moreCriteria: _moreCriteria, ...rest } = options;
+  return { ...rest, databaseUrl: databaseUrl ? redact(databaseUrl) : undefined, registryFaults: registryFaults.map((fault) => ({ name: fault.name, at: fault.at })) };
 }
 
 function redact(url: string): string {

@@ -6,7 +6,8 @@
  *   tsx examples/payments/main.ts service     [--port P]   (configured by the environment below)
  *   tsx examples/payments/main.ts coordinator              (the coordinator, configured as npm start's)
  *
- * The service reads COORDINATOR_URL, GATEWAY_TOKEN, WORKER_TOKEN, PROVIDER_URL,
+ * The service reads COORDINATOR_URL (one address, or several replicas'
+ * separated by commas), GATEWAY_TOKEN, WORKER_TOKEN, PROVIDER_URL,
  * DATABASE_URL (with PGOPTIONS for a schema), PAYMENTS_COLOCATED (default
  * true), the coordinator's key ring (IDEM_SNAPSHOT_KEYS or
  * IDEM_SNAPSHOT_KEYS_FILE; required co-located) and PROVIDER_TIMEOUT_MS. Each
@@ -64,7 +65,7 @@ if (role === "coordinator") {
   const pool = new pg.Pool({ connectionString: required("DATABASE_URL"), max: 20 });
   pool.on("error", () => undefined);
   const backend = await startPaymentsBackend({
-    coordinatorUrl: required("COORDINATOR_URL"),
+    coordinatorUrl: required("COORDINATOR_URL").split(","),
     gatewayToken: required("GATEWAY_TOKEN"),
     workerToken: required("WORKER_TOKEN"),
     providerUrl: required("PROVIDER_URL"),

@@ -71,17 +71,26 @@ export interface RetryOptions {
 }
 
 export interface CoordinatorClientOptions {
-  /** The coordinator's RPC address, e.g. `http://127.0.0.1:7070` (gRPC over HTTP/2 cleartext, or https). */
-  baseUrl?: string;
+  /**
+   * The coordinator's RPC address, e.g. `http://127.0.0.1:7070` (gRPC over
+   * HTTP/2 cleartext, or https), or the addresses of several replicas: calls
+   * go round them, and a replica whose connection failed is passed over for
+   * `replicaBackoffMs` while another one is up, so that the retry of a call
+   * it failed goes to the next replica.
+   */
+  baseUrl?: string | readonly string[];
+  /** How long a replica whose connection failed is passed over (default 1000 ms); only with several addresses. */
+  replicaBackoffMs?: number;
   /** The caller's bearer token (a gateway or worker token minted with `idemctl token`). */
   token?: string;
   /** Deadline of every attempt of every call, unless a call names its own (default 2000 ms). */
   timeoutMs?: number;
   retry?: RetryOptions;
   /**
-   * HTTP/2 connections to spread calls over (default 1). One connection
-   * multiplexes many concurrent calls; more spread the load of very busy
-   * gateways over several coordinator replicas behind a load balancer.
+   * HTTP/2 connections to spread calls over (default 1, and at least one per
+   * address of `baseUrl`). One connection multiplexes many concurrent calls;
+   * more spread the load of very busy gateways over several coordinator
+   * replicas behind a load balancer.
    */
   connections?: number;
   /** Close an HTTP/2 connection idle this long (default 60 s); the next call reconnects. */
@@ -137,7 +146,7 @@ export interface CallOptions {
  * attempt with the same downstream key.
  */
 export class CoordinatorClient {
-  private readonly clients: Array<Client<typeof CoordinatorService>>;
+  private readonly endpoints: Endpoint[];
   private batcher: Batcher | undefined;
   private readonly sessions: Http2SessionManager[] = [];
   private next = 0;
@@ -147,6 +156,7 @@ export class CoordinatorClient {
   private readonly maxDelayMs: number;
   private readonly logger: GatewayLogger;
   private readonly headers: Record<string, string>;
+  private readonly replicaBackoffMs: number;
 
   constructor(options: CoordinatorClientOptions) {
     this.timeoutMs = options.timeoutMs ?? 2000;
@@ -155,13 +165,14 @@ export class CoordinatorClient {
     this.maxDelayMs = options.retry?.maxDelayMs ?? 1000;
     this.logger = options.logger ?? silentLogger;
     this.headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
+    this.replicaBackoffMs = options.replicaBackoffMs ?? 1000;
     if (options.batching !== false) {
       const batching = options.batching === true || options.batching === undefined ? {} : options.batching;
       this.batcher = new Batcher({
         inFlight: Math.max(1, batching.inFlight ?? 4),
         maxCalls: Math.min(MAX_BATCH_CALLS, Math.max(1, batching.maxCalls ?? MAX_BATCH_CALLS)),
         maxBytes: batching.maxBytes ?? 1024 * 1024,
-        send: (calls, options) => this.pick().batch({ calls }, { ...options, headers: this.headers }),
+        send: (calls, options) => this.send((client) => client.batch({ calls }, { ...options, headers: this.headers })),
         unsupported: () => {
           // An older coordinator: every later call goes as its own RPC, without asking again.
           this.batcher = undefined;
@@ -170,14 +181,15 @@ export class CoordinatorClient {
       });
     }
     if (options.transport) {
-      this.clients = [createClient(CoordinatorService, options.transport)];
+      this.endpoints = [{ client: createClient(CoordinatorService, options.transport), passedOverUntil: 0 }];
       return;
     }
-    if (!options.baseUrl) throw new Error("CoordinatorClient needs baseUrl (or a transport)");
-    const baseUrl = options.baseUrl;
-    const count = Math.max(1, options.connections ?? 1);
-    this.clients = [];
+    const baseUrls = typeof options.baseUrl === "string" ? [options.baseUrl] : [...(options.baseUrl ?? [])];
+    if (baseUrls.length === 0) throw new Error("CoordinatorClient needs baseUrl (or a transport)");
+    const count = Math.max(baseUrls.length, options.connections ?? 1);
+    this.endpoints = [];
     for (let i = 0; i < count; i++) {
+      const baseUrl = baseUrls[i % baseUrls.length]!;
       // One session manager per connection: it reconnects after failures,
       // verifies idle connections with a PING before reuse, and closes them
       // when idle, so a coordinator restart costs one failed (retried) call.
@@ -187,7 +199,10 @@ export class CoordinatorClient {
         pingTimeoutMs: Math.min(this.timeoutMs, 2000),
       });
       this.sessions.push(sessionManager);
-      this.clients.push(createClient(CoordinatorService, createGrpcTransport({ baseUrl, sessionManager, interceptors: options.interceptors ?? [] })));
+      this.endpoints.push({
+        client: createClient(CoordinatorService, createGrpcTransport({ baseUrl, sessionManager, interceptors: options.interceptors ?? [] })),
+        passedOverUntil: 0,
+      });
     }
   }
 
@@ -337,9 +352,11 @@ export class CoordinatorClient {
   /** Lists records a recovery worker should act on (worker role); always its own RPC. */
   async listRecoverable(input: ListRecoverableInput = {}, call?: CallOptions): Promise<ListRecoverableResult> {
     const res = await this.retrying("ListRecoverable", call, (options) =>
-      this.pick().listRecoverable(
-        { tenant: input.tenant ?? "", operations: [...(input.operations ?? [])], pageSize: input.pageSize ?? 0, pageToken: input.pageToken ?? "" },
-        { ...options, headers: this.headers },
+      this.send((client) =>
+        client.listRecoverable(
+          { tenant: input.tenant ?? "", operations: [...(input.operations ?? [])], pageSize: input.pageSize ?? 0, pageToken: input.pageToken ?? "" },
+          { ...options, headers: this.headers },
+        ),
       ),
     );
     return {
@@ -353,9 +370,23 @@ export class CoordinatorClient {
     for (const session of this.sessions) session.abort();
   }
 
-  /** The next connection's client, in turn. */
-  private pick(): Client<typeof CoordinatorService> {
-    return this.clients[this.next++ % this.clients.length]!;
+  /**
+   * Sends one RPC on the next connection in turn, passing over replicas whose
+   * connection failed lately while another one is up (with every one failed,
+   * the next in turn is tried anyway). A transport failure marks the replica
+   * passed over, so that the retry of that call goes elsewhere.
+   */
+  private async send<T>(rpc: (client: Client<typeof CoordinatorService>) => Promise<T>): Promise<T> {
+    const now = Date.now();
+    let endpoint = this.endpoints[this.next++ % this.endpoints.length]!;
+    for (let i = 1; i < this.endpoints.length && endpoint.passedOverUntil > now; i++) endpoint = this.endpoints[this.next++ % this.endpoints.length]!;
+    try {
+      return await rpc(endpoint.client);
+    } catch (error) {
+      const failure = toCoordinatorError(error);
+      if (failure.code === Code.Unavailable && failure.reason === undefined) endpoint.passedOverUntil = Date.now() + this.replicaBackoffMs;
+      throw error;
+    }
   }
 
   /**
@@ -368,7 +399,8 @@ export class CoordinatorClient {
     const traceContext: Record<string, string> = {};
     propagation.inject(context.active(), traceContext);
     // The client's method of each RPC is named as the case of BatchCall that carries its request.
-    const alone = (options: AttemptOptions) => (this.pick()[kind] as unknown as UnaryMethod)(request, { ...options, headers: { ...this.headers, ...traceContext } });
+    const alone = (options: AttemptOptions) =>
+      this.send((client) => (client[kind] as unknown as UnaryMethod)(request, { ...options, headers: { ...this.headers, ...traceContext } }));
     const batched = { case: kind, value: request } as BatchCall["call"];
     const attempt = (options: AttemptOptions) =>
       (this.batcher && !how?.alone ? this.batcher.call(batched, traceContext, options, alone) : alone(options)) as Promise<ResponseOf<K>>;
@@ -394,6 +426,12 @@ export class CoordinatorClient {
       }
     }
   }
+}
+
+/** One connection to a coordinator (replica), and until when it is passed over after its connection failed (Date.now() time). */
+interface Endpoint {
+  readonly client: Client<typeof CoordinatorService>;
+  passedOverUntil: number;
 }
 
 /** The deadline and signal of one attempt of a call. */

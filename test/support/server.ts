@@ -48,9 +48,17 @@ export interface TestServer {
 /** A real coordinator on ephemeral ports, over the test file's schema. */
 export async function startTestServer(
   t: TestDatabase,
-  options: { operations?: PolicyDocument[]; config?: Partial<Config>; tracer?: Tracer; hooks?: FaultHooks; logger?: Logger } = {},
+  options: {
+    operations?: PolicyDocument[];
+    config?: Partial<Config>;
+    tracer?: Tracer;
+    hooks?: FaultHooks;
+    logger?: Logger;
+    /** Another replica of this server: its callers' tokens and its key ring. */
+    replicaOf?: TestServer;
+  } = {},
 ): Promise<TestServer> {
-  const tokens: TestTokens = {
+  const tokens: TestTokens = options.replicaOf?.tokens ?? {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
     worker: `wk_${randomBytes(16).toString("hex")}`,
     operator: `op_${randomBytes(16).toString("hex")}`,
@@ -74,6 +82,7 @@ export async function startTestServer(
     callers,
     operations: options.operations ?? [testDocument()],
     shutdownGraceMs: 5000,
+    ...(options.replicaOf ? { snapshotKeys: options.replicaOf.snapshotKeys } : {}),
     ...options.config,
   };
   const applicationName = `idem-server-${randomBytes(4).toString("hex")}`;

@@ -2,20 +2,32 @@ import type { Cluster, Member } from "../cluster.js";
 import { sleep } from "./util.js";
 
 /**
- * The faults of a run: SIGKILLs of the payments service and of the
- * coordinator at planned points of the load (each followed by a restart on
- * the same port after a short downtime), and card-provider misbehaviour
- * paced on the logical requests started.
+ * The faults of a run: SIGKILLs of the payments service and of coordinator
+ * replicas (in turn) at planned points of the load (each followed by a
+ * restart on the same port after a short downtime), faults of the registry's
+ * database given by the caller (a failover, say), and card-provider
+ * misbehaviour paced on the logical requests started.
  */
 
 export type Target = "service" | "coordinator";
 
+/** A fault of the registry's database, run at a share of the planned requests; resolves when the registry serves again. */
+export interface RegistryFault {
+  name: string;
+  at: number;
+  run: () => Promise<void>;
+}
+
 export interface ChaosEvent {
-  target: Target;
+  target: Target | "registry";
+  /** The registry fault's name. */
+  fault?: string;
   /** Share of the planned requests sent when the kill happens. */
   at: number;
   /** Filled in when it ran. */
   requestsSent?: number;
+  /** Which coordinator replica (index) was killed. */
+  replica?: number;
   killedAt?: string;
   /** From the kill until the restarted process was ready again. */
   downMs?: number;
@@ -24,17 +36,18 @@ export interface ChaosEvent {
   error?: string;
 }
 
-/** Kills spread evenly over 10 %–85 % of the run, coordinator kills spread among the service kills. */
-export function planChaos(serviceKills: number, coordinatorKills: number): ChaosEvent[] {
+/** Kills spread evenly over 10 %–85 % of the run, coordinator kills spread among the service kills; registry faults at their own points. */
+export function planChaos(serviceKills: number, coordinatorKills: number, registryFaults: readonly RegistryFault[] = []): ChaosEvent[] {
   const total = serviceKills + coordinatorKills;
   // With at least one service kill the step total/(coordinatorKills+1) is >= 1: the slots are distinct.
   const coordinatorSlots = new Set<number>(
     serviceKills === 0 ? Array.from({ length: total }, (_, i) => i) : Array.from({ length: coordinatorKills }, (_, k) => Math.floor(((k + 1) * total) / (coordinatorKills + 1))),
   );
-  return Array.from({ length: total }, (_, i) => ({
+  const kills: ChaosEvent[] = Array.from({ length: total }, (_, i) => ({
     target: coordinatorSlots.has(i) ? "coordinator" : "service",
     at: Number((0.1 + (0.75 * (i + 1)) / (total + 1)).toFixed(3)),
   }));
+  return [...kills, ...registryFaults.map((fault): ChaosEvent => ({ target: "registry", fault: fault.name, at: fault.at }))].sort((a, b) => a.at - b.at);
 }
 
 export interface ChaosMonkey {
@@ -53,8 +66,9 @@ export function chaosMonkey(options: {
   downtimeMs: number;
   /** Requests sent so far and planned in all. */
   progress: () => { sent: number; planned: number };
-  /** Called right before the coordinator is killed (its metrics die with it). */
-  beforeCoordinatorKill: () => Promise<void>;
+  /** Called right before a coordinator replica is killed (its metrics die with it). */
+  beforeCoordinatorKill: (replica: number) => Promise<void>;
+  registryFaults?: readonly RegistryFault[];
   log: (line: string) => void;
   signal?: AbortSignal;
 }): ChaosMonkey {
@@ -62,38 +76,53 @@ export function chaosMonkey(options: {
   const unexpectedExits: ChaosMonkey["unexpectedExits"] = [];
   let stopped = false;
   let busy = false;
-  const done: Record<Target, number> = { service: 0, coordinator: 0 };
-
-  const memberOf = (target: Target): Member => (target === "service" ? cluster.service : cluster.coordinator);
+  const done: Record<Target | "registry", number> = { service: 0, coordinator: 0, registry: 0 };
 
   const execute = async (event: ChaosEvent) => {
-    const member = memberOf(event.target);
     event.requestsSent = options.progress().sent;
-    if (event.target === "coordinator") await options.beforeCoordinatorKill();
+    if (event.target === "registry") {
+      const fault = options.registryFaults?.find((f) => f.name === event.fault);
+      if (!fault) throw new Error(`no registry fault named ${event.fault}`);
+      const started = Date.now();
+      event.killedAt = new Date(started).toISOString();
+      options.log(`chaos: registry ${fault.name} at ${event.requestsSent.toLocaleString("en-US")} requests`);
+      await fault.run();
+      event.downMs = Date.now() - started;
+      options.log(`chaos: registry ${fault.name} done after ${(event.downMs / 1000).toFixed(1)} s`);
+      return;
+    }
+    let member: Member = cluster.service;
+    if (event.target === "coordinator") {
+      // The replicas take the kills in turn.
+      event.replica = done.coordinator % cluster.coordinators.length;
+      member = cluster.coordinators[event.replica]!;
+      await options.beforeCoordinatorKill(event.replica);
+    }
     const killed = Date.now();
     event.killedAt = new Date(killed).toISOString();
     await member.kill("SIGKILL");
     done[event.target]++;
-    options.log(`chaos: SIGKILL ${event.target} at ${event.requestsSent.toLocaleString("en-US")} requests; restarting in ${options.downtimeMs} ms`);
+    const name = event.replica === undefined ? event.target : `coordinator replica ${event.replica}`;
+    options.log(`chaos: SIGKILL ${name} at ${event.requestsSent.toLocaleString("en-US")} requests; restarting in ${options.downtimeMs} ms`);
     await sleep(options.downtimeMs);
     const restarting = Date.now();
     try {
       await member.restart();
     } catch (error) {
       event.error = (error as Error).message.slice(0, 500);
-      options.log(`chaos: ${event.target} did not restart: ${event.error}`);
+      options.log(`chaos: ${name} did not restart: ${event.error}`);
       throw error;
     }
     event.restartMs = Date.now() - restarting;
     event.downMs = Date.now() - killed;
-    options.log(`chaos: ${event.target} is back after ${(event.downMs / 1000).toFixed(1)} s (restart took ${(event.restartMs / 1000).toFixed(1)} s)`);
+    options.log(`chaos: ${name} is back after ${(event.downMs / 1000).toFixed(1)} s (restart took ${(event.restartMs / 1000).toFixed(1)} s)`);
   };
 
   /** A process that died on its own is restarted (and reported): the run goes on. */
   const watch = async () => {
     for (const [target, member] of [
       ["service", cluster.service],
-      ["coordinator", cluster.coordinator],
+      ...cluster.coordinators.map((replica) => ["coordinator", replica] as const),
       ["provider", cluster.provider],
     ] as const) {
       if (!busy && !member.alive()) {

@@ -1,4 +1,6 @@
 import { parseArgs } from "node:util";
+import type { RegistryFault } from "./chaos.js";
+import type { Criterion } from "./measure.js";
 import { parseDuration as durationOf } from "../../../src/policy/document.js";
 import { defaultWriter } from "./progress.js";
 
@@ -25,8 +27,16 @@ export interface GateOptions {
   ambiguousShare: number;
   /** SIGKILLs (and restarts) of the payments service during the run. */
   serviceKills: number;
-  /** SIGKILLs (and restarts) of the coordinator during the run. */
+  /** Coordinator replicas on the registry; the service spreads its calls over them. */
+  replicas: number;
+  /** SIGKILLs (and restarts) of a coordinator replica during the run (the replicas in turn). */
   coordinatorKills: number;
+  /** Faults of the registry's database during the run (a failover, say): programmatic only. */
+  registryFaults: RegistryFault[];
+  /** Judge the P99 of the reservation transaction (default true); false when the run fails the registry over. */
+  judgeReserveLatency: boolean;
+  /** Lines the caller judges after the run, added to the gate's (programmatic only). */
+  moreCriteria: (() => Promise<Criterion[]>) | undefined;
   /** How long a killed process stays down before it is restarted, in ms. */
   downtimeMs: number;
   /** The recovery SLO: an UNKNOWN record must be settled within it, in ms. */
@@ -81,6 +91,7 @@ export const FULL_DEFAULTS = {
   conflictShare: 0.02,
   declineShare: 0.01,
   ambiguousShare: 0.004,
+  replicas: 3,
   serviceKills: 3,
   coordinatorKills: 2,
   downtimeMs: 1_000,
@@ -112,6 +123,9 @@ export function resolveOptions(input: GateInput): GateOptions {
   const options: GateOptions = {
     ...base,
     databaseUrl: undefined,
+    registryFaults: [],
+    judgeReserveLatency: true,
+    moreCriteria: undefined,
     keep: false,
     durable: false,
     outDir: "gate-report",
@@ -152,6 +166,7 @@ function validate(o: GateOptions): void {
   share("declineShare");
   share("ambiguousShare");
   int("serviceKills", 0, 100);
+  int("replicas", 1, 16);
   int("coordinatorKills", 0, 100);
   int("downtimeMs", 0);
   int("recoverySloMs", 1);
@@ -170,8 +185,8 @@ function validate(o: GateOptions): void {
 export const USAGE = `usage: idemctl gate [options]        (or: npm run gate -- [options])
 
 The launch gate (docs/contract.md, "Launch gate"): drives HTTP requests with concurrent and late
-replays and conflicting payloads through the payments example and the coordinator,
-SIGKILLs and restarts the service and the coordinator during the run, then reads the
+replays and conflicting payloads through the payments example and the coordinator's replicas,
+SIGKILLs and restarts the service and the replicas during the run, then reads the
 database and the card provider and prints the gate's table. Exit code 0 when every line
 passes, 1 when one fails (or the run could not be completed), 2 on bad usage.
 
@@ -180,6 +195,7 @@ otherwise an embedded PostgreSQL in a temporary folder (removed at the end).
 
 load
   --quick                   the CI variant: ${QUICK_DEFAULTS.requests} requests, ${QUICK_DEFAULTS.serviceKills} service kill, ${QUICK_DEFAULTS.coordinatorKills} coordinator kill
+  --replicas N              coordinator replicas the service spreads its calls over (${FULL_DEFAULTS.replicas})
   --requests N              HTTP requests in all, retries included (${FULL_DEFAULTS.requests})
   --concurrency N           requests in flight (${FULL_DEFAULTS.concurrency})
   --burst N                 most copies of one logical request sent at once (${FULL_DEFAULTS.burst})
@@ -196,7 +212,7 @@ load
 
 chaos
   --service-kills N         SIGKILL + restart of the payments service (${FULL_DEFAULTS.serviceKills}; quick ${QUICK_DEFAULTS.serviceKills})
-  --coordinator-kills N     SIGKILL + restart of the coordinator (${FULL_DEFAULTS.coordinatorKills}; quick ${QUICK_DEFAULTS.coordinatorKills})
+  --coordinator-kills N     SIGKILL + restart of a coordinator replica, in turn (${FULL_DEFAULTS.coordinatorKills}; quick ${QUICK_DEFAULTS.coordinatorKills})
   --downtime DURATION       how long a killed process stays down (${FULL_DEFAULTS.downtimeMs}ms)
 
 criteria
@@ -261,6 +277,7 @@ export function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): 
     clientTimeoutMs: dur(v["client-timeout"], "--client-timeout"),
     giveUpMs: dur(v["give-up"], "--give-up"),
     seed: int(v.seed, "--seed"),
+    replicas: int(v.replicas, "--replicas"),
     serviceKills: int(v["service-kills"], "--service-kills"),
     coordinatorKills: int(v["coordinator-kills"], "--coordinator-kills"),
     downtimeMs: dur(v.downtime, "--downtime"),
@@ -293,6 +310,7 @@ const CLI_OPTIONS = {
   "client-timeout": { type: "string" },
   "give-up": { type: "string" },
   seed: { type: "string" },
+  replicas: { type: "string" },
   "service-kills": { type: "string" },
   "coordinator-kills": { type: "string" },
   downtime: { type: "string" },

@@ -82,7 +82,7 @@ export function renderTable(report: GateReport): string {
     `  kills: ${
       report.chaos.events
         .filter((e) => e.killedAt)
-        .map((e) => `${e.target} at ${(e.requestsSent ?? 0).toLocaleString("en-US")} (down ${formatDuration(e.downMs ?? 0)})`)
+        .map((e) => `${e.fault ?? e.target} at ${(e.requestsSent ?? 0).toLocaleString("en-US")} (down ${formatDuration(e.downMs ?? 0)})`)
         .join("; ") || "none"
     }`,
     "",
