@@ -1,0 +1,237 @@
+/**
+ * The failover scenario (`npm run ha`, docs/scaling.md): a registry on a
+ * two-node Patroni cluster (a primary and a synchronous standby, etcd,
+ * HAProxy in front), three coordinator replicas, and the launch gate's load
+ * through the payments example, while the registry's primary is taken away
+ * again and again:
+ *
+ *   switchover          a planned `patronictl switchover`
+ *   primary kill        SIGKILL of the primary's postmaster; Patroni promotes the standby
+ *   commit in flight    the standby paused so that commits wait for its
+ *                       acknowledgement, then the primary killed and the
+ *                       standby resumed and promoted: the coordinators' re-runs
+ *                       must recognise the records their lost COMMITs left
+ *
+ * Each fault waits until the old primary is back as the synchronous standby.
+ * The gate's table gets the lines of this scenario: acknowledged writes of
+ * a probe lost, and the write pause of each kind of fault (the longest time
+ * without an acknowledged write, P50 and largest over the rounds). Exit code
+ * 0 when every line passes, 1 when one fails, 2 on bad usage.
+ */
+import { parseArgs } from "node:util";
+import { resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+import { GateAborted, runGate } from "./gate.js";
+import type { RegistryFault } from "./gate/chaos.js";
+import type { Criterion } from "./gate/measure.js";
+import { formatDuration } from "./gate/util.js";
+import { missingEngines, startHaRegistry, type LocalHaRegistry } from "./ha/engines.js";
+import { WriteProbe } from "./ha/probe.js";
+
+const FAULTS = ["switchover", "primary kill", "commit in flight"] as const;
+type FaultKind = (typeof FAULTS)[number];
+
+/** A write pause longer than Patroni's ttl (deploy/ha/patroni.yml) means a failover took longer than the configuration promises. */
+const PAUSE_LIMIT_MS = 15_000;
+
+const USAGE = `usage: npm run ha -- [options]
+
+Starts etcd, a two-node Patroni cluster (primary + synchronous standby) and HAProxy from
+Debian's packages (apt-get install -y patroni etcd-server haproxy), then runs the launch gate's
+load through three coordinator replicas on it while the primary is switched over, killed, and
+killed with commits in flight, ROUNDS times each. Prints the gate's table with this scenario's
+lines; exit code 0 when every line passes, 1 when one fails, 2 on bad usage.
+Needs root or the postgres user (PostgreSQL refuses to run as root: as root, the engines run as
+postgres).
+
+  --quick          the CI variant: one round, the gate's quick load
+  --rounds N       rounds of the three faults (3; quick 1)
+  --requests N     HTTP requests of the load (the gate's default scaled to the rounds)
+  --replicas N     coordinator replicas (3)
+  --out DIR        where report.json and report.html go (ha-report)
+  --verbose        print the processes' output
+  --help           this text`;
+
+interface HaOptions {
+  quick: boolean;
+  rounds: number;
+  requests: number | undefined;
+  replicas: number;
+  outDir: string;
+  verbose: boolean;
+}
+
+function parse(argv: string[]): HaOptions | "help" {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      quick: { type: "boolean" },
+      rounds: { type: "string" },
+      requests: { type: "string" },
+      replicas: { type: "string" },
+      out: { type: "string" },
+      verbose: { type: "boolean" },
+      help: { type: "boolean", short: "h" },
+    },
+    strict: true,
+    allowPositionals: false,
+  });
+  if (values.help) return "help";
+  const int = (text: string | undefined, flag: string, min: number) => {
+    if (text === undefined) return undefined;
+    const n = Number(text);
+    if (!Number.isInteger(n) || n < min) throw new Error(`${flag}: a whole number of at least ${min}, not ${text}`);
+    return n;
+  };
+  const quick = values.quick ?? false;
+  return {
+    quick,
+    rounds: int(values.rounds, "--rounds", 1) ?? (quick ? 1 : 3),
+    requests: int(values.requests, "--requests", 100),
+    replicas: int(values.replicas, "--replicas", 1) ?? 3,
+    outDir: values.out ?? "ha-report",
+    verbose: values.verbose ?? false,
+  };
+}
+
+/** The faults of every round, spread over 15 %–80 % of the load, each kind once per round. */
+function planFaults(ha: LocalHaRegistry, rounds: number, windows: Map<RegistryFault, { kind: FaultKind; from: number; to: number }>, log: (line: string) => void): RegistryFault[] {
+  const total = rounds * FAULTS.length;
+  const faults: RegistryFault[] = [];
+  for (let i = 0; i < total; i++) {
+    const kind = FAULTS[i % FAULTS.length]!;
+    const fault: RegistryFault = {
+      name: `${kind} ${Math.floor(i / FAULTS.length) + 1}`,
+      at: Number((0.15 + (0.65 * i) / Math.max(1, total - 1)).toFixed(3)),
+      run: async () => {
+        const from = Date.now();
+        const primary = await ha.primary();
+        if (kind === "switchover") {
+          await ha.switchover();
+        } else if (kind === "primary kill") {
+          await primary.killPostgres();
+        } else {
+          const standby = ha.nodes.find((node) => node !== primary)!;
+          await standby.pause();
+          // Commits reach the primary's WAL and wait for the paused standby's acknowledgement.
+          await new Promise((resolve) => setTimeout(resolve, 500));
+          await primary.killPostgres();
+          await standby.resume();
+        }
+        const promoted = await ha.primary({ other: primary });
+        log(`ha: ${kind}: ${primary.name} → ${promoted.name} after ${formatDuration(Date.now() - from)}; waiting for ${primary.name} to follow as the synchronous standby`);
+        await ha.healthy();
+        // The pause is looked for from the fault until the cluster is whole again.
+        windows.set(fault, { kind, from, to: Date.now() });
+      },
+    };
+    faults.push(fault);
+  }
+  return faults;
+}
+
+function quantile(sorted: number[], q: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!;
+}
+
+async function main(): Promise<void> {
+  let options: HaOptions | "help";
+  try {
+    options = parse(process.argv.slice(2));
+  } catch (error) {
+    process.stderr.write(`${(error as Error).message}\n(npm run ha -- --help lists the options)\n`);
+    process.exitCode = 2;
+    return;
+  }
+  if (options === "help") {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+  const missing = missingEngines(["etcd", "patroni", "patronictl", "haproxy"]);
+  if (missing.length > 0) {
+    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y ${missing.join(" ")}\n`);
+    process.exitCode = 2;
+    return;
+  }
+  const log = (line: string) => process.stderr.write(`${line}\n`);
+  const controller = new AbortController();
+  process.on("SIGINT", () => controller.abort());
+  process.on("SIGTERM", () => controller.abort());
+
+  const ha = await startHaRegistry({ log });
+  const probe = new WriteProbe(ha.url);
+  try {
+    await probe.start();
+    const windows = new Map<RegistryFault, { kind: FaultKind; from: number; to: number }>();
+    const faults = planFaults(ha, options.rounds, windows, log);
+    const moreCriteria = async (): Promise<Criterion[]> => {
+      await probe.stop();
+      const lost = await probe.lost();
+      const lines: Criterion[] = [
+        {
+          id: "probe-writes-lost",
+          name: "acknowledged probe writes lost",
+          value: lost.length,
+          measured: `${lost.length} of ${probe.acknowledged.length}`,
+          threshold: "= 0",
+          pass: lost.length === 0 && probe.acknowledged.length > 0,
+          source: "supplementary",
+          detail: { lost: lost.slice(0, 20), acknowledged: probe.acknowledged.length, failedWrites: probe.failures },
+        },
+      ];
+      for (const kind of FAULTS) {
+        const pauses = [...windows.values()]
+          .filter((w) => w.kind === kind)
+          .map((w) => probe.pauseMs(w.from, w.to))
+          .sort((a, b) => a - b);
+        const planned = faults.filter((f) => f.name.startsWith(kind)).length;
+        const worst = pauses.at(-1) ?? Number.NaN;
+        lines.push({
+          id: `pause-${kind.replaceAll(" ", "-")}`,
+          name: `write pause, ${kind} (${pauses.length} of ${planned} run)`,
+          value: worst,
+          measured: pauses.length ? `P50 ${formatDuration(quantile(pauses, 0.5))}, P99 ${formatDuration(quantile(pauses, 0.99))}` : "n/a (did not run)",
+          threshold: `<= ${formatDuration(PAUSE_LIMIT_MS)}`,
+          pass: pauses.length === planned && worst <= PAUSE_LIMIT_MS,
+          source: "supplementary",
+          detail: { pausesMs: pauses },
+        });
+      }
+      return lines;
+    };
+    const result = await runGate({
+      quick: options.quick,
+      databaseUrl: ha.url,
+      replicas: options.replicas,
+      registryFaults: faults,
+      judgeReserveLatency: false,
+      moreCriteria,
+      // The load must outlast every fault: each one waits for the old primary to rejoin.
+      requests: options.requests ?? (options.quick ? 3_000 : 20_000) * Math.max(1, options.rounds),
+      outDir: options.outDir,
+      verbose: options.verbose,
+      signal: controller.signal,
+    });
+    process.stdout.write(`\n${result.table.replace(/^Launch gate/, "Failover scenario on Patroni: launch gate")}`);
+    process.stderr.write(`report: ${result.files.json}\n        ${result.files.html}\n`);
+    process.exitCode = result.passed ? 0 : 1;
+  } catch (error) {
+    if (error instanceof GateAborted) {
+      process.stderr.write("the run was stopped; nothing was measured\n");
+      process.exitCode = 130;
+    } else {
+      process.stderr.write(`the failover scenario could not complete its run: ${(error as Error).stack ?? String(error)}\n${ha.output()}\n`);
+      process.exitCode = 1;
+    }
+  } finally {
+    await probe.stop().catch(() => undefined);
+    await ha.stop();
+  }
+}
+
+const invokedDirectly = process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href;
+if (invokedDirectly) {
+  await main();
+  process.exit(process.exitCode ?? 0);
+}
