@@ -44,6 +44,13 @@ export interface Config {
     idleInTransactionTimeoutMs: number;
     /** Named prepared statements on the request path (off behind a pooler in transaction mode). */
     preparedStatements: boolean;
+    /**
+     * "transaction": the connections go through a pooler in transaction mode
+     * (PgBouncer), where a server connection serves another client after each
+     * transaction: no named statements, and every session setting (role,
+     * timeouts, search_path) is set inside each transaction instead.
+     */
+    pooler: "none" | "transaction";
   };
   /** Concurrent Reserves and Completes of one tenant and caller share a transaction: at most `maxInFlight` at a time, up to `maxBatch` each (1: never). */
   batch: { maxBatch: number; maxInFlight: number };
@@ -135,7 +142,13 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   {
     name: "IDEM_DB_PREPARED_STATEMENTS",
     default: "true",
-    meaning: "prepare the registry's statements once per connection; false behind a pooler in transaction mode (PgBouncer)",
+    meaning: "prepare the registry's statements once per connection (off, and true refused, with IDEM_DB_POOLER=transaction)",
+  },
+  {
+    name: "IDEM_DB_POOLER",
+    default: "none",
+    meaning:
+      "transaction: the database URLs lead to a pooler in transaction mode (PgBouncer): no named statements, session settings set in every transaction; migrations need IDEM_MIGRATION_DATABASE_URL to PostgreSQL itself",
   },
   { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock)" },
   {
@@ -343,6 +356,25 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     problems.push("IDEM_CROSS_TENANT_DATABASE_URL: needs DATABASE_URL (the embedded default has one login)");
   }
   const readDatabaseUrl = read("IDEM_DB_READ_URL", postgresUrl, undefined as string | undefined);
+  const pooler = read<"none" | "transaction">(
+    "IDEM_DB_POOLER",
+    (raw) => {
+      if (raw !== "none" && raw !== "transaction") throw new Error(`must be none or transaction, got '${raw}'`);
+      return raw;
+    },
+    "none",
+  );
+  const preparedStatements = read("IDEM_DB_PREPARED_STATEMENTS", boolean, pooler !== "transaction");
+  const migrateOnBoot = read("IDEM_MIGRATE_ON_BOOT", boolean, true);
+  if (pooler === "transaction" && databaseUrl === undefined) problems.push("IDEM_DB_POOLER: needs DATABASE_URL (the embedded default has no pooler)");
+  if (pooler === "transaction" && preparedStatements) {
+    problems.push("IDEM_DB_PREPARED_STATEMENTS: named statements fail, or answer with another client's statement, behind a pooler in transaction mode; remove it");
+  }
+  if (pooler === "transaction" && migrationDatabaseUrl === undefined && migrateOnBoot) {
+    problems.push(
+      "IDEM_DB_POOLER: migrations hold a session-level lock, which a pooler in transaction mode does not keep; set IDEM_MIGRATION_DATABASE_URL to PostgreSQL itself, or IDEM_MIGRATE_ON_BOOT=false and run `idemctl migrate` directly",
+    );
+  }
   const crossTenantReadDatabaseUrl = read("IDEM_CROSS_TENANT_DB_READ_URL", postgresUrl, undefined as string | undefined);
   if (readDatabaseUrl !== undefined && databaseUrl === undefined) {
     problems.push("IDEM_DB_READ_URL: needs DATABASE_URL (the embedded default has no standby)");
@@ -432,10 +464,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
       statementTimeoutMs: read("IDEM_DB_STATEMENT_TIMEOUT_MS", integer(1, 600_000), 5000),
       lockTimeoutMs: read("IDEM_DB_LOCK_TIMEOUT_MS", integer(1, 600_000), 2000),
       idleInTransactionTimeoutMs: read("IDEM_DB_IDLE_TX_TIMEOUT_MS", integer(1, 3_600_000), 10_000),
-      preparedStatements: read("IDEM_DB_PREPARED_STATEMENTS", boolean, true),
+      preparedStatements,
+      pooler,
     },
     batch: { maxBatch: read("IDEM_BATCH_MAX", integer(1, 1000), 64), maxInFlight: read("IDEM_BATCH_IN_FLIGHT", integer(1, 1000), 4) },
-    migrateOnBoot: read("IDEM_MIGRATE_ON_BOOT", boolean, true),
+    migrateOnBoot,
     callers: [...callers, ...callersFromFile],
     allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),
     operations: declared ?? (databaseUrl === undefined ? parsePolicyDocuments(DEVELOPMENT_OPERATIONS) : []),

@@ -102,9 +102,9 @@ export const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config(
  * BEGIN and the binding in one simple-protocol message. The simple protocol
  * has no parameters: the tenant is an escaped literal there.
  */
-function beginBound(tenant: TenantBinding): string {
+function beginBound(tenant: TenantBinding, session: ReadonlyArray<readonly [string, string]> = []): string {
   const [id, all] = bindingSettings(tenant);
-  return `BEGIN; SELECT set_config('idem.tenant', ${pg.escapeLiteral(id)}, true), set_config('idem.all_tenants', '${all}', true)`;
+  return `BEGIN; ${settingsSql([...session, ["idem.tenant", id], ["idem.all_tenants", all]])}`;
 }
 
 /** Connection settings of the registry's pool. */
@@ -129,7 +129,18 @@ export interface PoolSettings {
    */
   role?: string;
   applicationName?: string;
+  /**
+   * "transaction": the URL leads to a pooler in transaction mode (PgBouncer),
+   * which hands the server connection to another client after each
+   * transaction and refuses startup settings: the role, the timeouts and the
+   * `-c` options are set inside every transaction instead (transaction-local,
+   * so that nothing carries over to the connection's next client).
+   */
+  pooler?: "none" | "transaction";
 }
+
+/** The settings every transaction on a pool sets for itself, when its connections go through a pooler in transaction mode. */
+const transactionSettings = new WeakMap<pg.Pool, ReadonlyArray<readonly [name: string, value: string]>>();
 
 /**
  * Opens the registry's pool. The `error` handler is required: when the server
@@ -141,20 +152,26 @@ export function openPool(settings: PoolSettings, logger: Logger): pg.Pool {
   // `options` replace the role added to them.
   const { options: urlOptions, ...connection } = parseIntoClientConfig(settings.connectionString);
   const options = connectionOptions(settings, urlOptions);
+  const timeouts = {
+    statement_timeout: settings.statementTimeoutMs,
+    lock_timeout: settings.lockTimeoutMs,
+    idle_in_transaction_session_timeout: settings.idleInTransactionTimeoutMs,
+  };
+  const pooled = settings.pooler === "transaction";
   const pool = new pg.Pool({
     ...connection,
     max: settings.max,
     connectionTimeoutMillis: settings.connectionTimeoutMs,
     idleTimeoutMillis: 30_000,
-    statement_timeout: settings.statementTimeoutMs,
-    lock_timeout: settings.lockTimeoutMs,
-    idle_in_transaction_session_timeout: settings.idleInTransactionTimeoutMs,
     application_name: settings.applicationName ?? "idempotency-coordinator",
     // A query goes out without waiting for the answers to the ones before it,
     // so a transaction's BEGIN travels with its first statement (poolDb).
     pipeline: true,
-    ...(options ? { options } : {}),
+    ...(pooled ? {} : { ...timeouts, ...(options ? { options } : {}) }),
   });
+  if (pooled) {
+    transactionSettings.set(pool, [...Object.entries(timeouts).map(([name, ms]) => [name, String(ms)] as const), ...settingsOfOptions(options)]);
+  }
   pool.on("error", (error) => {
     // Not the error object itself: the pool attaches the whole client to it.
     logger.warn({ sqlstate: sqlState(error), error: error.message }, "idle registry connection lost; the pool replaces it");
@@ -169,6 +186,51 @@ function connectionOptions(settings: PoolSettings, urlOptions: string | undefine
   }
   const options = [settings.options ?? process.env.PGOPTIONS, urlOptions, settings.role && `-c role=${settings.role}`].filter(Boolean).join(" ");
   return options || undefined;
+}
+
+/** The `-c name=value` settings of startup options, in order (a later one of a name wins, as at startup). */
+function settingsOfOptions(options: string | undefined): Array<readonly [string, string]> {
+  const settings: Array<readonly [string, string]> = [];
+  const words = (options ?? "").split(/\s+/).filter(Boolean);
+  for (let i = 0; i < words.length; i++) {
+    const word = words[i] === "-c" ? words[++i] : words[i]?.replace(/^(-c|--)/, "");
+    const match = /^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$/.exec(word ?? "");
+    if (!match) throw new Error(`database options: cannot set ${JSON.stringify(word)} per transaction (expected -c name=value)`);
+    settings.push([match[1]!.replaceAll("-", "_"), match[2]!]);
+  }
+  return settings;
+}
+
+/**
+ * Runs one query as the pool's transactions run: behind a pooler in
+ * transaction mode, inside a transaction that sets the pool's session
+ * settings first (its role and search_path, say); otherwise as is. For the
+ * checks made outside the statements layer (privileges at boot).
+ */
+export function sessionQueryable(pool: pg.Pool): Queryable {
+  const settings = transactionSettings.get(pool);
+  if (!settings) return pool;
+  return {
+    async query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
+      const client = await pool.connect();
+      try {
+        await client.query(`BEGIN; ${settingsSql(settings)}`);
+        const result = await client.query<R>(text, values);
+        await client.query("COMMIT");
+        return result;
+      } catch (error) {
+        await client.query("ROLLBACK").catch(() => undefined);
+        throw error;
+      } finally {
+        client.release();
+      }
+    },
+  };
+}
+
+/** `SELECT set_config(…, true), …` of transaction-local settings, as one literal statement. */
+function settingsSql(settings: ReadonlyArray<readonly [string, string]>): string {
+  return `SELECT ${settings.map(([name, value]) => `set_config(${pg.escapeLiteral(name)}, ${pg.escapeLiteral(value)}, true)`).join(", ")}`;
 }
 
 /** Transient failures worth retrying with backoff, and how many times. */
@@ -261,14 +323,14 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
     transaction: (tenant, work, name = "other") =>
       withRetries(() =>
         traced(tracer, name, () =>
-          onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client) => {
+          onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client, from) => {
             const began = performance.now();
             const q = registryConnection(client, preparedStatements, planned?.epoch() ?? "");
             // Not awaited: the work's first statement follows it on the wire, one
             // round trip for both. Should BEGIN itself fail, that statement ran
             // unbound, where row-level security shows and admits no row, and the
             // failure is thrown below before anything is committed.
-            const begun = q.query(beginBound(tenant));
+            const begun = q.query(beginBound(tenant, transactionSettings.get(from)));
             begun.catch(() => undefined);
             let committed = false;
             const commitWith: CommitWith = async (sends) => {
@@ -401,14 +463,14 @@ export async function runTransaction<T>(pool: pg.Pool, work: (client: pg.PoolCli
  * pool never lends a dead or half-finished one again. The registry's
  * transactions (poolDb) and a caller's own (runTransaction) both run here.
  */
-async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient, from: pg.Pool) => Promise<T>): Promise<T> {
   const client = await pool.connect();
   // A checked-out client has no error listener of the pool's: without one, a
   // connection killed mid-transaction would crash the process.
   client.on("error", onLost);
   let broken = false;
   try {
-    return await body(client);
+    return await body(client, pool);
   } catch (error) {
     broken = isConnectionLoss(error) || error instanceof CommitUnknownError;
     // After a COMMIT the server refused, the transaction is over: ROLLBACK only warns.

@@ -9,7 +9,7 @@ import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
-import { openPool, poolDb, readerDb, type Db } from "../registry/db.js";
+import { openPool, poolDb, readerDb, sessionQueryable, type Db } from "../registry/db.js";
 import { migrate } from "../registry/migrate.js";
 import { planEpochs } from "../registry/plan-epochs.js";
 import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
@@ -130,9 +130,11 @@ export async function startCoordinator({
     idleInTransactionTimeoutMs: config.db.idleInTransactionTimeoutMs,
     ...(databaseOptions ? { options: databaseOptions } : {}),
     ...(applicationName ? { applicationName } : {}),
+    pooler: config.db.pooler,
   });
   if (config.migrateOnBoot) {
-    const owner = openPool(poolSettings(config.migrationDatabaseUrl ?? databaseUrl, 1), logger);
+    // Migrations hold a session-level lock: always on a connection of their own, never through a pooler (loadConfig requires the URL then).
+    const owner = openPool({ ...poolSettings(config.migrationDatabaseUrl ?? databaseUrl, 1), pooler: "none" }, logger);
     try {
       const migrationUrl = config.migrationDatabaseUrl ?? databaseUrl;
       const applied = await migrate(owner, logger).catch(reportUnreachable(migrationUrl, config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : databaseSetting));
@@ -168,10 +170,12 @@ export async function startCoordinator({
   let jobs: BackgroundJob[] = [];
   let readiness: Readiness | undefined;
   try {
-    await requireLeastPrivilege(pool).catch(reportUnreachable(databaseUrl, databaseSetting));
-    await requireLeastPrivilege(crossTenantPool).catch(reportUnreachable(crossTenantUrl, config.crossTenantDatabaseUrl ? "IDEM_CROSS_TENANT_DATABASE_URL" : databaseSetting));
+    await requireLeastPrivilege(sessionQueryable(pool)).catch(reportUnreachable(databaseUrl, databaseSetting));
+    await requireLeastPrivilege(sessionQueryable(crossTenantPool)).catch(
+      reportUnreachable(crossTenantUrl, config.crossTenantDatabaseUrl ? "IDEM_CROSS_TENANT_DATABASE_URL" : databaseSetting),
+    );
     // The embedded default has one superuser login; elsewhere say so when the serving login could switch roles.
-    const loose = config.databaseUrl === undefined ? undefined : await servingLoginCanWiden(pool, config.db.crossTenantRole);
+    const loose = config.databaseUrl === undefined ? undefined : await servingLoginCanWiden(sessionQueryable(pool), config.db.crossTenantRole);
     if (loose) {
       logger.warn(
         `the login of DATABASE_URL ${loose}: a statement run by the server could step around row-level security. ` +
@@ -191,7 +195,7 @@ export async function startCoordinator({
           throw error;
         }
         if (readerChecked) return;
-        await Promise.all([requireLeastPrivilege(reader.pool), requireLeastPrivilege(reader.crossTenantPool)]).catch((error: unknown) => {
+        await Promise.all([requireLeastPrivilege(sessionQueryable(reader.pool)), requireLeastPrivilege(sessionQueryable(reader.crossTenantPool))]).catch((error: unknown) => {
           throw new Error(`IDEM_DB_READ_URL: ${(error as Error).message}`, { cause: error });
         });
         readerChecked = true;
@@ -209,7 +213,8 @@ export async function startCoordinator({
       retried: (cause: string) => metrics?.retries.inc({ cause }),
       committed: (name: string, seconds: number) => metrics?.transactionDuration.observe({ transaction: name }, seconds),
       preparedStatements: config.db.preparedStatements,
-      planned: planEpochs(pool, logger),
+      // Plan epochs name statements anew: only where statements are named.
+      ...(config.db.preparedStatements ? { planned: planEpochs(pool, logger) } : {}),
       ...(tracer ? { tracer } : {}),
     };
     const db = poolDb(pool, logger, { ...dbOptions, crossTenantPool });

@@ -56,6 +56,8 @@ export async function startTestServer(
     logger?: Logger;
     /** Another replica of this server: its callers' tokens and its key ring. */
     replicaOf?: TestServer;
+    /** Where the server connects instead of the test file's database (a pooler in front of it, say). */
+    databaseUrl?: string;
   } = {},
 ): Promise<TestServer> {
   const tokens: TestTokens = options.replicaOf?.tokens ?? {
@@ -88,7 +90,7 @@ export async function startTestServer(
   const applicationName = `idem-server-${randomBytes(4).toString("hex")}`;
   const coordinator = await startCoordinator({
     config,
-    databaseUrl: t.url,
+    databaseUrl: options.databaseUrl ?? t.url,
     logger: options.logger ?? silentLogger,
     databaseOptions: `-c search_path=${t.schema}`,
     applicationName,

@@ -27,6 +27,18 @@ describe("loadConfig", () => {
     expect(() => loadConfig({ IDEM_DB_PREPARED_STATEMENTS: "sometimes" })).toThrow(/IDEM_DB_PREPARED_STATEMENTS/);
   });
 
+  it("behind a pooler in transaction mode, names no statement and migrates only over a direct connection", () => {
+    const direct = "postgres://owner@db:5432/registry";
+    const pooled = { DATABASE_URL: "postgres://idem@pgbouncer:6432/registry", IDEM_SNAPSHOT_KEYS: keyRing(), IDEM_DB_POOLER: "transaction" };
+    expect(loadConfig({ ...pooled, IDEM_MIGRATION_DATABASE_URL: direct }).db).toMatchObject({ pooler: "transaction", preparedStatements: false });
+    expect(loadConfig({ ...pooled, IDEM_MIGRATE_ON_BOOT: "false" }).db.pooler).toBe("transaction");
+    expect(() => loadConfig(pooled)).toThrow(/IDEM_DB_POOLER: migrations hold a session-level lock/);
+    expect(() => loadConfig({ ...pooled, IDEM_MIGRATION_DATABASE_URL: direct, IDEM_DB_PREPARED_STATEMENTS: "true" })).toThrow(/IDEM_DB_PREPARED_STATEMENTS: named statements fail/);
+    expect(() => loadConfig({ ...pooled, IDEM_DB_POOLER: "session" })).toThrow(/IDEM_DB_POOLER: must be none or transaction/);
+    expect(() => loadConfig({ IDEM_DB_POOLER: "transaction" })).toThrow(/IDEM_DB_POOLER: needs DATABASE_URL/);
+    expect(loadConfig({}).db.pooler).toBe("none");
+  });
+
   it("declares no operation by default when a real database is configured", () => {
     const config = loadConfig({ DATABASE_URL: "postgres://db/registry", IDEM_SNAPSHOT_KEYS: keyRing() });
     expect(config.operations).toEqual([]);

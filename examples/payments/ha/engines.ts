@@ -119,19 +119,17 @@ export interface LocalPgBouncer {
 }
 
 export async function startPgBouncer(options: {
-  /** The PostgreSQL server it pools connections to. */
+  /** The PostgreSQL server it pools connections to; its login is the one PgBouncer admits (without a password: for local use only) and logs in with. */
   serverUrl: string;
   /** Server connections per database and user pair. */
   poolSize: number;
-  /** Logins it admits (trust authentication: for local use only). */
-  users: string[];
 }): Promise<LocalPgBouncer> {
   const server = new URL(options.serverUrl);
-  const adminUser = options.users[0] ?? "postgres";
+  const adminUser = decodeURIComponent(server.username) || "postgres";
   const dir = await workDir("idem-pgbouncer-");
   const port = await freePort();
   const authFile = join(dir, "users.txt");
-  await writeFile(authFile, options.users.map((user) => `"${user}" ""`).join("\n") + "\n");
+  await writeFile(authFile, `"${adminUser}" "${decodeURIComponent(server.password)}"\n`);
   const config = join(dir, "pgbouncer.ini");
   await writeFile(
     config,
