@@ -46,7 +46,7 @@ postgres).
 
   --quick          the CI variant: one round, the gate's quick load
   --rounds N       rounds of the three faults (3; quick 1)
-  --requests N     HTTP requests of the load (the gate's default scaled to the rounds)
+  --requests N     HTTP requests of the load (4,000 per round; quick 3,000)
   --replicas N     coordinator replicas (3)
   --out DIR        where report.json and report.html go (ha-report)
   --verbose        print the processes' output
@@ -208,7 +208,7 @@ async function main(): Promise<void> {
       judgeReserveLatency: false,
       moreCriteria,
       // The load must outlast every fault: each one waits for the old primary to rejoin.
-      requests: options.requests ?? (options.quick ? 3_000 : 20_000) * Math.max(1, options.rounds),
+      requests: options.requests ?? (options.quick ? 3_000 : 4_000) * options.rounds,
       outDir: options.outDir,
       verbose: options.verbose,
       signal: controller.signal,
