@@ -787,6 +787,20 @@ export class Registry {
   }
 
   /**
+   * Whether the record a waiting Reserve's decision read has moved on since
+   * (see statements ownerMoved): only then is deciding again worth a locked
+   * decision. A record no longer there has moved.
+   */
+  async ownerMoved(db: Db, record: StoredRecord): Promise<boolean> {
+    const { rows } = await db.transaction(
+      record.tenant,
+      (q) => recordStatements.ownerMoved.run(q, { tenant: record.tenant, operationId: record.operationId, state: record.state, generation: record.generation }),
+      "recheck",
+    );
+    return rows[0]?.moved ?? true;
+  }
+
+  /**
    * Reads a record by id. Without the operator role, the subject must be the
    * record's: another principal's record is NOT_FOUND, exactly like a missing
    * one, so that lookups are no existence oracle.

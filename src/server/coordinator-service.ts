@@ -24,7 +24,7 @@ import {
 } from "../gen/idempotency/v1/coordinator_pb.js";
 import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
-import type { HolderInput, RecoverableCursor, RequestIdentity } from "../registry/types.js";
+import type { HolderInput, RecoverableCursor, RequestIdentity, StoredRecord } from "../registry/types.js";
 import { requireRole } from "./callers.js";
 import {
   fromProtoClaimMode,
@@ -153,7 +153,8 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
       const budgetMs = waitBudgetMs(fromProtoDuration(req.waitForOwner, "wait_for_owner"), ctx.timeoutMs());
       const decide = () => registry.reserve(db, input, caller);
       let result = await decide();
-      if (budgetMs > 0) result = await waitForOwner(result, { tenant: input.subject.tenant, budgetMs, watch, signal: ctx.signal, decide });
+      const moved = (record: StoredRecord) => registry.ownerMoved(db, record);
+      if (budgetMs > 0) result = await waitForOwner(result, { tenant: input.subject.tenant, budgetMs, watch, signal: ctx.signal, decide, moved });
       const record = result.record;
       metrics?.decisions.inc({ operation: req.operation, decision: result.decision, enforced: String(result.enforced) });
       if (result.takenOver) metrics?.takeovers.inc({ operation: req.operation, mode: "RESERVE" });

@@ -1,4 +1,4 @@
-import type { ReserveResult } from "../registry/types.js";
+import type { ReserveResult, StoredRecord } from "../registry/types.js";
 
 /**
  * Reserve's wait for an owner in flight (`wait_for_owner`): a duplicate of a
@@ -9,11 +9,14 @@ import type { ReserveResult } from "../registry/types.js";
  *
  * Two wake-ups, because the owner may finish on any coordinator: the
  * coordinator that commits a record's change wakes its own waiters at once
- * (RecordWatch.changed), and every waiter also decides again on a timer that
+ * (RecordWatch.changed), and every waiter also rechecks on a timer that
  * backs off from 25 ms to 500 ms, which is how a change committed by another
- * replica (or a lease that just ran out) is seen. Waking is only a hint: each
- * wake-up is followed by a full decision, exactly as a client's retry, so a
- * wake-up that comes early, late or never changes no answer, only its time.
+ * replica (or a lease that just ran out) is seen. A recheck reads the record
+ * without its lock and decides again only when it has moved on, so that
+ * waiters on other replicas never make the owner's writes wait for their
+ * locks. Waking is only a hint: each wake-up that finds a change is followed
+ * by a full decision, exactly as a client's retry, so a wake-up that comes
+ * early, late or never changes no answer, only its time.
  */
 
 /** The longest wait a Reserve may ask for. */
@@ -24,29 +27,33 @@ const LAST_RECHECK_MS = 500;
 
 /** Waiters of this coordinator, by the record they wait on. */
 export class RecordWatch {
-  private readonly waiters = new Map<string, Set<() => void>>();
+  private readonly waiters = new Map<string, Set<(changed?: boolean) => void>>();
 
   /** A record's change has just committed here: every Reserve waiting on it decides again now. */
   changed(tenant: string, operationId: string): void {
     const waiting = this.waiters.get(watchKey(tenant, operationId));
     if (!waiting) return;
-    for (const wake of [...waiting]) wake();
+    for (const wake of [...waiting]) wake(true);
   }
 
-  /** Resolves when the record is said to have changed, after `ms`, or when `signal` aborts, whichever comes first. */
-  next(tenant: string, operationId: string, ms: number, signal: AbortSignal): Promise<void> {
+  /**
+   * Resolves when the record is said to have changed (true), after `ms` or
+   * when `signal` aborts (false), whichever comes first.
+   */
+  next(tenant: string, operationId: string, ms: number, signal: AbortSignal): Promise<boolean> {
     const key = watchKey(tenant, operationId);
     return new Promise((resolve) => {
-      const wake = () => {
+      const wake = (changed = false) => {
         clearTimeout(timer);
-        signal.removeEventListener("abort", wake);
+        signal.removeEventListener("abort", onAbort);
         const waiting = this.waiters.get(key);
         waiting?.delete(wake);
         if (waiting?.size === 0) this.waiters.delete(key);
-        resolve();
+        resolve(changed);
       };
-      const timer = setTimeout(wake, ms);
-      signal.addEventListener("abort", wake, { once: true });
+      const onAbort = () => wake(false);
+      const timer = setTimeout(onAbort, ms);
+      signal.addEventListener("abort", onAbort, { once: true });
       let waiting = this.waiters.get(key);
       if (!waiting) this.waiters.set(key, (waiting = new Set()));
       waiting.add(wake);
@@ -79,24 +86,32 @@ export function waitBudgetMs(requestedMs: number | undefined, deadlineInMs: numb
 
 /**
  * Decides again while the answer is IN_PROGRESS and the budget lasts: after
- * each wake-up or recheck, `decide` runs the whole Reserve again. Returns the
- * last decision (IN_PROGRESS when the owner is still at it).
+ * each wake-up, and after each recheck that finds the record moved on
+ * (`moved`), `decide` runs the whole Reserve again. Returns the last decision
+ * (IN_PROGRESS when the owner is still at it).
  */
 export async function waitForOwner(
   first: ReserveResult,
-  options: { tenant: string; budgetMs: number; watch: RecordWatch; signal: AbortSignal; decide: () => Promise<ReserveResult> },
+  options: {
+    tenant: string;
+    budgetMs: number;
+    watch: RecordWatch;
+    signal: AbortSignal;
+    decide: () => Promise<ReserveResult>;
+    moved: (record: StoredRecord) => Promise<boolean>;
+  },
 ): Promise<ReserveResult> {
-  const { tenant, watch, signal, decide } = options;
+  const { tenant, watch, signal, decide, moved } = options;
   const end = performance.now() + options.budgetMs;
   let result = first;
   let recheckMs = FIRST_RECHECK_MS;
   while (result.decision === "IN_PROGRESS" && result.record && !signal.aborted) {
     const left = end - performance.now();
     if (left <= 0) break;
-    await watch.next(tenant, result.record.operationId, Math.min(recheckMs, left), signal);
+    const woken = await watch.next(tenant, result.record.operationId, Math.min(recheckMs, left), signal);
     if (signal.aborted) break;
     recheckMs = Math.min(recheckMs * 2, LAST_RECHECK_MS);
-    result = await decide();
+    if (woken || (await moved(result.record))) result = await decide();
   }
   return result;
 }

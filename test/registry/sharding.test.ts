@@ -69,6 +69,7 @@ const REQUEST_PATH: Record<string, string> = {
   markUnknownByScope: "Reserve: an ended lease with a possible effect",
   appendEvent: "Reserve (a conflict logged) and Claim RECOVER (the UNKNOWN step)",
   lockRecord: "Claim, RenewLease, RecordEffectAttempt, ResolveEffectAttempt, Complete, Release, Abandon: the record's lock",
+  ownerMoved: "Reserve waiting for its owner: the recheck without a lock",
   loadAttempts: "the same, and Reserve's declared effects: the record's attempts under its lock",
   insertAttempt: "RecordEffectAttempt and Reserve's declared effects",
   resolveAttempt: "ResolveEffectAttempt and Complete's resolutions",

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { MAX_WAIT_FOR_OWNER_MS, RecordWatch, waitBudgetMs } from "../../src/server/owner-wait.js";
+import type { ReserveResult, StoredRecord } from "../../src/registry/types.js";
+import { MAX_WAIT_FOR_OWNER_MS, RecordWatch, waitBudgetMs, waitForOwner } from "../../src/server/owner-wait.js";
 
 describe("RecordWatch", () => {
   it("wakes the waiters of the record that changed, and only them", async () => {
@@ -10,7 +11,9 @@ describe("RecordWatch", () => {
     const b = watch.next("acme", "op-1", 60_000, never).then(() => (woken += "b"));
     const other = watch.next("globex", "op-1", 60_000, new AbortController().signal);
     expect(watch.size).toBe(3);
+    const said = watch.next("acme", "op-1", 60_000, never);
     watch.changed("acme", "op-1");
+    expect(await said).toBe(true);
     await Promise.all([a, b]);
     expect(woken).toHaveLength(2);
     expect(watch.size).toBe(1);
@@ -21,7 +24,7 @@ describe("RecordWatch", () => {
 
   it("lets go of a waiter after its time or its signal, leaving nothing behind", async () => {
     const watch = new RecordWatch();
-    await watch.next("acme", "op-2", 5, new AbortController().signal);
+    expect(await watch.next("acme", "op-2", 5, new AbortController().signal)).toBe(false);
     const aborting = new AbortController();
     const waiting = watch.next("acme", "op-3", 60_000, aborting.signal);
     expect(watch.size).toBe(1);
@@ -42,5 +45,47 @@ describe("waitBudgetMs", () => {
     expect(waitBudgetMs(5000, 2000)).toBe(1600);
     expect(waitBudgetMs(60_000, 20_000)).toBe(19_000);
     expect(waitBudgetMs(5000, 0)).toBe(0);
+  });
+});
+
+describe("waitForOwner", () => {
+  const inProgress = { decision: "IN_PROGRESS", record: { tenant: "acme", operationId: "op-9" } as StoredRecord, enforced: true, schemaRevision: 1 } as ReserveResult;
+  const replay = { ...inProgress, decision: "REPLAY" } as ReserveResult;
+
+  it("decides again only when a recheck finds the record moved on, or a local change wakes it", async () => {
+    const watch = new RecordWatch();
+    let decisions = 0;
+    let rechecks = 0;
+    const result = await waitForOwner(inProgress, {
+      tenant: "acme",
+      budgetMs: 5_000,
+      watch,
+      signal: new AbortController().signal,
+      decide: async () => (++decisions === 1 ? inProgress : replay),
+      // Unmoved at the first two rechecks, then moved: one decision (still in progress); then a local change wakes it.
+      moved: async () => {
+        rechecks++;
+        if (rechecks === 3) setTimeout(() => watch.changed("acme", "op-9"), 5);
+        return rechecks === 3;
+      },
+    });
+    expect(result.decision).toBe("REPLAY");
+    expect(rechecks).toBe(3);
+    expect(decisions).toBe(2);
+    expect(watch.size).toBe(0);
+  });
+
+  it("answers IN_PROGRESS when nothing moved within its budget, without deciding again", async () => {
+    let decisions = 0;
+    const result = await waitForOwner(inProgress, {
+      tenant: "acme",
+      budgetMs: 120,
+      watch: new RecordWatch(),
+      signal: new AbortController().signal,
+      decide: async () => (decisions++, replay),
+      moved: async () => false,
+    });
+    expect(result.decision).toBe("IN_PROGRESS");
+    expect(decisions).toBe(0);
   });
 });

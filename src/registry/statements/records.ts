@@ -74,6 +74,17 @@ export const lockRecord = statement<IdRef>(
 );
 
 /**
+ * Whether a record a Reserve waits on has moved on from what its decision
+ * read: another state or generation, or no live lease. Read without a lock,
+ * so that a waiter's rechecks never make the owner's next write wait.
+ */
+export const ownerMoved = statement<IdRef & { state: string; generation: number }, { moved: boolean }>(
+  "ownerMoved",
+  `SELECT (state <> :state OR generation <> :generation OR lease_expires_at IS NULL OR lease_expires_at <= now()) AS moved
+     FROM idem_record WHERE tenant_id = :tenant AND operation_id = :operationId`,
+);
+
+/**
  * Reserve's takeover as one compare-and-set: only from the generation that
  * was read, only with the lease ended and no possible effect.
  */
