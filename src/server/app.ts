@@ -24,7 +24,7 @@ import { reflectionRoutes } from "./reflection.js";
 import { withCors } from "./cors.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
-import { BackgroundJob } from "./jobs.js";
+import { BackgroundJob, jobHolder } from "./jobs.js";
 import { listenRpc, peerCertificateOf, type RpcListener } from "./listener.js";
 import { Metrics } from "./metrics.js";
 import { tracingInterceptor } from "./tracing.js";
@@ -40,9 +40,10 @@ const JOB_BATCH = 500;
  * sweep (finished records past retention become tombstones), each run by one
  * replica at a time.
  */
-function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Config, logger: Logger, clock: Clock): BackgroundJob[] {
+function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Config, logger: Logger, clock: Clock, holder: string): BackgroundJob[] {
   const recoverer = new BackgroundJob({
     name: "recoverer",
+    holder,
     intervalMs: config.recovererIntervalMs,
     registry,
     db,
@@ -60,6 +61,7 @@ function backgroundJobs(registry: Registry, db: Db, metrics: Metrics, config: Co
   });
   const sweeper = new BackgroundJob({
     name: "retention-sweep",
+    holder,
     intervalMs: config.sweepIntervalMs,
     registry,
     db,
@@ -102,6 +104,8 @@ export interface StartOptions {
 export interface RunningCoordinator {
   rpcPort: number;
   adminPort: number;
+  /** Its name on the background jobs' leases (idem_job_lease.holder). */
+  jobHolder: string;
   health: HealthStatus;
   /** Graceful stop: NOT_SERVING, stop accepting, drain in-flight RPCs (bounded), close the pool. */
   stop(): Promise<void>;
@@ -169,6 +173,7 @@ export async function startCoordinator({
   let policies: PolicyCache | undefined;
   let jobs: BackgroundJob[] = [];
   let readiness: Readiness | undefined;
+  const holder = jobHolder();
   try {
     await requireLeastPrivilege(sessionQueryable(pool)).catch(reportUnreachable(databaseUrl, databaseSetting));
     await requireLeastPrivilege(sessionQueryable(crossTenantPool)).catch(
@@ -263,7 +268,7 @@ export async function startCoordinator({
       contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
     });
 
-    jobs = backgroundJobs(registry, db, metrics, config, logger, clock);
+    jobs = backgroundJobs(registry, db, metrics, config, logger, clock, holder);
     rpc = await listenRpc(withCors(handler, config.corsOrigins), config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(
@@ -288,6 +293,7 @@ export async function startCoordinator({
     return {
       rpcPort: rpc.port,
       adminPort: admin.port,
+      jobHolder: holder,
       health,
       stop: () =>
         (stopping ??= (async () => {

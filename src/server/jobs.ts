@@ -5,8 +5,14 @@ import { every, systemClock, type Clock, type Timer } from "../clock.js";
 import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
 
-/** This process's name on job leases: which replica runs a job is visible in idem_job_lease. */
-export const JOB_HOLDER = `${hostname()}:${process.pid}:${randomBytes(3).toString("hex")}`;
+/**
+ * A new name for a coordinator on job leases (host, process, and a random
+ * part, so that two coordinators in one process are two holders): which
+ * replica runs a job is visible in idem_job_lease.
+ */
+export function jobHolder(): string {
+  return `${hostname()}:${process.pid}:${randomBytes(3).toString("hex")}`;
+}
 
 /**
  * A background job that one replica at a time runs every `intervalMs`: each
@@ -22,6 +28,8 @@ export class BackgroundJob {
   constructor(
     private readonly options: {
       name: string;
+      /** This coordinator's name on the lease (jobHolder). */
+      holder: string;
       intervalMs: number;
       registry: Registry;
       db: Db;
@@ -44,14 +52,14 @@ export class BackgroundJob {
     this.stopped = true;
     this.timer?.cancel();
     await this.running;
-    await this.options.registry.releaseJobLease(this.options.db, { job: this.options.name, holder: JOB_HOLDER }).catch(() => undefined);
+    await this.options.registry.releaseJobLease(this.options.db, { job: this.options.name, holder: this.options.holder }).catch(() => undefined);
   }
 
   private async tick(): Promise<void> {
     if (this.stopped) return;
-    const { name, intervalMs, registry, db, logger, run } = this.options;
+    const { name, holder, intervalMs, registry, db, logger, run } = this.options;
     try {
-      if (await registry.holdJobLease(db, { job: name, holder: JOB_HOLDER, ttlMs: intervalMs * 3 })) await run();
+      if (await registry.holdJobLease(db, { job: name, holder, ttlMs: intervalMs * 3 })) await run();
     } catch (error) {
       logger.warn({ job: name, error: (error as Error).message }, "background job pass failed; it runs again next interval");
     }

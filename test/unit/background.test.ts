@@ -5,7 +5,7 @@ import { HealthCheckRequestSchema, HealthCheckResponse_ServingStatus as Status }
 import type { Db } from "../../src/registry/db.js";
 import type { Registry } from "../../src/registry/registry.js";
 import { HealthStatus, Readiness } from "../../src/server/health.js";
-import { BackgroundJob, JOB_HOLDER } from "../../src/server/jobs.js";
+import { BackgroundJob, jobHolder } from "../../src/server/jobs.js";
 import { ManualClock } from "../support/clock.js";
 import { silentLogger } from "../support/database.js";
 
@@ -31,8 +31,10 @@ describe("a background job", () => {
     } as unknown as Registry;
     let pass = deferred();
     let passes = 0;
+    const holder = jobHolder();
     const job = new BackgroundJob({
       name: "recoverer",
+      holder,
       intervalMs: 100,
       registry,
       db: {} as Db,
@@ -50,7 +52,7 @@ describe("a background job", () => {
     clock.advance(100);
     await pass.promise;
     expect(passes).toBe(1);
-    expect(leases).toEqual([{ job: "recoverer", holder: JOB_HOLDER, ttlMs: 300 }]);
+    expect(leases).toEqual([{ job: "recoverer", holder, ttlMs: 300 }]);
     expect(clock.pending()).toEqual([100]);
 
     pass = deferred();
@@ -59,7 +61,7 @@ describe("a background job", () => {
     expect(passes).toBe(2);
 
     await job.stop();
-    expect(released).toEqual([{ job: "recoverer", holder: JOB_HOLDER }]);
+    expect(released).toEqual([{ job: "recoverer", holder }]);
     expect(clock.pending()).toEqual([]);
   });
 });
