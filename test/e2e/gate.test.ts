@@ -8,8 +8,8 @@ import { runGate, type GateReport, type GateResult } from "../../examples/paymen
 /**
  * The launch gate's programmatic entry in a very small configuration: a few
  * hundred requests against the run's PostgreSQL (a schema of the gate's own,
- * dropped at the end), one SIGKILL of the payments service and one of the
- * coordinator. Every line must pass and both reports must be written. No
+ * dropped at the end), three coordinator replicas, one SIGKILL of the
+ * payments service and one of a replica. Every line must pass and both reports must be written. No
  * timing assertion: the latency budget and the recovery SLO given to the gate
  * are generous enough for a machine busy with the rest of the suite.
  */
@@ -56,10 +56,11 @@ describe("the launch gate (npm run gate), small", () => {
     expect(result.passed).toBe(true);
 
     const ids = result.report.criteria.map((c) => c.id);
-    expect(ids).toEqual(["duplicate-effects", "false-conflicts", "digest-agreement", "unknown-beyond-slo", "reserve-p99", "conflicts-refused", "consistency"]);
-    expect(result.report.chaos.events.map((e) => [e.target, Boolean(e.killedAt)])).toEqual([
-      ["service", true],
-      ["coordinator", true],
+    expect(ids).toEqual(["duplicate-effects", "false-conflicts", "digest-agreement", "unknown-beyond-slo", "reserve-p99", "conflicts-refused", "acknowledged-lost", "consistency"]);
+    expect(result.report.options.replicas).toBe(3);
+    expect(result.report.chaos.events.map((e) => [e.target, Boolean(e.killedAt), e.replica])).toEqual([
+      ["service", true, undefined],
+      ["coordinator", true, 0],
     ]);
     expect(result.report.load.httpRequests).toBeGreaterThanOrEqual(400);
     expect(result.report.load.replayedAnswers).toBeGreaterThan(0);
