@@ -153,7 +153,9 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     // The line is the reservation transaction's; the whole RPC (pool wait and queueing included) is reported beside it.
     const reserveTracker = new ReserveTracker(() => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } });
     const reserveRpcTracker = new ReserveTracker(() => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } });
-    const scraper = new MetricsScraper(scrapes, [reserveTracker, reserveRpcTracker]);
+    // Registry work run again after a transient failure: lost connections (kills, failovers), COMMITs whose answer was lost among them.
+    const rerunTracker = new ReserveTracker(() => loadStarted, { name: "idem_db_retries_total", labels: {} });
+    const scraper = new MetricsScraper(scrapes, [reserveTracker, reserveRpcTracker, rerunTracker]);
     const cpuAtStart = sampleCpu();
     const generatorCpuAtStart = process.cpuUsage();
     progress = new Progress(
@@ -259,6 +261,10 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       facts: [
         ...measurement.facts,
         { name: "throughput", value: `${(load.stats.sent / loadSeconds).toFixed(0)} requests/s over ${formatDuration(loadSeconds * 1000)} of load` },
+        {
+          name: "registry work re-run after a transient failure",
+          value: `${rerunTracker.total().count.toLocaleString("en-US")} (lost connections, COMMITs whose answer was lost, deadlocks: idem_db_retries_total of every replica)`,
+        },
         ...(cpu
           ? [
               {

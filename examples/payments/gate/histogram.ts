@@ -72,6 +72,8 @@ export interface PromHistogram {
 /**
  * The histogram `name` from a Prometheus text exposition, summed over the
  * series whose labels match `match` (e.g. every result code of method Reserve).
+ * A counter `name` reads as a histogram of one +Inf bucket holding its value,
+ * so that the same arithmetic over a process's lives sums it.
  */
 export function parsePromHistogram(text: string, name: string, match: Record<string, string>): PromHistogram {
   const byLe = new Map<number, number>();
@@ -83,11 +85,14 @@ export function parsePromHistogram(text: string, name: string, match: Record<str
     const m = line.exec(raw);
     if (!m) continue;
     const [, metric, labelText, valueText] = m;
-    if (metric !== `${name}_bucket` && metric !== `${name}_count` && metric !== `${name}_sum`) continue;
+    if (metric !== name && metric !== `${name}_bucket` && metric !== `${name}_count` && metric !== `${name}_sum`) continue;
     const labels = parseLabels(labelText ?? "");
     if (!Object.entries(match).every(([k, v]) => labels[k] === v)) continue;
     const value = Number(valueText);
-    if (metric === `${name}_bucket`) {
+    if (metric === name) {
+      byLe.set(Number.POSITIVE_INFINITY, (byLe.get(Number.POSITIVE_INFINITY) ?? 0) + value);
+      count += value;
+    } else if (metric === `${name}_bucket`) {
       const le = labels.le === "+Inf" ? Number.POSITIVE_INFINITY : Number(labels.le);
       byLe.set(le, (byLe.get(le) ?? 0) + value);
     } else if (metric === `${name}_count`) count += value;
