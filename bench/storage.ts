@@ -16,7 +16,7 @@ import pino from "pino";
 import type { Snapshot } from "../src/contract/snapshot.js";
 import { parsePolicyDocument } from "../src/policy/document.js";
 import { StaticPolicies, toOperationPolicy } from "../src/policy/operations.js";
-import { openPool, poolDb, type Db, type PoolSettings } from "../src/registry/db.js";
+import { openPool, poolDb, runTransaction, type Db, type PoolSettings } from "../src/registry/db.js";
 import { migrate } from "../src/registry/migrate.js";
 import { planEpochs } from "../src/registry/plan-epochs.js";
 import { Registry } from "../src/registry/registry.js";
@@ -126,20 +126,11 @@ async function measureSizes(pool: pg.Pool, label: string): Promise<Sizes> {
 }
 
 /** Runs `work` on the owner's connection in a transaction bound to every tenant (migrations/000010: the owner's policy). */
-async function inAllTenants<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-  const client = await pool.connect();
-  try {
-    await client.query("BEGIN");
+function inAllTenants<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  return runTransaction(pool, async (client) => {
     await client.query("SELECT set_config('idem.all_tenants', 'on', true)");
-    const result = await work(client);
-    await client.query("COMMIT");
-    return result;
-  } catch (error) {
-    await client.query("ROLLBACK").catch(() => undefined);
-    throw error;
-  } finally {
-    client.release();
-  }
+    return work(client);
+  });
 }
 
 async function walLsn(pool: pg.Pool): Promise<string> {

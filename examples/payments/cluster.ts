@@ -44,9 +44,7 @@ export interface Member {
 }
 
 export interface Cluster {
-  /** The first replica. */
-  coordinator: Member;
-  /** Every replica, the first one first. */
+  /** Every coordinator replica, the first one first. */
   coordinators: Member[];
   provider: Member;
   service: Member;
@@ -121,7 +119,6 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
   );
 
   return {
-    coordinator: coordinators[0]!,
     coordinators,
     provider,
     service,

@@ -383,8 +383,7 @@ export class CoordinatorClient {
     try {
       return await rpc(endpoint.client);
     } catch (error) {
-      const failure = toCoordinatorError(error);
-      if (failure.code === Code.Unavailable && failure.reason === undefined) endpoint.passedOverUntil = Date.now() + this.replicaBackoffMs;
+      if (toCoordinatorError(error).transportFailed) endpoint.passedOverUntil = Date.now() + this.replicaBackoffMs;
       throw error;
     }
   }

@@ -34,7 +34,12 @@ export class CoordinatorError extends Error {
    * other refusal: those are answers.
    */
   get retryable(): boolean {
-    return this.code === Code.Unavailable && (this.reason === undefined || isTransient(this.reason));
+    return this.transportFailed || (this.code === Code.Unavailable && this.reason !== undefined && isTransient(this.reason));
+  }
+
+  /** True when the call never reached a coordinator that answered: UNAVAILABLE without a reason. */
+  get transportFailed(): boolean {
+    return this.code === Code.Unavailable && this.reason === undefined;
   }
 
   /**

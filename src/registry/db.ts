@@ -211,20 +211,11 @@ export function sessionQueryable(pool: pg.Pool): Queryable {
   const settings = transactionSettings.get(pool);
   if (!settings) return pool;
   return {
-    async query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
-      const client = await pool.connect();
-      try {
-        await client.query(`BEGIN; ${settingsSql(settings)}`);
-        const result = await client.query<R>(text, values);
-        await client.query("COMMIT");
-        return result;
-      } catch (error) {
-        await client.query("ROLLBACK").catch(() => undefined);
-        throw error;
-      } finally {
-        client.release();
-      }
-    },
+    query: <R extends pg.QueryResultRow>(text: string, values?: unknown[]) =>
+      runTransaction(pool, async (client) => {
+        await client.query(settingsSql(settings));
+        return client.query<R>(text, values);
+      }),
   };
 }
 
@@ -322,15 +313,16 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
     coalescible: true,
     transaction: (tenant, work, name = "other") =>
       withRetries(() =>
-        traced(tracer, name, () =>
-          onTransactionConnection(tenant === ALL_TENANTS ? crossTenantPool : pool, onLost, async (client, from) => {
+        traced(tracer, name, () => {
+          const on = tenant === ALL_TENANTS ? crossTenantPool : pool;
+          return onTransactionConnection(on, onLost, async (client) => {
             const began = performance.now();
             const q = registryConnection(client, preparedStatements, planned?.epoch() ?? "");
             // Not awaited: the work's first statement follows it on the wire, one
             // round trip for both. Should BEGIN itself fail, that statement ran
             // unbound, where row-level security shows and admits no row, and the
             // failure is thrown below before anything is committed.
-            const begun = q.query(beginBound(tenant, transactionSettings.get(from)));
+            const begun = q.query(beginBound(tenant, transactionSettings.get(on)));
             begun.catch(() => undefined);
             let committed = false;
             const commitWith: CommitWith = async (sends) => {
@@ -345,8 +337,8 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
             if (!committed) await q.query("COMMIT");
             observer.committed?.(name, (performance.now() - began) / 1000);
             return result;
-          }),
-        ),
+          });
+        }),
       ),
   };
 }
@@ -463,14 +455,14 @@ export async function runTransaction<T>(pool: pg.Pool, work: (client: pg.PoolCli
  * pool never lends a dead or half-finished one again. The registry's
  * transactions (poolDb) and a caller's own (runTransaction) both run here.
  */
-async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient, from: pg.Pool) => Promise<T>): Promise<T> {
+async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
   // A checked-out client has no error listener of the pool's: without one, a
   // connection killed mid-transaction would crash the process.
   client.on("error", onLost);
   let broken = false;
   try {
-    return await body(client, pool);
+    return await body(client);
   } catch (error) {
     broken = isConnectionLoss(error) || error instanceof CommitUnknownError;
     // After a COMMIT the server refused, the transaction is over: ROLLBACK only warns.

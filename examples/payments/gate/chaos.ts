@@ -76,7 +76,7 @@ export function chaosMonkey(options: {
   const unexpectedExits: ChaosMonkey["unexpectedExits"] = [];
   let stopped = false;
   let busy = false;
-  const done: Record<Target | "registry", number> = { service: 0, coordinator: 0, registry: 0 };
+  const done: Record<Target, number> = { service: 0, coordinator: 0 };
 
   const execute = async (event: ChaosEvent) => {
     event.requestsSent = options.progress().sent;

@@ -41,11 +41,14 @@ export async function renderTemplate(file: string, values: Record<string, string
   });
 }
 
-/** The uid and gid processes that refuse root run as (the `postgres` user), or undefined when not root. */
+let postgresUser: { uid: number; gid: number; name: string } | undefined;
+
+/** The uid and gid processes that refuse root run as (the `postgres` user, looked up once), or undefined when not root. */
 export function serviceUser(): { uid: number; gid: number; name: string } | undefined {
   if (process.getuid?.() !== 0) return undefined;
   const id = (flag: string) => Number(execFileSync("id", [flag, "postgres"], { encoding: "utf8" }).trim());
-  return { uid: id("-u"), gid: id("-g"), name: "postgres" };
+  postgresUser ??= { uid: id("-u"), gid: id("-g"), name: "postgres" };
+  return postgresUser;
 }
 
 /** A folder of its own, owned by the service user when running as root. */
