@@ -920,6 +920,68 @@ export class Registry {
     return rows.map(toEvent);
   }
 
+  /** Records by state, tenant and operation, newest first, resumed before a record (the operators' console). */
+  async newestRecords(
+    db: Db,
+    filter: ViewScope & { states?: readonly RecordState[]; pageSize: number; before?: { createdAt: string; tenant: string; operationId: string } },
+  ): Promise<Array<RecordView & { createdAtText: string }>> {
+    const { rows } = await db.transaction(bindingFor(filter.tenants), (q) =>
+      viewStatements.newestViews.run(q, {
+        ...scopeValues(filter),
+        states: filter.states ?? null,
+        beforeCreatedAt: filter.before?.createdAt ?? null,
+        beforeTenant: filter.before?.tenant ?? null,
+        beforeOperationId: filter.before?.operationId ?? null,
+        pageSize: filter.pageSize,
+      }),
+    );
+    return rows.map(toView);
+  }
+
+  /** The records of an operation id within tenants (undefined: all), whose tenant need not be known (the operators' console). */
+  async recordsById(db: Db, operationId: string, tenants?: readonly string[]): Promise<RecordView[]> {
+    if (!isUuid(operationId)) refuse("INVALID_REQUEST", "an operation id is the UUID Reserve returned");
+    const { rows } = await db.transaction(bindingFor(tenants), (q) => viewStatements.viewsByOperationId.run(q, { operationId, tenants: tenants ?? null }));
+    return rows.map(toView);
+  }
+
+  /** UNKNOWN records, longest UNKNOWN first (the operators' console). */
+  async unknownQueue(db: Db, filter: ViewScope & { limit: number }): Promise<RecordView[]> {
+    const { rows } = await db.transaction(bindingFor(filter.tenants), (q) => viewStatements.unknownViews.run(q, { ...scopeValues(filter), limit: filter.limit }));
+    return rows.map(toView);
+  }
+
+  /**
+   * A record, its attempts and its newest `limit` events (oldest first), read
+   * in one snapshot, for an operator: the operators' console's record page.
+   * The body stays as stored (sealed): the page shows none.
+   */
+  async recordHistory(db: Db, ref: OperationRef, actor: Actor, limit: number): Promise<RecordView & { events: Array<Omit<LoggedEvent, "cursor">> }> {
+    validateRef(ref);
+    requireTenant(actor, ref.tenant);
+    return db.transaction(ref.tenant, async (q) => {
+      const [view, events] = await pipelined([firstView(viewStatements.viewById, q, ref), eventStatements.recordEvents.run(q, { ...ref, limit })] as const);
+      return { ...visibleTo(view, undefined, actor), events: events.rows.map(toEvent).reverse() };
+    });
+  }
+
+  /**
+   * The event log over the last `windowSeconds`, in buckets of `stepSeconds`
+   * (statements/events.ts): events of some kinds per bucket, and how many
+   * records were UNKNOWN and the oldest one's age at the end of each, read in
+   * one snapshot (the operators' console's charts).
+   */
+  async eventSeries(
+    db: Db,
+    filter: ViewScope & { kinds: readonly string[]; windowSeconds: number; stepSeconds: number },
+  ): Promise<{ counts: Array<{ bucket: number; kind: string; n: number }>; unknown: Array<{ bucket: number; now: number; unknown: number; oldest: number }> }> {
+    const window = { ...scopeValues(filter), windowSeconds: filter.windowSeconds, stepSeconds: filter.stepSeconds };
+    return db.transaction(bindingFor(filter.tenants), async (q) => {
+      const [counts, unknown] = await pipelined([eventStatements.eventCounts.run(q, { ...window, kinds: filter.kinds }), eventStatements.unknownSpells.run(q, window)] as const);
+      return { counts: counts.rows, unknown: unknown.rows };
+    });
+  }
+
   /**
    * Takes or keeps a background job's lease for `ttlMs`: true when `holder`
    * has it, because nobody else held a live one. The replica whose lease is
@@ -1022,6 +1084,11 @@ function visibleTo(view: RecordView | undefined, principal: string | undefined, 
   if (!view || !actor.mayOperate(view.record.operation)) refuseNotFound();
   if (!actor.isOperator && view.record.principal !== principal) refuseNotFound();
   return view;
+}
+
+/** A view scope as statement values (null: all). */
+function scopeValues(scope: ViewScope): { tenants: readonly string[] | null; operations: readonly string[] | null } {
+  return { tenants: scope.tenants ?? null, operations: scope.operations ?? null };
 }
 
 function validateRef(ref: OperationRef): void {

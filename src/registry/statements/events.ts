@@ -1,4 +1,5 @@
 import { statement } from "../statement.js";
+import type { IdRef } from "./records.js";
 
 /** The event log (idem_event): appended by the statements that change records, read by operators. */
 
@@ -44,4 +45,67 @@ export const recentEvents = statement<{ kinds: readonly string[]; tenants: reado
      FROM idem_event
     WHERE kind = ANY(:kinds) AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
     ORDER BY at DESC, event_id DESC LIMIT :limit`,
+);
+
+/** The newest events of one record, newest first (the console's timeline). */
+export const recordEvents = statement<IdRef & { limit: number }>(
+  "recordEvents",
+  `SELECT ${EVENT_COLUMNS} FROM idem_event WHERE tenant_id = :tenant AND operation_id = :operationId ORDER BY event_id DESC LIMIT :limit`,
+);
+
+/**
+ * The console's charts cover `windowSeconds` in buckets of `stepSeconds`,
+ * aligned on the Unix epoch (each bucket named by its start, in seconds):
+ * from the bucket holding now() - windowSeconds to the one holding now(),
+ * which is partial.
+ */
+const FIRST_BUCKET = `floor((extract(epoch FROM now()) - :windowSeconds::int) / :stepSeconds::int)`;
+const LAST_BUCKET = `floor(extract(epoch FROM now()) / :stepSeconds::int)`;
+
+/** Events of some kinds per bucket of the console's charts, within tenants and operations (null: all). */
+export const eventCounts = statement<
+  { kinds: readonly string[]; tenants: readonly string[] | null; operations: readonly string[] | null; windowSeconds: number; stepSeconds: number },
+  { bucket: number; kind: string; n: number }
+>(
+  "eventCounts",
+  `SELECT (floor(extract(epoch FROM at) / :stepSeconds::int) * :stepSeconds::int)::float8 AS bucket, kind, count(*)::int AS n
+     FROM idem_event
+    WHERE at >= to_timestamp((${FIRST_BUCKET} * :stepSeconds::int)::float8) AND kind = ANY(:kinds)
+      AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+    GROUP BY 1, 2`,
+);
+
+/**
+ * How many records were UNKNOWN, and for how long the oldest of them had
+ * been, at the end of each bucket of the console's charts (now() for the
+ * last one), within tenants and operations (null: all); `now` is now() in
+ * epoch seconds. Rebuilt from the event log, whose events carry the state
+ * each change left: a record's spell in UNKNOWN begins at an event leaving
+ * it UNKNOWN after one that did not, and ends at its next event that leaves
+ * it in another state. Only a recovery claim (RECOVERY_CLAIMED) or a
+ * reconciliation (RECONCILED) takes a record out of UNKNOWN, so those and
+ * the UNKNOWN ones are the only events read, one pass over the log.
+ */
+export const unknownSpells = statement<
+  { tenants: readonly string[] | null; operations: readonly string[] | null; windowSeconds: number; stepSeconds: number },
+  { bucket: number; now: number; unknown: number; oldest: number }
+>(
+  "unknownSpells",
+  `WITH grid AS (
+     SELECT (b * :stepSeconds::int)::float8 AS bucket, least(to_timestamp(((b + 1) * :stepSeconds::int)::float8), now()) AS sampled
+       FROM generate_series(${FIRST_BUCKET}::bigint, ${LAST_BUCKET}::bigint) AS b
+   ), marks AS (
+     SELECT tenant_id, operation_id, event_id, at, state = 'UNKNOWN' AS unknown,
+            lag(state = 'UNKNOWN') OVER (PARTITION BY tenant_id, operation_id ORDER BY event_id) AS was_unknown
+       FROM idem_event
+      WHERE (state = 'UNKNOWN' OR kind IN ('RECOVERY_CLAIMED', 'RECONCILED'))
+        AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+   ), spells AS (
+     SELECT at AS since, lead(at) OVER (PARTITION BY tenant_id, operation_id ORDER BY event_id) AS until, unknown
+       FROM marks WHERE unknown IS DISTINCT FROM was_unknown
+   )
+   SELECT g.bucket, extract(epoch FROM now())::float8 AS now, count(s.since)::int AS unknown,
+          COALESCE(max(extract(epoch FROM g.sampled - s.since)), 0)::float8 AS oldest
+     FROM grid g LEFT JOIN spells s ON s.unknown AND s.since <= g.sampled AND (s.until IS NULL OR s.until > g.sampled)
+    GROUP BY g.bucket ORDER BY g.bucket`,
 );

@@ -68,3 +68,40 @@ export const listedViews = statement<{
      AND (:afterCreatedAt::timestamptz IS NULL OR (created_at, tenant_id, operation_id) > (:afterCreatedAt, :afterTenant, :afterOperationId::uuid))
    ORDER BY created_at, tenant_id, operation_id LIMIT :pageSize`,
 );
+
+/** The console's listing by state: newest first, resumed before a record (null: from the newest). */
+export const newestViews = statement<{
+  states: readonly string[] | null;
+  tenants: readonly string[] | null;
+  operations: readonly string[] | null;
+  beforeCreatedAt: string | null;
+  beforeTenant: string | null;
+  beforeOperationId: string | null;
+  pageSize: number;
+}>(
+  "newestViews",
+  `${VIEW}
+   WHERE (:states::text[] IS NULL OR state = ANY(:states))
+     AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants))
+     AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     AND (:beforeCreatedAt::timestamptz IS NULL OR (created_at, tenant_id, operation_id) < (:beforeCreatedAt, :beforeTenant, :beforeOperationId::uuid))
+   ORDER BY created_at DESC, tenant_id DESC, operation_id DESC LIMIT :pageSize`,
+);
+
+/** The console's search by operation id, within tenants (null: all): the tenant need not be known. */
+export const viewsByOperationId = statement<{ operationId: string; tenants: readonly string[] | null }>(
+  "viewsByOperationId",
+  `${VIEW} WHERE operation_id = :operationId::uuid AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) ORDER BY tenant_id`,
+);
+
+/**
+ * The UNKNOWN queue, longest UNKNOWN first: nothing changes an UNKNOWN
+ * record but what settles it, so its updated_at is when it became UNKNOWN
+ * (as census counts its age).
+ */
+export const unknownViews = statement<{ tenants: readonly string[] | null; operations: readonly string[] | null; limit: number }>(
+  "unknownViews",
+  `${VIEW}
+   WHERE state = 'UNKNOWN' AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+   ORDER BY updated_at, tenant_id, operation_id LIMIT :limit`,
+);
