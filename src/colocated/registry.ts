@@ -11,6 +11,14 @@ import { PolicyStore } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
 
+// The business transaction `ctx.transaction` hands to a handler is this
+// module's: node-postgres's PoolClient (the gateway SDK names no driver).
+declare module "../gateway/types.js" {
+  interface ColocatedDriverTypes {
+    client: pg.PoolClient;
+  }
+}
+
 interface ColocatedRegistryBaseOptions {
   /**
    * A pool on the registry's database, where the service's own tables live

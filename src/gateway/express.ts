@@ -1,5 +1,5 @@
 /**
- * The gateway's Express 5 middleware (`idempotency-coordinator/gateway/express`).
+ * The gateway's Express 5 middleware (`idempotency-gateway/express`).
  * See docs/adopting.md.
  */
 import type { IncomingMessage } from "node:http";

@@ -1,5 +1,5 @@
 /**
- * The gateway's Fastify 5 plugin (`idempotency-coordinator/gateway/fastify`).
+ * The gateway's Fastify 5 plugin (`idempotency-gateway/fastify`).
  * See docs/adopting.md.
  */
 import { Readable } from "node:stream";

@@ -1,13 +1,13 @@
 /**
- * The TypeScript gateway SDK of the idempotency coordinator
- * (`idempotency-coordinator/gateway`): the coordinator client and the
+ * The TypeScript gateway SDK of the idempotency coordinator (the package
+ * `idempotency-gateway`, built by packages/gateway; also served as
+ * `idempotency-coordinator/gateway`): the coordinator client and the
  * framework-agnostic middleware core with its handler context and effect
- * helper. The framework adapters are entries of their own
- * (`…/gateway/node`, `…/gateway/express`, `…/gateway/fastify`), so is the
- * recovery worker (`…/gateway/recovery`) and co-located completion
- * (`idempotency-coordinator/colocated`). The SDK talks to the coordinator
- * over the wire only: no entry of it loads a database driver. See
- * docs/adopting.md.
+ * helper. The framework adapters are entries of their own (`…/node`,
+ * `…/express`, `…/fastify`), so is the recovery worker (`…/recovery`);
+ * co-located completion is the coordinator's (`idempotency-coordinator/colocated`).
+ * The SDK talks to the coordinator over the wire only: no entry of it loads
+ * or names a database driver. See docs/adopting.md.
  */
 export { CoordinatorClient, type BatchingOptions, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
 export {
@@ -24,10 +24,12 @@ export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError } 
 export { toHttpResponse } from "./http.js";
 export type { AttemptResolution, EffectOptions } from "./operation.js";
 export type {
+  BusinessTransaction,
   ClaimInput,
   ClaimMode,
   ClaimResult,
   ColocatedCompletion,
+  ColocatedDriverTypes,
   CompleteInput,
   CompleteResult,
   Decision,
@@ -54,5 +56,6 @@ export type {
   ReserveResult,
   ResolveEffectAttemptInput,
   ResponseSnapshot,
+  SqlQueryable,
   Subject,
 } from "./types.js";

@@ -1,5 +1,5 @@
 /**
- * The gateway's node:http middleware (`idempotency-coordinator/gateway/node`):
+ * The gateway's node:http middleware (`idempotency-gateway/node`):
  * `withIdempotency` around each write route's handler, and `writeResponse`
  * for handlers that describe their response. See docs/adopting.md.
  */

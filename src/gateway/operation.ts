@@ -1,10 +1,9 @@
-import type pg from "pg";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import { isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { LeaseKeeper, type LeaseClock } from "./lease.js";
-import type { ColocatedCompletion, EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+import type { BusinessTransaction, ColocatedCompletion, EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
 
 /** How `effect()` learns what a call's result and failures mean. */
 export interface EffectOptions<T> {
@@ -333,7 +332,7 @@ export abstract class OwnedOperation {
    * effect, otherwise no completion, and the gateway releases) unless
    * `options.outcome` says otherwise. Send the returned response as is.
    */
-  async transaction<R extends HandlerResponse>(work: (tx: pg.PoolClient) => Promise<R>, options: { outcome?: Outcome } = {}): Promise<R> {
+  async transaction<R extends HandlerResponse>(work: (tx: BusinessTransaction) => Promise<R>, options: { outcome?: Outcome } = {}): Promise<R> {
     const colocated = this.colocated;
     if (!colocated) throw new Error("transaction() needs co-located mode: give the gateway (or worker) a `colocated` ColocatedRegistry (idempotency-coordinator/colocated)");
     let completed: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;

