@@ -6,9 +6,14 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import type pg from "pg";
 import { promisify } from "node:util";
+import { run as lintDockerfile } from "dockerfilelint";
+import { Deployment } from "kubernetes-models/apps/v1";
+import { Job } from "kubernetes-models/batch/v1";
+import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
+import { ConfigMap as ConfigMapModel, Secret as SecretModel, Service } from "kubernetes-models/v1";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
-import { parse as parseYaml } from "yaml";
+import { parseAllDocuments, parse as parseYaml } from "yaml";
 import { ENVIRONMENT, loadConfig } from "../../src/config.js";
 import { parsePolicyDocuments } from "../../src/policy/operations.js";
 import { listenAdmin } from "../../src/server/admin-http.js";
@@ -170,6 +175,42 @@ describe("deploy/kubernetes", () => {
     expect(kustomization.resources.sort()).toEqual(["configmap.yaml", "deployment.yaml", "migrate-job.yaml", "pdb.yaml", "secret.yaml", "service.yaml", "snapshot-keys.yaml"]);
     const job = await yaml<Workload>("deploy/kubernetes/migrate-job.yaml");
     expect(job.spec.template.spec.containers[0]!.command).toEqual(["node", "dist/cli/idemctl.js", "migrate"]);
+  });
+});
+
+/** The Kubernetes kinds deploy/kubernetes uses, each with its OpenAPI schema (kubernetes-models, offline). */
+const KUBERNETES_MODELS: Record<string, new (data: never) => { validate(): void }> = {
+  ConfigMap: ConfigMapModel,
+  Deployment,
+  Job,
+  PodDisruptionBudget,
+  Secret: SecretModel,
+  Service,
+};
+
+describe("the deployment files against their schemas and linters", () => {
+  it("every manifest kustomization.yaml lists is valid against its kind's Kubernetes schema", async () => {
+    const kustomization = await yaml<{ resources: string[] }>("deploy/kubernetes/kustomization.yaml");
+    expect(kustomization.resources.length).toBeGreaterThanOrEqual(7);
+    for (const file of kustomization.resources) {
+      for (const document of parseAllDocuments(await text(`deploy/kubernetes/${file}`))) {
+        const manifest = document.toJSON() as { kind: string; metadata: { name: string } };
+        const Model = KUBERNETES_MODELS[manifest.kind];
+        expect(Model, `${file}: no schema for kind ${manifest.kind}: add it to KUBERNETES_MODELS`).toBeDefined();
+        expect(() => new Model!(manifest as never).validate(), `${file}: ${manifest.kind} ${manifest.metadata.name}`).not.toThrow();
+      }
+    }
+  });
+
+  it("the schema check refuses a manifest of the wrong shape", () => {
+    const wrong = { apiVersion: "apps/v1", kind: "Deployment", metadata: { name: "x" }, spec: { replicas: "two", selector: {}, template: { spec: { containers: [] } } } };
+    expect(() => new Deployment(wrong as never).validate()).toThrow(/replicas must be integer/);
+  });
+
+  it("the Dockerfile passes dockerfilelint, which refuses a careless one", async () => {
+    expect(lintDockerfile(root.pathname, await text("deploy/Dockerfile"))).toEqual([]);
+    const careless = lintDockerfile(root.pathname, "FROM node:20\nRUN apt-get update && apt-get install curl\n").map((issue) => issue.title);
+    expect(careless).toContain("Missing parameter for `apt-get`");
   });
 });
 
