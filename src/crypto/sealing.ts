@@ -73,3 +73,8 @@ export function openBody(sealed: Uint8Array, keyId: string, keyring: SnapshotKey
 function associatedData(tenant: string, operationId: string): Buffer {
   return Buffer.from(`idem-snapshot-v1\0${tenant}\0${operationId}`, "utf8");
 }
+
+/** The length of the body a stored one holds, without opening it: a sealed body is its plaintext between a nonce and a tag. */
+export function bodyLength(stored: Uint8Array, keyId: string | null): number {
+  return keyId === null ? stored.length : stored.length - NONCE_BYTES - TAG_BYTES;
+}

@@ -278,7 +278,7 @@ export async function startCoordinator({
         readerReachable: () => ready.readerReachable,
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
-      [consoleRoutes({ db, reads, registry, store: readStore, callers })],
+      [consoleRoutes({ db, reads, registry, store: readStore, callers, decisions: metrics.decisions })],
       config.host,
       config.adminPort,
       logger,

@@ -120,13 +120,15 @@ export function gatewayClient(server: Pick<TestServer, "baseUrl" | "tokens">): {
 }
 
 /**
- * Takes an operation its gateway owns (generation 1, tenant acme) to UNKNOWN
- * the way production does: an effect attempt is registered, the lease ends
- * (in database time), and the server's recoverer finds it.
+ * Takes an operation its gateway owns (generation 1, tenant acme, or globex
+ * by its own gateway) to UNKNOWN the way production does: an effect attempt
+ * is registered, the lease ends (in database time), and the server's
+ * recoverer finds it.
  */
-export async function driveToUnknown(t: TestDatabase, server: TestServer, operationId: string): Promise<void> {
-  const { client, call } = gatewayClient(server);
-  const ref = create(OperationRefSchema, { tenant: "acme", operationId });
+export async function driveToUnknown(t: TestDatabase, server: TestServer, operationId: string, tenant: "acme" | "globex" = "acme"): Promise<void> {
+  const { client } = gatewayClient(server);
+  const call = { headers: { authorization: `Bearer ${tenant === "acme" ? server.tokens.gateway : server.tokens.globex}` } };
+  const ref = create(OperationRefSchema, { tenant, operationId });
   await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
   await expireLease(t.pool, operationId);
   // The recoverer's next pass finds it, within one of the server's intervals: a
