@@ -10,7 +10,7 @@ import { run as lintDockerfile } from "dockerfilelint";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { Job } from "kubernetes-models/batch/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
-import { ConfigMap as ConfigMapModel, Secret as SecretModel, Service } from "kubernetes-models/v1";
+import { ConfigMap as ConfigMapModel, Secret as SecretModel, Service as ServiceModel } from "kubernetes-models/v1";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { parseAllDocuments, parse as parseYaml } from "yaml";
@@ -185,7 +185,7 @@ const KUBERNETES_MODELS: Record<string, new (data: never) => { validate(): void 
   Job,
   PodDisruptionBudget,
   Secret: SecretModel,
-  Service,
+  Service: ServiceModel,
 };
 
 describe("the deployment files against their schemas and linters", () => {
