@@ -11,7 +11,10 @@ Environment:
     IDEM_OPERATION       default "payments.create" (raw fingerprint mode), IDEM_API_REVISION 1
 
 Prints one line per check (``PASS <check>: …`` or ``FAIL <check>: …``) and exits non-zero at
-the first failure. Run it with Debian's interpreter: /usr/bin/python3 test_lifecycle.py
+the first failure, after a first line naming the ``idempotency_client`` it imported. Run it
+with the Python of a virtual environment the package is installed in (clients/README.md), or
+from this folder with Debian's interpreter after clients/generate.sh:
+/usr/bin/python3 test_lifecycle.py (the script's folder holds the package's source).
 """
 
 import json
@@ -19,11 +22,10 @@ import os
 import sys
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpc
 
-import grpc  # noqa: E402
-
-from idempotency_client import CoordinatorClient, CoordinatorError  # noqa: E402
+import idempotency_client
+from idempotency_client import CoordinatorClient, CoordinatorError
 
 
 class CheckFailed(Exception):
@@ -53,6 +55,7 @@ def main() -> int:
     if not target or not gateway_token or not worker_token:
         print("set IDEM_TARGET, IDEM_GATEWAY_TOKEN and IDEM_WORKER_TOKEN", file=sys.stderr)
         return 2
+    print(f"using idempotency_client from {os.path.dirname(idempotency_client.__file__)}", flush=True)
     tenant = os.environ.get("IDEM_TENANT", "acme")
     principal = os.environ.get("IDEM_PRINCIPAL", "py-client")
     operation = os.environ.get("IDEM_OPERATION", "payments.create")

@@ -1,22 +1,33 @@
 import { execFile, execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
-import { delimiter, join, resolve } from "node:path";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { delimiter, join, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { useTestDatabase } from "../support/database.js";
 import { startTestServer, type TestServer } from "../support/server.js";
 
 // The polyglot clients (clients/): Python and Go code generated from proto/ with Debian's
-// protoc and plugins, each running the full life cycle against a real coordinator. CI
-// installs the Debian packages (.ci/run), and there a missing toolchain fails this file. On a
-// developer's machine without them, the file is skipped with a warning naming the packages,
-// so that `npm test` still passes on a fresh laptop.
+// protoc and plugins, each installed the way a user installs it, outside the checkout and
+// offline, then running the full life cycle against a real coordinator: the Python package
+// with pip into a fresh virtual environment, the Go module required by a throwaway module of
+// its own. CI installs the Debian packages (.ci/run), and there a missing toolchain fails this
+// file. On a developer's machine without them, the file is skipped with a warning naming the
+// packages, so that `npm test` still passes on a fresh laptop.
 
 const clients = resolve(fileURLToPath(new URL("../../clients", import.meta.url)));
 const PYTHON = "/usr/bin/python3";
 const DEBIAN_PACKAGES =
-  "protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf golang-go " +
-  "protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-5-dev";
+  "protobuf-compiler libprotobuf-dev protobuf-compiler-grpc python3-grpcio python3-protobuf python3-venv python3-wheel " +
+  "golang-go protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-genproto-dev golang-github-golang-protobuf-1-5-dev";
+/** The modules the Python side needs in Debian's interpreter, and the package of each. */
+const PYTHON_MODULES: Record<string, string> = {
+  grpc: "python3-grpcio",
+  "google.protobuf": "python3-protobuf",
+  ensurepip: "python3-venv",
+  wheel: "python3-wheel",
+};
+const GO_MODULE = "example.com/idempotency/clients/go";
 
 /** What every lifecycle program prints, one `PASS <check>:` line each, in this order. */
 const CHECKS = [
@@ -42,9 +53,9 @@ interface Run {
   stderr: string;
 }
 
-function run(file: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs: number): Promise<Run> {
+function run(file: string, args: string[], env: NodeJS.ProcessEnv, timeoutMs: number, cwd = clients): Promise<Run> {
   return new Promise((done) => {
-    execFile(file, args, { cwd: clients, env, timeout: timeoutMs, maxBuffer: 16 * 1024 * 1024 }, (error, stdout, stderr) => {
+    execFile(file, args, { cwd, env, timeout: timeoutMs, maxBuffer: 16 * 1024 * 1024 }, (error, stdout, stderr) => {
       const code = error ? (typeof error.code === "number" ? error.code : null) : 0;
       done({ code, stdout: String(stdout), stderr: String(stderr) + (error && code === null ? `\n${error.message}` : "") });
     });
@@ -59,12 +70,14 @@ function onPath(command: string): boolean {
 function missingToolchain(): string[] {
   const missing = ["protoc", "grpc_python_plugin", "protoc-gen-go", "protoc-gen-go-grpc", "go"].filter((c) => !onPath(c));
   if (!existsSync(PYTHON)) return [...missing, PYTHON];
-  try {
-    execFileSync(PYTHON, ["-c", "import grpc, google.protobuf"], { stdio: "ignore", timeout: 30_000 });
-  } catch {
-    missing.push(`${PYTHON} modules grpc and google.protobuf`);
-  }
-  return missing;
+  const names = Object.keys(PYTHON_MODULES);
+  const absent = execFileSync(PYTHON, ["-c", "import sys, importlib.util as u; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))", ...names], {
+    encoding: "utf8",
+    timeout: 30_000,
+  })
+    .split(/\s+/)
+    .filter((name) => name !== "");
+  return [...missing, ...absent.map((name) => `${PYTHON} module ${name} (${PYTHON_MODULES[name]})`)];
 }
 
 const missing = missingToolchain();
@@ -84,6 +97,8 @@ function preflight(): void {
 const t = useTestDatabase();
 let server: TestServer;
 let env: NodeJS.ProcessEnv;
+/** Where the "user" works: a folder outside the checkout, removed at the end. */
+let userDir: string;
 
 beforeAll(async () => {
   if (skipHere) return;
@@ -94,6 +109,7 @@ beforeAll(async () => {
     throw new Error(`clients/generate.sh failed (exit ${generated.code}):\n${generated.stdout}\n${generated.stderr}`);
   }
   server = await startTestServer(t);
+  userDir = realpathSync(mkdtempSync(join(tmpdir(), "idem-clients-user-")));
   env = {
     ...process.env,
     IDEM_TARGET: `127.0.0.1:${server.coordinator.rpcPort}`,
@@ -107,7 +123,21 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await server?.stop();
+  if (userDir) rmSync(userDir, { recursive: true, force: true });
 });
+
+/** Runs a step of an installation; it must succeed. */
+async function step(file: string, args: string[], stepEnv: NodeJS.ProcessEnv, cwd: string, timeoutMs = 120_000): Promise<Run> {
+  const result = await run(file, args, stepEnv, timeoutMs, cwd);
+  expect(result.code, `${file} ${args.join(" ")}: exit ${result.code}\n${result.stdout}\n${result.stderr}`).toBe(0);
+  return result;
+}
+
+/** `env` without the machine's pip configuration: pip sees Debian's packages and nothing else. */
+function pipEnv(): NodeJS.ProcessEnv {
+  const clean = Object.fromEntries(Object.entries(env).filter(([name]) => !name.startsWith("PIP_")));
+  return { ...clean, PIP_CONFIG_FILE: "/dev/null", PIP_DISABLE_PIP_VERSION_CHECK: "1" };
+}
 
 function expectAllChecks(result: Run, language: string): void {
   const report = `exit ${result.code}\n--- stdout\n${result.stdout}\n--- stderr\n${result.stderr}`;
@@ -121,14 +151,49 @@ function expectAllChecks(result: Run, language: string): void {
   expect(result.stdout, report).toContain(`${language}: all ${CHECKS.length} checks passed`);
 }
 
-describe.skipIf(skipHere)("polyglot clients generated with Debian's protoc", () => {
-  it("the Python client (grpcio) runs reserve, claim, effect, complete, replay and the refusals", async () => {
-    const result = await run(PYTHON, [join(clients, "python", "test_lifecycle.py")], { ...env, IDEM_PRINCIPAL: "py-client" }, 60_000);
+describe.skipIf(skipHere)("polyglot clients generated with Debian's protoc, installed as a user installs them", () => {
+  it("the Python package installs with pip into a fresh venv, offline, and runs the life cycle from outside the checkout", async () => {
+    const venv = join(userDir, "venv");
+    await step(PYTHON, ["-m", "venv", "--system-site-packages", venv], env, userDir);
+    const pip = await step(join(venv, "bin", "pip"), ["install", "--no-index", "--no-build-isolation", join(clients, "python")], pipEnv(), userDir);
+    expect(pip.stdout).toContain("Successfully installed idempotency-client-0.1.0");
+    // The user's own program, in a folder of its own; -I keeps the script's folder, the
+    // working directory and PYTHONPATH off sys.path, so only the installed package can answer.
+    const app = join(userDir, "py-app");
+    mkdirSync(app);
+    copyFileSync(join(clients, "python", "test_lifecycle.py"), join(app, "lifecycle.py"));
+    const result = await run(join(venv, "bin", "python"), ["-I", "lifecycle.py"], { ...env, IDEM_PRINCIPAL: "py-client" }, 60_000, app);
+    const usedFrom = /^using idempotency_client from (.+)$/m.exec(result.stdout)?.[1] ?? "";
+    expect(usedFrom, result.stdout).toMatch(/[/\\]site-packages[/\\]idempotency_client$/);
+    expect(usedFrom.startsWith(venv + sep), usedFrom).toBe(true);
     expectAllChecks(result, "python");
-  }, 90_000);
+  }, 240_000);
 
-  it("the Go client (grpc-go) runs reserve, claim, effect, complete, replay and the refusals", async () => {
-    const result = await run(join(clients, "build", "bin", "idem-lifecycle"), [], { ...env, IDEM_PRINCIPAL: "go-client" }, 60_000);
+  it("a Go module of the user's requires the client module, builds offline from Debian's sources, and runs the life cycle", async () => {
+    const app = join(userDir, "go-app");
+    mkdirSync(app);
+    writeFileSync(join(app, "go.mod"), `module example.com/shop\n\ngo 1.19\n\nrequire ${GO_MODULE} v0.0.0\n\nreplace ${GO_MODULE} => ${join(clients, "go")}\n`);
+    copyFileSync(join(clients, "go", "cmd", "lifecycle", "main.go"), join(app, "main.go"));
+    await step(join(clients, "go", "debian-vendor.sh"), [app], env, app);
+    // No proxy and an empty module cache: everything comes from vendor/. The build cache is
+    // generate.sh's, so that grpc-go, compiled there with -trimpath, is not compiled again.
+    const goEnv = {
+      ...env,
+      GO111MODULE: "on",
+      GOWORK: "off",
+      GOPROXY: "off",
+      GOFLAGS: "-mod=vendor -trimpath",
+      GOPATH: join(userDir, "gopath"),
+      GOMODCACHE: join(userDir, "gopath", "pkg", "mod"),
+      GOCACHE: join(clients, "build", "go-cache"),
+    };
+    await step("go", ["build", "-o", "lifecycle", "."], goEnv, app, 240_000);
+    const modules = await step("go", ["version", "-m", "lifecycle"], goEnv, app);
+    expect(modules.stdout).toMatch(new RegExp(`\\bmod\\s+example\\.com/shop\\b`));
+    expect(modules.stdout).toContain(`dep\t${GO_MODULE}\tv0.0.0\n\t=>\t${join(clients, "go")}`);
+    expect(modules.stdout).toMatch(/\bdep\s+google\.golang\.org\/grpc\s+v1\.33\.3\b/);
+    expect(existsSync(join(userDir, "gopath", "pkg", "mod", "cache", "download")), "nothing was downloaded").toBe(false);
+    const result = await run(join(app, "lifecycle"), [], { ...env, IDEM_PRINCIPAL: "go-client" }, 60_000, app);
     expectAllChecks(result, "go");
-  }, 90_000);
+  }, 300_000);
 });

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"example.com/idempotency/clients/go/idempotency"
-	pb "example.com/idempotency/gen/idempotency/v1"
+	pb "example.com/idempotency/clients/go/gen/idempotency/v1"
 	"google.golang.org/grpc/codes"
 )
 

@@ -1,8 +1,8 @@
 """A small Python client of the idempotency coordinator (``idempotency.v1.CoordinatorService``).
 
 It wraps the stub that ``clients/generate.sh`` generates from ``proto/`` with Debian's
-``protoc`` and ``grpc_python_plugin`` (into ``clients/build/python``, put on ``sys.path`` by
-this module), sends the caller's bearer token with every call, applies a deadline to every
+``protoc`` and ``grpc_python_plugin`` (into ``idempotency_client/_generated``, installed with
+the package), sends the caller's bearer token with every call, applies a deadline to every
 call, and turns refusals into :class:`CoordinatorError`, whose ``reason`` is read from the
 ``google.rpc.ErrorInfo`` detail (domain ``idempotency.v1``) of the ``grpc-status-details-bin``
 trailer. Needs only ``python3-grpcio`` and ``python3-protobuf``.
@@ -29,27 +29,18 @@ Example::
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-_GENERATED = os.environ.get(
-    "IDEM_PY_GEN",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "build", "python"),
-)
-if os.path.isdir(_GENERATED) and _GENERATED not in sys.path:
-    sys.path.insert(0, os.path.abspath(_GENERATED))
-
-import grpc  # noqa: E402  (python3-grpcio)
-from google.protobuf import duration_pb2  # noqa: E402  (python3-protobuf)
+import grpc  # python3-grpcio
+from google.protobuf import duration_pb2  # python3-protobuf
 
 try:
-    from google.rpc import error_details_pb2, status_pb2  # noqa: E402
-    from idempotency.v1 import coordinator_pb2, coordinator_pb2_grpc, types_pb2  # noqa: E402
+    from ._generated.google.rpc import error_details_pb2, status_pb2
+    from ._generated.idempotency.v1 import coordinator_pb2, coordinator_pb2_grpc, types_pb2
 except ImportError as exc:  # pragma: no cover - a setup problem, reported plainly
     raise ImportError(
-        f"the generated code is missing ({exc}); run clients/generate.sh first "
-        f"(looked in {os.path.abspath(_GENERATED)}, or set IDEM_PY_GEN)"
+        f"the generated code is missing ({exc}): run clients/generate.sh before installing "
+        "or running idempotency_client from the source tree"
     ) from exc
 
 __all__ = [
