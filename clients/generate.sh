@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# Regenerates the Python and Go clients' protobuf code from ../proto into clients/build/,
-# offline, with Debian's packages only. See clients/README.md.
+# Regenerates the Python and Go clients' protobuf code from ../proto into the packages' own
+# (git-ignored) folders, offline, with Debian's packages only. See clients/README.md.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
 Usage: clients/generate.sh [--no-build] [--help]
 
-Regenerates the protobuf and gRPC code of the polyglot clients from proto/ into
-clients/build/ (git-ignored; never commit it). Safe to run again: the generated
-trees are replaced as a whole.
+Regenerates the protobuf and gRPC code of the polyglot clients from proto/ into the
+folders below (git-ignored; never commit them). Run it before installing either client.
+Safe to run again: the generated trees are replaced as a whole.
 
-  clients/build/python/   idempotency/v1/*_pb2.py, *_pb2_grpc.py and google/rpc/*_pb2.py,
-                          for clients/python/idempotency_client.py (put on sys.path by it)
-  clients/build/go/       a GOPATH tree: the generated package
-                          example.com/idempotency/gen/idempotency/v1 and a link to
-                          clients/go as example.com/idempotency/clients/go
+  clients/python/idempotency_client/_generated/
+                          idempotency/v1/*_pb2.py, *_pb2_grpc.py and google/rpc/*_pb2.py,
+                          part of the Python package idempotency_client (pip installs them)
+  clients/go/gen/idempotency/v1/
+                          the Go package example.com/idempotency/clients/go/gen/idempotency/v1
+                          of the module in clients/go
+  clients/go/vendor/      links to Debian's Go sources (go/debian-vendor.sh; unless --no-build)
   clients/build/bin/      idem-lifecycle, the Go lifecycle check (built unless --no-build)
 
 Options:
-  --no-build   generate only; do not compile the Go client and its lifecycle program
+  --no-build   generate only; do not vendor, vet and compile the Go client and its lifecycle
+               program
   -h, --help   print this help
 
 Needs (Debian 12):
@@ -27,6 +30,7 @@ Needs (Debian 12):
     protobuf-compiler-grpc python3-grpcio python3-protobuf golang-go protoc-gen-go \
     protoc-gen-go-grpc golang-google-grpc-dev golang-google-genproto-dev \
     golang-github-golang-protobuf-1-5-dev
+  and, to install the Python package with pip, python3-venv python3-wheel.
 
 Environment:
   GRPC_PYTHON_PLUGIN   the gRPC Python plugin (default: grpc_python_plugin on PATH)

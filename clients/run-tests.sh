@@ -8,8 +8,10 @@ usage() {
 Usage: clients/run-tests.sh [--no-generate] [--help]
 
 Runs clients/generate.sh, then the Python lifecycle check (clients/python/test_lifecycle.py,
-with /usr/bin/python3) and the Go one (clients/build/bin/idem-lifecycle) against a running
-coordinator. Exits non-zero if either fails.
+with /usr/bin/python3, importing idempotency_client from its source folder) and the Go one
+(clients/build/bin/idem-lifecycle, built from the module in clients/go) against a running
+coordinator. Exits non-zero if either fails. test/clients/polyglot.test.ts runs the same
+checks with both clients installed the way a user installs them (clients/README.md).
 
 Environment (required):
   IDEM_TARGET          host:port of the coordinator's RPC port, e.g. 127.0.0.1:7070
@@ -20,7 +22,7 @@ fingerprint the raw body), PYTHON (default /usr/bin/python3: Debian's interprete
 python3-grpcio and python3-protobuf).
 
 Options:
-  --no-generate   use clients/build as it is
+  --no-generate   use the generated code and clients/build/bin as they are
   -h, --help      print this help
 EOF
 }
