@@ -37,7 +37,7 @@ const COUNTED: ReadonlyArray<{ key: string; title: string; kinds: readonly strin
   { key: "conflicts", title: "Payload conflicts", kinds: ["CONFLICT"] },
   { key: "takeovers", title: "Takeovers", kinds: ["TAKEOVER"] },
   { key: "completed", title: "Completed", kinds: ["COMPLETED"] },
-  { key: "becameUnknown", title: "Became UNKNOWN", kinds: ["UNKNOWN"] },
+  { key: "becameUnknown", title: "Went UNKNOWN", kinds: ["UNKNOWN"] },
   { key: "reconciled", title: "Reconciled", kinds: ["RECONCILED"] },
 ];
 

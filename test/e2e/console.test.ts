@@ -1,13 +1,11 @@
 import { existsSync } from "node:fs";
-import { create } from "@bufbuild/protobuf";
-import { chromium, type Browser } from "playwright-core";
+import { mkdir } from "node:fs/promises";
+import { chromium, type Browser, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
-import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
+import { consoleCall, reserveFor } from "../support/console.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { expireLease } from "../support/registry-helpers.js";
-import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { driveToUnknown, startTestServer, type TestServer } from "../support/server.js";
 
 // The operator console in a real browser: Debian's Chromium, driven by
 // playwright-core. CI installs it (.ci/run) and there a missing browser fails
@@ -16,6 +14,9 @@ const CHROMIUM = "/usr/bin/chromium";
 const skipHere = !existsSync(CHROMIUM) && process.env.CI !== "true";
 if (skipHere) process.stderr.write(`skipping the console browser test: ${CHROMIUM} is missing (apt-get install -y chromium)\n`);
 
+/** Where the test leaves a screenshot of each view, for a person to look at (not compared with anything). */
+const SCREENSHOTS = new URL("../../test-results/console/", import.meta.url);
+
 const t = useTestDatabase();
 let server: TestServer;
 let browser: Browser;
@@ -23,6 +24,7 @@ let browser: Browser;
 beforeAll(async () => {
   server = await startTestServer(t, { config: { recovererIntervalMs: 100 } });
   if (skipHere) return;
+  await mkdir(SCREENSHOTS, { recursive: true });
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
@@ -33,74 +35,225 @@ afterAll(async () => {
   await server?.stop();
 });
 
-async function unknownRecord(): Promise<string> {
-  const { client: coordinator, call } = gatewayClient(server);
+/** An acme record gone UNKNOWN after a payload conflict on its key, with the key. */
+async function unknownRecord(): Promise<{ operationId: string; key: string }> {
   const key = newKey();
-  const reserve = (body: string, claim: boolean) =>
-    coordinator.reserve(
-      {
-        subject: { tenant: "acme", principal: "alice" },
-        operation: "payments.create",
-        apiRevision: 1,
-        idempotencyKey: key,
-        claim,
-        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode(body) }) },
-      },
-      call,
-    );
-  const accepted = await reserve('{"amount":1}', true);
-  await reserve('{"amount":2}', false); // a conflict, for the "recent conflicts" table
+  const accepted = await reserveFor(server, "acme", key, '{"amount":1}', true);
+  await reserveFor(server, "acme", key, '{"amount":2}'); // a conflict, for "recent conflicts" and the timeline
   await driveToUnknown(t, server, accepted.operationId);
-  return accepted.operationId;
+  return { operationId: accepted.operationId, key };
 }
 
-describe.skipIf(skipHere)("the operator console", () => {
-  it("refuses a wrong token, then shows the registry and reconciles an UNKNOWN record with a click", async () => {
-    const operationId = await unknownRecord();
-    const page = await browser.newPage();
-    await page.goto(`${server.adminUrl}/console`);
+/** Records per state of acme, as PostgreSQL counts them. */
+async function acmeCount(state: string): Promise<number> {
+  const { rows } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE tenant_id = 'acme' AND state = $1 AND tombstoned_at IS NULL", [state]);
+  return rows[0]!.n;
+}
 
+const shoot = (page: Page, name: string) => page.screenshot({ path: new URL(name, SCREENSHOTS).pathname, fullPage: true });
+
+/**
+ * What a person with a keyboard and a screen reader needs of the view on
+ * screen: a name for every control, landmarks and headings, and text that
+ * stands out from its background (WCAG AA: 4.5:1, 3:1 for large text).
+ * Run in the page, which answers what falls short (a script as text: the
+ * test's own types know nothing of the DOM).
+ */
+const ACCESSIBILITY_FAULTS = `(() => {
+  const faults = [];
+  const shown = (el) => el.offsetParent !== null;
+  for (const el of document.querySelectorAll("input, select, textarea")) {
+    if (shown(el) && el.labels.length === 0 && !el.getAttribute("aria-label")) faults.push("unlabelled " + el.tagName.toLowerCase() + " " + (el.name || el.id));
+  }
+  for (const el of document.querySelectorAll("button, a[href]")) {
+    if (shown(el) && !(el.getAttribute("aria-label") || el.textContent.trim())) faults.push("nameless " + el.tagName.toLowerCase());
+  }
+  for (const landmark of ["header", "nav", "main", "h1", "h2"]) if (!document.querySelector(landmark)) faults.push("no " + landmark);
+  const rgb = (color) => (color.match(/[0-9.]+/g) || []).map(Number);
+  const luminance = ([r, g, b]) => [r, g, b].map((c) => ((c /= 255) <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4)).reduce((sum, c, i) => sum + c * [0.2126, 0.7152, 0.0722][i], 0);
+  const background = (el) => {
+    for (; el; el = el.parentElement) {
+      const [r, g, b, a = 1] = rgb(getComputedStyle(el).backgroundColor);
+      if (a > 0.5) return [r, g, b];
+    }
+    return [255, 255, 255];
+  };
+  for (const el of document.querySelectorAll("body *")) {
+    if (!shown(el) || el.closest("svg") || !["P", "SPAN", "A", "TD", "TH", "LI", "DT", "DD", "H1", "H2", "H3", "LABEL", "BUTTON", "STRONG", "LEGEND", "SMALL", "TIME", "CODE", "DIV"].includes(el.tagName)) continue;
+    if (![...el.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim())) continue;
+    const style = getComputedStyle(el);
+    const [l1, l2] = [luminance(rgb(style.color)), luminance(background(el))].sort((a, b) => b - a);
+    const ratio = (l1 + 0.05) / (l2 + 0.05);
+    const large = parseFloat(style.fontSize) >= 24 || (parseFloat(style.fontSize) >= 18.66 && Number(style.fontWeight) >= 700);
+    if (ratio < (large ? 3 : 4.5)) faults.push("contrast " + ratio.toFixed(2) + " of " + JSON.stringify(el.textContent.trim().slice(0, 30)));
+  }
+  return faults;
+})()`;
+const accessibilityFaults = (page: Page) => page.evaluate<string[]>(ACCESSIBILITY_FAULTS);
+/** A property of the focused element, or of what `expression` names. */
+const inPage = (page: Page, expression: string) => page.evaluate<string | null>(expression);
+
+describe.skipIf(skipHere)("the operator console", () => {
+  it("signs in, searches, shows a record's timeline, reconciles from the UNKNOWN queue, draws charts, and signs out", async () => {
+    const { operationId, key } = await unknownRecord();
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const errors: string[] = [];
+    page.on("pageerror", (error) => errors.push(error.message));
+    // The browser reports each refused call (the wrong tokens below) as an error of its own; those are expected.
+    page.on("console", (message) => message.type() === "error" && !message.text().startsWith("Failed to load resource") && errors.push(message.text()));
+    await page.goto(`${server.adminUrl}/console`);
+    expect(await accessibilityFaults(page)).toEqual([]);
+
+    // Sign-in: a wrong token and a token without the operator role are refused, and forgotten.
     await page.getByTestId("token").fill("not-a-valid-token-at-all");
     await page.getByTestId("sign-in").click();
     await expect.poll(() => page.getByTestId("message").textContent()).toContain("UNAUTHENTICATED");
     await page.getByTestId("token").fill(server.tokens.gateway);
     await page.getByTestId("sign-in").click();
     await expect.poll(() => page.getByTestId("message").textContent()).toContain("PERMISSION_DENIED");
-
+    expect(await inPage(page, "sessionStorage.getItem('idem-token')")).toBeNull();
     await page.getByTestId("token").fill(server.tokens.operator);
     await page.getByTestId("sign-in").click();
+
+    // The overview: counts, charts drawn inline, modes, conflicts, the time of the last update.
+    await page.locator("[data-testid=counts] [data-state=UNKNOWN]").waitFor();
+    expect(await page.locator("[data-testid=counts] [data-state=UNKNOWN] strong").textContent()).toBe(String(await acmeCount("UNKNOWN")));
+    expect(await page.locator("[data-testid=counts] [data-state=RESERVED] strong").textContent()).toBe(String(await acmeCount("RESERVED")));
+    expect(await page.getByTestId("modes").textContent()).toContain("payments.create");
+    expect(await page.getByTestId("conflicts").textContent()).toContain(operationId);
+    expect(await page.getByTestId("oldest").textContent()).toMatch(/^The oldest UNKNOWN record has been UNKNOWN for \d+ s\.$/);
+    await expect.poll(() => page.getByTestId("updated").textContent()).toMatch(/^Last updated \d\d:\d\d:\d\d$/);
+    const charts = await consoleCall<{ buckets: number[] }>(server, server.tokens.operator, "charts?minutes=10");
+    for (const name of ["accepted", "conflicts", "takeovers", "becameUnknown", "unknownOldest", "unknownRecords"]) {
+      const chart = page.getByTestId(`chart-${name}`);
+      const points = (await chart.locator("polyline").getAttribute("points"))!.split(" ");
+      expect(points.length, name).toBeGreaterThanOrEqual(charts.body.buckets.length - 1);
+      expect(await chart.locator("svg").getAttribute("aria-label")).toMatch(/over the last 10 minutes: now .+, highest .+/);
+    }
+    expect(await page.getByTestId("chart-unknownRecords").getByTestId("chart-now").textContent()).toBe(`now ${await acmeCount("UNKNOWN")}`);
+    expect(await page.getByTestId("replica-charts").locator("figure").count(), "acme's operator sees no replica-wide counts").toBe(0);
+    expect(await accessibilityFaults(page)).toEqual([]);
+    // A refresh redraws the counts under a keyboard user's focus, and leaves the focus where it was.
+    await page.getByRole("link", { name: "List the UNKNOWN records" }).focus();
+    await page.evaluate("refresh(false)");
+    expect(await inPage(page, "document.activeElement.getAttribute('href')")).toBe("#/search/state/UNKNOWN");
+    await shoot(page, "1-overview.png");
+
+    // Search, reached by keyboard: Tab to the operation id field, type, Enter.
+    await page.getByRole("link", { name: "Search" }).click();
+    await page.getByRole("heading", { name: "Search", level: 2 }).waitFor();
+    for (let i = 0; i < 30 && (await inPage(page, "document.activeElement && document.activeElement.name")) !== "operationId"; i++) await page.keyboard.press("Tab");
+    expect(await inPage(page, "getComputedStyle(document.activeElement).outlineStyle"), "a visible focus").not.toBe("none");
+    await page.keyboard.type(operationId);
+    await page.keyboard.press("Enter");
+    const found = page.locator("[data-testid=results] tbody tr");
+    await expect.poll(() => found.count()).toBe(1);
+    expect(await found.textContent()).toContain(operationId);
+    expect(await page.getByTestId("results-about").textContent()).toBe(`Records with operation id ${operationId}.`);
+    // By scope: the key is hashed by the registry.
+    const scope = page.getByTestId("search-scope");
+    await scope.getByLabel("Tenant").fill("acme");
+    await scope.getByLabel("Principal").fill("alice");
+    await scope.getByLabel(/^Operation/).fill("payments.create@1");
+    await scope.getByLabel("Idempotency key").fill(key);
+    await scope.getByRole("button", { name: "Find" }).click();
+    await expect.poll(() => page.getByTestId("results-about").textContent()).toContain(`key ${key}`);
+    expect(await found.count()).toBe(1);
+    expect(await found.locator("a").textContent()).toBe(operationId);
+    await scope.getByLabel("Idempotency key").fill(newKey());
+    await scope.getByRole("button", { name: "Find" }).click();
+    await expect.poll(() => page.getByTestId("results-empty").isVisible()).toBe(true);
+    expect(await page.getByTestId("results-empty").textContent()).toMatch(/^No record has this scope/);
+    await scope.getByLabel("Idempotency key").fill(key);
+    await scope.getByRole("button", { name: "Find" }).click();
+    await expect.poll(() => found.count()).toBe(1);
+    expect(await accessibilityFaults(page)).toEqual([]);
+    await shoot(page, "2-search.png");
+
+    // The record's page: its facts, attempts and timeline, as the event log holds them.
+    await found.locator("a").click();
+    await expect.poll(() => page.getByTestId("record-title").textContent()).toContain(operationId);
+    expect(page.url()).toContain(`#/records/acme/${operationId}`);
+    const logged = async () =>
+      (await t.pool.query<{ kind: string }>("SELECT kind FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [operationId])).rows.map((r) => r.kind);
+    const timeline = async () => Promise.all((await page.locator("[data-testid=timeline] li").all()).map((li) => li.getAttribute("data-kind")));
+    await expect.poll(timeline).toEqual(await logged());
+    expect(await timeline()).toEqual(["ACCEPTED", "CONFLICT", "EFFECT_RECORDED", "UNKNOWN"]);
+    const { rows } = await t.pool.query<{ key: string }>("SELECT downstream_key AS key FROM idem_effect_attempt WHERE operation_id = $1", [operationId]);
+    expect(await page.getByTestId("attempts").textContent()).toContain(rows[0]!.key);
+    expect(await page.getByTestId("record-facts").textContent()).toContain("Principalalice");
+    expect(await page.getByTestId("snapshot-empty").isVisible()).toBe(true);
+    expect(await page.locator("#record-reconcile form").count(), "an UNKNOWN record's page offers to reconcile it").toBe(1);
+    expect(await accessibilityFaults(page)).toEqual([]);
+    await shoot(page, "3-record.png");
+
+    // The UNKNOWN queue: open the form on the record's row, fill it in, reconcile.
+    await page.getByRole("link", { name: /^UNKNOWN queue/ }).click();
     const row = page.locator(`[data-testid=unknown] tr[data-operation-id="${operationId}"]`);
     await row.waitFor();
     expect(await row.textContent()).toContain("card.charge #1 PENDING key");
-    expect(await page.locator("[data-testid=counts] [data-state=UNKNOWN]").textContent()).toBe("UNKNOWN: 1");
-    expect(await page.getByTestId("modes").textContent()).toContain("payments.create");
-    expect(await page.getByTestId("conflicts").textContent()).toContain(operationId);
-
     await row.getByTestId("open-reconcile").click();
-    const form = row.getByTestId("reconcile-form");
-    await form.locator("select[name=outcome]").selectOption("SUCCEEDED");
-    await form.locator("input[name=statusCode]").fill("201");
-    await form.locator("textarea[name=body]").fill('{"id":"p_1"}');
-    await form.locator("input[name=evidence]").fill("charge ch_1 found in the provider dashboard");
-    await form.locator("input[name=operator]").fill("dana");
-    await form.locator("button[type=submit]").click();
+    const form = page.locator(`tr[data-form-for="${operationId}"]`).getByTestId("reconcile-form");
+    await form.getByLabel("Outcome").selectOption("SUCCEEDED");
+    await form.getByLabel("HTTP status to replay").fill("201");
+    await form.getByLabel("Response body to replay").fill('{"id":"p_1"}');
+    await form.getByLabel(/^Evidence/).fill("charge ch_1 found in the provider dashboard");
+    await form.getByLabel("Your name").fill("dana");
+    expect(await accessibilityFaults(page)).toEqual([]);
+    await shoot(page, "4-unknown-queue.png");
+    await form.getByRole("button", { name: "Reconcile" }).click();
 
     await expect.poll(() => page.getByTestId("message").textContent()).toContain(`Reconciled ${operationId}: SUCCEEDED at generation 2`);
     await expect.poll(() => row.count()).toBe(0);
-    const { rows } = await t.pool.query("SELECT r.state, e.detail FROM idem_record r JOIN idem_event e USING (operation_id) WHERE operation_id = $1 AND e.kind = 'RECONCILED'", [
+    expect(await acmeCount("UNKNOWN")).toBe(0);
+    expect(await page.getByTestId("unknown-empty").isVisible()).toBe(true);
+    expect(await page.getByTestId("unknown-empty").textContent()).toBe("No record is UNKNOWN: nothing to reconcile.");
+    const reconciled = await t.pool.query("SELECT r.state, e.detail FROM idem_record r JOIN idem_event e USING (operation_id) WHERE operation_id = $1 AND e.kind = 'RECONCILED'", [
       operationId,
     ]);
-    expect(rows).toEqual([{ state: "SUCCEEDED", detail: { outcome: "SUCCEEDED", evidence: "charge ch_1 found in the provider dashboard", operator: "dana" } }]);
+    expect(reconciled.rows).toEqual([{ state: "SUCCEEDED", detail: { outcome: "SUCCEEDED", evidence: "charge ch_1 found in the provider dashboard", operator: "dana" } }]);
+    await shoot(page, "5-reconciled.png");
+
+    // The record's page again: the reconciliation on its timeline, its response's metadata and no body.
+    await page.goto(`${server.adminUrl}/console#/records/acme/${operationId}`);
+    await expect.poll(timeline).toEqual(await logged());
+    expect((await timeline()).at(-1)).toBe("RECONCILED");
+    expect(await page.getByTestId("snapshot").textContent()).toContain("Status code201");
+    expect(await page.getByTestId("snapshot").textContent()).toContain("Body size12 bytes");
+    expect(await page.locator("body").textContent()).not.toContain('{"id":"p_1"}');
+    expect(await page.locator("#record-reconcile form").count()).toBe(0);
+
+    // Auto-refresh: on by default; the time of the last update moves on at the interval chosen.
+    expect(await page.getByTestId("auto-refresh").isChecked()).toBe(true);
+    await page.getByTestId("interval").selectOption("5");
+    const stamped = await page.getByTestId("updated").textContent();
+    await expect.poll(() => page.getByTestId("updated").textContent(), { timeout: 12_000 }).not.toBe(stamped);
+    await page.getByTestId("auto-refresh").uncheck();
+    await expect.poll(() => page.getByTestId("message").textContent()).toBe("Auto-refresh off.");
+
+    // Sign-out: the token is forgotten, nothing of the registry stays on the page.
+    await page.getByTestId("sign-out").click();
+    await page.getByTestId("login").waitFor();
+    expect(await inPage(page, "sessionStorage.getItem('idem-token')")).toBeNull();
+    expect(await page.getByTestId("message").textContent()).toBe("Signed out: the token is forgotten.");
+    expect(await page.locator("body").textContent()).not.toContain(operationId);
+    expect(await inPage(page, "document.activeElement.id")).toBe("token");
+    await shoot(page, "6-signed-out.png");
+    expect(errors).toEqual([]);
     await page.close();
-  }, 60_000);
+  }, 90_000);
 });
 
 // The console's API as the page calls it, without a browser: what each operator is shown.
 describe("the operator console's overview", () => {
   const overview = async (token: string) => {
-    const response = await fetch(`${server.adminUrl}/console/api/overview`, { headers: { authorization: `Bearer ${token}` } });
-    expect(response.status).toBe(200);
-    return (await response.json()) as { records: Record<string, number>; oldestUnknownSeconds: number; conflicts: Array<{ tenant: string; operationId: string }> };
+    const { status, body } = await consoleCall<{ records: Record<string, number>; oldestUnknownSeconds: number; conflicts: Array<{ tenant: string; operationId: string }> }>(
+      server,
+      token,
+      "overview",
+    );
+    expect(status).toBe(200);
+    return body;
   };
   /** Records by state, as PostgreSQL counts them for `tenants` (all when undefined). */
   const counted = async (tenants?: string[]) => {
@@ -110,35 +263,15 @@ describe("the operator console's overview", () => {
     );
     return { records: Object.fromEntries(["RESERVED", "EXECUTING", "SUCCEEDED", "FAILED_FINAL", "REJECTED", "UNKNOWN"].map((s) => [s, rows.find((r) => r.state === s)?.n ?? 0])) };
   };
-  const globex = (key: string, body: string, claim = false) =>
-    gatewayClient(server).client.reserve(
-      {
-        subject: { tenant: "globex", principal: "gus" },
-        operation: "payments.create",
-        apiRevision: 1,
-        idempotencyKey: key,
-        claim,
-        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode(body) }) },
-      },
-      { headers: { authorization: `Bearer ${server.tokens.globex}` } },
-    );
 
   it("shows an operator only its tenants' counts, oldest UNKNOWN and conflicts", async () => {
-    const acmeConflict = await unknownRecord();
+    const { operationId: acmeConflict } = await unknownRecord();
     // Another tenant: an UNKNOWN record an hour old, and more conflicts than the table shows, all newer than acme's.
     const key = newKey();
-    const stuck = await globex(key, '{"amount":1}', true);
-    const ref = create(OperationRefSchema, { tenant: "globex", operationId: stuck.operationId });
-    await gatewayClient(server).client.recordEffectAttempt(
-      { ref, generation: 1n, effect: "card.charge", provider: "cards" },
-      { headers: { authorization: `Bearer ${server.tokens.globex}` } },
-    );
-    await expireLease(t.pool, stuck.operationId);
-    await expect
-      .poll(async () => (await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [stuck.operationId])).rows[0]?.state)
-      .toBe("UNKNOWN");
+    const stuck = await reserveFor(server, "globex", key, '{"amount":1}', true);
+    await driveToUnknown(t, server, stuck.operationId, "globex");
     await t.pool.query("UPDATE idem_record SET updated_at = now() - interval '1 hour' WHERE operation_id = $1", [stuck.operationId]);
-    for (let i = 0; i < 25; i++) await globex(key, `{"amount":${i + 2}}`);
+    for (let i = 0; i < 25; i++) await reserveFor(server, "globex", key, `{"amount":${i + 2}}`);
 
     const acme = await overview(server.tokens.operator);
     expect(acme.records).toEqual((await counted(["acme"])).records);
