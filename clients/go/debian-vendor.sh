@@ -23,6 +23,9 @@ It replaces MODULE_DIR/vendor/ as a whole (run it again after editing go.mod) wi
       go mod edit -require=example.com/idempotency/clients/go@v0.0.0 \
         -replace=example.com/idempotency/clients/go=/path/to/clients/go
   - vendor/modules.txt, which the go command checks against go.mod.
+It adds the modules it links from Debian to MODULE_DIR's go.mod requirements where they are
+missing (Go 1.17 and later want every module that provides a package listed there), and
+stops before writing anything when go.mod asks for what it cannot provide.
 
 Run clients/generate.sh --no-build first: the client's generated package
 (clients/go/gen/idempotency/v1) is not committed.
@@ -82,31 +85,17 @@ while read -r kind path rest; do
   fi
 done < <(directives "$target/go.mod")
 
-rm -rf "$target/vendor"
-mkdir -p "$target/vendor"
-modules_txt="$target/vendor/modules.txt"
-# vendor/$1 -> $2, and its entry in modules.txt as `go mod vendor` writes it: "# PATH VERSION
-# [=> REPLACEMENT]", then "## explicit; go VERSION" (explicit when go.mod requires it; the go
-# version of the module's go.mod, which its packages are compiled with), then every package in
-# the folder (so that each package is known to belong to the module).
-vendor_module() { # $1: module path, $2: its folder, $3: version, $4: "=> replacement" or ""
-  mkdir -p "$(dirname "$target/vendor/$1")"
-  ln -s "$2" "$target/vendor/$1"
-  echo "# $1 $3${4:+ $4}" >>"$modules_txt"
-  local notes="" go_version
-  if [ -n "${wanted[$1]:-}" ]; then
-    [ "${wanted[$1]}" = "$3" ] || fail "$target/go.mod requires $1 ${wanted[$1]}, but Debian ships $3: require $3"
-    notes="explicit"
-    unset "wanted[$1]"
-  fi
-  go_version="$(awk '$1 == "go" { print $2 }' "$2/go.mod" 2>/dev/null || true)"
-  [ -z "$go_version" ] || notes="${notes:+$notes; }go $go_version"
-  [ -z "$notes" ] || echo "## $notes" >>"$modules_txt"
-  (cd "$2" && find . -mindepth 1 -type d \( -name testdata -o -name vendor -o -name '[._]*' \) -prune \
-    -o -type f -name '*.go' ! -name '*_test.go' -printf '%h\n') |
-    sort -u | sed -e "s#^\.\$#$1#" -e "s#^\./#$1/#" >>"$modules_txt"
-}
+# Debian's modules: what the client's go.mod requires, "PATH VERSION" each.
+mapfile -t debian < <(directives "$here/go.mod" | awk '$1 == "require" { print $2, $3 }')
 
+# Every check before anything is written.
+for module in "${debian[@]}"; do
+  read -r path version <<<"$module"
+  [ -d "$gocode/$path" ] ||
+    fail "$gocode/$path is missing: apt-get install -y --no-install-recommends $(debian_package "$path")"
+  [ -z "${wanted[$path]:-}" ] || [ "${wanted[$path]}" = "$version" ] ||
+    fail "$target/go.mod requires $path ${wanted[$path]}, but Debian ships $version: require $version"
+done
 if [ "$target" != "$here" ]; then
   [ -n "${wanted[$client]:-}" ] && [ -n "$replaced_new" ] ||
     fail "$target/go.mod must require $client and replace it with $here:
@@ -115,27 +104,43 @@ if [ "$target" != "$here" ]; then
     fail "$target/go.mod replaces $client with $replaced_new, which is not a folder"
   [ "$replacement" -ef "$here" ] || fail "$target/go.mod replaces $client with $replaced_new, not with $here"
   [ -d "$here/gen/idempotency/v1" ] || fail "$here/gen is missing: run clients/generate.sh --no-build first"
-  vendor_module "$client" "$here" "${wanted[$client]}" "=> $replaced_new"
 fi
+unprovided=()
+for path in "${!wanted[@]}"; do
+  [ "$path" = "$client" ] || printf '%s\n' "${debian[@]%% *}" | grep -qxF "$path" || unprovided+=("$path")
+done
+[ "${#unprovided[@]}" -eq 0 ] ||
+  fail "$target/go.mod requires what Debian's packages and the client do not provide: ${unprovided[*]}"
 
-while read -r kind path version _; do
-  [ "$kind" = require ] || continue
-  [ -d "$gocode/$path" ] ||
-    fail "$gocode/$path is missing: apt-get install -y --no-install-recommends $(debian_package "$path")"
+rm -rf "$target/vendor"
+mkdir -p "$target/vendor"
+modules_txt="$target/vendor/modules.txt"
+# vendor/$1 -> $2, and its entry in modules.txt as `go mod vendor` writes it: "# PATH VERSION
+# [=> REPLACEMENT]", then "## explicit; go VERSION" (explicit: go.mod requires it; the go version
+# of the module's go.mod, which its packages are compiled with), then every package in the
+# folder (so that each package is known to belong to the module).
+vendor_module() { # $1: module path, $2: its folder, $3: version, $4: "=> replacement" or ""
+  mkdir -p "$(dirname "$target/vendor/$1")"
+  ln -s "$2" "$target/vendor/$1"
+  echo "# $1 $3${4:+ $4}" >>"$modules_txt"
+  local go_version
+  go_version="$(awk '$1 == "go" { print $2 }' "$2/go.mod" 2>/dev/null || true)"
+  echo "## explicit${go_version:+; go $go_version}" >>"$modules_txt"
+  (cd "$2" && find . -mindepth 1 -type d \( -name testdata -o -name vendor -o -name '[._]*' \) -prune \
+    -o -type f -name '*.go' ! -name '*_test.go' -printf '%h\n') |
+    sort -u | sed -e "s#^\.\$#$1#" -e "s#^\./#$1/#" >>"$modules_txt"
+}
+
+[ "$target" = "$here" ] || vendor_module "$client" "$here" "${wanted[$client]}" "=> $replaced_new"
+for module in "${debian[@]}"; do
+  read -r path version <<<"$module"
   if [ -z "${wanted[$path]:-}" ]; then
     # Go 1.17 and later want every module that provides a package required in go.mod.
     go mod edit -require="$path@$version" "$target/go.mod"
     echo "added to $target/go.mod: require $path $version"
-    wanted[$path]=$version
   fi
   vendor_module "$path" "$gocode/$path" "$version" ""
-done < <(directives "$here/go.mod")
-
+done
 # A replace without a version on its left is recorded once more, on its own.
-if [ "$replaced_any" = 1 ]; then
-  echo "# $client => $replaced_new" >>"$modules_txt"
-fi
-if [ "${#wanted[@]}" -gt 0 ]; then
-  fail "$target/go.mod requires what Debian's packages and the client do not provide: ${!wanted[*]}"
-fi
+[ "$replaced_any" = 0 ] || echo "# $client => $replaced_new" >>"$modules_txt"
 echo "vendored $target/vendor: $(grep -c '^# [^ ]* v' "$modules_txt") modules"

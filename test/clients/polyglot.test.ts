@@ -189,11 +189,19 @@ describe.skipIf(skipHere)("polyglot clients generated with Debian's protoc, inst
     };
     await step("go", ["build", "-o", "lifecycle", "."], goEnv, app, 240_000);
     const modules = await step("go", ["version", "-m", "lifecycle"], goEnv, app);
-    expect(modules.stdout).toMatch(new RegExp(`\\bmod\\s+example\\.com/shop\\b`));
+    expect(modules.stdout).toMatch(/\bmod\s+example\.com\/shop\b/);
     expect(modules.stdout).toContain(`dep\t${GO_MODULE}\tv0.0.0\n\t=>\t${join(clients, "go")}`);
     expect(modules.stdout).toMatch(/\bdep\s+google\.golang\.org\/grpc\s+v1\.33\.3\b/);
     expect(existsSync(join(userDir, "gopath", "pkg", "mod", "cache", "download")), "nothing was downloaded").toBe(false);
     const result = await run(join(app, "lifecycle"), [], { ...env, IDEM_PRINCIPAL: "go-client" }, 60_000, app);
     expectAllChecks(result, "go");
   }, 300_000);
+
+  it("clients/run-tests.sh runs both checks from the checkout (the Python package from its folder, the Go binary generate.sh built)", async () => {
+    const result = await run(join(clients, "run-tests.sh"), ["--no-generate"], env, 120_000);
+    const [python = "", go = ""] = result.stdout.split(/^== Go client$/m);
+    expect(python, result.stdout).toContain(`using idempotency_client from ${join(clients, "python", "idempotency_client")}\n`);
+    expectAllChecks({ ...result, stdout: python }, "python");
+    expectAllChecks({ ...result, stdout: go }, "go");
+  }, 150_000);
 });
