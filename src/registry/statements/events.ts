@@ -1,4 +1,5 @@
 import { statement } from "../statement.js";
+import { IN_SCOPE, type ScopeValues } from "./parts.js";
 import type { IdRef } from "./records.js";
 
 /** The event log (idem_event): appended by the statements that change records, read by operators. */
@@ -39,11 +40,11 @@ export const eventsAfter = statement<{ afterTxid: string | null; afterEventId: s
 );
 
 /** The newest events of some kinds within tenants and operations (null: all), newest first; the scope applies before the limit. */
-export const recentEvents = statement<{ kinds: readonly string[]; tenants: readonly string[] | null; operations: readonly string[] | null; limit: number }>(
+export const recentEvents = statement<ScopeValues & { kinds: readonly string[]; limit: number }>(
   "recentEvents",
   `SELECT ${EVENT_COLUMNS}
      FROM idem_event
-    WHERE kind = ANY(:kinds) AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+    WHERE kind = ANY(:kinds) AND ${IN_SCOPE}
     ORDER BY at DESC, event_id DESC LIMIT :limit`,
 );
 
@@ -63,15 +64,12 @@ const FIRST_BUCKET = `floor((extract(epoch FROM now()) - :windowSeconds::int) / 
 const LAST_BUCKET = `floor(extract(epoch FROM now()) / :stepSeconds::int)`;
 
 /** Events of some kinds per bucket of the console's charts, within tenants and operations (null: all). */
-export const eventCounts = statement<
-  { kinds: readonly string[]; tenants: readonly string[] | null; operations: readonly string[] | null; windowSeconds: number; stepSeconds: number },
-  { bucket: number; kind: string; n: number }
->(
+export const eventCounts = statement<ScopeValues & { kinds: readonly string[]; windowSeconds: number; stepSeconds: number }, { bucket: number; kind: string; n: number }>(
   "eventCounts",
   `SELECT (floor(extract(epoch FROM at) / :stepSeconds::int) * :stepSeconds::int)::float8 AS bucket, kind, count(*)::int AS n
      FROM idem_event
     WHERE at >= to_timestamp((${FIRST_BUCKET} * :stepSeconds::int)::float8) AND kind = ANY(:kinds)
-      AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+      AND ${IN_SCOPE}
     GROUP BY 1, 2`,
 );
 
@@ -86,10 +84,7 @@ export const eventCounts = statement<
  * reconciliation (RECONCILED) takes a record out of UNKNOWN, so those and
  * the UNKNOWN ones are the only events read, one pass over the log.
  */
-export const unknownSpells = statement<
-  { tenants: readonly string[] | null; operations: readonly string[] | null; windowSeconds: number; stepSeconds: number },
-  { bucket: number; now: number; unknown: number; oldest: number }
->(
+export const unknownSpells = statement<ScopeValues & { windowSeconds: number; stepSeconds: number }, { bucket: number; now: number; unknown: number; oldest: number }>(
   "unknownSpells",
   `WITH grid AS (
      SELECT (b * :stepSeconds::int)::float8 AS bucket, least(to_timestamp(((b + 1) * :stepSeconds::int)::float8), now()) AS sampled
@@ -99,7 +94,7 @@ export const unknownSpells = statement<
             lag(state = 'UNKNOWN') OVER (PARTITION BY tenant_id, operation_id ORDER BY event_id) AS was_unknown
        FROM idem_event
       WHERE (state = 'UNKNOWN' OR kind IN ('RECOVERY_CLAIMED', 'RECONCILED'))
-        AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+        AND ${IN_SCOPE}
    ), spells AS (
      SELECT at AS since, lead(at) OVER (PARTITION BY tenant_id, operation_id ORDER BY event_id) AS until, unknown
        FROM marks WHERE unknown IS DISTINCT FROM was_unknown

@@ -1,7 +1,7 @@
 /**
  * Pieces of text shared by the registry's statements. Each statement is
- * still whole where it is defined; these only keep a column list or the event
- * log's insert written once.
+ * still whole where it is defined; these only keep a column list, a listing's
+ * scope or the event log's insert written once.
  */
 
 /** The columns of idem_record every read of a record selects, in toRecord's terms. */
@@ -13,6 +13,15 @@ export const RECORD_COLUMNS = `tenant_id, scope, operation_id, principal, operat
 /** The columns of idem_effect_attempt every read of an attempt selects, in toAttempt's terms. */
 export const ATTEMPT_COLUMNS = `attempt_number, effect, provider, downstream_key, status, provider_handle, generation,
   created_at, resolved_at, registration_id`;
+
+/** The values of a listing's scope: tenants and operations (null: all). */
+export interface ScopeValues {
+  tenants: readonly string[] | null;
+  operations: readonly string[] | null;
+}
+
+/** A listing's scope as conditions on a table with tenant_id and operation (named parameters :tenants and :operations). */
+export const IN_SCOPE = `(:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))`;
 
 /** `now()` plus the milliseconds of a named parameter (`:leaseMs`): leases and retention are in database time. */
 export const nowPlusMs = (parameter: string) => `now() + make_interval(secs => ${parameter}::double precision / 1000)`;

@@ -1,5 +1,5 @@
 import { statement } from "../statement.js";
-import { RECORD_COLUMNS } from "./parts.js";
+import { IN_SCOPE, RECORD_COLUMNS, type ScopeValues } from "./parts.js";
 import type { IdRef, ScopeRef } from "./records.js";
 
 /**
@@ -31,59 +31,56 @@ export const viewByScope = statement<ScopeRef>("viewByScope", `${VIEW} WHERE ten
  * lease: its client's retry takes it over). `tenants` and `operations`
  * narrow the search (null: all).
  */
-export const recoverableViews = statement<{
-  tenants: readonly string[] | null;
-  operations: readonly string[] | null;
-  afterLeaseEnd: string | null;
-  afterTenant: string | null;
-  afterOperationId: string | null;
-  pageSize: number;
-}>(
+export const recoverableViews = statement<
+  ScopeValues & {
+    afterLeaseEnd: string | null;
+    afterTenant: string | null;
+    afterOperationId: string | null;
+    pageSize: number;
+  }
+>(
   "recoverableViews",
   `${VIEW}
    WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') AND lease_expires_at <= now()
-     AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants))
-     AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     AND ${IN_SCOPE}
      AND (:afterLeaseEnd::timestamptz IS NULL OR (lease_expires_at, tenant_id, operation_id) > (:afterLeaseEnd, :afterTenant, :afterOperationId::uuid))
    ORDER BY lease_expires_at, tenant_id, operation_id LIMIT :pageSize`,
 );
 
 /** An operator's listing: by state, tenant, operation and age (null: any), oldest first. */
-export const listedViews = statement<{
-  states: readonly string[] | null;
-  tenants: readonly string[] | null;
-  operations: readonly string[] | null;
-  olderThanMs: number | null;
-  afterCreatedAt: string | null;
-  afterTenant: string | null;
-  afterOperationId: string | null;
-  pageSize: number;
-}>(
+export const listedViews = statement<
+  ScopeValues & {
+    states: readonly string[] | null;
+    olderThanMs: number | null;
+    afterCreatedAt: string | null;
+    afterTenant: string | null;
+    afterOperationId: string | null;
+    pageSize: number;
+  }
+>(
   "listedViews",
   `${VIEW}
    WHERE (:states::text[] IS NULL OR state = ANY(:states))
-     AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants))
-     AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     AND ${IN_SCOPE}
      AND (:olderThanMs::bigint IS NULL OR created_at <= now() - make_interval(secs => :olderThanMs::double precision / 1000))
      AND (:afterCreatedAt::timestamptz IS NULL OR (created_at, tenant_id, operation_id) > (:afterCreatedAt, :afterTenant, :afterOperationId::uuid))
    ORDER BY created_at, tenant_id, operation_id LIMIT :pageSize`,
 );
 
 /** The console's listing by state: newest first, resumed before a record (null: from the newest). */
-export const newestViews = statement<{
-  states: readonly string[] | null;
-  tenants: readonly string[] | null;
-  operations: readonly string[] | null;
-  beforeCreatedAt: string | null;
-  beforeTenant: string | null;
-  beforeOperationId: string | null;
-  pageSize: number;
-}>(
+export const newestViews = statement<
+  ScopeValues & {
+    states: readonly string[] | null;
+    beforeCreatedAt: string | null;
+    beforeTenant: string | null;
+    beforeOperationId: string | null;
+    pageSize: number;
+  }
+>(
   "newestViews",
   `${VIEW}
    WHERE (:states::text[] IS NULL OR state = ANY(:states))
-     AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants))
-     AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     AND ${IN_SCOPE}
      AND (:beforeCreatedAt::timestamptz IS NULL OR (created_at, tenant_id, operation_id) < (:beforeCreatedAt, :beforeTenant, :beforeOperationId::uuid))
    ORDER BY created_at DESC, tenant_id DESC, operation_id DESC LIMIT :pageSize`,
 );
@@ -99,9 +96,9 @@ export const viewsByOperationId = statement<{ operationId: string; tenants: read
  * record but what settles it, so its updated_at is when it became UNKNOWN
  * (as census counts its age).
  */
-export const unknownViews = statement<{ tenants: readonly string[] | null; operations: readonly string[] | null; limit: number }>(
+export const unknownViews = statement<ScopeValues & { limit: number }>(
   "unknownViews",
   `${VIEW}
-   WHERE state = 'UNKNOWN' AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+   WHERE state = 'UNKNOWN' AND ${IN_SCOPE}
    ORDER BY updated_at, tenant_id, operation_id LIMIT :limit`,
 );
