@@ -47,17 +47,11 @@ export const recoverableViews = statement<
    ORDER BY lease_expires_at, tenant_id, operation_id LIMIT :pageSize`,
 );
 
+/** A listing by state (null: any) within a scope, a page at a time. */
+type ByState = ScopeValues & { states: readonly string[] | null; pageSize: number };
+
 /** An operator's listing: by state, tenant, operation and age (null: any), oldest first. */
-export const listedViews = statement<
-  ScopeValues & {
-    states: readonly string[] | null;
-    olderThanMs: number | null;
-    afterCreatedAt: string | null;
-    afterTenant: string | null;
-    afterOperationId: string | null;
-    pageSize: number;
-  }
->(
+export const listedViews = statement<ByState & { olderThanMs: number | null; afterCreatedAt: string | null; afterTenant: string | null; afterOperationId: string | null }>(
   "listedViews",
   `${VIEW}
    WHERE (:states::text[] IS NULL OR state = ANY(:states))
@@ -68,15 +62,7 @@ export const listedViews = statement<
 );
 
 /** The console's listing by state: newest first, resumed before a record (null: from the newest). */
-export const newestViews = statement<
-  ScopeValues & {
-    states: readonly string[] | null;
-    beforeCreatedAt: string | null;
-    beforeTenant: string | null;
-    beforeOperationId: string | null;
-    pageSize: number;
-  }
->(
+export const newestViews = statement<ByState & { beforeCreatedAt: string | null; beforeTenant: string | null; beforeOperationId: string | null }>(
   "newestViews",
   `${VIEW}
    WHERE (:states::text[] IS NULL OR state = ANY(:states))
