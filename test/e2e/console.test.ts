@@ -138,6 +138,11 @@ describe.skipIf(skipHere)("the operator console", () => {
     await page.evaluate("refresh(false)");
     expect(await inPage(page, "document.activeElement.getAttribute('href')")).toBe("#/search/state/UNKNOWN");
     await shoot(page, "1-overview.png");
+    // Enter on a count lists the records of its state, newest first.
+    await page.keyboard.press("Enter");
+    await expect.poll(() => page.getByTestId("results-about").textContent()).toBe("Records in state UNKNOWN, newest first.");
+    expect(await page.locator("[data-testid=results] tbody tr").count()).toBe(await acmeCount("UNKNOWN"));
+    expect(await page.getByTestId("results").textContent()).toContain(operationId);
 
     // Search, reached by keyboard: Tab to the operation id field, type, Enter.
     await page.getByRole("link", { name: "Search" }).click();
