@@ -37,6 +37,8 @@ export interface Member {
   restart(env?: Record<string, string>): Promise<void>;
   /** Whether the process is running. */
   alive(): boolean;
+  /** Its process id while it runs. */
+  pid(): number | undefined;
   /** Everything it printed. */
   output(): string;
   /** A coordinator's admin address (/metrics, /readyz). */
@@ -161,6 +163,7 @@ async function member(args: string[], env: Record<string, string>, url: string, 
   return {
     url,
     alive: () => child !== undefined && child.exitCode === null && child.signalCode === null,
+    pid: () => (child && child.exitCode === null && child.signalCode === null ? child.pid : undefined),
     output: () => output,
     async kill(signal = "SIGKILL") {
       const running = child;

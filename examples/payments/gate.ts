@@ -91,7 +91,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     loadAverageAtStart: loadavg().map((n) => Number(n.toFixed(2))),
     code: codeVersion(),
   };
-  const plan = planChaos(options.serviceKills, options.coordinatorKills, options.registryFaults);
+  const plan = planChaos(options.serviceKills, options.coordinatorKills, options.registryFaults, options.killSpan);
   log(
     `launch gate: ${options.requests.toLocaleString("en-US")} requests, ${options.concurrency} in flight, ` +
       `${options.replicas} coordinator replica(s), ${options.serviceKills} service and ${options.coordinatorKills} coordinator kill(s), seed ${options.seed}; ` +
@@ -136,6 +136,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       coordinatorEnv: {
         IDEM_UNKNOWN_SLO_SECONDS: String(Math.max(1, Math.ceil(options.recoverySloMs / 1000))),
         IDEM_RECOVERER_INTERVAL_MS: "1000",
+        ...options.coordinatorEnv,
       },
     });
     const scrapes = cluster.coordinators.map((replica) => async () => {
@@ -184,9 +185,11 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       progress: () => ({ sent: load.stats.sent, planned: options.requests }),
       beforeCoordinatorKill: (replica) => scraper.endLife(replica),
       registryFaults: options.registryFaults,
+      spareFirstReplica: options.spareFirstReplica,
       log: note,
       signal,
     });
+    const observer = options.observe?.({ cluster, pool: db.pool, database: { url: db.url, schema: db.schema }, stats: load.stats, note, signal });
     let chaosFailure: Error | undefined;
     const chaosRun = chaos.run().catch((error: unknown) => {
       chaosFailure = error as Error;
@@ -200,6 +203,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       clearInterval(sampler);
       chaos.stop();
       await chaosRun;
+      await observer?.stop();
       progress.stop();
     }
     phases.loadSeconds = (Date.now() - loadStarted) / 1000;
@@ -364,8 +368,13 @@ function codeVersion(): Record<string, unknown> {
 }
 
 function publicOptions(options: GateOptions): Record<string, unknown> {
-  const { signal: _signal, log: _log, databaseUrl, registryFaults, moreCriteria: _moreCriteria, ...rest } = options;
-  return { ...rest, databaseUrl: databaseUrl ? redact(databaseUrl) : undefined, registryFaults: registryFaults.map((fault) => ({ name: fault.name, at: fault.at })) };
+  const { signal: _signal, log: _log, databaseUrl, registryFaults, moreCriteria: _moreCriteria, observe: _observe, coordinatorEnv, ...rest } = options;
+  return {
+    ...rest,
+    coordinatorEnv: Object.keys(coordinatorEnv),
+    databaseUrl: databaseUrl ? redact(databaseUrl) : undefined,
+    registryFaults: registryFaults.map((fault) => ({ name: fault.name, at: fault.at })),
+  };
 }
 
 function redact(url: string): string {

@@ -27,9 +27,10 @@ import type { RegistryFault } from "./gate/chaos.js";
 import type { Criterion } from "./gate/measure.js";
 import { formatDuration } from "./gate/util.js";
 import { missingEngines, startHaRegistry, type LocalHaRegistry } from "./ha/engines.js";
+import { runHaFault, type HaFault } from "./ha/faults.js";
 import { WriteProbe } from "./ha/probe.js";
 
-const FAULTS = ["switchover", "primary kill", "commit in flight"] as const;
+const FAULTS = ["switchover", "primary kill", "commit in flight"] as const satisfies readonly HaFault[];
 type FaultKind = (typeof FAULTS)[number];
 
 /** A write pause longer than Patroni's ttl (deploy/ha/patroni.yml) means a failover took longer than the configuration promises. */
@@ -105,25 +106,8 @@ function planFaults(ha: LocalHaRegistry, rounds: number, windows: Map<RegistryFa
       name: `${kind} ${Math.floor(i / FAULTS.length) + 1}`,
       at: Number((0.15 + (0.65 * i) / Math.max(1, total - 1)).toFixed(3)),
       run: async () => {
-        const from = Date.now();
-        const primary = await ha.primary();
-        if (kind === "switchover") {
-          await ha.switchover();
-        } else if (kind === "primary kill") {
-          await primary.killPostgres();
-        } else {
-          const standby = ha.nodes.find((node) => node !== primary)!;
-          await standby.pause();
-          // Commits reach the primary's WAL and wait for the paused standby's acknowledgement.
-          await new Promise((resolve) => setTimeout(resolve, 500));
-          await primary.killPostgres();
-          await standby.resume();
-        }
-        const promoted = await ha.primary({ other: primary });
-        log(`ha: ${kind}: ${primary.name} → ${promoted.name} after ${formatDuration(Date.now() - from)}; waiting for ${primary.name} to follow as the synchronous standby`);
-        await ha.healthy();
         // The pause is looked for from the fault until the cluster is whole again.
-        windows.set(fault, { kind, from, to: Date.now() });
+        windows.set(fault, { kind, ...(await runHaFault(ha, kind, log)) });
       },
     };
     faults.push(fault);

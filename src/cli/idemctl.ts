@@ -353,18 +353,14 @@ alone, as JSON.`,
     usage: "idemctl gate [--quick] [--concurrency N] [--out DIR] [options]      idemctl gate --help",
     help: "",
     ownHelp: true,
-    async run(args) {
-      // Found from src/cli/ and from dist/cli/ alike; the package does not ship the example.
-      const gate = fileURLToPath(new URL("../../examples/payments/gate.ts", import.meta.url));
-      if (!existsSync(gate)) throw new Error("the gate drives the payments example, which lives in a source checkout: run it there with npm run gate");
-      const child = spawn(process.execPath, ["--import", "tsx", gate, ...args], { stdio: "inherit", cwd: fileURLToPath(new URL("../../", import.meta.url)) });
-      // Ctrl-C reaches the child through the terminal; the gate cleans up and reports 130.
-      process.on("SIGINT", () => undefined);
-      return new Promise<number>((resolve, reject) => {
-        child.on("error", reject);
-        child.on("exit", (code, signal) => resolve(code ?? (signal ? 128 + 9 : 1)));
-      });
-    },
+    run: (args) => runFromCheckout("examples/payments/gate.ts", "npm run gate", args),
+  },
+  soak: {
+    summary: "run the soak: 30 minutes at half of peak on three replicas and Patroni while things keep dying (what `npm run soak` does)",
+    usage: "idemctl soak [--quick] [--duration D] [--rate N] [--out DIR]      idemctl soak --help",
+    help: "",
+    ownHelp: true,
+    run: (args) => runFromCheckout("examples/payments/soak.ts", "npm run soak", args),
   },
   token: {
     summary: "mint a caller token and print the caller entry to configure",
@@ -407,6 +403,23 @@ tenants, all operations, the gateway role. --json prints {"token": …, "caller"
 const print = (text: string): void => void process.stdout.write(`${text}\n`);
 /** Progress of a command printing JSON: on stderr, so that stdout holds the JSON alone. */
 const progress = (text: string): void => void process.stderr.write(`${text}\n`);
+
+/**
+ * Runs a script of the source checkout (the launch gate, the soak: they
+ * drive the payments example, which the package does not ship), found from
+ * src/cli/ and from dist/cli/ alike; resolves with its exit code.
+ */
+function runFromCheckout(script: string, npmScript: string, args: string[]): Promise<number> {
+  const file = fileURLToPath(new URL(`../../${script}`, import.meta.url));
+  if (!existsSync(file)) throw new Error(`${script} drives the payments example, which lives in a source checkout: run it there with ${npmScript}`);
+  const child = spawn(process.execPath, ["--import", "tsx", file, ...args], { stdio: "inherit", cwd: fileURLToPath(new URL("../../", import.meta.url)) });
+  // Ctrl-C reaches the child through the terminal; it cleans up and reports 130.
+  process.on("SIGINT", () => undefined);
+  return new Promise<number>((resolve, reject) => {
+    child.on("error", reject);
+    child.on("exit", (code, signal) => resolve(code ?? (signal ? 128 + 9 : 1)));
+  });
+}
 
 function wholeNumber(text: string, option: string): number {
   const n = Number(text);

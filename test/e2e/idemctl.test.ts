@@ -40,7 +40,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
     const overview = await idemctl("--help");
     expect(overview.code).toBe(0);
     const commands = [...overview.stdout.matchAll(/^ {2}([a-z]+) {2,}/gm)].map((m) => m[1]!);
-    expect(commands).toEqual(["serve", "migrate", "policy", "lookup", "list", "reconcile", "sweep", "mode", "epoch", "events", "keygen", "gate", "token"]);
+    expect(commands).toEqual(["serve", "migrate", "policy", "lookup", "list", "reconcile", "sweep", "mode", "epoch", "events", "keygen", "gate", "soak", "token"]);
     const helps = await Promise.all(commands.map((command) => idemctl(command, "--help")));
     for (const [i, help] of helps.entries()) {
       expect(help.code, commands[i]).toBe(0);

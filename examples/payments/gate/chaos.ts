@@ -36,8 +36,13 @@ export interface ChaosEvent {
   error?: string;
 }
 
-/** Kills spread evenly over 10 %–85 % of the run, coordinator kills spread among the service kills; registry faults at their own points. */
-export function planChaos(serviceKills: number, coordinatorKills: number, registryFaults: readonly RegistryFault[] = []): ChaosEvent[] {
+/** Kills spread evenly over `span` of the run (10 %–85 % by default), coordinator kills spread among the service kills; registry faults at their own points. */
+export function planChaos(
+  serviceKills: number,
+  coordinatorKills: number,
+  registryFaults: readonly RegistryFault[] = [],
+  span: readonly [number, number] = [0.1, 0.85],
+): ChaosEvent[] {
   const total = serviceKills + coordinatorKills;
   // With at least one service kill the step total/(coordinatorKills+1) is >= 1: the slots are distinct.
   const coordinatorSlots = new Set<number>(
@@ -45,7 +50,7 @@ export function planChaos(serviceKills: number, coordinatorKills: number, regist
   );
   const kills: ChaosEvent[] = Array.from({ length: total }, (_, i) => ({
     target: coordinatorSlots.has(i) ? "coordinator" : "service",
-    at: Number((0.1 + (0.75 * (i + 1)) / (total + 1)).toFixed(3)),
+    at: Number((span[0] + ((span[1] - span[0]) * (i + 1)) / (total + 1)).toFixed(3)),
   }));
   return [...kills, ...registryFaults.map((fault): ChaosEvent => ({ target: "registry", fault: fault.name, at: fault.at }))].sort((a, b) => a.at - b.at);
 }
@@ -69,6 +74,8 @@ export function chaosMonkey(options: {
   /** Called right before a coordinator replica is killed (its metrics die with it). */
   beforeCoordinatorKill: (replica: number) => Promise<void>;
   registryFaults?: readonly RegistryFault[];
+  /** Replica 0 is never killed. */
+  spareFirstReplica?: boolean;
   log: (line: string) => void;
   signal?: AbortSignal;
 }): ChaosMonkey {
@@ -93,8 +100,9 @@ export function chaosMonkey(options: {
     }
     let member: Member = cluster.service;
     if (event.target === "coordinator") {
-      // The replicas take the kills in turn.
-      event.replica = done.coordinator % cluster.coordinators.length;
+      // The replicas take the kills in turn (all but the first when it is spared).
+      const first = options.spareFirstReplica ? 1 : 0;
+      event.replica = first + (done.coordinator % (cluster.coordinators.length - first));
       member = cluster.coordinators[event.replica]!;
       await options.beforeCoordinatorKill(event.replica);
     }

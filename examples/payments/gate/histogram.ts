@@ -30,6 +30,12 @@ export class Samples {
   get count(): number {
     return this.values.length;
   }
+  /** The samples of all of `parts` together. */
+  static merge(parts: readonly Samples[]): Samples {
+    const merged = new Samples();
+    for (const part of parts) for (const value of part.values) merged.values.push(value);
+    return merged;
+  }
   summary(): Distribution {
     const sorted = Float64Array.from(this.values).sort();
     const n = sorted.length;

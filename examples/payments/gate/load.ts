@@ -101,6 +101,8 @@ export interface LoadStats {
   /** HTTP requests completed per second since the start: [answered, failed] (503, 5xx, connection errors); refused attempts are not in it. */
   timeline: Array<[number, number]>;
   latency: Record<OutcomeClass, Samples>;
+  /** The latency of final answers (created, replayed, declined, conflict) in consecutive windows of latencyWindowMs since the start. */
+  windows: Samples[];
   connectionErrors: Record<string, number>;
 }
 
@@ -113,6 +115,8 @@ export interface LoadHooks {
 const CURRENCIES = ["EUR", "USD", "GBP", "CHF"] as const;
 const CARDS = ["tok_visa", "tok_mastercard", "tok_amex"] as const;
 const FINAL_STATUSES = new Set([200, 201, 400, 401, 402, 403, 404, 410, 422]);
+/** The outcomes whose latency the windows keep: answers, not failures or waits. */
+const FINAL_ANSWERS = new Set<OutcomeClass>(["created", "replayed", "declined", "conflict"]);
 
 export class LoadGenerator {
   readonly keys: LogicalRequest[] = [];
@@ -128,6 +132,8 @@ export class LoadGenerator {
   /** Logical requests started whose first copy has not been sent yet. */
   private unsentKeys = 0;
   private stopping = false;
+  /** With a rate: when the next request may be sent (performance.now()). */
+  private nextSendAt = 0;
 
   constructor(
     private readonly options: GateOptions,
@@ -152,6 +158,7 @@ export class LoadGenerator {
       refused: 0,
       timeline: [],
       latency: Object.fromEntries(OUTCOME_CLASSES.map((c) => [c, new Samples()])) as Record<OutcomeClass, Samples>,
+      windows: [],
       connectionErrors: {},
     };
   }
@@ -316,6 +323,7 @@ export class LoadGenerator {
         if (kind === "conflict") key.conflictResult = "abandoned";
         return;
       }
+      await this.paced(signal);
       await this.semaphore.acquire();
       if (key.sent === 0) this.unsentKeys--;
       this.stats.sent++;
@@ -349,6 +357,7 @@ export class LoadGenerator {
       const outcome = answer ? classify(answer) : "connection-error";
       this.stats.byClass[outcome]++;
       this.stats.latency[outcome].add(ms);
+      if (FINAL_ANSWERS.has(outcome)) this.windowOf(Date.now()).add(ms);
       this.tick(outcome);
       if (!answer) {
         const code = failure?.code ?? failure?.message ?? "error";
@@ -441,6 +450,21 @@ export class LoadGenerator {
       case "conflicting":
         return Buffer.from(JSON.stringify({ ...p, amount: p.amount + 1 + (key.index % 97) }));
     }
+  }
+
+  /** With a rate, waits for the next free send slot: sends are spaced 1/rate apart. */
+  private async paced(signal: AbortSignal | undefined): Promise<void> {
+    if (this.options.rate === undefined) return;
+    const now = performance.now();
+    const slot = Math.max(now, this.nextSendAt);
+    this.nextSendAt = slot + 1000 / this.options.rate;
+    if (slot > now) await sleep(slot - now, signal);
+  }
+
+  private windowOf(at: number): Samples {
+    const index = Math.floor((at - this.stats.startedAt) / this.options.latencyWindowMs);
+    while (this.stats.windows.length <= index) this.stats.windows.push(new Samples());
+    return this.stats.windows[index]!;
   }
 
   private tick(outcome: OutcomeClass): void {

@@ -397,14 +397,16 @@ export async function measure(input: {
         sample("operationIdLost", { key: key.key, operationId });
       }
     }
+    // A tombstone (the retention sweep) keeps the record's state and drops its attempts and snapshot by design.
+    const swept = record?.tombstoned ?? false;
     for (const chargeId of key.chargeIds) {
       const payment = paymentByCharge.get(chargeId);
-      if (!payment || !attemptKeys.has(payment.downstream_key)) {
+      if (!payment || (!swept && !attemptKeys.has(payment.downstream_key))) {
         lost.effectAttempts++;
         sample("effectAttemptLost", { key: key.key, chargeId, payment: payment?.id ?? "none" });
       }
     }
-    if (key.firstSnapshot && (!record || !TERMINAL.has(record.state) || record.snapshot_status !== key.firstSnapshot.status)) {
+    if (key.firstSnapshot && (!record || !TERMINAL.has(record.state) || (!swept && record.snapshot_status !== key.firstSnapshot.status))) {
       lost.outcomes++;
       sample("outcomeLost", { key: key.key, client: key.firstSnapshot.status, record: record ? `${record.state} ${record.snapshot_status ?? ""}` : "none" });
     }

@@ -1,4 +1,7 @@
 import { parseArgs } from "node:util";
+import type pg from "pg";
+import type { Cluster } from "../cluster.js";
+import type { LoadStats } from "./load.js";
 import type { RegistryFault } from "./chaos.js";
 import type { Criterion } from "./measure.js";
 import { parseDuration as durationOf } from "../../../src/policy/document.js";
@@ -13,6 +16,10 @@ export interface GateOptions {
   requests: number;
   /** HTTP requests in flight at most. */
   concurrency: number;
+  /** Most HTTP requests sent per second (undefined: as many as `concurrency` allows); with it, the run lasts about requests / rate seconds. */
+  rate: number | undefined;
+  /** Width of the windows the client latency is also kept in (LoadStats.windows), in ms. */
+  latencyWindowMs: number;
   /** Most copies of a logical request sent at once (each copy a client that retries on its own); at least min(2, burst). */
   burst: number;
   /** Replays of each logical request sent later, after its first answer. */
@@ -31,12 +38,20 @@ export interface GateOptions {
   replicas: number;
   /** SIGKILLs (and restarts) of a coordinator replica during the run (the replicas in turn). */
   coordinatorKills: number;
+  /** Replica 0 is never killed (the others take the kills in turn), so that one process lives through the whole run. */
+  spareFirstReplica: boolean;
+  /** The share of the run the kills are spread over ([0.1, 0.85]). */
+  killSpan: [number, number];
+  /** Extra environment of every coordinator replica (a policy, a sweep interval): programmatic only. */
+  coordinatorEnv: Record<string, string>;
   /** Faults of the registry's database during the run (a failover, say): programmatic only. */
   registryFaults: RegistryFault[];
   /** Judge the P99 of the reservation transaction (default true); false when the run fails the registry over. */
   judgeReserveLatency: boolean;
   /** Lines the caller judges after the run, added to the gate's (programmatic only). */
   moreCriteria: (() => Promise<Criterion[]>) | undefined;
+  /** Watches the run from the start of the load until its end (programmatic only): sampling, faults of its own. */
+  observe: ((run: RunView) => RunObserver) | undefined;
   /** How long a killed process stays down before it is restarted, in ms. */
   downtimeMs: number;
   /** The recovery SLO: an UNKNOWN record must be settled within it, in ms. */
@@ -79,6 +94,23 @@ export interface GateOptions {
 
 export type GateInput = Partial<GateOptions> & { quick?: boolean };
 
+/** What an observer of a run sees: the processes, the registry's pool, the progress notes. */
+export interface RunView {
+  cluster: Cluster;
+  /** Reads the run's schema, every tenant. */
+  pool: pg.Pool;
+  database: { url: string; schema: string | undefined };
+  /** The load's statistics, filled in as it runs. */
+  stats: LoadStats;
+  note: (line: string) => void;
+  signal: AbortSignal;
+}
+
+export interface RunObserver {
+  /** The load has ended: stop watching. */
+  stop(): Promise<void>;
+}
+
 export const FULL_DEFAULTS = {
   requests: 100_000,
   // What a 2-core machine carrying the generator, both services, the provider
@@ -98,6 +130,7 @@ export const FULL_DEFAULTS = {
   recoverySloMs: 60_000,
   settleTimeoutMs: 120_000,
   latencyBudgetMs: 1_000,
+  latencyWindowMs: 60_000,
   reserveBudgetShare: 0.05,
   unknownMaxShare: 0.0001,
   retryAfterCapMs: 2_000,
@@ -123,9 +156,14 @@ export function resolveOptions(input: GateInput): GateOptions {
   const options: GateOptions = {
     ...base,
     databaseUrl: undefined,
+    rate: undefined,
+    spareFirstReplica: false,
+    killSpan: [0.1, 0.85],
+    coordinatorEnv: {},
     registryFaults: [],
     judgeReserveLatency: true,
     moreCriteria: undefined,
+    observe: undefined,
     keep: false,
     durable: false,
     outDir: "gate-report",
@@ -168,6 +206,11 @@ function validate(o: GateOptions): void {
   int("serviceKills", 0, 100);
   int("replicas", 1, 16);
   int("coordinatorKills", 0, 100);
+  if (o.spareFirstReplica && o.coordinatorKills > 0 && o.replicas < 2) problems.push("spareFirstReplica needs at least 2 replicas when coordinators are killed");
+  if (o.rate !== undefined && !(o.rate > 0)) problems.push(`rate must be a positive number of requests per second (got ${String(o.rate)})`);
+  int("latencyWindowMs", 1_000);
+  if (!(o.killSpan[0] >= 0 && o.killSpan[0] < o.killSpan[1] && o.killSpan[1] <= 1))
+    problems.push(`killSpan must be two shares, the first below the second (got ${o.killSpan.join(", ")})`);
   int("downtimeMs", 0);
   int("recoverySloMs", 1);
   int("settleTimeoutMs", 0);

@@ -134,7 +134,7 @@ const OUTCOME_LABELS: Record<OutcomeClass, string> = {
   "connection-error": "connection error or client timeout",
 };
 
-function esc(text: unknown): string {
+export function esc(text: unknown): string {
   return String(text).replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;").replaceAll('"', "&quot;");
 }
 

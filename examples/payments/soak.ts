@@ -1,0 +1,384 @@
+/**
+ * The soak (`npm run soak`, docs/soak.md): the launch gate's load through the
+ * payments example and three coordinator replicas on the Patroni registry,
+ * paced at half of its peak on this machine (the lower of `npm run bench`'s
+ * and a calibration run's), for a long time (30 minutes; `--quick` 3), while
+ * something keeps dying:
+ *
+ *   every 5 s        a registry backend terminated (pg_terminate_backend)
+ *   every minute     a coordinator replica killed and restarted (replica 0 is
+ *                    spared: one process lives through the whole run)
+ *   now and then     the payments service killed and restarted
+ *   once each        a Patroni switchover, a pause of the synchronous
+ *                    standby, a kill of the primary (in the middle of the run)
+ *
+ * It samples every process and the registry every few seconds and judges, at
+ * the end, the gate's lines (no duplicate effect, no acknowledged decision
+ * lost, no false conflict, UNKNOWN settled within the SLO) and its own
+ * (soak/judge.ts): the P99 of the last five minutes against the first five,
+ * memory and handles flat after warm-up, no connection held at rest, the
+ * retention sweep keeping up. Prints the table, writes soak.html (the time
+ * series as charts) and soak.json; exit code 0 when every line passes, 1
+ * when one fails, 2 on bad usage.
+ */
+import { readdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { parseArgs } from "node:util";
+import pg from "pg";
+import { GateAborted, runGate } from "./gate.js";
+import type { RegistryFault } from "./gate/chaos.js";
+import { Samples } from "./gate/histogram.js";
+import type { LoadStats } from "./gate/load.js";
+import type { Criterion } from "./gate/measure.js";
+import { parseDuration, UsageError, type RunObserver, type RunView } from "./gate/options.js";
+import { formatDuration } from "./gate/util.js";
+import { missingEngines, startHaRegistry, type LocalHaRegistry } from "./ha/engines.js";
+import { runHaFault, type HaFault } from "./ha/faults.js";
+import { paymentsPolicy } from "./policy.js";
+import { judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, type Spans } from "./soak/judge.js";
+import { writeSoakReport, type SoakReport } from "./soak/report.js";
+import { Sampler } from "./soak/sampler.js";
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+
+/** Short enough that the sweep turns records into tombstones during the run; every window retention must cover fits in it. */
+const RETENTION = { keep: "2m", clientRetryWindow: "1m", queueBacklogWindow: "30s", reconciliationWindow: "2m", backupRestoreWindow: "0s" };
+const SWEEP_INTERVAL_MS = 15_000;
+const SAMPLE_INTERVAL_MS = 5_000;
+const BACKEND_KILL_INTERVAL_MS = 5_000;
+/** The registry faults, once each, in the middle of the run (away from the first and last windows the P99 line compares). */
+const REGISTRY_FAULTS: Array<{ kind: HaFault; at: number }> = [
+  { kind: "switchover", at: 0.4 },
+  { kind: "standby pause", at: 0.5 },
+  { kind: "primary kill", at: 0.6 },
+];
+
+const USAGE = `usage: idemctl soak [options]        (or: npm run soak -- [options])
+
+Runs the launch gate's load (replays, conflicts, card-provider faults) through the payments example
+and three coordinator replicas on a two-node Patroni registry (etcd, HAProxy: apt-get install -y
+patroni etcd-server haproxy), paced at half of its peak (--rate below), while a registry
+backend is terminated every 5 s, a replica (not replica 0) is killed and restarted every minute, the
+service is killed now and then, and the registry is switched over, its standby paused and its
+primary killed once each. Samples every process and the registry every 5 s; judges the gate's
+lines and its own (P99 drift, memory and handles flat, connections at rest, retention). Prints the
+table, writes soak.html and soak.json; exit code 0 when every line passes, 1 when one fails, 2 on
+bad usage. Needs root or the postgres user (as root, the engines run as postgres).
+
+  --quick          the CI variant: 3 minutes
+  --duration D     how long the load runs, e.g. 30m, 1h (30m; quick 3m)
+  --rate N         requests per second (default: the lower of half the newest bench/results/*.json's
+                   service-level new keys per second under synchronous_commit=on, and half of this
+                   stack's peak, measured by a closed-loop calibration run of a minute first)
+  --replicas N     coordinator replicas, at least 2 (3)
+  --out DIR        where soak.html, soak.json and the gate's report go (soak-report)
+  --verbose        print the processes' output
+  --help           this text`;
+
+interface SoakOptions {
+  quick: boolean;
+  durationMs: number;
+  rate: number | undefined;
+  replicas: number;
+  outDir: string;
+  verbose: boolean;
+}
+
+function parse(argv: string[]): SoakOptions | "help" {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      quick: { type: "boolean" },
+      duration: { type: "string" },
+      rate: { type: "string" },
+      replicas: { type: "string" },
+      out: { type: "string" },
+      verbose: { type: "boolean" },
+      help: { type: "boolean", short: "h" },
+    },
+    strict: true,
+    allowPositionals: false,
+  });
+  if (values.help) return "help";
+  const quick = values.quick ?? false;
+  const durationMs = values.duration === undefined ? (quick ? 3 : 30) * 60_000 : durationOf(values.duration);
+  const rate = values.rate === undefined ? undefined : Number(values.rate);
+  if (rate !== undefined && !(rate > 0)) throw new UsageError(`--rate: a positive number of requests per second, not ${values.rate}`);
+  const replicas = values.replicas === undefined ? 3 : Number(values.replicas);
+  if (!Number.isInteger(replicas) || replicas < 2) throw new UsageError(`--replicas: a whole number of at least 2 (replica 0 is never killed), not ${values.replicas}`);
+  return { quick, durationMs, rate, replicas, outDir: values.out ?? "soak-report", verbose: values.verbose ?? false };
+}
+
+function durationOf(text: string): number {
+  const ms = parseDuration(text, "--duration");
+  if (ms < 2 * 60_000) throw new UsageError(`--duration: at least 2m (the P99 line compares the first and the last minute at least), not ${text}`);
+  return ms;
+}
+
+/** Half of the newest benchmark's service-level peak (new keys per second, synchronous_commit=on), and which file said so. */
+export function halfOfBenchPeak(dir = join(ROOT, "bench/results")): { rate: number; source: string } {
+  type Bench = { startedAt?: string; commits?: Array<{ synchronousCommit: string; service?: { newKeys?: { opsPerSec: number } } }> };
+  const runs = readdirSync(dir)
+    .filter((file) => file.endsWith(".json"))
+    .map((file) => ({ file, bench: JSON.parse(readFileSync(join(dir, file), "utf8")) as Bench }))
+    .flatMap(({ file, bench }) => {
+      const peak = bench.commits?.find((c) => c.synchronousCommit === "on")?.service?.newKeys?.opsPerSec;
+      return peak ? [{ file, startedAt: bench.startedAt ?? "", peak }] : [];
+    })
+    .sort((a, b) => a.startedAt.localeCompare(b.startedAt));
+  const newest = runs.at(-1);
+  if (!newest) throw new UsageError(`no benchmark with a service level under synchronous_commit=on in ${dir}: run npm run bench first, or give --rate`);
+  return { rate: Math.max(1, Math.round(newest.peak / 2)), source: `half of ${newest.peak.toFixed(0)} new keys/s (bench/results/${newest.file}, ${newest.startedAt})` };
+}
+
+/**
+ * The peak of this stack (the payments example through the replicas on the
+ * Patroni registry, the gate's mix of requests) on this machine: a short
+ * closed-loop run without faults; the soak runs at half of it when that is
+ * below half of the benchmark's.
+ */
+async function calibrate(url: string, options: SoakOptions, signal: AbortSignal, log: (line: string) => void): Promise<{ rate: number; source: string }> {
+  log("calibrating: the stack's peak, closed loop at 16 in flight, no faults…");
+  const run = await runGate({
+    quick: true,
+    databaseUrl: url,
+    replicas: options.replicas,
+    concurrency: 16,
+    requests: options.quick ? 3_000 : 5_000,
+    serviceKills: 0,
+    coordinatorKills: 0,
+    judgeReserveLatency: false,
+    outDir: join(options.outDir, "calibration"),
+    progress: false,
+    verbose: options.verbose,
+    signal,
+  });
+  const peak = run.report.load.requestsPerSecond;
+  return {
+    rate: Math.max(1, Math.round(peak / 2)),
+    source: `half of ${peak.toFixed(0)} requests/s, this stack's peak in a calibration run of ${run.report.load.httpRequests} requests`,
+  };
+}
+
+/** Terminates one client backend of the registry (not the soak's or the gate's own, not Patroni's) every `intervalMs`. */
+function backendKiller(url: string, intervalMs: number, signal: AbortSignal): { stop(): Promise<number> } {
+  const pool = new pg.Pool({ connectionString: url, max: 1, application_name: "idem-soak" });
+  pool.on("error", () => undefined);
+  let terminated = 0;
+  const timer = setInterval(() => {
+    if (signal.aborted) return;
+    pool
+      .query<{ done: boolean }>(
+        `SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity
+          WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+            AND application_name NOT IN ('idem-soak', 'idem-gate') AND application_name NOT LIKE 'Patroni%'
+          ORDER BY random() LIMIT 1`,
+      )
+      .then(({ rows }) => {
+        if (rows[0]?.done) terminated++;
+      })
+      // During a failover there is nothing to terminate: the next tick tries again.
+      .catch(() => undefined);
+  }, intervalMs);
+  return {
+    async stop() {
+      clearInterval(timer);
+      await pool.end().catch(() => undefined);
+      return terminated;
+    },
+  };
+}
+
+/** The windows of the load's latency, and the first and last `count` complete ones merged. */
+function latencyWindows(stats: LoadStats, windowMs: number, count: number) {
+  const complete = Math.floor((stats.finishedAt - stats.startedAt) / windowMs);
+  const windows = stats.windows.slice(0, complete);
+  const summary = (part: Samples[]) => Samples.merge(part).summary();
+  return {
+    all: windows.map((w, i) => ({ fromMs: i * windowMs, ...percentiles(w.summary()) })),
+    first: summary(windows.slice(0, count)),
+    last: summary(windows.slice(Math.max(count, windows.length - count))),
+  };
+}
+
+function percentiles(d: { p50Ms: number; p99Ms: number; count: number }) {
+  return { p50Ms: d.p50Ms, p99Ms: d.p99Ms, count: d.count };
+}
+
+async function main(): Promise<void> {
+  let options: SoakOptions | "help";
+  let target: { rate: number; source: string };
+  try {
+    options = parse(process.argv.slice(2));
+    if (options === "help") {
+      process.stdout.write(`${USAGE}\n`);
+      return;
+    }
+    target = options.rate ? { rate: options.rate, source: "--rate" } : halfOfBenchPeak();
+  } catch (error) {
+    process.stderr.write(`${(error as Error).message}\n(npm run soak -- --help lists the options)\n`);
+    process.exitCode = 2;
+    return;
+  }
+  const missing = missingEngines(["etcd", "patroni", "patronictl", "haproxy"]);
+  if (missing.length > 0) {
+    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y ${missing.join(" ")}\n`);
+    process.exitCode = 2;
+    return;
+  }
+  const log = (line: string) => process.stderr.write(`${line}\n`);
+  const controller = new AbortController();
+  process.on("SIGINT", () => controller.abort());
+  process.on("SIGTERM", () => controller.abort());
+
+  const minutes = options.durationMs / 60_000;
+  // The P99 line compares five minutes (a quarter of a shorter run) at each end; lives are judged after their own warm-up.
+  const windowMs = 60_000;
+  const comparedWindows = Math.max(1, Math.min(5, Math.floor(minutes / 4)));
+  // A run shorter than a quarter of an hour cannot tell a process growing to its working size from a leak (Spans.short).
+  const short = options.durationMs < 15 * 60_000;
+  const spans: Spans = {
+    warmupMs: short ? 0.4 * options.durationMs : 5 * 60_000,
+    minSpanMs: Math.min(8 * 60_000, 0.4 * options.durationMs),
+    bucketMs: Math.min(60_000, Math.max(10_000, options.durationMs / 40)),
+    short,
+  };
+
+  const ha: LocalHaRegistry = await startHaRegistry({ log });
+  let view: RunView | undefined;
+  let sampler: Sampler | undefined;
+  let killer: ReturnType<typeof backendKiller> | undefined;
+  let terminatedBackends = 0;
+  try {
+    if (options.rate === undefined) {
+      const peak = await calibrate(ha.url, options, controller.signal, log);
+      if (peak.rate < target.rate) target = peak;
+    }
+    log(`soak: ${formatDuration(options.durationMs)} at ${target.rate} requests/s (${target.source}), ${options.replicas} replicas on Patroni`);
+    const registryFaults: RegistryFault[] = REGISTRY_FAULTS.map(({ kind, at }) => ({
+      name: kind,
+      at,
+      run: async () => void (await runHaFault(ha, kind, log)),
+    }));
+    const observe = (run: RunView): RunObserver => {
+      view = run;
+      sampler = new Sampler(run.cluster, run.pool, { intervalMs: SAMPLE_INTERVAL_MS, overdueGraceMs: 2 * SWEEP_INTERVAL_MS });
+      sampler.start();
+      killer = backendKiller(run.database.url, BACKEND_KILL_INTERVAL_MS, run.signal);
+      return {
+        async stop() {
+          terminatedBackends = await killer!.stop();
+          await sampler!.stop();
+        },
+      };
+    };
+    const moreCriteria = async (): Promise<Criterion[]> => {
+      await sampler!.atRest();
+      const windows = latencyWindows(view!.stats, windowMs, comparedWindows);
+      return [
+        judgeP99Drift(windows.first, windows.last, comparedWindows * windowMs),
+        judgeFlat("memory", sampler!.lives, spans),
+        judgeFlat("handles", sampler!.lives, spans),
+        judgeConnectionsAtRest(sampler!.lives),
+        judgeRetention(
+          sampler!.registry.map((s) => ({ t: s.t, v: s.overdue })),
+          sampler!.registry.at(-1)?.tombstones ?? 0,
+          view!.stats.startedAt + parseDuration(RETENTION.keep, "keep"),
+        ),
+      ];
+    };
+    const result = await runGate({
+      quick: options.quick,
+      databaseUrl: ha.url,
+      replicas: options.replicas,
+      rate: target.rate,
+      requests: Math.round((target.rate * options.durationMs) / 1000),
+      concurrency: 16,
+      latencyWindowMs: windowMs,
+      spareFirstReplica: true,
+      killSpan: [0.02, 0.98],
+      coordinatorKills: Math.max(1, Math.floor(minutes)),
+      serviceKills: options.quick ? 1 : 2,
+      registryFaults,
+      judgeReserveLatency: false,
+      coordinatorEnv: {
+        IDEM_OPERATIONS: JSON.stringify([paymentsPolicy({ retention: RETENTION })]),
+        IDEM_SWEEP_INTERVAL_MS: String(SWEEP_INTERVAL_MS),
+      },
+      observe,
+      moreCriteria,
+      outDir: join(options.outDir, "gate"),
+      verbose: options.verbose,
+      signal: controller.signal,
+    });
+    const stats = view!.stats;
+    const windows = latencyWindows(stats, windowMs, comparedWindows);
+    const first = sampler!.registry[0];
+    const last = sampler!.registry.at(-1);
+    const growth = (of: (s: NonNullable<typeof last>) => number) => (first && last ? of(last) - of(first) : 0);
+    const perRequest = (bytes: number) => `${(bytes / Math.max(1, stats.sent)).toFixed(0)} bytes per HTTP request`;
+    const eventLoopP99 = Math.max(0, ...sampler!.lives.flatMap((l) => l.samples.map((s) => s.eventLoopP99Ms ?? 0)));
+    const report: SoakReport = {
+      passed: result.passed,
+      startedAt: result.report.startedAt,
+      durationSeconds: result.report.durationSeconds,
+      options: {
+        durationMs: options.durationMs,
+        rate: target.rate,
+        rateSource: target.source,
+        replicas: options.replicas,
+        retention: RETENTION,
+        sweepIntervalMs: SWEEP_INTERVAL_MS,
+        spans,
+      },
+      criteria: result.report.criteria,
+      facts: [
+        ...result.report.facts,
+        { name: "registry backends terminated", value: `${terminatedBackends} (one every ${formatDuration(BACKEND_KILL_INTERVAL_MS)})` },
+        {
+          name: "registry growth",
+          value:
+            first && last
+              ? `records ${perRequest(growth((s) => s.bytes.idem_record ?? 0))}, events ${perRequest(growth((s) => s.bytes.idem_event ?? 0))}, effect attempts ${perRequest(growth((s) => s.bytes.idem_effect_attempt ?? 0))}; ${last.tombstones} tombstones, ${last.events} events`
+              : "not sampled",
+        },
+        { name: "event-loop delay, coordinators", value: `P99 at most ${eventLoopP99.toFixed(1)} ms in any sample` },
+        ...(sampler!.errors.length > 0 ? [{ name: "samples that failed (faults)", value: `${sampler!.errors.length}, e.g. ${sampler!.errors[0]}` }] : []),
+      ],
+      windows: windows.all,
+      timeline: stats.timeline,
+      lives: sampler!.lives,
+      registry: sampler!.registry,
+      faults: result.report.chaos.events
+        .filter((e) => e.killedAt)
+        .map((e) => ({
+          atMs: Date.parse(e.killedAt!) - stats.startedAt,
+          what: e.target === "registry" ? `registry ${e.fault}` : e.replica === undefined ? `${e.target} killed` : `coordinator ${e.replica} killed`,
+        })),
+      loadStartedAt: stats.startedAt,
+    };
+    const files = await writeSoakReport(report, options.outDir);
+    process.stdout.write(`\n${result.table.replace(/^Launch gate/, "Soak on Patroni: launch gate")}`);
+    process.stderr.write(`report: ${files.html}\n        ${files.json}\n        ${result.files.html}\n`);
+    process.exitCode = result.passed ? 0 : 1;
+  } catch (error) {
+    if (error instanceof GateAborted) {
+      process.stderr.write("the run was stopped; nothing was measured\n");
+      process.exitCode = 130;
+    } else {
+      process.stderr.write(`the soak could not complete its run: ${(error as Error).stack ?? String(error)}\n${ha.output()}\n`);
+      process.exitCode = 1;
+    }
+  } finally {
+    await killer?.stop().catch(() => 0);
+    await sampler?.stop();
+    await ha.stop();
+  }
+}
+
+const invokedDirectly = process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href;
+if (invokedDirectly) {
+  await main();
+  process.exit(process.exitCode ?? 0);
+}

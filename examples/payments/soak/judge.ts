@@ -1,0 +1,227 @@
+import type { Criterion } from "../gate/measure.js";
+import { formatDuration } from "../gate/util.js";
+
+/**
+ * The soak's own lines, judged from its samples (pure functions, so that a
+ * test can show each one catching the drift it is there for): the request
+ * path's P99 at the end against the start, memory and handles flat after
+ * warm-up, no connection held at rest, the retention sweep keeping up.
+ */
+
+/** One sample of a series: when (Date.now()) and the value. */
+export interface Point {
+  t: number;
+  v: number;
+}
+
+/** One life of a process (a restart is a new life): its samples. */
+export interface Life {
+  /** e.g. "coordinator 0", "service", "provider". */
+  process: string;
+  pid: number;
+  /** RSS in bytes. */
+  rss: Point[];
+  /** Open file descriptors (sockets, files, pipes). */
+  fds: Point[];
+  /** Coordinators only: V8 heap used, in bytes. */
+  heap?: Point[];
+  /** Coordinators only: libuv handles alive (sockets, timers, servers). */
+  handles?: Point[];
+  /** Coordinators only, the last sample: registry pool connections checked out (total − idle) and requests waiting. */
+  poolAtRest?: { inUse: number; waiting: number; t: number };
+}
+
+/** Least-squares slope of `points`, per hour of `t`. */
+export function slopePerHour(points: readonly Point[]): number {
+  const n = points.length;
+  if (n < 2) return 0;
+  const meanT = points.reduce((sum, p) => sum + p.t, 0) / n;
+  const meanV = points.reduce((sum, p) => sum + p.v, 0) / n;
+  let num = 0;
+  let den = 0;
+  for (const p of points) {
+    num += (p.t - meanT) * (p.v - meanV);
+    den += (p.t - meanT) ** 2;
+  }
+  return den === 0 ? 0 : (num / den) * 3_600_000;
+}
+
+/**
+ * The lowest value of each `bucketMs` bucket: a garbage-collected heap or an
+ * RSS saws up and down; its floor is what a leak raises.
+ */
+export function floors(points: readonly Point[], bucketMs: number): Point[] {
+  const buckets = new Map<number, Point>();
+  for (const p of points) {
+    const key = Math.floor(p.t / bucketMs);
+    const low = buckets.get(key);
+    if (!low || p.v < low.v) buckets.set(key, p);
+  }
+  return [...buckets.values()].sort((a, b) => a.t - b.t);
+}
+
+/** How a growth is bounded: per hour, and a floor under which a fitted growth over the span is noise. */
+export interface GrowthBound {
+  perHour: number;
+  noise: number;
+  unit: string;
+  /** Divides values for printing (1e6 for MB). */
+  scale: number;
+}
+
+export const BOUNDS = {
+  rss: { perHour: 24e6, noise: 12e6, unit: "MB", scale: 1e6 },
+  heap: { perHour: 12e6, noise: 6e6, unit: "MB", scale: 1e6 },
+  fds: { perHour: 30, noise: 8, unit: "descriptors", scale: 1 },
+  handles: { perHour: 30, noise: 8, unit: "handles", scale: 1 },
+} satisfies Record<string, GrowthBound>;
+
+export interface GrowthVerdict {
+  process: string;
+  pid: number;
+  series: string;
+  /** The fitted growth over the judged span, and what it was allowed. */
+  growth: number;
+  allowed: number;
+  spanMs: number;
+  pass: boolean;
+}
+
+/** Which part of a life is judged, and how finely. */
+export interface Spans {
+  /** Left out from each life's first sample: a process's heap and RSS climb to their working size first. */
+  warmupMs: number;
+  /** A life whose judged part is shorter is not judged. */
+  minSpanMs: number;
+  /** Width of the buckets whose lowest value is fitted. */
+  bucketMs: number;
+  /**
+   * A run of a few minutes sees a process still growing to its working size,
+   * which only a longer run tells from a leak: it judges gross growth only
+   * (noise floors × 4), and not the RSS, which V8 raises to its high-water
+   * mark for many minutes (the heap's floor is where a listener leak shows).
+   */
+  short?: boolean;
+}
+
+/**
+ * Fits the floor of `points` after `warmupMs` from the life's first sample:
+ * the growth over the rest (slope × span) may not exceed the larger of the
+ * noise floor and the hourly bound over that span. A life whose judged span
+ * is shorter than `minSpanMs` is not judged (returns undefined).
+ */
+export function judgeGrowth(life: Pick<Life, "process" | "pid">, series: string, points: readonly Point[], bound: GrowthBound, spans: Spans): GrowthVerdict | undefined {
+  if (points.length === 0) return undefined;
+  const start = points[0]!.t + spans.warmupMs;
+  const judged = floors(
+    points.filter((p) => p.t >= start),
+    spans.bucketMs,
+  );
+  if (judged.length < 3) return undefined;
+  const spanMs = judged.at(-1)!.t - judged[0]!.t;
+  if (spanMs < spans.minSpanMs) return undefined;
+  const growth = (slopePerHour(judged) * spanMs) / 3_600_000;
+  const allowed = Math.max(bound.noise * (spans.short ? 4 : 1), (bound.perHour * spanMs) / 3_600_000);
+  return { process: life.process, pid: life.pid, series, growth, allowed, spanMs, pass: growth <= allowed };
+}
+
+/** Every long-enough life's memory (RSS, and the heap where known) or handles (descriptors, and libuv handles where known). */
+export function judgeFlat(kind: "memory" | "handles", lives: readonly Life[], spans: Spans): Criterion {
+  const verdicts: GrowthVerdict[] = [];
+  for (const life of lives) {
+    const pairs: Array<[string, Point[] | undefined, GrowthBound]> =
+      kind === "memory"
+        ? [
+            ["rss", spans.short ? undefined : life.rss, BOUNDS.rss],
+            ["heap", life.heap, BOUNDS.heap],
+          ]
+        : [
+            ["fds", life.fds, BOUNDS.fds],
+            ["handles", life.handles, BOUNDS.handles],
+          ];
+    for (const [series, points, bound] of pairs) {
+      const verdict = points ? judgeGrowth(life, series, points, bound, spans) : undefined;
+      if (verdict) verdicts.push(verdict);
+    }
+  }
+  const failed = verdicts.filter((v) => !v.pass);
+  // The line shows the process that came closest to its bound.
+  const worst = [...verdicts].sort((a, b) => b.growth / b.allowed - a.growth / a.allowed)[0];
+  const describe = (v: GrowthVerdict) => {
+    const bound = BOUNDS[v.series as keyof typeof BOUNDS];
+    return `${v.process} ${v.series} ${(v.growth / bound.scale).toFixed(1)} of ${(v.allowed / bound.scale).toFixed(1)} ${bound.unit} over ${formatDuration(v.spanMs)}`;
+  };
+  return {
+    id: kind === "memory" ? "memory-flat" : "handles-flat",
+    name: kind === "memory" ? `memory growth after warm-up (${spans.short ? "heap floors" : "RSS, heap floors"})` : "descriptor and handle growth after warm-up",
+    value: failed.length,
+    measured: verdicts.length === 0 ? "no life long enough to judge" : failed.length > 0 ? `grew: ${failed.map(describe).join("; ")}` : `flat; closest: ${describe(worst!)}`,
+    threshold:
+      kind === "memory"
+        ? spans.short
+          ? `heap <= ${(4 * BOUNDS.heap.noise) / 1e6} MB (short run)`
+          : `<= ${BOUNDS.rss.perHour / 1e6} MB/h RSS, ${BOUNDS.heap.perHour / 1e6} MB/h heap`
+        : `<= ${BOUNDS.fds.perHour}/h`,
+    pass: verdicts.length > 0 && failed.length === 0,
+    source: "supplementary",
+    detail: { verdicts },
+  };
+}
+
+/** P99 of the last window against the first: the last may exceed the first by `tolerance` at most (0.2: 20 %). */
+export function judgeP99Drift(first: { p99Ms: number; count: number }, last: { p99Ms: number; count: number }, windowMs: number, tolerance = 0.2): Criterion {
+  const ratio = first.p99Ms > 0 ? last.p99Ms / first.p99Ms : Number.POSITIVE_INFINITY;
+  const enough = first.count >= 100 && last.count >= 100;
+  return {
+    id: "p99-drift",
+    name: `P99 of the last ${formatDuration(windowMs)} against the first ${formatDuration(windowMs)}`,
+    value: ratio,
+    measured: `${last.p99Ms.toFixed(1)} ms against ${first.p99Ms.toFixed(1)} ms (${(ratio * 100).toFixed(0)} %; ${last.count} and ${first.count} answers)`,
+    threshold: `<= ${Math.round((1 + tolerance) * 100)} %`,
+    pass: enough && ratio <= 1 + tolerance,
+    source: "supplementary",
+    detail: { first, last, windowMs },
+  };
+}
+
+/** At rest (the load over, records settled), no process holds a registry connection checked out, and nothing waits for one. */
+export function judgeConnectionsAtRest(lives: readonly Life[]): Criterion {
+  const atRest = lives.filter((life) => life.poolAtRest);
+  const holding = atRest.filter((life) => life.poolAtRest!.inUse > 0 || life.poolAtRest!.waiting > 0);
+  return {
+    id: "connections-at-rest",
+    name: "registry connections held at rest",
+    value: holding.reduce((sum, life) => sum + life.poolAtRest!.inUse + life.poolAtRest!.waiting, 0),
+    measured:
+      atRest.length === 0
+        ? "no process sampled at rest"
+        : holding.length > 0
+          ? holding.map((life) => `${life.process}: ${life.poolAtRest!.inUse} checked out, ${life.poolAtRest!.waiting} waiting`).join("; ")
+          : `0 checked out in ${atRest.length} coordinator(s)`,
+    threshold: "= 0",
+    pass: atRest.length > 0 && holding.length === 0,
+    source: "supplementary",
+    detail: { atRest: atRest.map((life) => ({ process: life.process, pid: life.pid, ...life.poolAtRest })) },
+  };
+}
+
+/**
+ * The retention sweep keeps up: once records can have outlived their
+ * retention, no sample may find a finished record past it by more than
+ * `graceMs` (two sweep intervals) that is not a tombstone yet, and the sweep
+ * must have tombstoned some.
+ */
+export function judgeRetention(overdue: readonly Point[], tombstones: number, from: number): Criterion {
+  const judged = overdue.filter((p) => p.t >= from);
+  const worst = judged.reduce((max, p) => Math.max(max, p.v), 0);
+  return {
+    id: "retention",
+    name: "finished records past retention not swept",
+    value: worst,
+    measured: judged.length === 0 ? "the run ended before any record outlived its retention" : `at most ${worst} in ${judged.length} samples; ${tombstones} tombstoned`,
+    threshold: "= 0, and some tombstoned",
+    pass: judged.length > 0 && worst === 0 && tombstones > 0,
+    source: "supplementary",
+    detail: { samples: judged.length, tombstones },
+  };
+}

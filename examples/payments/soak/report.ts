@@ -1,0 +1,218 @@
+import { mkdir, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Criterion } from "../gate/measure.js";
+import { esc } from "../gate/report.js";
+import { formatDuration } from "../gate/util.js";
+import type { Point } from "./judge.js";
+import type { RegistrySample, SampledLife } from "./sampler.js";
+
+/** What the soak keeps of a run: the verdict, the lines, and the time series the charts draw. */
+export interface SoakReport {
+  passed: boolean;
+  startedAt: string;
+  durationSeconds: number;
+  options: Record<string, unknown>;
+  /** Every line: the gate's and the soak's own. */
+  criteria: Criterion[];
+  facts: Array<{ name: string; value: string }>;
+  /** The latency of the answers per window: start of the window (ms since the load began), P50, P99, count. */
+  windows: Array<{ fromMs: number; p50Ms: number; p99Ms: number; count: number }>;
+  /** Answered and failed requests per second since the load began. */
+  timeline: Array<[number, number]>;
+  lives: SampledLife[];
+  registry: RegistrySample[];
+  /** Faults as they happened: when (ms since the load began) and what. */
+  faults: Array<{ atMs: number; what: string }>;
+  loadStartedAt: number;
+}
+
+export async function writeSoakReport(report: SoakReport, outDir: string): Promise<{ json: string; html: string }> {
+  await mkdir(outDir, { recursive: true });
+  const json = join(outDir, "soak.json");
+  const html = join(outDir, "soak.html");
+  await writeFile(json, `${JSON.stringify(report, null, 2)}\n`);
+  await writeFile(html, renderSoakHtml(report));
+  return { json, html };
+}
+
+const PALETTE = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457", "#37474f"];
+
+/** Lines over time as inline SVG: x in minutes since the load began, fault marks along the top. */
+function lineChart(title: string, unit: string, series: Array<{ name: string; points: readonly Point[] }>, origin: number, faults: SoakReport["faults"]): string {
+  const W = 560;
+  const legendRows = Math.ceil(series.length / 4);
+  const H = 200 + 12 * legendRows;
+  const left = 56;
+  const top = 22;
+  const plotW = W - left - 12;
+  const plotH = H - top - 30 - 12 * legendRows;
+  const all = series.flatMap((s) => s.points);
+  if (all.length === 0) return `<figure><figcaption>${esc(title)}: no samples</figcaption></figure>`;
+  const minT = origin;
+  const maxT = Math.max(origin + 60_000, ...all.map((p) => p.t));
+  const maxV = Math.max(...all.map((p) => p.v)) * 1.08 || 1;
+  const x = (t: number) => left + ((t - minT) / (maxT - minT)) * plotW;
+  const y = (v: number) => top + plotH - (v / maxV) * plotH;
+  const parts = [
+    `<svg viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" role="img" aria-label="${esc(title)}">`,
+    `<text x="${left}" y="14" class="t">${esc(title)} (${esc(unit)})</text>`,
+  ];
+  for (let i = 0; i <= 4; i++) {
+    const v = (maxV * i) / 4;
+    parts.push(`<line x1="${left}" x2="${left + plotW}" y1="${y(v).toFixed(1)}" y2="${y(v).toFixed(1)}" class="grid"/>`);
+    parts.push(`<text x="${left - 4}" y="${(y(v) + 3).toFixed(1)}" class="ax" text-anchor="end">${v >= 100 ? Math.round(v) : v.toFixed(1)}</text>`);
+  }
+  const minutes = (maxT - minT) / 60_000;
+  const step = Math.max(1, Math.ceil(minutes / 10));
+  for (let m = 0; m <= minutes; m += step) parts.push(`<text x="${x(minT + m * 60_000).toFixed(1)}" y="${top + plotH + 14}" class="ax" text-anchor="middle">${m} min</text>`);
+  for (const fault of faults)
+    parts.push(
+      `<line x1="${x(origin + fault.atMs).toFixed(1)}" x2="${x(origin + fault.atMs).toFixed(1)}" y1="${top}" y2="${top + 5}" stroke="#999"><title>${esc(fault.what)}</title></line>`,
+    );
+  series.forEach((s, i) => {
+    const color = PALETTE[i % PALETTE.length]!;
+    const d = s.points.map((p, j) => `${j === 0 ? "M" : "L"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join("");
+    parts.push(`<path d="${d}" fill="none" stroke="${color}" stroke-width="1.3"/>`);
+    parts.push(`<text x="${left + (i % 4) * 130}" y="${top + plotH + 30 + Math.floor(i / 4) * 12}" class="ax" fill="${color}">■ ${esc(s.name)}</text>`);
+  });
+  parts.push("</svg>");
+  return `<figure>${parts.join("")}</figure>`;
+}
+
+export function renderSoakHtml(report: SoakReport): string {
+  const origin = report.loadStartedAt;
+  const perLife = (pick: (life: SampledLife) => readonly Point[] | undefined, scale = 1) =>
+    report.lives.flatMap((life) => {
+      const points = pick(life);
+      return points && points.length > 0 ? [{ name: `${life.process} (${life.pid})`, points: points.map((p) => ({ t: p.t, v: p.v / scale })) }] : [];
+    });
+  const fromSamples = (pick: (sample: SampledLife["samples"][number]) => number | undefined) => (life: SampledLife) =>
+    life.samples.flatMap((s) => {
+      const v = pick(s);
+      return v === undefined || !Number.isFinite(v) ? [] : [{ t: s.t, v }];
+    });
+  const registry = (pick: (sample: RegistrySample) => number) => report.registry.map((s) => ({ t: s.t, v: pick(s) }));
+  const tables = [...new Set(report.registry.flatMap((s) => Object.keys(s.bytes)))].sort();
+  const charts = [
+    lineChart(
+      "Latency of the answers per window",
+      "ms",
+      [
+        { name: "P50", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p50Ms })) },
+        { name: "P99", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p99Ms })) },
+      ],
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "Requests per second",
+      "requests/s",
+      [
+        { name: "answered", points: report.timeline.map(([ok], s) => ({ t: origin + s * 1000, v: ok })) },
+        { name: "failed (503, 5xx, connection)", points: report.timeline.map(([, failed], s) => ({ t: origin + s * 1000, v: failed })) },
+      ],
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "RSS per process",
+      "MB",
+      perLife((l) => l.rss, 1e6),
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "V8 heap used, coordinators",
+      "MB",
+      perLife((l) => l.heap, 1e6),
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "Open descriptors per process",
+      "descriptors",
+      perLife((l) => l.fds),
+      origin,
+      report.faults,
+    ),
+    lineChart("Sockets per process", "sockets", perLife(fromSamples((s) => s.sockets)), origin, report.faults),
+    lineChart(
+      "libuv handles, coordinators",
+      "handles",
+      perLife((l) => l.handles),
+      origin,
+      report.faults,
+    ),
+    lineChart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms)), origin, report.faults),
+    lineChart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!))), origin, report.faults),
+    lineChart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting)), origin, report.faults),
+    lineChart(
+      "Table size with indexes",
+      "MB",
+      tables.map((name) => ({ name, points: registry((s) => (s.bytes[name] ?? 0) / 1e6) })),
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "Dead tuples",
+      "rows",
+      tables.map((name) => ({ name, points: registry((s) => s.deadTuples[name] ?? 0) })),
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "Event log and tombstones",
+      "rows",
+      [
+        { name: "events", points: registry((s) => s.events) },
+        { name: "tombstones", points: registry((s) => s.tombstones) },
+      ],
+      origin,
+      report.faults,
+    ),
+    lineChart(
+      "UNKNOWN queue, sweep backlog, backends",
+      "count",
+      [
+        { name: "UNKNOWN records", points: registry((s) => s.unknown) },
+        { name: "past retention, not swept", points: registry((s) => s.overdue) },
+        { name: "client backends", points: registry((s) => s.backends) },
+      ],
+      origin,
+      report.faults,
+    ),
+  ];
+  const rows = report.criteria
+    .map(
+      (c) =>
+        `<tr class="${c.pass ? "pass" : "fail"}"><td>${esc(c.name)}</td><td>${esc(c.measured)}</td><td>${esc(c.threshold)}</td><td class="r">${c.pass ? "PASS" : "FAIL"}</td></tr>`,
+    )
+    .join("");
+  const facts = report.facts.map((f) => `<tr><td>${esc(f.name)}</td><td>${esc(f.value)}</td></tr>`).join("");
+  const faults = report.faults.map((f) => `<tr><td>${formatDuration(f.atMs)}</td><td>${esc(f.what)}</td></tr>`).join("");
+  const verdict = report.passed ? "PASSED" : "FAILED";
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Soak: ${verdict}</title>
+<style>
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 12px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.verdict{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;background:${report.passed ? "#2e7d32" : "#c62828"}}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+tr.pass td.r{color:#2e7d32;font-weight:600}tr.fail td.r{color:#c62828;font-weight:700}tr.fail{background:#fff3f3}
+.figs{display:flex;flex-wrap:wrap;gap:8px 18px}figure{margin:0}.muted{color:#666}
+svg .t{font-size:12px;font-weight:600}svg .ax{font-size:10px;fill:#555}svg .grid{stroke:#eee}
+</style></head><body>
+<h1>Soak <span class="verdict">${verdict}</span></h1>
+<div class="muted">${esc(report.startedAt)} · ${formatDuration(report.durationSeconds * 1000)} · ${esc(JSON.stringify(report.options))}</div>
+<h2>Lines</h2>
+<table><thead><tr><th>line</th><th>measured</th><th>threshold</th><th></th></tr></thead><tbody>${rows}</tbody></table>
+<h2>Facts</h2>
+<table><tbody>${facts}</tbody></table>
+<h2>Over time</h2>
+<p class="muted">Minutes since the load began; the ticks along the top of each chart are the faults (hover for which).</p>
+<div class="figs">${charts.join("\n")}</div>
+<h2>Faults</h2>
+<table><thead><tr><th>at</th><th>what</th></tr></thead><tbody>${faults}</tbody></table>
+</body></html>
+`;
+}

@@ -1,0 +1,200 @@
+import { readdir, readFile, readlink } from "node:fs/promises";
+import type pg from "pg";
+import type { Cluster, Member } from "../cluster.js";
+import { sleep } from "../gate/util.js";
+import type { Life, Point } from "./judge.js";
+
+/**
+ * What the soak samples every few seconds: each process of the cluster (its
+ * RSS and descriptors from /proc; a coordinator's heap, event-loop delay,
+ * handles and registry pool from its /metrics), and the registry (table and
+ * index sizes, dead tuples, the event log, the UNKNOWN queue, tombstones and
+ * records the retention sweep is late with, backends by client).
+ */
+
+/** One registry sample. */
+export interface RegistrySample {
+  t: number;
+  /** Table + index + TOAST bytes, by table. */
+  bytes: Record<string, number>;
+  deadTuples: Record<string, number>;
+  events: number;
+  unknown: number;
+  tombstones: number;
+  /** Finished records past their retention by more than the grace, not tombstoned yet. */
+  overdue: number;
+  /** Client backends of the registry's database. */
+  backends: number;
+}
+
+export interface ProcessSample {
+  t: number;
+  /** The coordinator's event-loop delay P99, in ms. */
+  eventLoopP99Ms?: number;
+  poolTotal?: number;
+  poolIdle?: number;
+  poolWaiting?: number;
+  sockets: number;
+}
+
+/** A life with the series the judge does not read (sockets, event-loop delay, pool) kept beside it. */
+export interface SampledLife extends Life {
+  samples: ProcessSample[];
+}
+
+const TABLES = ["idem_record", "idem_event", "idem_effect_attempt", "payments", "payment_outbox"] as const;
+
+export class Sampler {
+  readonly lives: SampledLife[] = [];
+  readonly registry: RegistrySample[] = [];
+  readonly errors: string[] = [];
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly cluster: Cluster,
+    private readonly pool: pg.Pool,
+    private readonly options: { intervalMs: number; overdueGraceMs: number },
+  ) {}
+
+  start(): void {
+    const tick = () => {
+      this.running = this.sample().finally(() => {
+        if (this.timer) this.timer = setTimeout(tick, this.options.intervalMs);
+      });
+    };
+    this.timer = setTimeout(tick, 0);
+  }
+
+  async stop(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+
+  /**
+   * Samples `times` times, `gapMs` apart, once the load is over and the
+   * records settled, and keeps for each live coordinator the fewest
+   * connections it held: a background job may hold one for a moment, a leak
+   * holds it in every sample.
+   */
+  async atRest(times = 5, gapMs = 500): Promise<void> {
+    const from = Date.now();
+    const fewest = new Map<SampledLife, NonNullable<Life["poolAtRest"]>>();
+    for (let i = 0; i < times; i++) {
+      if (i > 0) await sleep(gapMs);
+      await this.sample();
+      for (const life of this.lives) {
+        const last = life.samples.at(-1);
+        if (!last || last.t < from || last.poolTotal === undefined) continue;
+        const now = { inUse: last.poolTotal - last.poolIdle!, waiting: last.poolWaiting!, t: last.t };
+        const before = fewest.get(life);
+        if (!before || now.inUse + now.waiting < before.inUse + before.waiting) fewest.set(life, now);
+      }
+    }
+    for (const [life, pool] of fewest) life.poolAtRest = pool;
+  }
+
+  /** One sample of every process and of the registry. */
+  async sample(): Promise<void> {
+    const members: Array<[string, Member]> = [
+      ...this.cluster.coordinators.map((member, i) => [`coordinator ${i}`, member] as [string, Member]),
+      ["service", this.cluster.service],
+      ["provider", this.cluster.provider],
+    ];
+    await Promise.all([...members.map(([name, member]) => this.sampleProcess(name, member)), this.sampleRegistry()]);
+  }
+
+  private lifeOf(process: string, pid: number, coordinator: boolean): SampledLife {
+    let life = this.lives.find((l) => l.process === process && l.pid === pid);
+    if (!life) {
+      life = { process, pid, rss: [], fds: [], samples: [], ...(coordinator ? { heap: [], handles: [] } : {}) };
+      this.lives.push(life);
+    }
+    return life;
+  }
+
+  private async sampleProcess(name: string, member: Member): Promise<void> {
+    const pid = member.pid();
+    if (pid === undefined) return;
+    const t = Date.now();
+    try {
+      const [status, fds, metrics] = await Promise.all([
+        readFile(`/proc/${pid}/status`, "utf8"),
+        descriptors(pid),
+        member.adminUrl ? fetch(`${member.adminUrl}/metrics`, { signal: AbortSignal.timeout(3000) }).then((res) => res.text()) : Promise.resolve(undefined),
+      ]);
+      const rssKiB = Number(/^VmRSS:\s+(\d+) kB/m.exec(status)?.[1] ?? Number.NaN);
+      const life = this.lifeOf(name, pid, metrics !== undefined);
+      const point = (v: number): Point => ({ t, v });
+      if (Number.isFinite(rssKiB)) life.rss.push(point(rssKiB * 1024));
+      life.fds.push(point(fds.total));
+      const sample: ProcessSample = { t, sockets: fds.sockets };
+      if (metrics !== undefined) {
+        const value = (name: string, labels = "") => gauge(metrics, name, labels);
+        life.heap!.push(point(value("idem_nodejs_heap_size_used_bytes")));
+        life.handles!.push(point(value("idem_nodejs_active_handles_total")));
+        sample.eventLoopP99Ms = value("idem_nodejs_eventloop_lag_p99_seconds") * 1000;
+        sample.poolTotal = value("idem_db_pool_connections", 'state="total"');
+        sample.poolIdle = value("idem_db_pool_connections", 'state="idle"');
+        sample.poolWaiting = value("idem_db_pool_connections", 'state="waiting"');
+      }
+      life.samples.push(sample);
+    } catch (error) {
+      // A process killed between pid() and the reads: its life ended.
+      if (member.pid() === pid) this.errors.push(`${name} (${pid}): ${(error as Error).message}`);
+    }
+  }
+
+  private async sampleRegistry(): Promise<void> {
+    const t = Date.now();
+    try {
+      const [sizes, counts] = await Promise.all([
+        this.pool.query<{ name: string; bytes: string; dead: string }>(
+          `SELECT c.relname AS name, pg_total_relation_size(c.oid)::text AS bytes, coalesce(s.n_dead_tup, 0)::text AS dead
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+            WHERE n.nspname = current_schema() AND c.relname = ANY($1)`,
+          [TABLES],
+        ),
+        this.pool.query<{ events: string; unknown: string; tombstones: string; overdue: string; backends: string }>(
+          `SELECT (SELECT count(*) FROM idem_event)::text AS events,
+                  (SELECT count(*) FROM idem_record WHERE state = 'UNKNOWN')::text AS unknown,
+                  (SELECT count(*) FROM idem_record WHERE tombstoned_at IS NOT NULL)::text AS tombstones,
+                  (SELECT count(*) FROM idem_record
+                    WHERE tombstoned_at IS NULL AND state IN ('SUCCEEDED', 'FAILED_FINAL', 'REJECTED')
+                      AND retain_until < now() - make_interval(secs => $1::float8 / 1000))::text AS overdue,
+                  (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend')::text AS backends`,
+          [this.options.overdueGraceMs],
+        ),
+      ]);
+      const row = counts.rows[0]!;
+      this.registry.push({
+        t,
+        bytes: Object.fromEntries(sizes.rows.map((r) => [r.name, Number(r.bytes)])),
+        deadTuples: Object.fromEntries(sizes.rows.map((r) => [r.name, Number(r.dead)])),
+        events: Number(row.events),
+        unknown: Number(row.unknown),
+        tombstones: Number(row.tombstones),
+        overdue: Number(row.overdue),
+        backends: Number(row.backends),
+      });
+    } catch (error) {
+      // A failover or a terminated backend: the next sample reads again.
+      this.errors.push(`registry: ${(error as Error).message}`);
+    }
+  }
+}
+
+/** A process's open descriptors, and how many are sockets. */
+async function descriptors(pid: number): Promise<{ total: number; sockets: number }> {
+  const entries = await readdir(`/proc/${pid}/fd`);
+  const targets = await Promise.all(entries.map((fd) => readlink(`/proc/${pid}/fd/${fd}`).catch(() => "")));
+  return { total: entries.length, sockets: targets.filter((target) => target.startsWith("socket:")).length };
+}
+
+/** A gauge's value in a Prometheus text exposition (`labels` as written inside the braces), NaN when absent. */
+function gauge(text: string, name: string, labels: string): number {
+  const prefix = labels ? `${name}{${labels}} ` : `${name} `;
+  const line = text.split("\n").find((l) => l.startsWith(prefix));
+  return line ? Number(line.slice(prefix.length).split(" ")[0]) : Number.NaN;
+}

@@ -1,0 +1,105 @@
+import { describe, expect, it } from "vitest";
+import { floors, judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, slopePerHour, type Life, type Point, type Spans } from "../../examples/payments/soak/judge.js";
+
+// The soak's judge on series shaped like what it samples: a healthy process,
+// and the drifts it is there to catch (a listener added per request and
+// never removed, a connection checked out and never released, a socket
+// opened per retry, a P99 that climbs, a sweep that falls behind).
+
+const MINUTE = 60_000;
+const START = Date.parse("2026-12-01T10:00:00Z");
+/** The full soak's spans: 5 min of warm-up, 8 min judged at least, 1-min floors. */
+const FULL: Spans = { warmupMs: 5 * MINUTE, minSpanMs: 8 * MINUTE, bucketMs: MINUTE };
+
+/** A deterministic sawtooth around `base` (a garbage-collected heap), plus `perHour` growth, sampled every 5 s for `minutes`. */
+function series(base: number, swing: number, perHour: number, minutes = 30): Point[] {
+  const points: Point[] = [];
+  for (let t = 0; t <= minutes * MINUTE; t += 5_000) {
+    const saw = ((t / 5_000) % 12) / 12; // rises for a minute, then a collection
+    points.push({ t: START + t, v: base + swing * saw + (perHour * t) / 3_600_000 });
+  }
+  return points;
+}
+
+function coordinator(overrides: Partial<Life> = {}): Life {
+  return {
+    process: "coordinator 0",
+    pid: 4242,
+    rss: series(150e6, 40e6, 0),
+    heap: series(40e6, 60e6, 0),
+    fds: series(40, 6, 0),
+    handles: series(20, 4, 0),
+    poolAtRest: { inUse: 0, waiting: 0, t: START + 31 * MINUTE },
+    ...overrides,
+  };
+}
+
+describe("the soak's judge", () => {
+  it("fits slopes and takes the floor of each bucket", () => {
+    expect(slopePerHour(series(0, 0, 120))).toBeCloseTo(120, 6);
+    const low = floors(series(100, 50, 0, 3), MINUTE);
+    expect(low.map((p) => p.v)).toEqual([100, 100, 100, 100]);
+  });
+
+  it("passes a healthy process: sawtooth heap and RSS, steady descriptors and handles, nothing held at rest", () => {
+    const lives = [coordinator()];
+    expect(judgeFlat("memory", lives, FULL).pass).toBe(true);
+    expect(judgeFlat("handles", lives, FULL).pass).toBe(true);
+    expect(judgeConnectionsAtRest(lives).pass).toBe(true);
+  });
+
+  it("catches a listener leak: the heap's floor climbing 30 MB an hour under its sawtooth", () => {
+    const leaking = coordinator({ heap: series(40e6, 60e6, 30e6), rss: series(150e6, 40e6, 30e6) });
+    const verdict = judgeFlat("memory", [coordinator({ process: "coordinator 1", pid: 1 }), leaking], FULL);
+    expect(verdict.pass).toBe(false);
+    expect(verdict.measured).toMatch(/^grew: coordinator 0 rss .*coordinator 0 heap/);
+  });
+
+  it("does not mistake the warm-up climb for a leak, nor judge a life too short to tell", () => {
+    // 60 MB in the first five minutes (caches, compiled code), flat after.
+    const warming = series(40e6, 60e6, 0).map((p) => ({ t: p.t, v: p.v + Math.min(p.t - START, 5 * MINUTE) * (60e6 / (5 * MINUTE)) }));
+    expect(judgeFlat("memory", [coordinator({ heap: warming })], FULL).pass).toBe(true);
+    const restarted = coordinator({ heap: series(40e6, 60e6, 300e6, 10), rss: series(150e6, 0, 0, 10), fds: [], handles: [] });
+    const verdict = judgeFlat("memory", [restarted], FULL);
+    // 10 minutes minus 5 of warm-up is shorter than the 8 judged at least: no verdict, and no line passes on nothing.
+    expect(verdict.pass).toBe(false);
+    expect(verdict.measured).toBe("no life long enough to judge");
+  });
+
+  it("in a short run judges only the heap's gross growth: the RSS still climbs to its working size there", () => {
+    const quick: Spans = { warmupMs: 72_000, minSpanMs: 72_000, bucketMs: 10_000, short: true };
+    const climbing = coordinator({ rss: series(150e6, 0, 1e9, 3), heap: series(40e6, 0, 200e6, 3), fds: [], handles: [] });
+    expect(judgeFlat("memory", [climbing], quick).pass).toBe(true);
+    const leaking = coordinator({ rss: series(150e6, 0, 0, 3), heap: series(40e6, 0, 1.2e9, 3), fds: [], handles: [] });
+    expect(judgeFlat("memory", [leaking], quick).measured).toMatch(/^grew: coordinator 0 heap/);
+  });
+
+  it("catches a connection leak: a pool connection still checked out at rest", () => {
+    const verdict = judgeConnectionsAtRest([coordinator(), coordinator({ process: "coordinator 2", pid: 7, poolAtRest: { inUse: 1, waiting: 0, t: START } })]);
+    expect(verdict.pass).toBe(false);
+    expect(verdict.measured).toBe("coordinator 2: 1 checked out, 0 waiting");
+  });
+
+  it("catches a socket opened per retry and never closed: descriptors climbing", () => {
+    const verdict = judgeFlat("handles", [coordinator({ fds: series(40, 6, 60) })], FULL);
+    expect(verdict.pass).toBe(false);
+    expect(verdict.measured).toMatch(/coordinator 0 fds/);
+  });
+
+  it("catches a P99 that drifts up by more than 20 %, not one within it", () => {
+    const first = { p99Ms: 40, count: 20_000 };
+    expect(judgeP99Drift(first, { p99Ms: 47, count: 20_000 }, 5 * MINUTE).pass).toBe(true);
+    const drifted = judgeP99Drift(first, { p99Ms: 60, count: 20_000 }, 5 * MINUTE);
+    expect(drifted.pass).toBe(false);
+    expect(drifted.measured).toMatch(/^60\.0 ms against 40\.0 ms \(150 %/);
+    // Too few answers in a window make no verdict.
+    expect(judgeP99Drift(first, { p99Ms: 30, count: 20 }, 5 * MINUTE).pass).toBe(false);
+  });
+
+  it("catches a retention sweep that falls behind, and one that never ran", () => {
+    const keptUp = [0, 0, 0].map((v, i) => ({ t: START + (3 + i) * MINUTE, v }));
+    expect(judgeRetention(keptUp, 1_200, START + 2 * MINUTE).pass).toBe(true);
+    expect(judgeRetention([...keptUp, { t: START + 6 * MINUTE, v: 35 }], 1_200, START + 2 * MINUTE).pass).toBe(false);
+    expect(judgeRetention(keptUp, 0, START + 2 * MINUTE).pass).toBe(false);
+  });
+});
