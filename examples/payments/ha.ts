@@ -22,11 +22,12 @@
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { GateAborted, runGate } from "./gate.js";
+import { runGate } from "./gate.js";
 import type { RegistryFault } from "./gate/chaos.js";
 import type { Criterion } from "./gate/measure.js";
 import { formatDuration } from "./gate/util.js";
-import { missingEngines, startHaRegistry, type LocalHaRegistry } from "./ha/engines.js";
+import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "./ha/cli.js";
+import type { LocalHaRegistry } from "./ha/engines.js";
 import { runHaFault, type HaFault } from "./ha/faults.js";
 import { WriteProbe } from "./ha/probe.js";
 
@@ -54,27 +55,15 @@ postgres).
   --verbose        print the processes' output
   --help           this text`;
 
-interface HaOptions {
-  quick: boolean;
+interface HaOptions extends CommonOptions {
   rounds: number;
   requests: number | undefined;
-  replicas: number;
-  outDir: string;
-  verbose: boolean;
 }
 
 function parse(argv: string[]): HaOptions | "help" {
   const { values } = parseArgs({
     args: argv,
-    options: {
-      quick: { type: "boolean" },
-      rounds: { type: "string" },
-      requests: { type: "string" },
-      replicas: { type: "string" },
-      out: { type: "string" },
-      verbose: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: { ...COMMON_OPTIONS, rounds: { type: "string" }, requests: { type: "string" } },
     strict: true,
     allowPositionals: false,
   });
@@ -121,97 +110,66 @@ function quantile(sorted: number[], q: number): number {
 }
 
 async function main(): Promise<void> {
-  let options: HaOptions | "help";
-  try {
-    options = parse(process.argv.slice(2));
-  } catch (error) {
-    process.stderr.write(`${(error as Error).message}\n(npm run ha -- --help lists the options)\n`);
-    process.exitCode = 2;
-    return;
-  }
-  if (options === "help") {
-    process.stdout.write(`${USAGE}\n`);
-    return;
-  }
-  const missing = missingEngines(["etcd", "patroni", "patronictl", "haproxy"]);
-  if (missing.length > 0) {
-    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y ${missing.join(" ")}\n`);
-    process.exitCode = 2;
-    return;
-  }
-  const log = (line: string) => process.stderr.write(`${line}\n`);
-  const controller = new AbortController();
-  process.on("SIGINT", () => controller.abort());
-  process.on("SIGTERM", () => controller.abort());
-
-  const ha = await startHaRegistry({ log });
-  const probe = new WriteProbe(ha.url);
-  try {
-    await probe.start();
-    const windows = new Map<RegistryFault, { kind: FaultKind; from: number; to: number }>();
-    const faults = planFaults(ha, options.rounds, windows, log);
-    const moreCriteria = async (): Promise<Criterion[]> => {
-      await probe.stop();
-      const lost = await probe.lost();
-      const lines: Criterion[] = [
-        {
-          id: "probe-writes-lost",
-          name: "acknowledged probe writes lost",
-          value: lost.length,
-          measured: `${lost.length} of ${probe.acknowledged.length}`,
-          threshold: "= 0",
-          pass: lost.length === 0 && probe.acknowledged.length > 0,
-          source: "supplementary",
-          detail: { lost: lost.slice(0, 20), acknowledged: probe.acknowledged.length, failedWrites: probe.failures },
-        },
-      ];
-      for (const kind of FAULTS) {
-        const pauses = [...windows.values()]
-          .filter((w) => w.kind === kind)
-          .map((w) => probe.pauseMs(w.from, w.to))
-          .sort((a, b) => a - b);
-        const worst = pauses.at(-1) ?? Number.NaN;
-        lines.push({
-          id: `pause-${kind.replaceAll(" ", "-")}`,
-          name: `write pause, ${kind} (${pauses.length} of ${options.rounds} run)`,
-          value: worst,
-          measured: pauses.length ? `P50 ${formatDuration(quantile(pauses, 0.5))}, P99 ${formatDuration(quantile(pauses, 0.99))}` : "n/a (did not run)",
-          threshold: `<= ${formatDuration(PAUSE_LIMIT_MS)}`,
-          pass: pauses.length === options.rounds && worst <= PAUSE_LIMIT_MS,
-          source: "supplementary",
-          detail: { pausesMs: pauses },
-        });
-      }
-      return lines;
-    };
-    const result = await runGate({
-      quick: options.quick,
-      databaseUrl: ha.url,
-      replicas: options.replicas,
-      registryFaults: faults,
-      judgeReserveLatency: false,
-      moreCriteria,
-      // The load must outlast every fault: each one waits for the old primary to rejoin.
-      requests: options.requests ?? (options.quick ? 3_000 : 4_000) * options.rounds,
-      outDir: options.outDir,
-      verbose: options.verbose,
-      signal: controller.signal,
-    });
-    process.stdout.write(`\n${result.table.replace(/^Launch gate/, "Failover scenario on Patroni: launch gate")}`);
-    process.stderr.write(`report: ${result.files.json}\n        ${result.files.html}\n`);
-    process.exitCode = result.passed ? 0 : 1;
-  } catch (error) {
-    if (error instanceof GateAborted) {
-      process.stderr.write("the run was stopped; nothing was measured\n");
-      process.exitCode = 130;
-    } else {
-      process.stderr.write(`the failover scenario could not complete its run: ${(error as Error).stack ?? String(error)}\n${ha.output()}\n`);
-      process.exitCode = 1;
+  await runOnHaRegistry({ npmScript: "npm run ha", usage: USAGE, parse }, async (options, { ha, log, signal }) => {
+    const probe = new WriteProbe(ha.url);
+    try {
+      await probe.start();
+      const windows = new Map<RegistryFault, { kind: FaultKind; from: number; to: number }>();
+      const faults = planFaults(ha, options.rounds, windows, log);
+      const moreCriteria = async (): Promise<Criterion[]> => {
+        await probe.stop();
+        const lost = await probe.lost();
+        const lines: Criterion[] = [
+          {
+            id: "probe-writes-lost",
+            name: "acknowledged probe writes lost",
+            value: lost.length,
+            measured: `${lost.length} of ${probe.acknowledged.length}`,
+            threshold: "= 0",
+            pass: lost.length === 0 && probe.acknowledged.length > 0,
+            source: "supplementary",
+            detail: { lost: lost.slice(0, 20), acknowledged: probe.acknowledged.length, failedWrites: probe.failures },
+          },
+        ];
+        for (const kind of FAULTS) {
+          const pauses = [...windows.values()]
+            .filter((w) => w.kind === kind)
+            .map((w) => probe.pauseMs(w.from, w.to))
+            .sort((a, b) => a - b);
+          const worst = pauses.at(-1) ?? Number.NaN;
+          lines.push({
+            id: `pause-${kind.replaceAll(" ", "-")}`,
+            name: `write pause, ${kind} (${pauses.length} of ${options.rounds} run)`,
+            value: worst,
+            measured: pauses.length ? `P50 ${formatDuration(quantile(pauses, 0.5))}, P99 ${formatDuration(quantile(pauses, 0.99))}` : "n/a (did not run)",
+            threshold: `<= ${formatDuration(PAUSE_LIMIT_MS)}`,
+            pass: pauses.length === options.rounds && worst <= PAUSE_LIMIT_MS,
+            source: "supplementary",
+            detail: { pausesMs: pauses },
+          });
+        }
+        return lines;
+      };
+      const result = await runGate({
+        quick: options.quick,
+        databaseUrl: ha.url,
+        replicas: options.replicas,
+        registryFaults: faults,
+        judgeReserveLatency: false,
+        moreCriteria,
+        // The load must outlast every fault: each one waits for the old primary to rejoin.
+        requests: options.requests ?? (options.quick ? 3_000 : 4_000) * options.rounds,
+        outDir: options.outDir,
+        verbose: options.verbose,
+        signal,
+      });
+      process.stdout.write(`\n${result.table.replace(/^Launch gate/, "Failover scenario on Patroni: launch gate")}`);
+      process.stderr.write(`report: ${result.files.json}\n        ${result.files.html}\n`);
+      return result.passed;
+    } finally {
+      await probe.stop().catch(() => undefined);
     }
-  } finally {
-    await probe.stop().catch(() => undefined);
-    await ha.stop();
-  }
+  });
 }
 
 const invokedDirectly = process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href;

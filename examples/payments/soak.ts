@@ -26,14 +26,15 @@ import { join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import pg from "pg";
-import { GateAborted, runGate } from "./gate.js";
+import { runGate } from "./gate.js";
 import type { RegistryFault } from "./gate/chaos.js";
 import { Samples } from "./gate/histogram.js";
 import type { LoadStats } from "./gate/load.js";
 import type { Criterion } from "./gate/measure.js";
 import { parseDuration, UsageError, type RunObserver, type RunView } from "./gate/options.js";
 import { formatDuration } from "./gate/util.js";
-import { missingEngines, startHaRegistry, type LocalHaRegistry } from "./ha/engines.js";
+import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "./ha/cli.js";
+import type { LocalHaRegistry } from "./ha/engines.js";
 import { runHaFault, type HaFault } from "./ha/faults.js";
 import { paymentsPolicy } from "./policy.js";
 import { judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, type Spans } from "./soak/judge.js";
@@ -76,27 +77,17 @@ bad usage. Needs root or the postgres user (as root, the engines run as postgres
   --verbose        print the processes' output
   --help           this text`;
 
-interface SoakOptions {
-  quick: boolean;
+interface SoakOptions extends CommonOptions {
   durationMs: number;
   rate: number | undefined;
-  replicas: number;
-  outDir: string;
-  verbose: boolean;
+  /** The rate to run at: --rate, or half of the benchmark's peak (lowered by the calibration run when that is lower). */
+  target: { rate: number; source: string };
 }
 
 function parse(argv: string[]): SoakOptions | "help" {
   const { values } = parseArgs({
     args: argv,
-    options: {
-      quick: { type: "boolean" },
-      duration: { type: "string" },
-      rate: { type: "string" },
-      replicas: { type: "string" },
-      out: { type: "string" },
-      verbose: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
+    options: { ...COMMON_OPTIONS, duration: { type: "string" }, rate: { type: "string" } },
     strict: true,
     allowPositionals: false,
   });
@@ -107,7 +98,8 @@ function parse(argv: string[]): SoakOptions | "help" {
   if (rate !== undefined && !(rate > 0)) throw new UsageError(`--rate: a positive number of requests per second, not ${values.rate}`);
   const replicas = values.replicas === undefined ? 3 : Number(values.replicas);
   if (!Number.isInteger(replicas) || replicas < 2) throw new UsageError(`--replicas: a whole number of at least 2 (replica 0 is never killed), not ${values.replicas}`);
-  return { quick, durationMs, rate, replicas, outDir: values.out ?? "soak-report", verbose: values.verbose ?? false };
+  const target = rate ? { rate, source: "--rate" } : halfOfBenchPeak();
+  return { quick, durationMs, rate, target, replicas, outDir: values.out ?? "soak-report", verbose: values.verbose ?? false };
 }
 
 function durationOf(text: string): number {
@@ -207,31 +199,11 @@ function percentiles(d: { p50Ms: number; p99Ms: number; count: number }) {
 }
 
 async function main(): Promise<void> {
-  let options: SoakOptions | "help";
-  let target: { rate: number; source: string };
-  try {
-    options = parse(process.argv.slice(2));
-    if (options === "help") {
-      process.stdout.write(`${USAGE}\n`);
-      return;
-    }
-    target = options.rate ? { rate: options.rate, source: "--rate" } : halfOfBenchPeak();
-  } catch (error) {
-    process.stderr.write(`${(error as Error).message}\n(npm run soak -- --help lists the options)\n`);
-    process.exitCode = 2;
-    return;
-  }
-  const missing = missingEngines(["etcd", "patroni", "patronictl", "haproxy"]);
-  if (missing.length > 0) {
-    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y ${missing.join(" ")}\n`);
-    process.exitCode = 2;
-    return;
-  }
-  const log = (line: string) => process.stderr.write(`${line}\n`);
-  const controller = new AbortController();
-  process.on("SIGINT", () => controller.abort());
-  process.on("SIGTERM", () => controller.abort());
+  await runOnHaRegistry({ npmScript: "npm run soak", usage: USAGE, parse }, soak);
+}
 
+/** The soak on a started registry: resolves with whether every line passed. */
+async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegistry; log: (line: string) => void; signal: AbortSignal }): Promise<boolean> {
   const minutes = options.durationMs / 60_000;
   // The P99 line compares five minutes (a quarter of a shorter run) at each end; lives are judged after their own warm-up.
   const windowMs = 60_000;
@@ -245,14 +217,14 @@ async function main(): Promise<void> {
     short,
   };
 
-  const ha: LocalHaRegistry = await startHaRegistry({ log });
+  let target = options.target;
   let view: RunView | undefined;
   let sampler: Sampler | undefined;
   let killer: ReturnType<typeof backendKiller> | undefined;
   let terminatedBackends = 0;
   try {
     if (options.rate === undefined) {
-      const peak = await calibrate(ha.url, options, controller.signal, log);
+      const peak = await calibrate(ha.url, options, signal, log);
       if (peak.rate < target.rate) target = peak;
     }
     log(`soak: ${formatDuration(options.durationMs)} at ${target.rate} requests/s (${target.source}), ${options.replicas} replicas on Patroni`);
@@ -310,7 +282,7 @@ async function main(): Promise<void> {
       moreCriteria,
       outDir: join(options.outDir, "gate"),
       verbose: options.verbose,
-      signal: controller.signal,
+      signal,
     });
     const stats = view!.stats;
     const windows = latencyWindows(stats, windowMs, comparedWindows);
@@ -361,19 +333,10 @@ async function main(): Promise<void> {
     const files = await writeSoakReport(report, options.outDir);
     process.stdout.write(`\n${result.table.replace(/^Launch gate/, "Soak on Patroni: launch gate")}`);
     process.stderr.write(`report: ${files.html}\n        ${files.json}\n        ${result.files.html}\n`);
-    process.exitCode = result.passed ? 0 : 1;
-  } catch (error) {
-    if (error instanceof GateAborted) {
-      process.stderr.write("the run was stopped; nothing was measured\n");
-      process.exitCode = 130;
-    } else {
-      process.stderr.write(`the soak could not complete its run: ${(error as Error).stack ?? String(error)}\n${ha.output()}\n`);
-      process.exitCode = 1;
-    }
+    return result.passed;
   } finally {
     await killer?.stop().catch(() => 0);
     await sampler?.stop();
-    await ha.stop();
   }
 }
 

@@ -271,6 +271,17 @@ function svgReserveSeries(series: readonly ReserveInterval[], kills: Array<{ sec
   return parts.join("");
 }
 
+/** The style the gate's and the soak's reports share: the page, the verdict, the table of lines, the charts. */
+export function reportStyle(passed: boolean): string {
+  return `body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 12px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.verdict{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;background:${passed ? "#2e7d32" : "#c62828"}}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+tr.pass td.r{color:#2e7d32;font-weight:600}tr.fail td.r{color:#c62828;font-weight:700}tr.fail{background:#fff3f3}
+.figs{display:flex;flex-wrap:wrap;gap:8px 18px}figure{margin:0}.muted{color:#666}
+svg .t{font-size:12px;font-weight:600}svg .ax{font-size:10px;fill:#555}svg .grid{stroke:#eee}`;
+}
+
 export function renderHtml(report: GateReport): string {
   const bounds = report.latency.clientBoundsMs;
   const clientCharts = (Object.entries(report.latency.client) as Array<[OutcomeClass, Distribution]>)
@@ -345,15 +356,10 @@ export function renderHtml(report: GateReport): string {
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Launch gate: ${report.passed ? "PASSED" : "FAILED"}</title>
 <style>
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 12px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.verdict{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;background:${report.passed ? "#2e7d32" : "#c62828"}}
-table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
-tr.pass td.r{color:#2e7d32;font-weight:600}tr.fail td.r{color:#c62828;font-weight:700}tr.fail{background:#fff3f3}
+${reportStyle(report.passed)}
 .sup{font-size:11px;color:#666;border:1px solid #ccc;border-radius:3px;padding:0 4px}
-.grid-figs{display:flex;flex-wrap:wrap;gap:8px 18px}figure{margin:0}figcaption{font-size:12px;color:#555;margin-left:46px}
-svg .t{font-size:12px;font-weight:600}svg .ax{font-size:10px;fill:#555}svg .grid{stroke:#eee}svg .axis{stroke:#999}
-pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px;max-height:420px}.muted{color:#666}
+figcaption{font-size:12px;color:#555;margin-left:46px}svg .axis{stroke:#999}
+pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px;max-height:420px}
 </style></head><body>
 <h1>Launch gate <span class="verdict">${report.passed ? "PASSED" : "FAILED"}</span></h1>
 <div class="muted">${esc(report.contract)} · ${esc(report.startedAt)} · ${formatDuration(report.durationSeconds * 1000)} · ${report.load.httpRequests.toLocaleString("en-US")} HTTP requests, ${report.load.logicalRequests.toLocaleString("en-US")} logical requests, ${report.load.requestsPerSecond.toFixed(0)} requests/s</div>
@@ -387,7 +393,7 @@ ${svgReserveSeries(reserve.series, kills, reserve.limitMs, report.phases.loadSec
 <div class="muted">P50 (blue) and P99 (red) of the Reserve transactions of each scrape interval (about 5 s); dashed horizontal: the limit; dashed vertical: SIGKILLs.</div>
 <figure>${reserveChart}<figcaption>P50 ${fmtMs(reserve.p50Ms)} · P90 ${fmtMs(reserve.p90Ms)} · P99 ${fmtMs(reserve.p99Ms)} · P99.9 ${fmtMs(reserve.p999Ms)} (interpolated in the histogram's buckets)</figcaption></figure>
 <h2>End-to-end latency by outcome (client side)</h2>
-<div class="grid-figs">
+<div class="figs">
 ${clientCharts}
 </div>
 <h2>Environment and options</h2>

@@ -1,7 +1,7 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Criterion } from "../gate/measure.js";
-import { esc } from "../gate/report.js";
+import { esc, reportStyle } from "../gate/report.js";
 import { formatDuration } from "../gate/util.js";
 import type { Point } from "./judge.js";
 import type { RegistrySample, SampledLife } from "./sampler.js";
@@ -93,94 +93,59 @@ export function renderSoakHtml(report: SoakReport): string {
     });
   const registry = (pick: (sample: RegistrySample) => number) => report.registry.map((s) => ({ t: s.t, v: pick(s) }));
   const tables = [...new Set(report.registry.flatMap((s) => Object.keys(s.bytes)))].sort();
+  const chart = (title: string, unit: string, series: Array<{ name: string; points: readonly Point[] }>) => lineChart(title, unit, series, origin, report.faults);
   const charts = [
-    lineChart(
-      "Latency of the answers per window",
-      "ms",
-      [
-        { name: "P50", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p50Ms })) },
-        { name: "P99", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p99Ms })) },
-      ],
-      origin,
-      report.faults,
-    ),
-    lineChart(
-      "Requests per second",
-      "requests/s",
-      [
-        { name: "answered", points: report.timeline.map(([ok], s) => ({ t: origin + s * 1000, v: ok })) },
-        { name: "failed (503, 5xx, connection)", points: report.timeline.map(([, failed], s) => ({ t: origin + s * 1000, v: failed })) },
-      ],
-      origin,
-      report.faults,
-    ),
-    lineChart(
+    chart("Latency of the answers per window", "ms", [
+      { name: "P50", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p50Ms })) },
+      { name: "P99", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p99Ms })) },
+    ]),
+    chart("Requests per second", "requests/s", [
+      { name: "answered", points: report.timeline.map(([ok], s) => ({ t: origin + s * 1000, v: ok })) },
+      { name: "failed (503, 5xx, connection)", points: report.timeline.map(([, failed], s) => ({ t: origin + s * 1000, v: failed })) },
+    ]),
+    chart(
       "RSS per process",
       "MB",
       perLife((l) => l.rss, 1e6),
-      origin,
-      report.faults,
     ),
-    lineChart(
+    chart(
       "V8 heap used, coordinators",
       "MB",
       perLife((l) => l.heap, 1e6),
-      origin,
-      report.faults,
     ),
-    lineChart(
+    chart(
       "Open descriptors per process",
       "descriptors",
       perLife((l) => l.fds),
-      origin,
-      report.faults,
     ),
-    lineChart("Sockets per process", "sockets", perLife(fromSamples((s) => s.sockets)), origin, report.faults),
-    lineChart(
+    chart("Sockets per process", "sockets", perLife(fromSamples((s) => s.sockets))),
+    chart(
       "libuv handles, coordinators",
       "handles",
       perLife((l) => l.handles),
-      origin,
-      report.faults,
     ),
-    lineChart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms)), origin, report.faults),
-    lineChart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!))), origin, report.faults),
-    lineChart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting)), origin, report.faults),
-    lineChart(
+    chart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms))),
+    chart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!)))),
+    chart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting))),
+    chart(
       "Table size with indexes",
       "MB",
       tables.map((name) => ({ name, points: registry((s) => (s.bytes[name] ?? 0) / 1e6) })),
-      origin,
-      report.faults,
     ),
-    lineChart(
+    chart(
       "Dead tuples",
       "rows",
       tables.map((name) => ({ name, points: registry((s) => s.deadTuples[name] ?? 0) })),
-      origin,
-      report.faults,
     ),
-    lineChart(
-      "Event log and tombstones",
-      "rows",
-      [
-        { name: "events", points: registry((s) => s.events) },
-        { name: "tombstones", points: registry((s) => s.tombstones) },
-      ],
-      origin,
-      report.faults,
-    ),
-    lineChart(
-      "UNKNOWN queue, sweep backlog, backends",
-      "count",
-      [
-        { name: "UNKNOWN records", points: registry((s) => s.unknown) },
-        { name: "past retention, not swept", points: registry((s) => s.overdue) },
-        { name: "client backends", points: registry((s) => s.backends) },
-      ],
-      origin,
-      report.faults,
-    ),
+    chart("Event log and tombstones", "rows", [
+      { name: "events", points: registry((s) => s.events) },
+      { name: "tombstones", points: registry((s) => s.tombstones) },
+    ]),
+    chart("UNKNOWN queue, sweep backlog, backends", "count", [
+      { name: "UNKNOWN records", points: registry((s) => s.unknown) },
+      { name: "past retention, not swept", points: registry((s) => s.overdue) },
+      { name: "client backends", points: registry((s) => s.backends) },
+    ]),
   ];
   const rows = report.criteria
     .map(
@@ -194,13 +159,7 @@ export function renderSoakHtml(report: SoakReport): string {
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Soak: ${verdict}</title>
 <style>
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 12px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.verdict{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;background:${report.passed ? "#2e7d32" : "#c62828"}}
-table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
-tr.pass td.r{color:#2e7d32;font-weight:600}tr.fail td.r{color:#c62828;font-weight:700}tr.fail{background:#fff3f3}
-.figs{display:flex;flex-wrap:wrap;gap:8px 18px}figure{margin:0}.muted{color:#666}
-svg .t{font-size:12px;font-weight:600}svg .ax{font-size:10px;fill:#555}svg .grid{stroke:#eee}
+${reportStyle(report.passed)}
 </style></head><body>
 <h1>Soak <span class="verdict">${verdict}</span></h1>
 <div class="muted">${esc(report.startedAt)} · ${formatDuration(report.durationSeconds * 1000)} · ${esc(JSON.stringify(report.options))}</div>
