@@ -290,7 +290,7 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
     const last = sampler!.registry.at(-1);
     const growth = (of: (s: NonNullable<typeof last>) => number) => (first && last ? of(last) - of(first) : 0);
     const perRequest = (bytes: number) => `${(bytes / Math.max(1, stats.sent)).toFixed(0)} bytes per HTTP request`;
-    const eventLoopP99 = Math.max(0, ...sampler!.lives.flatMap((l) => l.samples.map((s) => s.eventLoopP99Ms ?? 0)));
+    const eventLoopP99 = Math.max(0, ...sampler!.lives.flatMap((l) => l.samples.map((s) => s.eventLoopP99Ms ?? 0)).filter(Number.isFinite));
     const report: SoakReport = {
       passed: result.passed,
       startedAt: result.report.startedAt,

@@ -126,14 +126,15 @@ export class Sampler {
       ]);
       const rssKiB = Number(/^VmRSS:\s+(\d+) kB/m.exec(status)?.[1] ?? Number.NaN);
       const life = this.lifeOf(name, pid, metrics !== undefined);
-      const point = (v: number): Point => ({ t, v });
-      if (Number.isFinite(rssKiB)) life.rss.push(point(rssKiB * 1024));
-      life.fds.push(point(fds.total));
+      // A value a scrape missed (NaN) is left out: one would spoil a fitted slope.
+      const push = (series: Point[], v: number) => void (Number.isFinite(v) && series.push({ t, v }));
+      push(life.rss, rssKiB * 1024);
+      push(life.fds, fds.total);
       const sample: ProcessSample = { t, sockets: fds.sockets };
       if (metrics !== undefined) {
         const value = (name: string, labels = "") => gauge(metrics, name, labels);
-        life.heap!.push(point(value("idem_nodejs_heap_size_used_bytes")));
-        life.handles!.push(point(value("idem_nodejs_active_handles_total")));
+        push(life.heap!, value("idem_nodejs_heap_size_used_bytes"));
+        push(life.handles!, value("idem_nodejs_active_handles_total"));
         sample.eventLoopP99Ms = value("idem_nodejs_eventloop_lag_p99_seconds") * 1000;
         sample.poolTotal = value("idem_db_pool_connections", 'state="total"');
         sample.poolIdle = value("idem_db_pool_connections", 'state="idle"');
