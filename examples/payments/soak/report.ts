@@ -40,13 +40,15 @@ const PALETTE = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f
 /** Lines over time as inline SVG: x in minutes since the load began, fault marks along the top. */
 function lineChart(title: string, unit: string, series: Array<{ name: string; points: readonly Point[] }>, origin: number, faults: SoakReport["faults"]): string {
   const W = 560;
-  const legendRows = Math.ceil(series.length / 4);
+  const legendRows = Math.ceil(new Set(series.map((s) => s.name)).size / 4);
   const H = 200 + 12 * legendRows;
   const left = 56;
   const top = 22;
   const plotW = W - left - 12;
   const plotH = H - top - 30 - 12 * legendRows;
-  const all = series.flatMap((s) => s.points);
+  // One color and one legend entry per name: a process's lives share its name.
+  const names = [...new Set(series.map((s) => s.name))];
+  const all = series.flatMap((s) => s.points).filter((p) => Number.isFinite(p.v));
   if (all.length === 0) return `<figure><figcaption>${esc(title)}: no samples</figcaption></figure>`;
   const minT = origin;
   const maxT = Math.max(origin + 60_000, ...all.map((p) => p.t));
@@ -69,12 +71,17 @@ function lineChart(title: string, unit: string, series: Array<{ name: string; po
     parts.push(
       `<line x1="${x(origin + fault.atMs).toFixed(1)}" x2="${x(origin + fault.atMs).toFixed(1)}" y1="${top}" y2="${top + 5}" stroke="#999"><title>${esc(fault.what)}</title></line>`,
     );
-  series.forEach((s, i) => {
-    const color = PALETTE[i % PALETTE.length]!;
-    const d = s.points.map((p, j) => `${j === 0 ? "M" : "L"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`).join("");
-    parts.push(`<path d="${d}" fill="none" stroke="${color}" stroke-width="1.3"/>`);
-    parts.push(`<text x="${left + (i % 4) * 130}" y="${top + plotH + 30 + Math.floor(i / 4) * 12}" class="ax" fill="${color}">■ ${esc(s.name)}</text>`);
-  });
+  const colorOf = (name: string) => PALETTE[names.indexOf(name) % PALETTE.length]!;
+  for (const s of series) {
+    const d = s.points
+      .filter((p) => Number.isFinite(p.v))
+      .map((p, j) => `${j === 0 ? "M" : "L"}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`)
+      .join("");
+    parts.push(`<path d="${d}" fill="none" stroke="${colorOf(s.name)}" stroke-width="1.3"/>`);
+  }
+  names.forEach((name, i) =>
+    parts.push(`<text x="${left + (i % 4) * 130}" y="${top + plotH + 30 + Math.floor(i / 4) * 12}" class="ax" fill="${colorOf(name)}">■ ${esc(name)}</text>`),
+  );
   parts.push("</svg>");
   return `<figure>${parts.join("")}</figure>`;
 }
@@ -84,7 +91,7 @@ export function renderSoakHtml(report: SoakReport): string {
   const perLife = (pick: (life: SampledLife) => readonly Point[] | undefined, scale = 1) =>
     report.lives.flatMap((life) => {
       const points = pick(life);
-      return points && points.length > 0 ? [{ name: `${life.process} (${life.pid})`, points: points.map((p) => ({ t: p.t, v: p.v / scale })) }] : [];
+      return points && points.length > 0 ? [{ name: life.process, points: points.map((p) => ({ t: p.t, v: p.v / scale })) }] : [];
     });
   const fromSamples = (pick: (sample: SampledLife["samples"][number]) => number | undefined) => (life: SampledLife) =>
     life.samples.flatMap((s) => {
@@ -168,7 +175,7 @@ ${reportStyle(report.passed)}
 <h2>Facts</h2>
 <table><tbody>${facts}</tbody></table>
 <h2>Over time</h2>
-<p class="muted">Minutes since the load began; the ticks along the top of each chart are the faults (hover for which).</p>
+<p class="muted">Minutes since the load began; the ticks along the top of each chart are the faults (hover for which). A process's lives share its color: a line that breaks off is a process killed, the next one its restart.</p>
 <div class="figs">${charts.join("\n")}</div>
 <h2>Faults</h2>
 <table><thead><tr><th>at</th><th>what</th></tr></thead><tbody>${faults}</tbody></table>
