@@ -2,7 +2,7 @@
  * The soak (`npm run soak`, docs/soak.md): the launch gate's load through the
  * payments example and three coordinator replicas on the Patroni registry,
  * paced at half of its peak on this machine (the lower of `npm run bench`'s
- * and a calibration run's), for a long time (30 minutes; `--quick` 3), while
+ * and a calibration run's), for a long time (30 minutes; `--quick` 4), while
  * something keeps dying:
  *
  *   every 5 s        a registry backend terminated (pg_terminate_backend)
@@ -48,11 +48,15 @@ const RETENTION = { keep: "2m", clientRetryWindow: "1m", queueBacklogWindow: "30
 const SWEEP_INTERVAL_MS = 15_000;
 const SAMPLE_INTERVAL_MS = 5_000;
 const BACKEND_KILL_INTERVAL_MS = 5_000;
-/** The registry faults, once each, in the middle of the run (away from the first and last windows the P99 line compares). */
+/**
+ * The registry faults, once each, between the first and the last windows the
+ * P99 line compares: at these shares of the span between them, so that each
+ * one and its recovery (10 to 15 s) end well before the last window.
+ */
 const REGISTRY_FAULTS: Array<{ kind: HaFault; at: number }> = [
-  { kind: "switchover", at: 0.4 },
-  { kind: "standby pause", at: 0.5 },
-  { kind: "primary kill", at: 0.6 },
+  { kind: "switchover", at: 0.1 },
+  { kind: "standby pause", at: 0.4 },
+  { kind: "primary kill", at: 0.65 },
 ];
 
 const USAGE = `usage: idemctl soak [options]        (or: npm run soak -- [options])
@@ -67,8 +71,8 @@ lines and its own (P99 drift, memory and handles flat, connections at rest, rete
 table, writes soak.html and soak.json; exit code 0 when every line passes, 1 when one fails, 2 on
 bad usage. Needs root or the postgres user (as root, the engines run as postgres).
 
-  --quick          the CI variant: 3 minutes
-  --duration D     how long the load runs, e.g. 30m, 1h (30m; quick 3m)
+  --quick          the CI variant: 4 minutes
+  --duration D     how long the load runs, e.g. 30m, 1h (30m; quick 4m)
   --rate N         requests per second (default: the lower of half the newest bench/results/*.json's
                    service-level new keys per second under synchronous_commit=on, and half of this
                    stack's peak, measured by a closed-loop calibration run of a minute first)
@@ -93,7 +97,7 @@ function parse(argv: string[]): SoakOptions | "help" {
   });
   if (values.help) return "help";
   const quick = values.quick ?? false;
-  const durationMs = values.duration === undefined ? (quick ? 3 : 30) * 60_000 : durationOf(values.duration);
+  const durationMs = values.duration === undefined ? (quick ? 4 : 30) * 60_000 : durationOf(values.duration);
   const rate = values.rate === undefined ? undefined : Number(values.rate);
   if (rate !== undefined && !(rate > 0)) throw new UsageError(`--rate: a positive number of requests per second, not ${values.rate}`);
   const replicas = values.replicas === undefined ? 3 : Number(values.replicas);
@@ -137,7 +141,7 @@ async function calibrate(url: string, options: SoakOptions, signal: AbortSignal,
     databaseUrl: url,
     replicas: options.replicas,
     concurrency: 16,
-    requests: options.quick ? 3_000 : 5_000,
+    requests: options.quick ? 2_000 : 5_000,
     serviceKills: 0,
     coordinatorKills: 0,
     judgeReserveLatency: false,
@@ -205,9 +209,11 @@ async function main(): Promise<void> {
 /** The soak on a started registry: resolves with whether every line passed. */
 async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegistry; log: (line: string) => void; signal: AbortSignal }): Promise<boolean> {
   const minutes = options.durationMs / 60_000;
-  // The P99 line compares five minutes (a quarter of a shorter run) at each end; lives are judged after their own warm-up.
-  const windowMs = 60_000;
-  const comparedWindows = Math.max(1, Math.min(5, Math.floor(minutes / 4)));
+  // The P99 line compares five minutes (a quarter of a shorter run) at each end, kept in windows of
+  // a minute (of 30 s in a short run); lives are judged after their own warm-up.
+  const windowMs = minutes >= 20 ? 60_000 : 30_000;
+  const comparedWindows = Math.max(1, Math.floor(Math.min(5 * 60_000, options.durationMs / 4) / windowMs));
+  const compared = (comparedWindows * windowMs) / options.durationMs;
   // A run shorter than a quarter of an hour cannot tell a process growing to its working size from a leak (Spans.short).
   const short = options.durationMs < 15 * 60_000;
   const spans: Spans = {
@@ -230,7 +236,7 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
     log(`soak: ${formatDuration(options.durationMs)} at ${target.rate} requests/s (${target.source}), ${options.replicas} replicas on Patroni`);
     const registryFaults: RegistryFault[] = REGISTRY_FAULTS.map(({ kind, at }) => ({
       name: kind,
-      at,
+      at: Number((compared + at * (1 - 2 * compared)).toFixed(3)),
       run: async () => void (await runHaFault(ha, kind, log)),
     }));
     const observe = (run: RunView): RunObserver => {
@@ -271,7 +277,8 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
       spareFirstReplica: true,
       killSpan: [0.02, 0.98],
       coordinatorKills: Math.max(1, Math.floor(minutes)),
-      serviceKills: options.quick ? 1 : 2,
+      // One near each end: the windows the P99 line compares see the same faults.
+      serviceKills: 2,
       registryFaults,
       judgeReserveLatency: false,
       coordinatorEnv: {

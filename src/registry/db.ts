@@ -176,6 +176,14 @@ export function openPool(settings: PoolSettings, logger: Logger): pg.Pool {
     // Not the error object itself: the pool attaches the whole client to it.
     logger.warn({ sqlstate: sqlState(error), error: error.message }, "idle registry connection lost; the pool replaces it");
   });
+  // A connection can be lost while no query runs on it and neither the pool's
+  // listener nor a transaction's is on its client (a coordinator died of it
+  // when Patroni switched over under load): an 'error' event without a
+  // listener would crash the process. The client's queries fail on their own
+  // (connection loss, retried), so this listener only notes it.
+  pool.on("connect", (client) => {
+    client.on("error", (error) => logger.debug({ sqlstate: sqlState(error), error: error.message }, "registry connection lost"));
+  });
   return pool;
 }
 

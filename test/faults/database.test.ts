@@ -145,6 +145,23 @@ describe("a COMMIT whose answer was lost", () => {
   });
 });
 
+describe("a connection lost while no query runs on it", () => {
+  it("does not crash the process: the client's next query fails as a lost connection", async () => {
+    const pool = t.openPool();
+    const client = await pool.connect();
+    try {
+      const { rows } = await client.query<{ pid: number }>("SELECT pg_backend_pid() AS pid");
+      // Checked out, between two queries, with no listener of the caller's: the server's
+      // FATAL answer and the socket's end arrive with nothing to hand them to.
+      await t.pool.query("SELECT pg_terminate_backend($1)", [rows[0]!.pid]);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      await expect(client.query("SELECT 1")).rejects.toThrow(/not queryable|Connection terminated/);
+    } finally {
+      client.release(true);
+    }
+  });
+});
+
 describe("connections killed inside a transaction", () => {
   const completedEvents = async (operationId: string) =>
     (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_event WHERE operation_id = $1 AND kind = 'COMPLETED'", [operationId])).rows[0]!.n;

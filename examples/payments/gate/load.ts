@@ -101,7 +101,7 @@ export interface LoadStats {
   /** HTTP requests completed per second since the start: [answered, failed] (503, 5xx, connection errors); refused attempts are not in it. */
   timeline: Array<[number, number]>;
   latency: Record<OutcomeClass, Samples>;
-  /** The latency of final answers (created, replayed, declined, conflict) in consecutive windows of latencyWindowMs since the start. */
+  /** The latency of final answers (created, replayed, declined, conflict) by when they were sent, in consecutive windows of latencyWindowMs since the start. */
   windows: Samples[];
   connectionErrors: Record<string, number>;
 }
@@ -329,6 +329,7 @@ export class LoadGenerator {
       this.stats.sent++;
       key.sent++;
       const t0 = performance.now();
+      const sentAt = Date.now();
       let answer: HttpAnswer | undefined;
       let failure: (Error & { code?: string }) | undefined;
       try {
@@ -357,7 +358,7 @@ export class LoadGenerator {
       const outcome = answer ? classify(answer) : "connection-error";
       this.stats.byClass[outcome]++;
       this.stats.latency[outcome].add(ms);
-      if (FINAL_ANSWERS.has(outcome)) this.windowOf(Date.now()).add(ms);
+      if (FINAL_ANSWERS.has(outcome)) this.windowOf(sentAt).add(ms);
       this.tick(outcome);
       if (!answer) {
         const code = failure?.code ?? failure?.message ?? "error";
