@@ -465,8 +465,9 @@ export async function runTransaction<T>(pool: pg.Pool, work: (client: pg.PoolCli
  */
 async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
-  // A checked-out client has no error listener of the pool's: without one, a
-  // connection killed mid-transaction would crash the process.
+  // The listener every client carries from its connect (openPool) keeps a lost
+  // connection from crashing the process; this one reports the loss as the
+  // transaction's, where an operator looks for it.
   client.on("error", onLost);
   let broken = false;
   try {
