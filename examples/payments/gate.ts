@@ -189,7 +189,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       log: note,
       signal,
     });
-    const observer = options.observe?.({ cluster, pool: db.pool, database: { url: db.url, schema: db.schema }, stats: load.stats, note, signal });
+    const observer = options.observe?.({ cluster, pool: db.pool, database: { url: db.url, schema: db.schema }, stats: load.stats, chaos: chaos.events, note, signal });
     let chaosFailure: Error | undefined;
     const chaosRun = chaos.run().catch((error: unknown) => {
       chaosFailure = error as Error;

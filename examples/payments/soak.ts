@@ -15,7 +15,8 @@
  * It samples every process and the registry every few seconds and judges, at
  * the end, the gate's lines (no duplicate effect, no acknowledged decision
  * lost, no false conflict, UNKNOWN settled within the SLO) and its own
- * (soak/judge.ts): the P99 of the last five minutes against the first five,
+ * (soak/judge.ts): the P99 of the last five minutes against the first five
+ * (leaving out the answers sent while a killed process recovered),
  * memory and handles flat after warm-up, no connection held at rest, the
  * retention sweep keeping up. Prints the table, writes soak.html (the time
  * series as charts) and soak.json; exit code 0 when every line passes, 1
@@ -27,7 +28,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 import pg from "pg";
 import { runGate } from "./gate.js";
-import type { RegistryFault } from "./gate/chaos.js";
+import type { ChaosEvent, RegistryFault } from "./gate/chaos.js";
 import { Samples } from "./gate/histogram.js";
 import type { LoadStats } from "./gate/load.js";
 import type { Criterion } from "./gate/measure.js";
@@ -37,7 +38,7 @@ import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "./ha/cli.js
 import type { LocalHaRegistry } from "./ha/engines.js";
 import { runHaFault, type HaFault } from "./ha/faults.js";
 import { paymentsPolicy } from "./policy.js";
-import { judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, type Spans } from "./soak/judge.js";
+import { judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, latencyBetween, type Outage, type Spans } from "./soak/judge.js";
 import { writeSoakReport, type SoakReport } from "./soak/report.js";
 import { Sampler } from "./soak/sampler.js";
 
@@ -48,6 +49,13 @@ const RETENTION = { keep: "2m", clientRetryWindow: "1m", queueBacklogWindow: "30
 const SWEEP_INTERVAL_MS = 15_000;
 const SAMPLE_INTERVAL_MS = 5_000;
 const BACKEND_KILL_INTERVAL_MS = 5_000;
+/**
+ * How long after a killed replica or service is ready again its recovery
+ * lasts for the P99 line (soak/judge.ts, latencyBetween): calls retried
+ * elsewhere, duplicates waiting on their owners, the new process's first
+ * connections. The answers sent from the kill until then are left out of it.
+ */
+const KILL_SETTLE_MS = 2_000;
 /**
  * The registry faults, once each, between the first and the last windows the
  * P99 line compares: at these shares of the span between them, so that each
@@ -186,20 +194,38 @@ function backendKiller(url: string, intervalMs: number, signal: AbortSignal): { 
   };
 }
 
-/** The windows of the load's latency, and the first and last `count` complete ones merged. */
-function latencyWindows(stats: LoadStats, windowMs: number, count: number) {
+/**
+ * The client latency, kept per second by the load, in windows of `windowMs`
+ * for the charts, and the first and last `count` complete windows for the
+ * P99 line: judged with the answers sent while a killed process recovered
+ * left out, and reported with every answer.
+ */
+function latencyWindows(stats: LoadStats, windowMs: number, count: number, outages: readonly Outage[]) {
   const complete = Math.floor((stats.finishedAt - stats.startedAt) / windowMs);
-  const windows = stats.windows.slice(0, complete);
-  const summary = (part: Samples[]) => Samples.merge(part).summary();
+  const seconds = windowMs / 1000;
+  const between = (from: number, to: number, leftOut: readonly Outage[]) =>
+    latencyBetween(stats.windows, stats.startedAt, stats.startedAt + from * windowMs, stats.startedAt + to * windowMs, leftOut);
+  const lastFrom = Math.max(count, complete - count);
   return {
-    all: windows.map((w, i) => ({ fromMs: i * windowMs, ...percentiles(w.summary()) })),
-    first: summary(windows.slice(0, count)),
-    last: summary(windows.slice(Math.max(count, windows.length - count))),
+    all: Array.from({ length: complete }, (_, i) => {
+      const { p50Ms, p99Ms, count: answers } = Samples.merge(stats.windows.slice(i * seconds, (i + 1) * seconds)).summary();
+      return { fromMs: i * windowMs, p50Ms, p99Ms, steadyP99Ms: between(i, i + 1, outages).p99Ms, count: answers };
+    }),
+    first: between(0, count, outages),
+    last: between(lastFrom, complete, outages),
+    firstAll: between(0, count, []),
+    lastAll: between(lastFrom, complete, []),
   };
 }
 
-function percentiles(d: { p50Ms: number; p99Ms: number; count: number }) {
-  return { p50Ms: d.p50Ms, p99Ms: d.p99Ms, count: d.count };
+/** From each kill of a replica or the service until KILL_SETTLE_MS after it was ready again (until the load's end if it never was). */
+function outagesOf(events: readonly ChaosEvent[], loadFinishedAt: number): Outage[] {
+  return events
+    .filter((e) => e.target !== "registry" && e.killedAt)
+    .map((e) => {
+      const from = Date.parse(e.killedAt!);
+      return { from, to: e.downMs === undefined ? loadFinishedAt : from + e.downMs + KILL_SETTLE_MS };
+    });
 }
 
 async function main(): Promise<void> {
@@ -253,7 +279,7 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
     };
     const moreCriteria = async (): Promise<Criterion[]> => {
       await sampler!.atRest();
-      const windows = latencyWindows(view!.stats, windowMs, comparedWindows);
+      const windows = latencyWindows(view!.stats, windowMs, comparedWindows, outagesOf(view!.chaos, view!.stats.finishedAt));
       return [
         judgeP99Drift(windows.first, windows.last, comparedWindows * windowMs),
         judgeFlat("memory", sampler!.lives, spans),
@@ -273,7 +299,8 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
       rate: target.rate,
       requests: Math.round((target.rate * options.durationMs) / 1000),
       concurrency: 16,
-      latencyWindowMs: windowMs,
+      // Per second: the P99 line leaves out the seconds of the kills' recoveries.
+      latencyWindowMs: 1000,
       spareFirstReplica: true,
       killSpan: [0.02, 0.98],
       coordinatorKills: Math.max(1, Math.floor(minutes)),
@@ -292,7 +319,7 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
       signal,
     });
     const stats = view!.stats;
-    const windows = latencyWindows(stats, windowMs, comparedWindows);
+    const windows = latencyWindows(stats, windowMs, comparedWindows, outagesOf(view!.chaos, stats.finishedAt));
     const first = sampler!.registry[0];
     const last = sampler!.registry.at(-1);
     const growth = (of: (s: NonNullable<typeof last>) => number) => (first && last ? of(last) - of(first) : 0);
@@ -323,6 +350,10 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
               : "not sampled",
         },
         { name: "event-loop delay, coordinators", value: `P99 at most ${eventLoopP99.toFixed(1)} ms in any sample` },
+        {
+          name: "P99 of every answer, kills' recoveries included (not judged)",
+          value: `last ${formatDuration(comparedWindows * windowMs)} ${windows.lastAll.p99Ms.toFixed(1)} ms, first ${windows.firstAll.p99Ms.toFixed(1)} ms (${((windows.lastAll.p99Ms / windows.firstAll.p99Ms) * 100).toFixed(0)} %)`,
+        },
         ...(sampler!.errors.length > 0 ? [{ name: "samples that failed (faults)", value: `${sampler!.errors.length}, e.g. ${sampler!.errors[0]}` }] : []),
       ],
       windows: windows.all,

@@ -1,10 +1,24 @@
 import { describe, expect, it } from "vitest";
-import { floors, judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, slopePerHour, type Life, type Point, type Spans } from "../../examples/payments/soak/judge.js";
+import { Samples } from "../../examples/payments/gate/histogram.js";
+import {
+  floors,
+  judgeConnectionsAtRest,
+  judgeFlat,
+  judgeP99Drift,
+  judgeRetention,
+  latencyBetween,
+  slopePerHour,
+  type Life,
+  type Point,
+  type Spans,
+} from "../../examples/payments/soak/judge.js";
 
 // The soak's judge on series shaped like what it samples: a healthy process,
 // and the drifts it is there to catch (a listener added per request and
 // never removed, a connection checked out and never released, a socket
-// opened per retry, a P99 that climbs, a sweep that falls behind).
+// opened per retry, a P99 that climbs, a sweep that falls behind), and
+// what the P99 line leaves out: the answers sent while a killed process
+// recovered, in both of its windows alike.
 
 const MINUTE = 60_000;
 const START = Date.parse("2026-12-01T10:00:00Z");
@@ -87,13 +101,67 @@ describe("the soak's judge", () => {
   });
 
   it("catches a P99 that drifts up by more than 20 %, not one within it", () => {
-    const first = { p99Ms: 40, count: 20_000 };
-    expect(judgeP99Drift(first, { p99Ms: 47, count: 20_000 }, 5 * MINUTE).pass).toBe(true);
-    const drifted = judgeP99Drift(first, { p99Ms: 60, count: 20_000 }, 5 * MINUTE);
+    const first = { p99Ms: 40, count: 20_000, leftOut: 0 };
+    expect(judgeP99Drift(first, { p99Ms: 47, count: 20_000, leftOut: 0 }, 5 * MINUTE).pass).toBe(true);
+    const drifted = judgeP99Drift(first, { p99Ms: 60, count: 20_000, leftOut: 0 }, 5 * MINUTE);
     expect(drifted.pass).toBe(false);
     expect(drifted.measured).toMatch(/^60\.0 ms against 40\.0 ms \(150 %/);
     // Too few answers in a window make no verdict.
-    expect(judgeP99Drift(first, { p99Ms: 30, count: 20 }, 5 * MINUTE).pass).toBe(false);
+    expect(judgeP99Drift(first, { p99Ms: 30, count: 20, leftOut: 0 }, 5 * MINUTE).pass).toBe(false);
+  });
+
+  describe("the answers the P99 line counts", () => {
+    /** 30 minutes of answers kept per second, 100 a second: 98 at `fast` ms and 2 at `slow` ms (the P99), and `during` ms in the seconds of `slowSeconds`. */
+    function perSecond(shape: (second: number) => { fast: number; slow: number }, slowSeconds: ReadonlySet<number> = new Set(), during = 2_000): Samples[] {
+      return Array.from({ length: 30 * 60 }, (_, second) => {
+        const samples = new Samples();
+        const { fast, slow } = shape(second);
+        for (let i = 0; i < 100; i++) samples.add(slowSeconds.has(second) ? during : i < 98 ? fast : slow);
+        return samples;
+      });
+    }
+    /** A kill at `atSecond`, down `downSeconds`, and the answers of those seconds slow. */
+    const kill = (atSecond: number, downSeconds: number) => ({ from: START + atSecond * 1000, to: START + (atSecond + downSeconds) * 1000 });
+    const secondsOf = (...outages: Array<{ from: number; to: number }>) =>
+      new Set(outages.flatMap((o) => Array.from({ length: (o.to - o.from) / 1000 }, (_, i) => (o.from - START) / 1000 + i)));
+    const FIRST = [START, START + 5 * MINUTE] as const;
+    const LAST = [START + 25 * MINUTE, START + 30 * MINUTE] as const;
+    const steady = () => ({ fast: 20, slow: 40 });
+
+    it("leaves out the seconds of a kill's recovery, in both windows alike, and says how many answers it left out", () => {
+      // One kill in the first window costs 2 s of 2 000 ms answers, under 1 % of the window's; two in the last cost 10 s each, 6.7 %.
+      const outages = [kill(120, 2), kill(1_560, 10), kill(1_700, 10)];
+      const seconds = perSecond(steady, secondsOf(...outages));
+      const counted = (from: number, to: number) => latencyBetween(seconds, START, from, to, outages);
+      const first = counted(...FIRST);
+      const last = counted(...LAST);
+      expect(first).toEqual({ p99Ms: 40, count: 29_800, leftOut: 200 });
+      expect(last).toEqual({ p99Ms: 40, count: 28_000, leftOut: 2_000 });
+      const line = judgeP99Drift(first, last, 5 * MINUTE);
+      expect(line.pass).toBe(true);
+      expect(line.measured).toMatch(/2000 and 200 sent while a killed process recovered left out/);
+      // Counting every answer, the kills' clusters decide the P99, not the request path.
+      const everyAnswer = judgeP99Drift(latencyBetween(seconds, START, ...FIRST, []), latencyBetween(seconds, START, ...LAST, []), 5 * MINUTE);
+      expect(everyAnswer.measured).toMatch(/^2000\.0 ms against 40\.0 ms/);
+    });
+
+    it("still catches a drift of the request path outside the kills", () => {
+      const outages = [kill(120, 4), kill(1_560, 10)];
+      // From minute 20 on, every answer is 50 % slower.
+      const drifting = (second: number) => (second >= 20 * 60 ? { fast: 30, slow: 60 } : steady());
+      const seconds = perSecond(drifting, secondsOf(...outages));
+      const line = judgeP99Drift(latencyBetween(seconds, START, ...FIRST, outages), latencyBetween(seconds, START, ...LAST, outages), 5 * MINUTE);
+      expect(line.pass).toBe(false);
+      expect(line.measured).toMatch(/^60\.0 ms against 40\.0 ms \(150 %/);
+    });
+
+    it("makes no verdict when the outages leave too few answers", () => {
+      const everything = [{ from: START, to: START + 30 * MINUTE }];
+      const seconds = perSecond(steady);
+      const first = latencyBetween(seconds, START, ...FIRST, everything);
+      expect(first).toEqual({ p99Ms: 0, count: 0, leftOut: 30_000 });
+      expect(judgeP99Drift(first, latencyBetween(seconds, START, ...LAST, everything), 5 * MINUTE).pass).toBe(false);
+    });
   });
 
   it("catches a retention sweep that falls behind, and one that never ran", () => {

@@ -2,7 +2,7 @@ import { parseArgs } from "node:util";
 import type pg from "pg";
 import type { Cluster } from "../cluster.js";
 import type { LoadStats } from "./load.js";
-import type { RegistryFault } from "./chaos.js";
+import type { ChaosEvent, RegistryFault } from "./chaos.js";
 import type { Criterion } from "./measure.js";
 import { parseDuration as durationOf } from "../../../src/policy/document.js";
 import { defaultWriter } from "./progress.js";
@@ -102,6 +102,8 @@ export interface RunView {
   database: { url: string; schema: string | undefined };
   /** The load's statistics, filled in as it runs. */
   stats: LoadStats;
+  /** The chaos plan's events, each filled in as it runs (when it killed, how long the target was down). */
+  chaos: readonly ChaosEvent[];
   note: (line: string) => void;
   signal: AbortSignal;
 }

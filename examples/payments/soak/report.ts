@@ -15,8 +15,8 @@ export interface SoakReport {
   /** Every line: the gate's and the soak's own. */
   criteria: Criterion[];
   facts: Array<{ name: string; value: string }>;
-  /** The latency of the answers per window: start of the window (ms since the load began), P50, P99, count. */
-  windows: Array<{ fromMs: number; p50Ms: number; p99Ms: number; count: number }>;
+  /** The latency of the answers per window: start of the window (ms since the load began), P50, P99, the P99 without the answers sent while a killed process recovered (as the P99 line judges it), count. */
+  windows: Array<{ fromMs: number; p50Ms: number; p99Ms: number; steadyP99Ms?: number; count: number }>;
   /** Answered and failed requests per second since the load began. */
   timeline: Array<[number, number]>;
   lives: SampledLife[];
@@ -105,6 +105,7 @@ export function renderSoakHtml(report: SoakReport): string {
     chart("Latency of the answers per window", "ms", [
       { name: "P50", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p50Ms })) },
       { name: "P99", points: report.windows.map((w) => ({ t: origin + w.fromMs, v: w.p99Ms })) },
+      { name: "P99, kills' recoveries left out", points: report.windows.flatMap((w) => (w.steadyP99Ms === undefined ? [] : [{ t: origin + w.fromMs, v: w.steadyP99Ms }])) },
     ]),
     chart("Requests per second", "requests/s", [
       { name: "answered", points: report.timeline.map(([ok], s) => ({ t: origin + s * 1000, v: ok })) },
