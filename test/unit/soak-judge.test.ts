@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { Samples } from "../../examples/payments/gate/histogram.js";
 import {
+  BOUNDS,
   floors,
   judgeConnectionsAtRest,
   judgeFlat,
@@ -49,10 +50,43 @@ function coordinator(overrides: Partial<Life> = {}): Life {
 }
 
 describe("the soak's judge", () => {
-  it("fits slopes and takes the floor of each bucket", () => {
+  it("fits slopes and takes the floor of each whole bucket", () => {
     expect(slopePerHour(series(0, 0, 120))).toBeCloseTo(120, 6);
-    const low = floors(series(100, 50, 0, 3), MINUTE);
-    expect(low.map((p) => p.v)).toEqual([100, 100, 100, 100]);
+    // 3 minutes and one more sample: that last minute holds one sample, from the top of a sawtooth.
+    const sawing = [...series(100, 50, 0, 3), { t: START + 3 * MINUTE + 55_000, v: 150 }];
+    expect(floors(sawing, MINUTE).map((p) => p.v)).toEqual([100, 100, 100]);
+  });
+
+  it("does not mistake memory held for a minute and given back for a leak, at either end of a life", () => {
+    // An RSS flat at 170 MB whose floor sits 30 to 60 MB higher in four minutes of 25, the last one among them.
+    const held = new Map([
+      [10, 200e6],
+      [20, 235e6],
+      [21, 230e6],
+      [29, 230e6],
+    ]);
+    const rss = series(170e6, 20e6, 0).map((p) => {
+      const minute = Math.floor((p.t - START) / MINUTE);
+      return { t: p.t, v: Math.max(p.v, held.get(minute) ?? 0) };
+    });
+    const verdict = judgeFlat("memory", [coordinator({ process: "service", rss, heap: undefined })], FULL);
+    expect(verdict.pass).toBe(true);
+    // A least-squares line through the same floors would have grown by over 12 MB, the noise allowed.
+    const lsq = (points: Point[]) => {
+      const mt = points.reduce((sum, p) => sum + p.t, 0) / points.length;
+      const mv = points.reduce((sum, p) => sum + p.v, 0) / points.length;
+      const num = points.reduce((sum, p) => sum + (p.t - mt) * (p.v - mv), 0);
+      const den = points.reduce((sum, p) => sum + (p.t - mt) ** 2, 0);
+      return (num / den) * (points.at(-1)!.t - points[0]!.t);
+    };
+    expect(
+      lsq(
+        floors(
+          rss.filter((p) => p.t >= START + 5 * MINUTE),
+          MINUTE,
+        ),
+      ),
+    ).toBeGreaterThan(BOUNDS.rss.noise);
   });
 
   it("passes a healthy process: sawtooth heap and RSS, steady descriptors and handles, nothing held at rest", () => {

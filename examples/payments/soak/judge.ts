@@ -33,29 +33,43 @@ export interface Life {
   poolAtRest?: { inUse: number; waiting: number; t: number };
 }
 
-/** Least-squares slope of `points`, per hour of `t`. */
+/**
+ * The slope of `points` per hour of `t`, as the median of the slopes between
+ * every two of them (Theil and Sen): a steady climb gives its exact slope, and
+ * a process that holds more memory for a minute and gives it back (V8 and the
+ * allocator keep freed pages for a while) moves it little, where one such
+ * minute near either end tilts a least-squares line by many megabytes.
+ */
 export function slopePerHour(points: readonly Point[]): number {
-  const n = points.length;
-  if (n < 2) return 0;
-  const meanT = points.reduce((sum, p) => sum + p.t, 0) / n;
-  const meanV = points.reduce((sum, p) => sum + p.v, 0) / n;
-  let num = 0;
-  let den = 0;
-  for (const p of points) {
-    num += (p.t - meanT) * (p.v - meanV);
-    den += (p.t - meanT) ** 2;
+  const slopes: number[] = [];
+  for (let i = 0; i < points.length; i++) {
+    for (let j = i + 1; j < points.length; j++) {
+      const dt = points[j]!.t - points[i]!.t;
+      if (dt !== 0) slopes.push((points[j]!.v - points[i]!.v) / dt);
+    }
   }
-  return den === 0 ? 0 : (num / den) * 3_600_000;
+  if (slopes.length === 0) return 0;
+  slopes.sort((a, b) => a - b);
+  const mid = slopes.length >> 1;
+  const median = slopes.length % 2 === 1 ? slopes[mid]! : (slopes[mid - 1]! + slopes[mid]!) / 2;
+  return median * 3_600_000;
 }
 
 /**
- * The lowest value of each `bucketMs` bucket: a garbage-collected heap or an
- * RSS saws up and down; its floor is what a leak raises.
+ * The lowest value of each `bucketMs` from `points`' first sample on: a
+ * garbage-collected heap or an RSS saws up and down; its floor is what a leak
+ * raises. Only whole buckets count: one cut short by the end of the samples
+ * (a life killed, the run over) may hold a sample or two from the top of a
+ * sawtooth, which is no floor.
  */
 export function floors(points: readonly Point[], bucketMs: number): Point[] {
+  if (points.length === 0) return [];
+  const from = points[0]!.t;
+  const whole = Math.floor((points.at(-1)!.t - from) / bucketMs);
   const buckets = new Map<number, Point>();
   for (const p of points) {
-    const key = Math.floor(p.t / bucketMs);
+    const key = Math.floor((p.t - from) / bucketMs);
+    if (key >= whole) continue;
     const low = buckets.get(key);
     if (!low || p.v < low.v) buckets.set(key, p);
   }
@@ -107,10 +121,11 @@ export interface Spans {
 }
 
 /**
- * Fits the floor of `points` after `warmupMs` from the life's first sample:
- * the growth over the rest (slope × span) may not exceed the larger of the
- * noise floor and the hourly bound over that span. A life whose judged span
- * is shorter than `minSpanMs` is not judged (returns undefined).
+ * Fits the floor of `points` after `warmupMs` from the life's first sample
+ * (slopePerHour): the growth over the rest (slope × span) may not exceed the
+ * larger of the noise floor and the hourly bound over that span. A life
+ * whose judged span is shorter than `minSpanMs` is not judged (returns
+ * undefined).
  */
 export function judgeGrowth(life: Pick<Life, "process" | "pid">, series: string, points: readonly Point[], bound: GrowthBound, spans: Spans): GrowthVerdict | undefined {
   if (points.length === 0) return undefined;
