@@ -337,7 +337,12 @@ describe("a batch refused as a whole", () => {
       const before = counted(await metricLines(), "idem_rpc_duration_seconds_count", ['method="Batch"', 'code="DeadlineExceeded"']);
       const started = performance.now();
       const error = await client
-        .batch({ calls: [batchCall({ case: "complete", value: { ref: running.ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot } })] }, { ...gateway(), timeoutMs: 300 })
+        // The deadline goes as its header alone, without the client's own timer: that timer, started
+        // first, would cancel the stream and race the coordinator's, which is the one under test.
+        .batch(
+          { calls: [batchCall({ case: "complete", value: { ref: running.ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot } })] },
+          { headers: { ...gateway().headers, "grpc-timeout": "300m" } },
+        )
         .then(
           () => undefined,
           (e: unknown) => ConnectError.from(e),
