@@ -254,6 +254,8 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
   let sampler: Sampler | undefined;
   let killer: ReturnType<typeof backendKiller> | undefined;
   let terminatedBackends = 0;
+  /** The load's latency windows, once the load is over (moreCriteria): the P99 line and the report read the same. */
+  let latency: ReturnType<typeof latencyWindows> | undefined;
   try {
     if (options.rate === undefined) {
       const peak = await calibrate(ha.url, options, signal, log);
@@ -279,9 +281,9 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
     };
     const moreCriteria = async (): Promise<Criterion[]> => {
       await sampler!.atRest();
-      const windows = latencyWindows(view!.stats, windowMs, comparedWindows, outagesOf(view!.chaos, view!.stats.finishedAt));
+      latency = latencyWindows(view!.stats, windowMs, comparedWindows, outagesOf(view!.chaos, view!.stats.finishedAt));
       return [
-        judgeP99Drift(windows.first, windows.last, comparedWindows * windowMs),
+        judgeP99Drift(latency.first, latency.last, comparedWindows * windowMs),
         judgeFlat("memory", sampler!.lives, spans),
         judgeFlat("handles", sampler!.lives, spans),
         judgeConnectionsAtRest(sampler!.lives),
@@ -319,7 +321,7 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
       signal,
     });
     const stats = view!.stats;
-    const windows = latencyWindows(stats, windowMs, comparedWindows, outagesOf(view!.chaos, stats.finishedAt));
+    const windows = latency!;
     const first = sampler!.registry[0];
     const last = sampler!.registry.at(-1);
     const growth = (of: (s: NonNullable<typeof last>) => number) => (first && last ? of(last) - of(first) : 0);

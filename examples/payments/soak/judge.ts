@@ -208,12 +208,11 @@ export interface SpanLatency {
  * hides a drift of 20 %. The request path's own drift shows in every other
  * second, in both windows alike.
  */
-export function latencyBetween(seconds: readonly (Samples | undefined)[], origin: number, from: number, to: number, outages: readonly Outage[]): SpanLatency {
+export function latencyBetween(seconds: readonly Samples[], origin: number, from: number, to: number, outages: readonly Outage[]): SpanLatency {
   const counted: Samples[] = [];
   let leftOut = 0;
   for (let i = Math.max(0, Math.floor((from - origin) / 1000)); i < Math.floor((to - origin) / 1000) && i < seconds.length; i++) {
-    const second = seconds[i];
-    if (!second) continue;
+    const second = seconds[i]!;
     const start = origin + i * 1000;
     if (outages.some((o) => o.from < start + 1000 && o.to > start)) leftOut += second.count;
     else counted.push(second);
