@@ -9,7 +9,7 @@ import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
 import { PolicyCache } from "../policy/cache.js";
-import { openPool, poolDb, readerDb, sessionQueryable, type Db } from "../registry/db.js";
+import { openPool, poolDb, readerDb, retryingLostConnection, sessionQueryable, type Db } from "../registry/db.js";
 import { migrate } from "../registry/migrate.js";
 import { planEpochs } from "../registry/plan-epochs.js";
 import { requireLeastPrivilege, servingLoginCanWiden } from "../registry/privileges.js";
@@ -141,7 +141,9 @@ export async function startCoordinator({
     const owner = openPool({ ...poolSettings(config.migrationDatabaseUrl ?? databaseUrl, 1), pooler: "none" }, logger);
     try {
       const migrationUrl = config.migrationDatabaseUrl ?? databaseUrl;
-      const applied = await migrate(owner, logger).catch(reportUnreachable(migrationUrl, config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : databaseSetting));
+      const applied = await retryingLostConnection(() => migrate(owner, logger), logger, "migrating").catch(
+        reportUnreachable(migrationUrl, config.migrationDatabaseUrl ? "IDEM_MIGRATION_DATABASE_URL" : databaseSetting),
+      );
       if (applied.length > 0) logger.info({ applied }, "registry migrated");
     } finally {
       await owner.end();
@@ -175,12 +177,14 @@ export async function startCoordinator({
   let readiness: Readiness | undefined;
   const holder = jobHolder();
   try {
-    await requireLeastPrivilege(sessionQueryable(pool)).catch(reportUnreachable(databaseUrl, databaseSetting));
-    await requireLeastPrivilege(sessionQueryable(crossTenantPool)).catch(
+    const checking = "checking the serving logins' privileges";
+    await retryingLostConnection(() => requireLeastPrivilege(sessionQueryable(pool)), logger, checking).catch(reportUnreachable(databaseUrl, databaseSetting));
+    await retryingLostConnection(() => requireLeastPrivilege(sessionQueryable(crossTenantPool)), logger, checking).catch(
       reportUnreachable(crossTenantUrl, config.crossTenantDatabaseUrl ? "IDEM_CROSS_TENANT_DATABASE_URL" : databaseSetting),
     );
     // The embedded default has one superuser login; elsewhere say so when the serving login could switch roles.
-    const loose = config.databaseUrl === undefined ? undefined : await servingLoginCanWiden(sessionQueryable(pool), config.db.crossTenantRole);
+    const loose =
+      config.databaseUrl === undefined ? undefined : await retryingLostConnection(() => servingLoginCanWiden(sessionQueryable(pool), config.db.crossTenantRole), logger, checking);
     if (loose) {
       logger.warn(
         `the login of DATABASE_URL ${loose}: a statement run by the server could step around row-level security. ` +
