@@ -109,7 +109,8 @@ import { CoordinatorClient, IdempotencyGateway } from "idempotency-gateway";
 import { withIdempotency, writeResponse } from "idempotency-gateway/node";
 
 let runs = 0;
-const client = new CoordinatorClient({ baseUrl: process.env.COORDINATOR_URL, token: process.env.IDEM_TOKEN });
+// A deadline far beyond the default's 2 s: the suite's other files load the machine, and this one is about the package.
+const client = new CoordinatorClient({ baseUrl: process.env.COORDINATOR_URL, token: process.env.IDEM_TOKEN, timeoutMs: 30_000 });
 const gateway = new IdempotencyGateway({ client });
 const route = { operation: "payments.create", apiRevision: 1, subject: () => ({ tenant: "acme", principal: "alice" }) };
 const server = http.createServer(withIdempotency(gateway, route, async (_req, res, ctx) => {
@@ -163,9 +164,10 @@ describe("the gateway SDK package (packages/gateway)", () => {
       server = await startTestServer(t);
       await writeFile(join(sdkProject, "service.mjs"), SERVICE);
       const env = { ...process.env, COORDINATOR_URL: server.baseUrl, IDEM_TOKEN: server.tokens.gateway, KEY: randomBytes(12).toString("hex") };
-      const { stdout } = await run(process.execPath, ["service.mjs"], { cwd: sdkProject, env, timeout: 60_000 });
+      const { stdout, stderr } = await run(process.execPath, ["service.mjs"], { cwd: sdkProject, env, timeout: 60_000 });
       const result = JSON.parse(stdout) as { runs: number; first: [number, string]; second: [number, string | null, string] };
-      expect(result.runs).toBe(1);
+      // What the service answered, in full, when a line fails: a refusal's reason is in its body.
+      expect(result.runs, `the service printed ${stdout.trim()} ${stderr.trim()}`).toBe(1);
       expect(result.first[0]).toBe(201);
       expect(result.second).toEqual([201, "true", result.first[1]]);
       expect(JSON.parse(result.first[1])).toMatchObject({ amount: 10 });
