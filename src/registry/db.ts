@@ -509,10 +509,11 @@ const NEVER_CONNECTED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOS
  * Runs a step of a coordinator's start (its migrations, the checks of its
  * logins) again when the step's connection was lost once made: a terminated
  * backend or a failover must not end a start that would succeed a moment
- * later, as it does not fail a request. Every such step may be re-run: the
- * migrations record each version in the transaction that applies it, and
- * the checks only read. A database that cannot be reached at all, or that
- * refuses the login, is reported at once, as is any other failure.
+ * later, as the same loss does not fail a request. Every such step may be
+ * re-run: the migrations record each version in the transaction that
+ * applies it, and the checks only read. A database that cannot be reached
+ * at all, or that refuses the login, is reported at once, as is any other
+ * failure.
  */
 export async function retryingLostConnection<T>(step: () => Promise<T>, logger: Logger, what: string): Promise<T> {
   for (let n = 1; ; n++) {
