@@ -150,7 +150,7 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     meaning:
       "transaction: the database URLs lead to a pooler in transaction mode (PgBouncer): no named statements, session settings set in every transaction; migrations need IDEM_MIGRATION_DATABASE_URL to PostgreSQL itself",
   },
-  { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock)" },
+  { name: "IDEM_MIGRATE_ON_BOOT", default: "true", meaning: "apply pending migrations at start (under a lock; begun again on a new connection if its connection is lost)" },
   {
     name: "IDEM_WORKERS",
     default: "1",
