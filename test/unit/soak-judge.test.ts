@@ -103,6 +103,14 @@ describe("the soak's judge", () => {
     expect(verdict.measured).toMatch(/^grew: coordinator 0 rss .*coordinator 0 heap/);
   });
 
+  it("leaves out the provider's memory, which its ledger of charges grows by design, and still judges its descriptors", () => {
+    const provider = coordinator({ process: "provider", pid: 9, rss: series(100e6, 10e6, 60e6), heap: undefined, handles: undefined });
+    const memory = judgeFlat("memory", [coordinator(), provider], FULL);
+    expect(memory.pass).toBe(true);
+    expect((memory.detail as { verdicts: Array<{ process: string }> }).verdicts.map((v) => v.process)).not.toContain("provider");
+    expect(judgeFlat("handles", [coordinator(), { ...provider, fds: series(40, 6, 60) }], FULL).measured).toMatch(/^grew: provider fds/);
+  });
+
   it("does not mistake the warm-up climb for a leak, nor judge a life too short to tell", () => {
     // 60 MB in the first five minutes (caches, compiled code), flat after.
     const warming = series(40e6, 60e6, 0).map((p) => ({ t: p.t, v: p.v + Math.min(p.t - START, 5 * MINUTE) * (60e6 / (5 * MINUTE)) }));
