@@ -498,48 +498,8 @@ function retryableCause(error: unknown): string | undefined {
   return undefined;
 }
 
-/** Attempts of a step of a coordinator's start, and the first pause between them (doubling, jittered): about 1.5 s in all. */
-const STARTUP_ATTEMPTS = 5;
-const STARTUP_BACKOFF_MS = 100;
-
-/** Socket errors of a connection that was never made: an address or a server that is not there, reported at once. */
-const NEVER_CONNECTED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH", "ENOENT"]);
-
-/**
- * Runs a step of a coordinator's start (its migrations, the checks of its
- * logins) again when the step's connection was lost once made: a terminated
- * backend or a failover must not end a start that would succeed a moment
- * later, as the same loss does not fail a request. Every such step may be
- * re-run: the migrations record each version in the transaction that
- * applies it, and the checks only read. A database that cannot be reached
- * at all, or that refuses the login, is reported at once, as is any other
- * failure.
- */
-export async function retryingLostConnection<T>(step: () => Promise<T>, logger: Logger, what: string): Promise<T> {
-  for (let n = 1; ; n++) {
-    try {
-      return await step();
-    } catch (error) {
-      if (n >= STARTUP_ATTEMPTS || !lostOnceMade(error)) throw error;
-      logger.warn({ error: (error as Error).message, attempt: n }, `the registry connection was lost while ${what}; trying again`);
-      await sleep(STARTUP_BACKOFF_MS * 2 ** (n - 1) * (0.5 + Math.random()));
-    }
-  }
-}
-
-/** A connection loss in `error` or its causes, other than a connection that could not be made. */
-function lostOnceMade(error: unknown): boolean {
-  for (let cause = error, depth = 0; cause instanceof Error && depth < 5; cause = cause.cause, depth++) {
-    const code = (cause as { code?: unknown }).code;
-    if (typeof code === "string" && NEVER_CONNECTED.has(code)) return false;
-    if (/timeout exceeded when trying to connect/i.test(cause.message)) return false;
-    if (isConnectionLoss(cause)) return true;
-  }
-  return false;
-}
-
 /** The connection itself failed: the server went away, was restarted, or killed our backend. */
-function isConnectionLoss(error: unknown): boolean {
+export function isConnectionLoss(error: unknown): boolean {
   const state = sqlState(error);
   if (state !== undefined) {
     // 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot connect now.

@@ -1,7 +1,9 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import type pg from "pg";
+import type { Logger } from "pino";
 import { parseIntoClientConfig } from "pg-connection-string";
 import { OperatorError } from "../operator-error.js";
-import { sqlState } from "./db.js";
+import { isConnectionLoss, sqlState } from "./db.js";
 
 /** What a failed connection attempt means, in words, by the socket error's code. */
 const NETWORK_REASONS: Record<string, string> = {
@@ -44,6 +46,45 @@ export function unreachableDatabase(error: unknown, connectionString: string, se
     if (state === "57P03") return new OperatorError(`${where} is not accepting connections yet (${message}); retry once it has started`, { cause: error });
   }
   return undefined;
+}
+
+/** Attempts of a step of a coordinator's start, and the first pause between them (doubling, jittered): about 1.5 s in all. */
+const STARTUP_ATTEMPTS = 5;
+const STARTUP_BACKOFF_MS = 100;
+
+/** Socket errors of a connection that was never made: an address or a server that is not there, reported at once. */
+const NEVER_CONNECTED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH", "ENOENT"]);
+
+/**
+ * Runs a step of a coordinator's start (its migrations, the checks of its
+ * logins) again when the step's connection was lost once made: a terminated
+ * backend or a failover must not end a start that would succeed a moment
+ * later, as the same loss does not fail a request. Every such step may be
+ * re-run: the migrations record each version in the transaction that
+ * applies it, and the checks only read. A database that cannot be reached
+ * at all, or that refuses the login, is reported at once, as is any other
+ * failure.
+ */
+export async function retryingLostConnection<T>(step: () => Promise<T>, logger: Logger, what: string): Promise<T> {
+  for (let n = 1; ; n++) {
+    try {
+      return await step();
+    } catch (error) {
+      if (n >= STARTUP_ATTEMPTS || !lostOnceMade(error)) throw error;
+      logger.warn({ error: (error as Error).message, attempt: n }, `the registry connection was lost while ${what}; trying again`);
+      await sleep(STARTUP_BACKOFF_MS * 2 ** (n - 1) * (0.5 + Math.random()));
+    }
+  }
+}
+
+/** A connection loss in `error` or its causes, other than a connection that could not be made. */
+function lostOnceMade(error: unknown): boolean {
+  const all = [...causes(error)];
+  const neverMade = all.some((cause) => {
+    const code = (cause as { code?: unknown }).code;
+    return (typeof code === "string" && NEVER_CONNECTED.has(code)) || (cause instanceof Error && /timeout exceeded when trying to connect/i.test(cause.message));
+  });
+  return !neverMade && all.some(isConnectionLoss);
 }
 
 /**

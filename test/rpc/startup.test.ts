@@ -1,4 +1,3 @@
-import { Writable } from "node:stream";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
@@ -12,13 +11,7 @@ const t = useTestDatabase();
 /** A logger at level warn whose lines are kept, parsed, in `lines`. */
 function recordingLogger(): { logger: pino.Logger; lines: Array<{ msg: string; attempt?: number }> } {
   const lines: Array<{ msg: string; attempt?: number }> = [];
-  const sink = new Writable({
-    write(chunk: Buffer, _encoding, done) {
-      for (const line of chunk.toString("utf8").split("\n").filter(Boolean)) lines.push(JSON.parse(line) as { msg: string });
-      done();
-    },
-  });
-  return { logger: pino({ level: "warn" }, sink), lines };
+  return { logger: pino({ level: "warn" }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg: string }) }), lines };
 }
 
 describe("a start whose registry connection is lost", () => {
