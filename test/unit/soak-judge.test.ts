@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { Samples } from "../../examples/payments/gate/histogram.js";
+import { Random } from "../../examples/payments/gate/util.js";
 import {
   BOUNDS,
   floors,
@@ -10,6 +11,7 @@ import {
   latencyBetween,
   slopePerHour,
   type Life,
+  type SpanLatency,
   type Point,
   type Spans,
 } from "../../examples/payments/soak/judge.js";
@@ -142,16 +144,6 @@ describe("the soak's judge", () => {
     expect(verdict.measured).toMatch(/coordinator 0 fds/);
   });
 
-  it("catches a P99 that drifts up by more than 20 %, not one within it", () => {
-    const first = { p99Ms: 40, count: 20_000, leftOut: 0 };
-    expect(judgeP99Drift(first, { p99Ms: 47, count: 20_000, leftOut: 0 }, 5 * MINUTE).pass).toBe(true);
-    const drifted = judgeP99Drift(first, { p99Ms: 60, count: 20_000, leftOut: 0 }, 5 * MINUTE);
-    expect(drifted.pass).toBe(false);
-    expect(drifted.measured).toMatch(/^60\.0 ms against 40\.0 ms \(150 %/);
-    // Too few answers in a window make no verdict.
-    expect(judgeP99Drift(first, { p99Ms: 30, count: 20, leftOut: 0 }, 5 * MINUTE).pass).toBe(false);
-  });
-
   describe("the answers the P99 line counts", () => {
     /** 30 minutes of answers kept per second, 100 a second: 98 at `fast` ms and 2 at `slow` ms (the P99), and `during` ms in the seconds of `slowSeconds`. */
     function perSecond(shape: (second: number) => { fast: number; slow: number }, slowSeconds: ReadonlySet<number> = new Set(), during = 2_000): Samples[] {
@@ -170,6 +162,34 @@ describe("the soak's judge", () => {
     const LAST = [START + 25 * MINUTE, START + 30 * MINUTE] as const;
     const steady = () => ({ fast: 20, slow: 40 });
 
+    it("catches a P99 that drifts up by more than 20 %, not one within it", () => {
+      const first = latencyBetween(perSecond(steady), START, ...FIRST, []);
+      const within = latencyBetween(
+        perSecond(() => ({ fast: 20, slow: 47 })),
+        START,
+        ...LAST,
+        [],
+      );
+      expect(judgeP99Drift(first, within, 5 * MINUTE).pass).toBe(true);
+      const drifted = judgeP99Drift(
+        first,
+        latencyBetween(
+          perSecond(() => ({ fast: 20, slow: 60 })),
+          START,
+          ...LAST,
+          [],
+        ),
+        5 * MINUTE,
+      );
+      expect(drifted.pass).toBe(false);
+      // Every second alike: drawing seconds again changes nothing, and the interval is the ratio.
+      expect(drifted.measured).toMatch(/^60\.0 ms against 40\.0 ms \(150 %, 90 % interval 150 % to 150 %/);
+      // Too few answers in a window make no verdict.
+      const tooFew = latencyBetween(perSecond(steady), START, START, START + 1_000, []);
+      expect(tooFew.count).toBe(100);
+      expect(judgeP99Drift(first, { ...tooFew, count: 99 }, 5 * MINUTE).pass).toBe(false);
+    });
+
     it("leaves out the seconds of a kill's recovery, in both windows alike, and says how many answers it left out", () => {
       // One kill in the first window costs 2 s of 2 000 ms answers, under 1 % of the window's; two in the last cost 10 s each, 6.7 %.
       const outages = [kill(120, 2), kill(1_560, 10), kill(1_700, 10)];
@@ -177,8 +197,8 @@ describe("the soak's judge", () => {
       const counted = (from: number, to: number) => latencyBetween(seconds, START, from, to, outages);
       const first = counted(...FIRST);
       const last = counted(...LAST);
-      expect(first).toEqual({ p99Ms: 40, count: 29_800, leftOut: 200 });
-      expect(last).toEqual({ p99Ms: 40, count: 28_000, leftOut: 2_000 });
+      expect(first).toMatchObject({ p99Ms: 40, count: 29_800, leftOut: 200 });
+      expect(last).toMatchObject({ p99Ms: 40, count: 28_000, leftOut: 2_000 });
       const line = judgeP99Drift(first, last, 5 * MINUTE);
       expect(line.pass).toBe(true);
       expect(line.measured).toMatch(/2000 and 200 sent while a killed process recovered left out/);
@@ -201,8 +221,41 @@ describe("the soak's judge", () => {
       const everything = [{ from: START, to: START + 30 * MINUTE }];
       const seconds = perSecond(steady);
       const first = latencyBetween(seconds, START, ...FIRST, everything);
-      expect(first).toEqual({ p99Ms: 0, count: 0, leftOut: 30_000 });
+      expect(first).toMatchObject({ p99Ms: 0, count: 0, leftOut: 30_000 });
       expect(judgeP99Drift(first, latencyBetween(seconds, START, ...LAST, everything), 5 * MINUTE).pass).toBe(false);
+    });
+  });
+
+  describe("the P99 line on a quick run's minute", () => {
+    /**
+     * A minute like the quick run's, from `seed`: 40 answers a second, most 5 to
+     * 60 ms and one in forty 60 to 200 ms, and every 5 s a terminated backend's
+     * 3 transactions retried together, 100 to 600 ms; `scale` multiplies them all.
+     */
+    function quickMinute(seed: number, scale = 1): SpanLatency {
+      const random = new Random(seed);
+      const seconds = Array.from({ length: 60 }, (_, second) => {
+        const samples = new Samples();
+        for (let i = 0; i < 40; i++) samples.add(scale * (random.chance(1 / 40) ? 60 + 140 * random.next() : 5 + 55 * random.next()));
+        if (second % 5 === 2) for (let i = 0; i < 3; i++) samples.add(scale * (100 + 500 * random.next()));
+        return samples;
+      });
+      return latencyBetween(seconds, START, START, START + MINUTE, []);
+    }
+
+    it("does not fail a steady service whose last minute's P99 came out 38 % above its first", () => {
+      // The slowest 1 % is about 24 answers, most of them from the 12 clusters: which ones a minute
+      // happens to get moves its P99 by a third. Seeds 6 and 1006 are such a pair.
+      const line = judgeP99Drift(quickMinute(6), quickMinute(1_006), MINUTE);
+      expect(line.value).toBeGreaterThan(1.3);
+      expect(line.measured).toMatch(/^297\.4 ms against 215\.3 ms \(138 %, 90 % interval 69 % to 223 %/);
+      expect(line.pass).toBe(true);
+    });
+
+    it("fails the same minute three times slower, beyond its noise", () => {
+      const line = judgeP99Drift(quickMinute(6), quickMinute(1_006, 3), MINUTE);
+      expect(line.pass).toBe(false);
+      expect((line.detail as { interval: { low: number } }).interval.low).toBeGreaterThan(1.2);
     });
   });
 

@@ -30,6 +30,10 @@ export class Samples {
   get count(): number {
     return this.values.length;
   }
+  /** Every sample, in the order added. */
+  all(): readonly number[] {
+    return this.values;
+  }
   /** The samples of all of `parts` together. */
   static merge(parts: readonly Samples[]): Samples {
     const merged = new Samples();
