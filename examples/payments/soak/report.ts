@@ -98,6 +98,12 @@ export function renderSoakHtml(report: SoakReport): string {
       const v = pick(s);
       return v === undefined || !Number.isFinite(v) ? [] : [{ t: s.t, v }];
     });
+  // From one sample to the next: the CPU time used over the time between them.
+  const cpuShare = (life: SampledLife) =>
+    life.samples.slice(1).flatMap((s, i) => {
+      const before = life.samples[i]!;
+      return s.t > before.t ? [{ t: s.t, v: (100 * 1000 * (s.cpuSeconds - before.cpuSeconds)) / (s.t - before.t) }] : [];
+    });
   const registry = (pick: (sample: RegistrySample) => number) => report.registry.map((s) => ({ t: s.t, v: pick(s) }));
   const tables = [...new Set(report.registry.flatMap((s) => Object.keys(s.bytes)))].sort();
   const chart = (title: string, unit: string, series: Array<{ name: string; points: readonly Point[] }>) => lineChart(title, unit, series, origin, report.faults);
@@ -132,6 +138,7 @@ export function renderSoakHtml(report: SoakReport): string {
       "handles",
       perLife((l) => l.handles),
     ),
+    chart("CPU per process, share of one core", "%", perLife(cpuShare)),
     chart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms))),
     chart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!)))),
     chart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting))),

@@ -6,7 +6,7 @@ import type { Life, Point } from "./judge.js";
 
 /**
  * What the soak samples every few seconds: each process of the cluster (its
- * RSS and descriptors from /proc; a coordinator's heap, event-loop delay,
+ * RSS, CPU time and descriptors from /proc; a coordinator's heap, event-loop delay,
  * handles and registry pool from its /metrics), and the registry (table and
  * index sizes, dead tuples, the event log, the UNKNOWN queue, tombstones and
  * records the retention sweep is late with, backends by client).
@@ -29,6 +29,8 @@ export interface RegistrySample {
 
 export interface ProcessSample {
   t: number;
+  /** CPU time (user and system) the process has used since it started, in seconds: which process a slow minute was busy in. */
+  cpuSeconds: number;
   /** The coordinator's event-loop delay P99, in ms. */
   eventLoopP99Ms?: number;
   poolTotal?: number;
@@ -119,8 +121,9 @@ export class Sampler {
     if (pid === undefined) return;
     const t = Date.now();
     try {
-      const [status, fds, metrics] = await Promise.all([
+      const [status, stat, fds, metrics] = await Promise.all([
         readFile(`/proc/${pid}/status`, "utf8"),
+        readFile(`/proc/${pid}/stat`, "utf8"),
         descriptors(pid),
         member.adminUrl ? fetch(`${member.adminUrl}/metrics`, { signal: AbortSignal.timeout(3000) }).then((res) => res.text()) : Promise.resolve(undefined),
       ]);
@@ -130,7 +133,7 @@ export class Sampler {
       const push = (series: Point[], v: number) => void (Number.isFinite(v) && series.push({ t, v }));
       push(life.rss, rssKiB * 1024);
       push(life.fds, fds.total);
-      const sample: ProcessSample = { t, sockets: fds.sockets };
+      const sample: ProcessSample = { t, cpuSeconds: cpuSecondsOf(stat), sockets: fds.sockets };
       if (metrics !== undefined) {
         const value = (name: string, labels = "") => gauge(metrics, name, labels);
         push(life.heap!, value("idem_nodejs_heap_size_used_bytes"));
@@ -184,6 +187,19 @@ export class Sampler {
       this.errors.push(`registry: ${(error as Error).message}`);
     }
   }
+}
+
+/** Clock ticks per second of /proc's CPU times (USER_HZ: 100 on Linux, whatever the kernel's own rate). */
+const USER_HZ = 100;
+
+/**
+ * utime + stime from a /proc/<pid>/stat line, in seconds. They are its 14th
+ * and 15th fields; the second field (the command name, in parentheses) may
+ * itself hold spaces, so fields are counted from after its closing one.
+ */
+export function cpuSecondsOf(stat: string): number {
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / USER_HZ;
 }
 
 /** A process's open descriptors, and how many are sockets. */
