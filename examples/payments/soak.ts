@@ -369,6 +369,7 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
       windows: windows.all,
       timeline: stats.timeline,
       lives: sampler!.lives,
+      machine: sampler!.machine,
       registry: sampler!.registry,
       faults: result.report.chaos.events
         .filter((e) => e.killedAt)

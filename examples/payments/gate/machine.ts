@@ -54,9 +54,7 @@ function treeJiffies(root: number): number {
   for (const entry of readdirSync("/proc")) {
     if (!/^\d+$/.test(entry)) continue;
     try {
-      const text = readFileSync(`/proc/${entry}/stat`, "utf8");
-      // The command may contain spaces and parentheses: fields start after the last ')'.
-      const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
+      const fields = statFields(readFileSync(`/proc/${entry}/stat`, "utf8"));
       const ppid = Number(fields[1]);
       const jiffies = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
       stats.set(Number(entry), { ppid, jiffies });
@@ -78,4 +76,14 @@ function treeJiffies(root: number): number {
     stack.push(...(children.get(pid) ?? []));
   }
   return sum;
+}
+
+/**
+ * The fields of a /proc/<pid>/stat line from the third on (state, ppid, …:
+ * utime and stime are [11] and [12]). The second, the command in
+ * parentheses, may itself hold spaces and parentheses, so they start after
+ * the last ')'.
+ */
+export function statFields(stat: string): string[] {
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" ");
 }

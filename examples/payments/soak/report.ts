@@ -4,7 +4,7 @@ import type { Criterion } from "../gate/measure.js";
 import { esc, reportStyle } from "../gate/report.js";
 import { formatDuration } from "../gate/util.js";
 import type { Point } from "./judge.js";
-import type { RegistrySample, SampledLife } from "./sampler.js";
+import type { MachineSample, RegistrySample, SampledLife } from "./sampler.js";
 
 /** What the soak keeps of a run: the verdict, the lines, and the time series the charts draw. */
 export interface SoakReport {
@@ -21,6 +21,7 @@ export interface SoakReport {
   timeline: Array<[number, number]>;
   lives: SampledLife[];
   registry: RegistrySample[];
+  machine: MachineSample[];
   /** Faults as they happened: when (ms since the load began) and what. */
   faults: Array<{ atMs: number; what: string }>;
   loadStartedAt: number;
@@ -139,6 +140,10 @@ export function renderSoakHtml(report: SoakReport): string {
       perLife((l) => l.handles),
     ),
     chart("CPU per process, share of one core", "%", perLife(cpuShare)),
+    chart("Machine CPU", "cores", [
+      { name: "busy", points: report.machine.map((m) => ({ t: m.t, v: m.busyCores })) },
+      { name: "the soak's processes", points: report.machine.map((m) => ({ t: m.t, v: m.soakCores })) },
+    ]),
     chart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms))),
     chart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!)))),
     chart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting))),

@@ -1,6 +1,8 @@
 import { readdir, readFile, readlink } from "node:fs/promises";
+import { cpus } from "node:os";
 import type pg from "pg";
 import type { Cluster, Member } from "../cluster.js";
+import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../gate/machine.js";
 import { sleep } from "../gate/util.js";
 import type { Life, Point } from "./judge.js";
 
@@ -39,17 +41,27 @@ export interface ProcessSample {
   sockets: number;
 }
 
+/** The machine over one sampling interval: cores busy, and how many of them the soak's own process tree (the cluster included) used. */
+export interface MachineSample {
+  t: number;
+  busyCores: number;
+  soakCores: number;
+}
+
 /** A life with the series the judge does not read (sockets, event-loop delay, pool) kept beside it. */
 export interface SampledLife extends Life {
   samples: ProcessSample[];
 }
 
+const CORES = cpus().length;
 const TABLES = ["idem_record", "idem_event", "idem_effect_attempt", "payments", "payment_outbox"] as const;
 
 export class Sampler {
   readonly lives: SampledLife[] = [];
   readonly registry: RegistrySample[] = [];
+  readonly machine: MachineSample[] = [];
   readonly errors: string[] = [];
+  private lastCpu: CpuSample | undefined;
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> = Promise.resolve();
 
@@ -105,6 +117,15 @@ export class Sampler {
       ["provider", this.cluster.provider],
     ];
     await Promise.all([...members.map(([name, member]) => this.sampleProcess(name, member)), this.sampleRegistry()]);
+    this.sampleMachine();
+  }
+
+  /** Whether a minute that slowed down was busier, and whether with the soak's work or something else's. */
+  private sampleMachine(): void {
+    const now = sampleCpu();
+    const usage = cpuUsage(this.lastCpu, now, CORES);
+    this.lastCpu = now;
+    if (usage) this.machine.push({ t: now!.at, busyCores: usage.hostBusyShare * CORES, soakCores: usage.gateShare * CORES });
   }
 
   private lifeOf(process: string, pid: number, coordinator: boolean): SampledLife {
@@ -192,13 +213,9 @@ export class Sampler {
 /** Clock ticks per second of /proc's CPU times (USER_HZ: 100 on Linux, whatever the kernel's own rate). */
 const USER_HZ = 100;
 
-/**
- * utime + stime from a /proc/<pid>/stat line, in seconds. They are its 14th
- * and 15th fields; the second field (the command name, in parentheses) may
- * itself hold spaces, so fields are counted from after its closing one.
- */
+/** utime + stime from a /proc/<pid>/stat line, in seconds. */
 export function cpuSecondsOf(stat: string): number {
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const fields = statFields(stat);
   return (Number(fields[11]) + Number(fields[12])) / USER_HZ;
 }
 
