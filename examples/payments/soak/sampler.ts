@@ -8,10 +8,11 @@ import type { Life, Point } from "./judge.js";
 
 /**
  * What the soak samples every few seconds: each process of the cluster (its
- * RSS, CPU time and descriptors from /proc; a coordinator's heap, event-loop delay,
- * handles and registry pool from its /metrics), and the registry (table and
- * index sizes, dead tuples, the event log, the UNKNOWN queue, tombstones and
- * records the retention sweep is late with, backends by client).
+ * RSS, CPU time and descriptors from /proc; a coordinator's heap, event-loop
+ * delay, handles and registry pool from its /metrics), the machine's CPU, and
+ * the registry (table and index sizes, dead tuples, the event log, the
+ * UNKNOWN queue, tombstones and records the retention sweep is late with,
+ * backends by client).
  */
 
 /** One registry sample. */
@@ -41,7 +42,12 @@ export interface ProcessSample {
   sockets: number;
 }
 
-/** The machine over one sampling interval: cores busy, and how many of them the soak's own process tree (the cluster included) used. */
+/**
+ * The machine over one sampling interval: cores busy, and how many of them
+ * the soak's own process tree used (the coordinators, the service, the
+ * provider, Patroni, etcd and HAProxy; the registry's PostgreSQL servers
+ * detach from it when they start, and count with the rest of the machine).
+ */
 export interface MachineSample {
   t: number;
   busyCores: number;
