@@ -38,6 +38,7 @@ import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "./ha/cli.js
 import type { LocalHaRegistry } from "./ha/engines.js";
 import { runHaFault, type HaFault } from "./ha/faults.js";
 import { paymentsPolicy } from "./policy.js";
+import { compareWindows } from "./soak/compare.js";
 import { judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, latencyBetween, type Outage, type Spans } from "./soak/judge.js";
 import { writeSoakReport, type SoakReport } from "./soak/report.js";
 import { Sampler } from "./soak/sampler.js";
@@ -221,6 +222,8 @@ function latencyWindows(stats: LoadStats, windowMs: number, count: number, outag
     }),
     first: between(LOAD_WARMUP_MS, count * windowMs, outages),
     last: between(lastFrom, lastTo, outages),
+    firstSpan: { from: stats.startedAt + LOAD_WARMUP_MS, to: stats.startedAt + count * windowMs },
+    lastSpan: { from: stats.startedAt + lastFrom, to: stats.startedAt + lastTo },
     firstAll: between(0, count * windowMs, []),
     lastAll: between(lastFrom, lastTo, []),
   };
@@ -370,7 +373,13 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
       timeline: stats.timeline,
       lives: sampler!.lives,
       machine: sampler!.machine,
+      generator: sampler!.generator,
       registry: sampler!.registry,
+      comparison: compareWindows(
+        { answers: stats.windows, origin: stats.startedAt, lives: sampler!.lives, machine: sampler!.machine, generator: sampler!.generator, statements: sampler!.statements },
+        windows.firstSpan,
+        windows.lastSpan,
+      ),
       faults: result.report.chaos.events
         .filter((e) => e.killedAt)
         .map((e) => ({

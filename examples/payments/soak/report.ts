@@ -4,7 +4,8 @@ import type { Criterion } from "../gate/measure.js";
 import { esc, reportStyle } from "../gate/report.js";
 import { formatDuration } from "../gate/util.js";
 import type { Point } from "./judge.js";
-import type { MachineSample, RegistrySample, SampledLife } from "./sampler.js";
+import type { WindowComparison } from "./compare.js";
+import type { GeneratorSample, MachineSample, RegistrySample, SampledLife } from "./sampler.js";
 
 /** What the soak keeps of a run: the verdict, the lines, and the time series the charts draw. */
 export interface SoakReport {
@@ -22,6 +23,10 @@ export interface SoakReport {
   lives: SampledLife[];
   registry: RegistrySample[];
   machine: MachineSample[];
+  /** The soak's own process, which sends the load and times the answers. */
+  generator: GeneratorSample[];
+  /** The first and last windows of the P99 line side by side: where the answers' time went. */
+  comparison: WindowComparison;
   /** Faults as they happened: when (ms since the load began) and what. */
   faults: Array<{ atMs: number; what: string }>;
   loadStartedAt: number;
@@ -145,6 +150,13 @@ export function renderSoakHtml(report: SoakReport): string {
       { name: "the soak's processes", points: report.machine.map((m) => ({ t: m.t, v: m.soakCores })) },
     ]),
     chart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms))),
+    chart("Load generator (this process): event-loop delay and CPU", "ms, % of a core", [
+      { name: "event-loop delay P99", points: report.generator.map((g) => ({ t: g.t, v: g.eventLoopP99Ms })) },
+      {
+        name: "CPU",
+        points: report.generator.slice(1).map((g, i) => ({ t: g.t, v: (100 * 1000 * (g.cpuSeconds - report.generator[i]!.cpuSeconds)) / Math.max(1, g.t - report.generator[i]!.t) })),
+      },
+    ]),
     chart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!)))),
     chart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting))),
     chart(
@@ -174,6 +186,15 @@ export function renderSoakHtml(report: SoakReport): string {
     )
     .join("");
   const facts = report.facts.map((f) => `<tr><td>${esc(f.name)}</td><td>${esc(f.value)}</td></tr>`).join("");
+  const { comparison } = report;
+  const figure = (v: number | undefined) => (v === undefined ? "–" : v >= 100 ? v.toFixed(0) : v.toPrecision(3));
+  const change = (first: number | undefined, last: number | undefined) => (first && last !== undefined ? `${((last / first) * 100).toFixed(0)} %` : "");
+  const compared = comparison.figures
+    .map((f) => `<tr><td>${esc(f.name)}</td><td class="r">${figure(f.first)}</td><td class="r">${figure(f.last)}</td><td>${esc(f.unit)}</td><td class="r">${change(f.first, f.last)}</td></tr>`)
+    .join("");
+  const rate = (r: { callsPerSecond: number; meanMs: number; msPerSecond: number } | undefined) =>
+    r ? `<td class="r">${figure(r.callsPerSecond)}</td><td class="r">${figure(r.meanMs)}</td><td class="r">${figure(r.msPerSecond)}</td>` : `<td></td><td></td><td></td>`;
+  const statements = comparison.statements.map((s) => `<tr><td><code>${esc(s.query)}</code></td>${rate(s.first)}${rate(s.last)}</tr>`).join("");
   const faults = report.faults.map((f) => `<tr><td>${formatDuration(f.atMs)}</td><td>${esc(f.what)}</td></tr>`).join("");
   const verdict = report.passed ? "PASSED" : "FAILED";
   return `<!doctype html>
@@ -187,6 +208,12 @@ ${reportStyle(report.passed)}
 <table><thead><tr><th>line</th><th>measured</th><th>threshold</th><th></th></tr></thead><tbody>${rows}</tbody></table>
 <h2>Facts</h2>
 <table><tbody>${facts}</tbody></table>
+<h2>First and last windows</h2>
+<p class="muted">The windows the P99 line compares (${formatDuration(comparison.first.to - comparison.first.from)} from ${formatDuration(comparison.first.from - origin)}, and ${formatDuration(comparison.last.to - comparison.last.from)} from ${formatDuration(comparison.last.from - origin)}), kills' recoveries included: where the answers' time went.</p>
+<table><thead><tr><th>figure</th><th>first</th><th>last</th><th>unit</th><th>last / first</th></tr></thead><tbody>${compared}</tbody></table>
+<h3>Registry statements (pg_stat_statements)</h3>
+<table><thead><tr><th></th><th colspan="3">first window</th><th colspan="3">last window</th></tr>
+<tr><th>statement</th><th>calls/s</th><th>ms per call</th><th>ms/s</th><th>calls/s</th><th>ms per call</th><th>ms/s</th></tr></thead><tbody>${statements || `<tr><td colspan="7">not sampled (pg_stat_statements not preloaded)</td></tr>`}</tbody></table>
 <h2>Over time</h2>
 <p class="muted">Minutes since the load began; the ticks along the top of each chart are the faults (hover for which). A process's lives share its color: a line that breaks off is a process killed, the next one its restart.</p>
 <div class="figs">${charts.join("\n")}</div>

@@ -1,5 +1,6 @@
 import { readdir, readFile, readlink } from "node:fs/promises";
 import { cpus } from "node:os";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import type pg from "pg";
 import type { Cluster, Member } from "../cluster.js";
 import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../gate/machine.js";
@@ -12,7 +13,9 @@ import type { Life, Point } from "./judge.js";
  * delay, handles and registry pool from its /metrics), the machine's CPU, and
  * the registry (table and index sizes, dead tuples, the event log, the
  * UNKNOWN queue, tombstones and records the retention sweep is late with,
- * backends by client).
+ * backends by client, time per statement). It also samples its own process,
+ * which sends the load and times the answers: a clock that slows down would
+ * look like a service that does.
  */
 
 /** One registry sample. */
@@ -36,6 +39,10 @@ export interface ProcessSample {
   cpuSeconds: number;
   /** The coordinator's event-loop delay P99, in ms. */
   eventLoopP99Ms?: number;
+  /** A coordinator's RPCs since it started, by method: how many, and the seconds they took (its histogram's _count and _sum). */
+  rpcs?: Totals;
+  /** A coordinator's registry transactions since it started, by transaction. */
+  transactions?: Totals;
   poolTotal?: number;
   poolIdle?: number;
   poolWaiting?: number;
@@ -54,6 +61,26 @@ export interface MachineSample {
   soakCores: number;
 }
 
+/** A histogram's running count and sum of seconds, by the value of one label. */
+export type Totals = Record<string, { count: number; seconds: number }>;
+
+/** The soak's own process: the load generator, whose clock times the answers. */
+export interface GeneratorSample {
+  t: number;
+  cpuSeconds: number;
+  rssBytes: number;
+  heapUsedBytes: number;
+  /** Its event-loop delay since the sample before: an answer waits this long to be timed. */
+  eventLoopP99Ms: number;
+  eventLoopMeanMs: number;
+}
+
+/** pg_stat_statements on the registry's primary, by query id: running totals since the server started. */
+export interface StatementsSample {
+  t: number;
+  byQuery: Record<string, { query: string; calls: number; ms: number; rows: number }>;
+}
+
 /** A life with the series the judge does not read (sockets, event-loop delay, pool) kept beside it. */
 export interface SampledLife extends Life {
   samples: ProcessSample[];
@@ -66,7 +93,12 @@ export class Sampler {
   readonly lives: SampledLife[] = [];
   readonly registry: RegistrySample[] = [];
   readonly machine: MachineSample[] = [];
+  readonly generator: GeneratorSample[] = [];
+  readonly statements: StatementsSample[] = [];
   readonly errors: string[] = [];
+  private readonly loopDelay = monitorEventLoopDelay({ resolution: 10 });
+  /** Whether the registry has pg_stat_statements (undefined: not asked yet). */
+  private statementStats: boolean | undefined;
   private lastCpu: CpuSample | undefined;
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> = Promise.resolve();
@@ -78,6 +110,7 @@ export class Sampler {
   ) {}
 
   start(): void {
+    this.loopDelay.enable();
     const tick = () => {
       this.running = this.sample().finally(() => {
         if (this.timer) this.timer = setTimeout(tick, this.options.intervalMs);
@@ -90,6 +123,7 @@ export class Sampler {
     clearTimeout(this.timer);
     this.timer = undefined;
     await this.running;
+    this.loopDelay.disable();
   }
 
   /**
@@ -122,8 +156,52 @@ export class Sampler {
       ["service", this.cluster.service],
       ["provider", this.cluster.provider],
     ];
-    await Promise.all([...members.map(([name, member]) => this.sampleProcess(name, member)), this.sampleRegistry()]);
+    await Promise.all([...members.map(([name, member]) => this.sampleProcess(name, member)), this.sampleRegistry(), this.sampleStatements()]);
     this.sampleMachine();
+    this.sampleGenerator();
+  }
+
+  private sampleGenerator(): void {
+    const cpu = process.cpuUsage();
+    const memory = process.memoryUsage();
+    this.generator.push({
+      t: Date.now(),
+      cpuSeconds: (cpu.user + cpu.system) / 1e6,
+      rssBytes: memory.rss,
+      heapUsedBytes: memory.heapUsed,
+      eventLoopP99Ms: this.loopDelay.percentile(99) / 1e6,
+      eventLoopMeanMs: this.loopDelay.mean / 1e6,
+    });
+    this.loopDelay.reset();
+  }
+
+  /**
+   * The registry's time per statement, from pg_stat_statements when the
+   * server preloads it (deploy/ha/patroni.yml does): which statements take
+   * longer, or run more often, late in the run than early.
+   */
+  private async sampleStatements(): Promise<void> {
+    if (this.statementStats === false) return;
+    const t = Date.now();
+    try {
+      if (this.statementStats === undefined) {
+        await this.pool.query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public");
+        this.statementStats = true;
+      }
+      const { rows } = await this.pool.query<{ id: string; query: string; calls: string; ms: number; rows: string }>(
+        `SELECT queryid::text AS id, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query, calls::text, total_exec_time AS ms, rows::text
+           FROM public.pg_stat_statements
+          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND queryid IS NOT NULL`,
+      );
+      this.statements.push({ t, byQuery: Object.fromEntries(rows.map((r) => [r.id, { query: r.query, calls: Number(r.calls), ms: r.ms, rows: Number(r.rows) }])) });
+    } catch (error) {
+      const message = (error as Error).message;
+      if (this.statementStats === undefined || /pg_stat_statements must be loaded/.test(message)) {
+        // Not preloaded on this server: the rest of the samples go on without it.
+        this.statementStats = false;
+        this.errors.push(`pg_stat_statements: ${message}`);
+      } else this.errors.push(`registry statements: ${message}`);
+    }
   }
 
   /** Whether a minute that slowed down was busier, and whether with the soak's work or something else's. */
@@ -169,6 +247,8 @@ export class Sampler {
         sample.poolTotal = value("idem_db_pool_connections", 'state="total"');
         sample.poolIdle = value("idem_db_pool_connections", 'state="idle"');
         sample.poolWaiting = value("idem_db_pool_connections", 'state="waiting"');
+        sample.rpcs = totals(metrics, "idem_rpc_duration_seconds", "method");
+        sample.transactions = totals(metrics, "idem_registry_transaction_seconds", "transaction");
       }
       life.samples.push(sample);
     } catch (error) {
@@ -237,4 +317,19 @@ function gauge(text: string, name: string, labels: string): number {
   const prefix = labels ? `${name}{${labels}} ` : `${name} `;
   const line = text.split("\n").find((l) => l.startsWith(prefix));
   return line ? Number(line.slice(prefix.length).split(" ")[0]) : Number.NaN;
+}
+
+/** A histogram's _count and _sum in a Prometheus text exposition, added up by the value of one label (e.g. method, over every code). */
+export function totals(text: string, name: string, label: string): Totals {
+  const out: Totals = {};
+  const pattern = new RegExp(`^${name}_(count|sum)\\{([^}]*)\\} (\\S+)`, "gm");
+  const labelPattern = new RegExp(`(?:^|,)${label}="([^"]*)"`);
+  for (const [, kind, labels, value] of text.matchAll(pattern)) {
+    const key = labelPattern.exec(labels!)?.[1];
+    if (key === undefined) continue;
+    const entry = (out[key] ??= { count: 0, seconds: 0 });
+    if (kind === "count") entry.count += Number(value);
+    else entry.seconds += Number(value);
+  }
+  return out;
 }

@@ -1,0 +1,152 @@
+import { Samples } from "../gate/histogram.js";
+import type { GeneratorSample, MachineSample, SampledLife, StatementsSample, Totals } from "./sampler.js";
+
+/**
+ * The first and the last windows the P99 line compares, side by side: where
+ * an answer's time went in each. When the line fails, this says whether the
+ * coordinators' RPCs, the registry's statements, the machine or the load
+ * generator's own clock took the extra time.
+ */
+
+/** A span of time, Date.now() milliseconds. */
+export interface Span {
+  from: number;
+  to: number;
+}
+
+/** One figure in both windows (undefined: not sampled in that window). */
+export interface ComparedFigure {
+  name: string;
+  unit: string;
+  first: number | undefined;
+  last: number | undefined;
+}
+
+/** One registry statement in both windows: calls per second, and milliseconds of execution per call and per second. */
+export interface ComparedStatement {
+  query: string;
+  first: StatementRate | undefined;
+  last: StatementRate | undefined;
+}
+
+export interface StatementRate {
+  callsPerSecond: number;
+  meanMs: number;
+  msPerSecond: number;
+}
+
+export interface WindowComparison {
+  first: Span;
+  last: Span;
+  figures: ComparedFigure[];
+  /** The statements that took the most of the registry's time in either window, most in the last first. */
+  statements: ComparedStatement[];
+}
+
+/**
+ * The figures a cumulative series adds between its first and last sample in
+ * `span`: the change of `value` and the seconds it took (undefined: fewer
+ * than two samples in it).
+ */
+function changeWithin<T extends { t: number }>(samples: readonly T[], span: Span, value: (s: T) => number): { change: number; seconds: number } | undefined {
+  const inside = samples.filter((s) => s.t >= span.from && s.t <= span.to);
+  const first = inside[0];
+  const last = inside.at(-1);
+  if (!first || !last || last.t <= first.t) return undefined;
+  return { change: value(last) - value(first), seconds: (last.t - first.t) / 1000 };
+}
+
+function meanWithin<T extends { t: number }>(samples: readonly T[], span: Span, value: (s: T) => number | undefined): number | undefined {
+  const values = samples.filter((s) => s.t >= span.from && s.t <= span.to).flatMap((s) => {
+    const v = value(s);
+    return v === undefined || !Number.isFinite(v) ? [] : [v];
+  });
+  return values.length === 0 ? undefined : values.reduce((a, b) => a + b, 0) / values.length;
+}
+
+/** Calls and seconds of one histogram label value over every coordinator life's samples within `span`. */
+function rpcWithin(lives: readonly SampledLife[], span: Span, pick: (sample: SampledLife["samples"][number]) => Totals | undefined, key: string) {
+  let count = 0;
+  let seconds = 0;
+  let elapsed = 0;
+  for (const life of lives) {
+    const first = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.count ?? 0);
+    const time = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.seconds ?? 0);
+    if (!first || !time || first.change < 0) continue;
+    count += first.change;
+    seconds += time.change;
+    elapsed = Math.max(elapsed, first.seconds);
+  }
+  return count === 0 ? undefined : { meanMs: (seconds / count) * 1000, perSecond: count / Math.max(1, elapsed) };
+}
+
+function statementsWithin(samples: readonly StatementsSample[], span: Span): Map<string, { query: string; rate: StatementRate }> {
+  const inside = samples.filter((s) => s.t >= span.from && s.t <= span.to);
+  const out = new Map<string, { query: string; rate: StatementRate }>();
+  const first = inside[0];
+  const last = inside.at(-1);
+  if (!first || !last || last.t <= first.t) return out;
+  const seconds = (last.t - first.t) / 1000;
+  for (const [id, now] of Object.entries(last.byQuery)) {
+    const before = first.byQuery[id];
+    // Counters that went back were reset (another server became primary): nothing comparable.
+    if (before && (now.calls < before.calls || now.ms < before.ms)) continue;
+    const calls = now.calls - (before?.calls ?? 0);
+    const ms = now.ms - (before?.ms ?? 0);
+    if (calls > 0) out.set(id, { query: now.query, rate: { callsPerSecond: calls / seconds, meanMs: ms / calls, msPerSecond: ms / seconds } });
+  }
+  return out;
+}
+
+export interface ComparedInputs {
+  /** The load's answers per second since `origin` (LoadStats.windows at one-second windows). */
+  answers: readonly Samples[];
+  origin: number;
+  lives: readonly SampledLife[];
+  machine: readonly MachineSample[];
+  generator: readonly GeneratorSample[];
+  statements: readonly StatementsSample[];
+  /** How many statements to list. */
+  top?: number;
+}
+
+export function compareWindows(inputs: ComparedInputs, first: Span, last: Span): WindowComparison {
+  const figures: ComparedFigure[] = [];
+  const both = (name: string, unit: string, of: (span: Span) => number | undefined) => figures.push({ name, unit, first: of(first), last: of(last) });
+  const answers = (span: Span) =>
+    Samples.merge(inputs.answers.slice(Math.max(0, Math.floor((span.from - inputs.origin) / 1000)), Math.floor((span.to - inputs.origin) / 1000))).summary();
+  both("answers, P50", "ms", (span) => answers(span).p50Ms);
+  both("answers, mean", "ms", (span) => answers(span).meanMs);
+  both("answers per second", "/s", (span) => answers(span).count / ((span.to - span.from) / 1000));
+  const coordinators = inputs.lives.filter((life) => life.samples.some((s) => s.rpcs !== undefined));
+  const methods = [...new Set(coordinators.flatMap((life) => life.samples.flatMap((s) => Object.keys(s.rpcs ?? {}))))].sort();
+  for (const method of methods) {
+    both(`${method} RPCs, mean (every coordinator)`, "ms", (span) => rpcWithin(coordinators, span, (s) => s.rpcs, method)?.meanMs);
+    both(`${method} RPCs per second`, "/s", (span) => rpcWithin(coordinators, span, (s) => s.rpcs, method)?.perSecond);
+  }
+  const transactions = [...new Set(coordinators.flatMap((life) => life.samples.flatMap((s) => Object.keys(s.transactions ?? {}))))].sort();
+  for (const name of transactions) both(`${name} transactions, mean`, "ms", (span) => rpcWithin(coordinators, span, (s) => s.transactions, name)?.meanMs);
+  both("machine, busy cores", "cores", (span) => meanWithin(inputs.machine, span, (m) => m.busyCores));
+  both("machine, the soak's processes", "cores", (span) => meanWithin(inputs.machine, span, (m) => m.soakCores));
+  both("load generator, CPU", "cores", (span) => {
+    const cpu = changeWithin(inputs.generator, span, (g) => g.cpuSeconds);
+    return cpu && cpu.change / cpu.seconds;
+  });
+  both("load generator, event-loop delay P99 (mean of samples)", "ms", (span) => meanWithin(inputs.generator, span, (g) => g.eventLoopP99Ms));
+  both("load generator, heap used", "MB", (span) => meanWithin(inputs.generator, span, (g) => g.heapUsedBytes / 1e6));
+  const firstStatements = statementsWithin(inputs.statements, first);
+  const lastStatements = statementsWithin(inputs.statements, last);
+  const total = (rates: Map<string, { rate: StatementRate }>) => (rates.size === 0 ? undefined : [...rates.values()].reduce((sum, s) => sum + s.rate.msPerSecond, 0));
+  figures.push({ name: "registry statements, execution time per second", unit: "ms/s", first: total(firstStatements), last: total(lastStatements) });
+  const ids = [...new Set([...firstStatements.keys(), ...lastStatements.keys()])];
+  const weight = (id: string) => Math.max(lastStatements.get(id)?.rate.msPerSecond ?? 0, firstStatements.get(id)?.rate.msPerSecond ?? 0);
+  const statements = ids
+    .sort((a, b) => weight(b) - weight(a))
+    .slice(0, inputs.top ?? 15)
+    .map((id) => ({
+      query: (lastStatements.get(id) ?? firstStatements.get(id))!.query,
+      first: firstStatements.get(id)?.rate,
+      last: lastStatements.get(id)?.rate,
+    }));
+  return { first, last, figures, statements };
+}
