@@ -1,10 +1,11 @@
 import type pg from "pg";
 import { describe, expect, it } from "vitest";
-import { poolDb, type Db } from "../../src/registry/db.js";
+import { ALL_TENANTS, poolDb, type Db } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
 import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
+import { census as censusStatement } from "../../src/registry/statements/jobs.js";
 
 const t = useTestDatabase();
 
@@ -339,5 +340,42 @@ describe("round trips per call", () => {
     const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
     expect(done.state).toBe("SUCCEEDED");
     expect(c.counts()).toEqual({ roundTrips: 2, messages: 5 });
+  });
+});
+
+describe("the census", () => {
+  it("counts the live records per state, the oldest UNKNOWN and the overdue, and neither counts nor needs the tombstones", async () => {
+    const tenant = `census-${newKey().slice(0, 8)}`;
+    const subject = { tenant, principal: "census" };
+    const made = async (claim: boolean) => (await registry.reserve(t.db, reserveInput(newKey(), undefined, { subject, claim }), gateway)).record!.operationId;
+    const snapshot = { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array() };
+    const finished = async () => {
+      const operationId = await made(true);
+      await registry.complete(t.db, { ref: { tenant, operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+      return operationId;
+    };
+    const [, , unknown, overdue] = [await made(false), await made(true), await made(true), await made(false)];
+    const [, swept] = [await finished(), await finished()];
+    await t.pool.query("UPDATE idem_record SET state = 'UNKNOWN', lease_expires_at = NULL, updated_at = now() - interval '90 seconds' WHERE operation_id = $1", [unknown]);
+    await t.pool.query("UPDATE idem_record SET lease_expires_at = NULL, updated_at = now() - interval '2 days' WHERE operation_id = $1", [overdue]);
+    await t.pool.query("UPDATE idem_record SET tombstoned_at = now(), snapshot_body = NULL WHERE operation_id = $1", [swept]);
+
+    const census = await registry.census(t.db, { tenants: [tenant] });
+    expect(Object.fromEntries(census.byState)).toEqual({ RESERVED: 2, EXECUTING: 1, UNKNOWN: 1, SUCCEEDED: 1 });
+    expect(census.oldestUnknownSeconds).toBeGreaterThanOrEqual(90);
+    expect(census.overdue).toBe(1);
+    expect(await registry.census(t.db, { tenants: [tenant], operations: ["holds.create"] })).toMatchObject({ byState: new Map(), overdue: 0 });
+
+    // Tombstones are kept for good and soon outnumber the live records: each branch names the predicate of a
+    // partial index that holds only live ones, so that the planner can read them through it instead of the table.
+    const plan = await t.db.transaction(ALL_TENANTS, async (q) => {
+      await q.query("SET LOCAL enable_seqscan = off");
+      const { rows } = await q.query<{ "QUERY PLAN": string }>(`EXPLAIN (COSTS OFF) ${censusStatement.text}`, [null, null]);
+      return rows.map((row) => row["QUERY PLAN"]).join("\n");
+    });
+    expect(plan).toContain("idem_record_retention_due");
+    // Either partial index of the unfinished records (the recoverer's, the quota's).
+    expect(plan).toMatch(/idem_record_by_lease_end|idem_record_active_by_principal/);
+    expect(plan).not.toContain("Seq Scan");
   });
 });

@@ -83,7 +83,12 @@ export const tombstoneBatch = statement<{ batchSize: number; caller: string }, {
 /**
  * Records per state of some tenants and operations (null: all), the age of
  * the oldest UNKNOWN one, and unfinished records without a lease for over a
- * day (overdue: nobody will retry them).
+ * day (overdue: nobody will retry them). Tombstones are not counted, and not
+ * read either: they are kept for good and soon outnumber the live records,
+ * so the live ones are read through partial indexes that hold only them
+ * (the unfinished ones: the recoverer's or the quota's; the finished ones not
+ * yet swept: idem_record_retention_due), each branch naming its index's
+ * predicate.
  */
 export const census = statement<
   { tenants: readonly string[] | null; operations: readonly string[] | null },
@@ -94,7 +99,11 @@ export const census = statement<
           extract(epoch FROM now() - min(updated_at) FILTER (WHERE state = 'UNKNOWN'))::float8 AS oldest_unknown,
           (count(*) FILTER (WHERE state IN ('RESERVED', 'EXECUTING') AND lease_expires_at IS NULL
                               AND updated_at < now() - interval '1 day'))::int AS overdue
-     FROM idem_record
-    WHERE tombstoned_at IS NULL AND (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
+     FROM (SELECT tenant_id, operation, state, updated_at, lease_expires_at FROM idem_record
+            WHERE state IN ('RESERVED', 'EXECUTING', 'UNKNOWN') AND tombstoned_at IS NULL
+           UNION ALL
+           SELECT tenant_id, operation, state, updated_at, lease_expires_at FROM idem_record
+            WHERE tombstoned_at IS NULL AND state IN ('SUCCEEDED', 'FAILED_FINAL', 'REJECTED')) live
+    WHERE (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
     GROUP BY state`,
 );
