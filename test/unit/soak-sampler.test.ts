@@ -71,7 +71,14 @@ describe("compareWindows", () => {
     for (let i = 0; i < 10; i++) second.add(s < 120 ? 20 : 50);
     return second;
   });
-  const generator = Array.from({ length: 37 }, (_, i) => ({ t: at(i * 5), cpuSeconds: i * 2.5, rssBytes: 1e8, heapUsedBytes: 5e7, eventLoopP99Ms: i < 24 ? 12 : 30, eventLoopMeanMs: 10 }));
+  const generator = Array.from({ length: 37 }, (_, i) => ({
+    t: at(i * 5),
+    cpuSeconds: i * 2.5,
+    rssBytes: 1e8,
+    heapUsedBytes: 5e7,
+    eventLoopP99Ms: i < 24 ? 12 : 30,
+    eventLoopMeanMs: 10,
+  }));
 
   const comparison = compareWindows({ answers, origin, lives: [coordinator], machine: [], generator, statements }, first, last);
   const figure = (name: string) => comparison.figures.find((f) => f.name === name);

@@ -57,10 +57,12 @@ function changeWithin<T extends { t: number }>(samples: readonly T[], span: Span
 }
 
 function meanWithin<T extends { t: number }>(samples: readonly T[], span: Span, value: (s: T) => number | undefined): number | undefined {
-  const values = samples.filter((s) => s.t >= span.from && s.t <= span.to).flatMap((s) => {
-    const v = value(s);
-    return v === undefined || !Number.isFinite(v) ? [] : [v];
-  });
+  const values = samples
+    .filter((s) => s.t >= span.from && s.t <= span.to)
+    .flatMap((s) => {
+      const v = value(s);
+      return v === undefined || !Number.isFinite(v) ? [] : [v];
+    });
   return values.length === 0 ? undefined : values.reduce((a, b) => a + b, 0) / values.length;
 }
 

@@ -154,7 +154,9 @@ export function renderSoakHtml(report: SoakReport): string {
       { name: "event-loop delay P99", points: report.generator.map((g) => ({ t: g.t, v: g.eventLoopP99Ms })) },
       {
         name: "CPU",
-        points: report.generator.slice(1).map((g, i) => ({ t: g.t, v: (100 * 1000 * (g.cpuSeconds - report.generator[i]!.cpuSeconds)) / Math.max(1, g.t - report.generator[i]!.t) })),
+        points: report.generator
+          .slice(1)
+          .map((g, i) => ({ t: g.t, v: (100 * 1000 * (g.cpuSeconds - report.generator[i]!.cpuSeconds)) / Math.max(1, g.t - report.generator[i]!.t) })),
       },
     ]),
     chart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!)))),
@@ -190,7 +192,10 @@ export function renderSoakHtml(report: SoakReport): string {
   const figure = (v: number | undefined) => (v === undefined ? "–" : v >= 100 ? v.toFixed(0) : v.toPrecision(3));
   const change = (first: number | undefined, last: number | undefined) => (first && last !== undefined ? `${((last / first) * 100).toFixed(0)} %` : "");
   const compared = comparison.figures
-    .map((f) => `<tr><td>${esc(f.name)}</td><td class="r">${figure(f.first)}</td><td class="r">${figure(f.last)}</td><td>${esc(f.unit)}</td><td class="r">${change(f.first, f.last)}</td></tr>`)
+    .map(
+      (f) =>
+        `<tr><td>${esc(f.name)}</td><td class="r">${figure(f.first)}</td><td class="r">${figure(f.last)}</td><td>${esc(f.unit)}</td><td class="r">${change(f.first, f.last)}</td></tr>`,
+    )
     .join("");
   const rate = (r: { callsPerSecond: number; meanMs: number; msPerSecond: number } | undefined) =>
     r ? `<td class="r">${figure(r.callsPerSecond)}</td><td class="r">${figure(r.meanMs)}</td><td class="r">${figure(r.msPerSecond)}</td>` : `<td></td><td></td><td></td>`;
