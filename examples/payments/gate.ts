@@ -273,7 +273,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
           ? [
               {
                 name: "machine during the load",
-                value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}`,
+                value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}, taken by the hypervisor ${Math.round(cpu.stolenShare * 100)} %`,
               },
             ]
           : []),

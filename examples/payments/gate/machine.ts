@@ -12,6 +12,8 @@ export interface CpuSample {
   /** Busy and total jiffies of the whole host since boot. */
   hostBusy: number;
   hostTotal: number;
+  /** Of hostBusy, the jiffies the hypervisor gave to other machines while this one had work (steal). */
+  hostStolen: number;
   /** CPU jiffies used by this process and its descendants (dead ones included once reaped). */
   tree: number;
 }
@@ -25,6 +27,8 @@ export interface CpuUsage {
   gateShare: number;
   /** Share used by everything else on the machine. */
   otherShare: number;
+  /** Share of the capacity the hypervisor took away (counted in hostBusyShare, used by nothing here). */
+  stolenShare: number;
 }
 
 export function sampleCpu(): CpuSample | undefined {
@@ -33,7 +37,7 @@ export function sampleCpu(): CpuSample | undefined {
     // user nice system idle iowait irq softirq steal
     const idle = (cpu[3] ?? 0) + (cpu[4] ?? 0);
     const total = cpu.slice(0, 8).reduce((a, b) => a + b, 0);
-    return { at: Date.now(), hostBusy: total - idle, hostTotal: total, tree: treeJiffies(process.pid) };
+    return { at: Date.now(), hostBusy: total - idle, hostTotal: total, hostStolen: cpu[7] ?? 0, tree: treeJiffies(process.pid) };
   } catch {
     return undefined;
   }
@@ -45,7 +49,15 @@ export function cpuUsage(from: CpuSample | undefined, to: CpuSample | undefined,
   const busy = (to.hostBusy - from.hostBusy) / total;
   const gate = Math.min(busy, Math.max(0, (to.tree - from.tree) / total));
   const round = (n: number) => Number(n.toFixed(3));
-  return { seconds: (to.at - from.at) / 1000, cores, hostBusyShare: round(busy), gateShare: round(gate), otherShare: round(Math.max(0, busy - gate)) };
+  const stolen = Math.max(0, (to.hostStolen - from.hostStolen) / total);
+  return {
+    seconds: (to.at - from.at) / 1000,
+    cores,
+    hostBusyShare: round(busy),
+    gateShare: round(gate),
+    otherShare: round(Math.max(0, busy - gate - stolen)),
+    stolenShare: round(stolen),
+  };
 }
 
 /** utime + stime (+ reaped children's) of `root` and every live descendant, in jiffies. */

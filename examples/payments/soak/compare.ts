@@ -130,6 +130,7 @@ export function compareWindows(inputs: ComparedInputs, first: Span, last: Span):
   for (const name of transactions) both(`${name} transactions, mean`, "ms", (span) => rpcWithin(coordinators, span, (s) => s.transactions, name)?.meanMs);
   both("machine, busy cores", "cores", (span) => meanWithin(inputs.machine, span, (m) => m.busyCores));
   both("machine, the soak's processes", "cores", (span) => meanWithin(inputs.machine, span, (m) => m.soakCores));
+  both("machine, stolen by the hypervisor", "cores", (span) => meanWithin(inputs.machine, span, (m) => m.stolenCores));
   both("load generator, CPU", "cores", (span) => {
     const cpu = changeWithin(inputs.generator, span, (g) => g.cpuSeconds);
     return cpu && cpu.change / cpu.seconds;

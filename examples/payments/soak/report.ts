@@ -148,6 +148,7 @@ export function renderSoakHtml(report: SoakReport): string {
     chart("Machine CPU", "cores", [
       { name: "busy", points: report.machine.map((m) => ({ t: m.t, v: m.busyCores })) },
       { name: "the soak's processes", points: report.machine.map((m) => ({ t: m.t, v: m.soakCores })) },
+      { name: "stolen by the hypervisor", points: report.machine.map((m) => ({ t: m.t, v: m.stolenCores ?? 0 })) },
     ]),
     chart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms))),
     chart("Load generator (this process): event-loop delay and CPU", "ms, % of a core", [

@@ -59,6 +59,8 @@ export interface MachineSample {
   t: number;
   busyCores: number;
   soakCores: number;
+  /** Of busyCores, what the hypervisor gave to other machines (steal): a slower machine, not more work. */
+  stolenCores: number;
 }
 
 /** A histogram's running count and sum of seconds, by the value of one label. */
@@ -223,7 +225,7 @@ export class Sampler {
     const now = sampleCpu();
     const usage = cpuUsage(this.lastCpu, now, CORES);
     this.lastCpu = now;
-    if (usage) this.machine.push({ t: now!.at, busyCores: usage.hostBusyShare * CORES, soakCores: usage.gateShare * CORES });
+    if (usage) this.machine.push({ t: now!.at, busyCores: usage.hostBusyShare * CORES, soakCores: usage.gateShare * CORES, stolenCores: usage.stolenShare * CORES });
   }
 
   private lifeOf(process: string, pid: number, coordinator: boolean): SampledLife {
