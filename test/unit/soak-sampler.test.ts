@@ -96,8 +96,8 @@ describe("compareWindows", () => {
   it("lists the registry's statements by their time in either window, with calls and time per call", () => {
     expect(comparison.statements.map((s) => s.query)).toEqual(["SELECT count(*) FROM idem_record", "SELECT 1"]);
     const [counting, one] = comparison.statements;
-    expect(counting!.first).toEqual({ callsPerSecond: 2, meanMs: 1, msPerSecond: 2 });
-    expect(counting!.last).toEqual({ callsPerSecond: 2, meanMs: 3, msPerSecond: 6 });
+    expect(counting!.first).toEqual({ callsPerSecond: 2, rowsPerCall: 1, meanMs: 1, msPerSecond: 2 });
+    expect(counting!.last).toEqual({ callsPerSecond: 2, rowsPerCall: 1, meanMs: 3, msPerSecond: 6 });
     expect(one!.first).toBeUndefined();
     expect(figure("registry statements, execution time per second")).toMatchObject({ first: 2, last: 7 });
   });

@@ -22,7 +22,7 @@ export interface ComparedFigure {
   last: number | undefined;
 }
 
-/** One registry statement in both windows: calls per second, and milliseconds of execution per call and per second. */
+/** One registry statement in both windows: calls per second, rows per call, and milliseconds of execution per call and per second. */
 export interface ComparedStatement {
   query: string;
   first: StatementRate | undefined;
@@ -31,6 +31,8 @@ export interface ComparedStatement {
 
 export interface StatementRate {
   callsPerSecond: number;
+  /** Rows returned or changed per call: a statement that takes longer per call may just do more each time. */
+  rowsPerCall: number;
   meanMs: number;
   msPerSecond: number;
 }
@@ -95,7 +97,8 @@ function statementsWithin(samples: readonly StatementsSample[], span: Span): Map
     if (before && (now.calls < before.calls || now.ms < before.ms)) continue;
     const calls = now.calls - (before?.calls ?? 0);
     const ms = now.ms - (before?.ms ?? 0);
-    if (calls > 0) out.set(id, { query: now.query, rate: { callsPerSecond: calls / seconds, meanMs: ms / calls, msPerSecond: ms / seconds } });
+    const rows = now.rows - (before?.rows ?? 0);
+    if (calls > 0) out.set(id, { query: now.query, rate: { callsPerSecond: calls / seconds, rowsPerCall: rows / calls, meanMs: ms / calls, msPerSecond: ms / seconds } });
   }
   return out;
 }

@@ -4,7 +4,7 @@ import type { Criterion } from "../gate/measure.js";
 import { esc, reportStyle } from "../gate/report.js";
 import { formatDuration } from "../gate/util.js";
 import type { Point } from "./judge.js";
-import type { WindowComparison } from "./compare.js";
+import type { StatementRate, WindowComparison } from "./compare.js";
 import type { GeneratorSample, MachineSample, RegistrySample, SampledLife } from "./sampler.js";
 
 /** What the soak keeps of a run: the verdict, the lines, and the time series the charts draw. */
@@ -198,8 +198,10 @@ export function renderSoakHtml(report: SoakReport): string {
         `<tr><td>${esc(f.name)}</td><td class="r">${figure(f.first)}</td><td class="r">${figure(f.last)}</td><td>${esc(f.unit)}</td><td class="r">${change(f.first, f.last)}</td></tr>`,
     )
     .join("");
-  const rate = (r: { callsPerSecond: number; meanMs: number; msPerSecond: number } | undefined) =>
-    r ? `<td class="r">${figure(r.callsPerSecond)}</td><td class="r">${figure(r.meanMs)}</td><td class="r">${figure(r.msPerSecond)}</td>` : `<td></td><td></td><td></td>`;
+  const rate = (r: StatementRate | undefined) =>
+    r
+      ? `<td class="r">${figure(r.callsPerSecond)}</td><td class="r">${figure(r.rowsPerCall)}</td><td class="r">${figure(r.meanMs)}</td><td class="r">${figure(r.msPerSecond)}</td>`
+      : `<td></td><td></td><td></td><td></td>`;
   const statements = comparison.statements.map((s) => `<tr><td><code>${esc(s.query)}</code></td>${rate(s.first)}${rate(s.last)}</tr>`).join("");
   const faults = report.faults.map((f) => `<tr><td>${formatDuration(f.atMs)}</td><td>${esc(f.what)}</td></tr>`).join("");
   const verdict = report.passed ? "PASSED" : "FAILED";
@@ -218,8 +220,8 @@ ${reportStyle(report.passed)}
 <p class="muted">The windows the P99 line compares (${formatDuration(comparison.first.to - comparison.first.from)} from ${formatDuration(comparison.first.from - origin)}, and ${formatDuration(comparison.last.to - comparison.last.from)} from ${formatDuration(comparison.last.from - origin)}), kills' recoveries included: where the answers' time went.</p>
 <table><thead><tr><th>figure</th><th>first</th><th>last</th><th>unit</th><th>last / first</th></tr></thead><tbody>${compared}</tbody></table>
 <h3>Registry statements (pg_stat_statements)</h3>
-<table><thead><tr><th></th><th colspan="3">first window</th><th colspan="3">last window</th></tr>
-<tr><th>statement</th><th>calls/s</th><th>ms per call</th><th>ms/s</th><th>calls/s</th><th>ms per call</th><th>ms/s</th></tr></thead><tbody>${statements || `<tr><td colspan="7">not sampled (pg_stat_statements not preloaded)</td></tr>`}</tbody></table>
+<table><thead><tr><th></th><th colspan="4">first window</th><th colspan="4">last window</th></tr>
+<tr><th>statement</th><th>calls/s</th><th>rows per call</th><th>ms per call</th><th>ms/s</th><th>calls/s</th><th>rows per call</th><th>ms per call</th><th>ms/s</th></tr></thead><tbody>${statements || `<tr><td colspan="9">not sampled (pg_stat_statements not preloaded)</td></tr>`}</tbody></table>
 <h2>Over time</h2>
 <p class="muted">Minutes since the load began; the ticks along the top of each chart are the faults (hover for which). A process's lives share its color: a line that breaks off is a process killed, the next one its restart.</p>
 <div class="figs">${charts.join("\n")}</div>
