@@ -74,12 +74,12 @@ function rpcWithin(lives: readonly SampledLife[], span: Span, pick: (sample: Sam
   let seconds = 0;
   let elapsed = 0;
   for (const life of lives) {
-    const first = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.count ?? 0);
+    const calls = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.count ?? 0);
     const time = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.seconds ?? 0);
-    if (!first || !time || first.change < 0) continue;
-    count += first.change;
+    if (!calls || !time || calls.change < 0) continue;
+    count += calls.change;
     seconds += time.change;
-    elapsed = Math.max(elapsed, first.seconds);
+    elapsed = Math.max(elapsed, calls.seconds);
   }
   return count === 0 ? undefined : { meanMs: (seconds / count) * 1000, perSecond: count / Math.max(1, elapsed) };
 }
