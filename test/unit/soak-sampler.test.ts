@@ -1,8 +1,8 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { Samples } from "../../examples/payments/gate/histogram.js";
+import { promTotalsBy, Samples } from "../../examples/payments/gate/histogram.js";
 import { compareWindows } from "../../examples/payments/soak/compare.js";
-import { cpuSecondsOf, totals, type SampledLife, type StatementsSample } from "../../examples/payments/soak/sampler.js";
+import { cpuSecondsOf, type SampledLife, type StatementsSample } from "../../examples/payments/soak/sampler.js";
 
 // The soak's CPU time per process, read from /proc/<pid>/stat.
 
@@ -20,7 +20,7 @@ describe("cpuSecondsOf", () => {
   });
 });
 
-describe("totals", () => {
+describe("promTotalsBy", () => {
   it("adds a histogram's _count and _sum over the other labels, by the value of one", () => {
     const text = [
       "# TYPE idem_rpc_duration_seconds histogram",
@@ -33,7 +33,7 @@ describe("totals", () => {
       'idem_rpc_duration_seconds_count{service="idem.v1.Coordinator",method="Complete",code="ok"} 4',
       'idem_rpc_duration_seconds_total_sum{method="Lookup"} 9',
     ].join("\n");
-    expect(totals(text, "idem_rpc_duration_seconds", "method")).toEqual({ Reserve: { count: 12, seconds: 0.75 }, Complete: { count: 4, seconds: 0.1 } });
+    expect(promTotalsBy(text, "idem_rpc_duration_seconds", "method")).toEqual({ Reserve: { count: 12, seconds: 0.75 }, Complete: { count: 4, seconds: 0.1 } });
   });
 });
 

@@ -89,16 +89,9 @@ export function parsePromHistogram(text: string, name: string, match: Record<str
   const byLe = new Map<number, number>();
   let count = 0;
   let sum = 0;
-  const line = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)/;
-  for (const raw of text.split("\n")) {
-    if (raw.startsWith("#")) continue;
-    const m = line.exec(raw);
-    if (!m) continue;
-    const [, metric, labelText, valueText] = m;
-    if (metric !== name && metric !== `${name}_bucket` && metric !== `${name}_count` && metric !== `${name}_sum`) continue;
-    const labels = parseLabels(labelText ?? "");
+  const names = new Set([name, `${name}_bucket`, `${name}_count`, `${name}_sum`]);
+  for (const { metric, labels, value } of promSamples(text, names)) {
     if (!Object.entries(match).every(([k, v]) => labels[k] === v)) continue;
-    const value = Number(valueText);
     if (metric === name) {
       byLe.set(Number.POSITIVE_INFINITY, (byLe.get(Number.POSITIVE_INFINITY) ?? 0) + value);
       count += value;
@@ -110,6 +103,32 @@ export function parsePromHistogram(text: string, name: string, match: Record<str
   }
   const buckets = [...byLe.entries()].map(([le, c]) => ({ le, count: c })).sort((a, b) => a.le - b.le);
   return { buckets, count, sumSeconds: sum };
+}
+
+/** A histogram's running count and sum of seconds, by the value of one label. */
+export type PromTotals = Record<string, { count: number; seconds: number }>;
+
+/** The histogram `name`'s _count and _sum from a Prometheus text exposition, added up by the value of `label` (e.g. by method, over every code). */
+export function promTotalsBy(text: string, name: string, label: string): PromTotals {
+  const out: PromTotals = {};
+  for (const { metric, labels, value } of promSamples(text, new Set([`${name}_count`, `${name}_sum`]))) {
+    const key = labels[label];
+    if (key === undefined) continue;
+    const entry = (out[key] ??= { count: 0, seconds: 0 });
+    if (metric === `${name}_count`) entry.count += value;
+    else entry.seconds += value;
+  }
+  return out;
+}
+
+/** The sample lines of some metrics in a Prometheus text exposition: metric name, labels and value (labels parsed only for those metrics). */
+function* promSamples(text: string, metrics: ReadonlySet<string>): Generator<{ metric: string; labels: Record<string, string>; value: number }> {
+  const line = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)/;
+  for (const raw of text.split("\n")) {
+    if (raw.startsWith("#")) continue;
+    const m = line.exec(raw);
+    if (m && metrics.has(m[1]!)) yield { metric: m[1]!, labels: parseLabels(m[2] ?? ""), value: Number(m[3]) };
+  }
 }
 
 function parseLabels(text: string): Record<string, string> {

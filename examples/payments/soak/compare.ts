@@ -1,5 +1,5 @@
-import { Samples } from "../gate/histogram.js";
-import type { GeneratorSample, MachineSample, SampledLife, StatementsSample, Totals } from "./sampler.js";
+import { Samples, type PromTotals } from "../gate/histogram.js";
+import type { GeneratorSample, MachineSample, SampledLife, StatementsSample } from "./sampler.js";
 
 /**
  * The first and the last windows the P99 line compares, side by side: where
@@ -69,7 +69,7 @@ function meanWithin<T extends { t: number }>(samples: readonly T[], span: Span, 
 }
 
 /** Calls and seconds of one histogram label value over every coordinator life's samples within `span`. */
-function rpcWithin(lives: readonly SampledLife[], span: Span, pick: (sample: SampledLife["samples"][number]) => Totals | undefined, key: string) {
+function rpcWithin(lives: readonly SampledLife[], span: Span, pick: (sample: SampledLife["samples"][number]) => PromTotals | undefined, key: string) {
   let count = 0;
   let seconds = 0;
   let elapsed = 0;

@@ -3,6 +3,7 @@ import { cpus } from "node:os";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import type pg from "pg";
 import type { Cluster, Member } from "../cluster.js";
+import { promTotalsBy, type PromTotals } from "../gate/histogram.js";
 import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../gate/machine.js";
 import { sleep } from "../gate/util.js";
 import type { Life, Point } from "./judge.js";
@@ -40,9 +41,9 @@ export interface ProcessSample {
   /** The coordinator's event-loop delay P99, in ms. */
   eventLoopP99Ms?: number;
   /** A coordinator's RPCs since it started, by method: how many, and the seconds they took (its histogram's _count and _sum). */
-  rpcs?: Totals;
+  rpcs?: PromTotals;
   /** A coordinator's registry transactions since it started, by transaction. */
-  transactions?: Totals;
+  transactions?: PromTotals;
   poolTotal?: number;
   poolIdle?: number;
   poolWaiting?: number;
@@ -62,9 +63,6 @@ export interface MachineSample {
   /** Of busyCores, what the hypervisor gave to other machines (steal): a slower machine, not more work. */
   stolenCores: number;
 }
-
-/** A histogram's running count and sum of seconds, by the value of one label. */
-export type Totals = Record<string, { count: number; seconds: number }>;
 
 /** The soak's own process: the load generator, whose clock times the answers. */
 export interface GeneratorSample {
@@ -263,8 +261,8 @@ export class Sampler {
         sample.poolTotal = value("idem_db_pool_connections", 'state="total"');
         sample.poolIdle = value("idem_db_pool_connections", 'state="idle"');
         sample.poolWaiting = value("idem_db_pool_connections", 'state="waiting"');
-        sample.rpcs = totals(metrics, "idem_rpc_duration_seconds", "method");
-        sample.transactions = totals(metrics, "idem_registry_transaction_seconds", "transaction");
+        sample.rpcs = promTotalsBy(metrics, "idem_rpc_duration_seconds", "method");
+        sample.transactions = promTotalsBy(metrics, "idem_registry_transaction_seconds", "transaction");
       }
       life.samples.push(sample);
     } catch (error) {
@@ -339,19 +337,4 @@ function gauge(text: string, name: string, labels: string): number {
   const prefix = labels ? `${name}{${labels}} ` : `${name} `;
   const line = text.split("\n").find((l) => l.startsWith(prefix));
   return line ? Number(line.slice(prefix.length).split(" ")[0]) : Number.NaN;
-}
-
-/** A histogram's _count and _sum in a Prometheus text exposition, added up by the value of one label (e.g. method, over every code). */
-export function totals(text: string, name: string, label: string): Totals {
-  const out: Totals = {};
-  const pattern = new RegExp(`^${name}_(count|sum)\\{([^}]*)\\} (\\S+)`, "gm");
-  const labelPattern = new RegExp(`(?:^|,)${label}="([^"]*)"`);
-  for (const [, kind, labels, value] of text.matchAll(pattern)) {
-    const key = labelPattern.exec(labels!)?.[1];
-    if (key === undefined) continue;
-    const entry = (out[key] ??= { count: 0, seconds: 0 });
-    if (kind === "count") entry.count += Number(value);
-    else entry.seconds += Number(value);
-  }
-  return out;
 }
