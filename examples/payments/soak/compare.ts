@@ -1,4 +1,5 @@
 import { Samples, type PromTotals } from "../gate/histogram.js";
+import { latencyBetween } from "./judge.js";
 import type { GeneratorSample, MachineSample, SampledLife, StatementsSample } from "./sampler.js";
 
 /**
@@ -31,7 +32,7 @@ export interface ComparedStatement {
 
 export interface StatementRate {
   callsPerSecond: number;
-  /** Rows returned or changed per call: a statement that takes longer per call may just do more each time. */
+  /** Rows returned or changed per call (pg_stat_statements' rows: 1 for a statement that ends in one count): a statement that takes longer per call may just do more each time. */
   rowsPerCall: number;
   meanMs: number;
   msPerSecond: number;
@@ -41,21 +42,22 @@ export interface WindowComparison {
   first: Span;
   last: Span;
   figures: ComparedFigure[];
-  /** The statements that took the most of the registry's time in either window, most in the last first. */
+  /** The statements that took the most of the registry's time, ordered by the larger of their two windows' shares. */
   statements: ComparedStatement[];
 }
 
-/**
- * The figures a cumulative series adds between its first and last sample in
- * `span`: the change of `value` and the seconds it took (undefined: fewer
- * than two samples in it).
- */
-function changeWithin<T extends { t: number }>(samples: readonly T[], span: Span, value: (s: T) => number): { change: number; seconds: number } | undefined {
+/** The first and last of `samples` within `span`, when they are two samples apart in time. */
+function endsWithin<T extends { t: number }>(samples: readonly T[], span: Span): { first: T; last: T; seconds: number } | undefined {
   const inside = samples.filter((s) => s.t >= span.from && s.t <= span.to);
   const first = inside[0];
   const last = inside.at(-1);
-  if (!first || !last || last.t <= first.t) return undefined;
-  return { change: value(last) - value(first), seconds: (last.t - first.t) / 1000 };
+  return first && last && last.t > first.t ? { first, last, seconds: (last.t - first.t) / 1000 } : undefined;
+}
+
+/** What a cumulative series adds between its first and last sample in `span`, and over how many seconds. */
+function changeWithin<T extends { t: number }>(samples: readonly T[], span: Span, value: (s: T) => number): { change: number; seconds: number } | undefined {
+  const ends = endsWithin(samples, span);
+  return ends && { change: value(ends.last) - value(ends.first), seconds: ends.seconds };
 }
 
 function meanWithin<T extends { t: number }>(samples: readonly T[], span: Span, value: (s: T) => number | undefined): number | undefined {
@@ -74,23 +76,23 @@ function rpcWithin(lives: readonly SampledLife[], span: Span, pick: (sample: Sam
   let seconds = 0;
   let elapsed = 0;
   for (const life of lives) {
-    const calls = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.count ?? 0);
-    const time = changeWithin(life.samples, span, (s) => pick(s)?.[key]?.seconds ?? 0);
-    if (!calls || !time || calls.change < 0) continue;
-    count += calls.change;
-    seconds += time.change;
-    elapsed = Math.max(elapsed, calls.seconds);
+    const ends = endsWithin(life.samples, span);
+    if (!ends) continue;
+    const [before, after] = [pick(ends.first)?.[key], pick(ends.last)?.[key]];
+    const calls = (after?.count ?? 0) - (before?.count ?? 0);
+    if (calls < 0) continue;
+    count += calls;
+    seconds += (after?.seconds ?? 0) - (before?.seconds ?? 0);
+    elapsed = Math.max(elapsed, ends.seconds);
   }
   return count === 0 ? undefined : { meanMs: (seconds / count) * 1000, perSecond: count / Math.max(1, elapsed) };
 }
 
 function statementsWithin(samples: readonly StatementsSample[], span: Span): Map<string, { query: string; rate: StatementRate }> {
-  const inside = samples.filter((s) => s.t >= span.from && s.t <= span.to);
   const out = new Map<string, { query: string; rate: StatementRate }>();
-  const first = inside[0];
-  const last = inside.at(-1);
-  if (!first || !last || last.t <= first.t) return out;
-  const seconds = (last.t - first.t) / 1000;
+  const ends = endsWithin(samples, span);
+  if (!ends) return out;
+  const { first, last, seconds } = ends;
   for (const [id, now] of Object.entries(last.byQuery)) {
     const before = first.byQuery[id];
     // Counters that went back were reset (another server became primary): nothing comparable.
@@ -117,17 +119,25 @@ export interface ComparedInputs {
 
 export function compareWindows(inputs: ComparedInputs, first: Span, last: Span): WindowComparison {
   const figures: ComparedFigure[] = [];
-  const both = (name: string, unit: string, of: (span: Span) => number | undefined) => figures.push({ name, unit, first: of(first), last: of(last) });
-  const answers = (span: Span) =>
-    Samples.merge(inputs.answers.slice(Math.max(0, Math.floor((span.from - inputs.origin) / 1000)), Math.floor((span.to - inputs.origin) / 1000))).summary();
-  both("answers, P50", "ms", (span) => answers(span).p50Ms);
-  both("answers, mean", "ms", (span) => answers(span).meanMs);
-  both("answers per second", "/s", (span) => answers(span).count / ((span.to - span.from) / 1000));
+  /** One figure of each window, from what `of` works out once per window. */
+  const each = <T>(of: (span: Span) => T) => {
+    const [a, b] = [of(first), of(last)];
+    return (name: string, unit: string, pick: (t: T) => number | undefined) => figures.push({ name, unit, first: pick(a), last: pick(b) });
+  };
+  const both = (name: string, unit: string, of: (span: Span) => number | undefined) => each(of)(name, unit, (v) => v);
+  const answers = each((span) => ({
+    ...Samples.merge(latencyBetween(inputs.answers, inputs.origin, span.from, span.to, []).seconds).summary(),
+    seconds: (span.to - span.from) / 1000,
+  }));
+  answers("answers, P50", "ms", (a) => a.p50Ms);
+  answers("answers, mean", "ms", (a) => a.meanMs);
+  answers("answers per second", "/s", (a) => a.count / a.seconds);
   const coordinators = inputs.lives.filter((life) => life.samples.some((s) => s.rpcs !== undefined));
   const methods = [...new Set(coordinators.flatMap((life) => life.samples.flatMap((s) => Object.keys(s.rpcs ?? {}))))].sort();
   for (const method of methods) {
-    both(`${method} RPCs, mean (every coordinator)`, "ms", (span) => rpcWithin(coordinators, span, (s) => s.rpcs, method)?.meanMs);
-    both(`${method} RPCs per second`, "/s", (span) => rpcWithin(coordinators, span, (s) => s.rpcs, method)?.perSecond);
+    const rpcs = each((span) => rpcWithin(coordinators, span, (s) => s.rpcs, method));
+    rpcs(`${method} RPCs, mean (every coordinator)`, "ms", (r) => r?.meanMs);
+    rpcs(`${method} RPCs per second`, "/s", (r) => r?.perSecond);
   }
   const transactions = [...new Set(coordinators.flatMap((life) => life.samples.flatMap((s) => Object.keys(s.transactions ?? {}))))].sort();
   for (const name of transactions) both(`${name} transactions, mean`, "ms", (span) => rpcWithin(coordinators, span, (s) => s.transactions, name)?.meanMs);
