@@ -105,9 +105,9 @@ export function renderSoakHtml(report: SoakReport): string {
       return v === undefined || !Number.isFinite(v) ? [] : [{ t: s.t, v }];
     });
   // From one sample to the next: the CPU time used over the time between them.
-  const cpuShare = (life: SampledLife) =>
-    life.samples.slice(1).flatMap((s, i) => {
-      const before = life.samples[i]!;
+  const cpuShare = (samples: ReadonlyArray<{ t: number; cpuSeconds: number }>) =>
+    samples.slice(1).flatMap((s, i) => {
+      const before = samples[i]!;
       return s.t > before.t ? [{ t: s.t, v: (100 * 1000 * (s.cpuSeconds - before.cpuSeconds)) / (s.t - before.t) }] : [];
     });
   const registry = (pick: (sample: RegistrySample) => number) => report.registry.map((s) => ({ t: s.t, v: pick(s) }));
@@ -144,7 +144,11 @@ export function renderSoakHtml(report: SoakReport): string {
       "handles",
       perLife((l) => l.handles),
     ),
-    chart("CPU per process, share of one core", "%", perLife(cpuShare)),
+    chart(
+      "CPU per process, share of one core",
+      "%",
+      perLife((life) => cpuShare(life.samples)),
+    ),
     chart("Machine CPU", "cores", [
       { name: "busy", points: report.machine.map((m) => ({ t: m.t, v: m.busyCores })) },
       { name: "the soak's processes", points: report.machine.map((m) => ({ t: m.t, v: m.soakCores })) },
@@ -153,12 +157,7 @@ export function renderSoakHtml(report: SoakReport): string {
     chart("Event-loop delay P99, coordinators", "ms", perLife(fromSamples((s) => s.eventLoopP99Ms))),
     chart("Load generator (this process): event-loop delay and CPU", "ms, % of a core", [
       { name: "event-loop delay P99", points: report.generator.map((g) => ({ t: g.t, v: g.eventLoopP99Ms })) },
-      {
-        name: "CPU",
-        points: report.generator
-          .slice(1)
-          .map((g, i) => ({ t: g.t, v: (100 * 1000 * (g.cpuSeconds - report.generator[i]!.cpuSeconds)) / Math.max(1, g.t - report.generator[i]!.t) })),
-      },
+      { name: "CPU", points: cpuShare(report.generator) },
     ]),
     chart("Registry pool: checked out", "connections", perLife(fromSamples((s) => (s.poolTotal === undefined ? undefined : s.poolTotal - s.poolIdle!)))),
     chart("Registry pool: waiting", "requests", perLife(fromSamples((s) => s.poolWaiting))),
