@@ -535,13 +535,17 @@ async function navigate() {
   route = parseRoute();
   if (!token()) return;
   show(route.view);
+  const title = $("#" + route.view + "-title");
+  title.focus();
   if (route.view === "search" && route.state !== undefined) {
     const form = $("#by-state");
     form.elements.state.value = route.state;
     await runSearch("state", { state: route.state, limit: form.elements.limit.value }).catch((error) => say(error.message, true));
   }
   await refresh(true);
-  $("#" + route.view + "-title").focus();
+  // Back to the view's heading once its data is in, unless the user has moved on meanwhile: a slow
+  // answer must not take the focus from a field being typed in.
+  if (document.activeElement === title || document.activeElement === $("#results-title")) title.focus();
 }
 
 async function signIn() {

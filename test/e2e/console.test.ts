@@ -150,6 +150,8 @@ describe.skipIf(skipHere)("the operator console", () => {
     for (let i = 0; i < 30 && (await inPage(page, "document.activeElement && document.activeElement.name")) !== "operationId"; i++) await page.keyboard.press("Tab");
     expect(await inPage(page, "getComputedStyle(document.activeElement).outlineStyle"), "a visible focus").not.toBe("none");
     await page.keyboard.type(operationId);
+    // The view's own loading, still under way, leaves the focus in the field being typed in.
+    expect(await inPage(page, "document.activeElement.value")).toBe(operationId);
     await page.keyboard.press("Enter");
     const found = page.locator("[data-testid=results] tbody tr");
     // The UNKNOWN listing may already show this one record: wait for the search's own answer.
