@@ -157,7 +157,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     // Registry work run again after a transient failure: lost connections (kills, failovers), COMMITs whose answer was lost among them.
     const rerunTracker = new ReserveTracker(() => loadStarted, { name: "idem_db_retries_total", labels: {} });
     const scraper = new MetricsScraper(scrapes, [reserveTracker, reserveRpcTracker, rerunTracker]);
-    const cpuAtStart = sampleCpu();
+    const cpuAtStart = await sampleCpu();
     const generatorCpuAtStart = process.cpuUsage();
     progress = new Progress(
       () => ({
@@ -207,7 +207,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
       progress.stop();
     }
     phases.loadSeconds = (Date.now() - loadStarted) / 1000;
-    const cpu = cpuUsage(cpuAtStart, sampleCpu(), cpus().length);
+    const cpu = cpuUsage(cpuAtStart, await sampleCpu(), cpus().length);
     const generatorCpu = process.cpuUsage(generatorCpuAtStart);
     // The load generator's own process (this one): its share of the machine while it ran.
     const generatorShare = (generatorCpu.user + generatorCpu.system) / 1e6 / Math.max(0.001, phases.loadSeconds) / cpus().length;

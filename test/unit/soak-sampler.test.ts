@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { promTotalsBy, Samples } from "../../examples/payments/gate/histogram.js";
+import { promGauge, promTotalsBy, Samples } from "../../examples/payments/gate/histogram.js";
+import { cpuUsage, sampleCpu } from "../../examples/payments/gate/machine.js";
 import { compareWindows } from "../../examples/payments/soak/compare.js";
 import { cpuSecondsOf, type SampledLife, type StatementsSample } from "../../examples/payments/soak/sampler.js";
 
@@ -20,6 +21,24 @@ describe("cpuSecondsOf", () => {
   });
 });
 
+describe("sampleCpu", () => {
+  it("counts this process's CPU in its tree's, and the work done between two samples", async () => {
+    const own = cpuSecondsOf(readFileSync("/proc/self/stat", "utf8")) * 100;
+    const before = await sampleCpu();
+    expect(before!.tree).toBeGreaterThanOrEqual(Math.round(own));
+    // Busy until this process has used 300 ms more CPU, however long a shared machine takes to give it.
+    const start = process.cpuUsage();
+    while ((process.cpuUsage(start).user + process.cpuUsage(start).system) / 1e3 < 300);
+    const after = await sampleCpu();
+    // In jiffies of 10 ms: at least 30, less the two samples' rounding.
+    expect(after!.tree - before!.tree).toBeGreaterThanOrEqual(28);
+    expect(after!.hostBusy - before!.hostBusy).toBeGreaterThanOrEqual(after!.tree - before!.tree - 2);
+    const usage = cpuUsage(before, after, 2)!;
+    expect(usage.gateShare).toBeGreaterThan(0);
+    expect(usage.hostBusyShare).toBeGreaterThanOrEqual(usage.gateShare);
+  });
+});
+
 describe("promTotalsBy", () => {
   it("adds a histogram's _count and _sum over the other labels, by the value of one", () => {
     const text = [
@@ -34,6 +53,28 @@ describe("promTotalsBy", () => {
       'idem_rpc_duration_seconds_total_sum{method="Lookup"} 9',
     ].join("\n");
     expect(promTotalsBy(text, "idem_rpc_duration_seconds", "method")).toEqual({ Reserve: { count: 12, seconds: 0.75 }, Complete: { count: 4, seconds: 0.1 } });
+  });
+});
+
+describe("promGauge", () => {
+  const text = [
+    "# HELP idem_db_pool_connections Registry pool connections by state.",
+    'idem_db_pool_connections{state="total"} 8',
+    'idem_db_pool_connections{state="idle"} 6',
+    'idem_db_pool_connections_max{state="idle"} 99',
+    "idem_nodejs_heap_size_used_bytes 1.5e7",
+    "idem_nodejs_heap_size_used_bytes_max 9",
+  ].join("\n");
+
+  it("reads the series whose labels match, and not a metric whose name only begins the same", () => {
+    expect(promGauge(text, "idem_db_pool_connections", { state: "idle" })).toBe(6);
+    expect(promGauge(text, "idem_db_pool_connections", { state: "total" })).toBe(8);
+    expect(promGauge(text, "idem_nodejs_heap_size_used_bytes")).toBe(1.5e7);
+  });
+
+  it("is NaN for a gauge or a series the text does not hold", () => {
+    expect(promGauge(text, "idem_db_pool_connections", { state: "waiting" })).toBeNaN();
+    expect(promGauge(text, "idem_nodejs_heap_size")).toBeNaN();
   });
 });
 

@@ -121,6 +121,14 @@ export function promTotalsBy(text: string, name: string, label: string): PromTot
   return out;
 }
 
+/** The value of the gauge `name` from a Prometheus text exposition, in its first series whose labels match `match`; NaN when it has none. */
+export function promGauge(text: string, name: string, match: Record<string, string> = {}): number {
+  for (const { labels, value } of promSamples(text, new Set([name]))) {
+    if (Object.entries(match).every(([k, v]) => labels[k] === v)) return value;
+  }
+  return Number.NaN;
+}
+
 /** The sample lines of some metrics in a Prometheus text exposition: metric name, labels and value (labels parsed only for those metrics). */
 function* promSamples(text: string, metrics: ReadonlySet<string>): Generator<{ metric: string; labels: Record<string, string>; value: number }> {
   const line = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)/;

@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { readdir, readFile } from "node:fs/promises";
 
 /**
  * How busy the machine was while the gate ran, and how much of that was the
@@ -31,13 +31,19 @@ export interface CpuUsage {
   stolenShare: number;
 }
 
-export function sampleCpu(): CpuSample | undefined {
+/**
+ * Reads /proc without blocking: the soak samples every few seconds from the
+ * process whose clock times the load's answers, and a walk over every
+ * process's stat file takes milliseconds.
+ */
+export async function sampleCpu(): Promise<CpuSample | undefined> {
   try {
-    const cpu = readFileSync("/proc/stat", "utf8").split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number);
+    const [host, tree] = await Promise.all([readFile("/proc/stat", "utf8"), treeJiffies(process.pid)]);
+    const cpu = host.split("\n")[0]!.trim().split(/\s+/).slice(1).map(Number);
     // user nice system idle iowait irq softirq steal
     const idle = (cpu[3] ?? 0) + (cpu[4] ?? 0);
     const total = cpu.slice(0, 8).reduce((a, b) => a + b, 0);
-    return { at: Date.now(), hostBusy: total - idle, hostTotal: total, hostStolen: cpu[7] ?? 0, tree: treeJiffies(process.pid) };
+    return { at: Date.now(), hostBusy: total - idle, hostTotal: total, hostStolen: cpu[7] ?? 0, tree };
   } catch {
     return undefined;
   }
@@ -61,19 +67,21 @@ export function cpuUsage(from: CpuSample | undefined, to: CpuSample | undefined,
 }
 
 /** utime + stime (+ reaped children's) of `root` and every live descendant, in jiffies. */
-function treeJiffies(root: number): number {
+async function treeJiffies(root: number): Promise<number> {
   const stats = new Map<number, { ppid: number; jiffies: number }>();
-  for (const entry of readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const fields = statFields(readFileSync(`/proc/${entry}/stat`, "utf8"));
-      const ppid = Number(fields[1]);
-      const jiffies = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
-      stats.set(Number(entry), { ppid, jiffies });
-    } catch {
-      // gone meanwhile
-    }
-  }
+  const pids = (await readdir("/proc")).filter((entry) => /^\d+$/.test(entry));
+  await Promise.all(
+    pids.map(async (entry) => {
+      try {
+        const fields = statFields(await readFile(`/proc/${entry}/stat`, "utf8"));
+        const ppid = Number(fields[1]);
+        const jiffies = Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
+        stats.set(Number(entry), { ppid, jiffies });
+      } catch {
+        // gone meanwhile
+      }
+    }),
+  );
   const children = new Map<number, number[]>();
   for (const [pid, s] of stats) {
     const list = children.get(s.ppid);

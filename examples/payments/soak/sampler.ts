@@ -3,7 +3,7 @@ import { cpus } from "node:os";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import type pg from "pg";
 import type { Cluster, Member } from "../cluster.js";
-import { promTotalsBy, type PromTotals } from "../gate/histogram.js";
+import { promGauge, promTotalsBy, type PromTotals } from "../gate/histogram.js";
 import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../gate/machine.js";
 import { sleep } from "../gate/util.js";
 import type { Life, Point } from "./judge.js";
@@ -171,7 +171,7 @@ export class Sampler {
     const slow = whole || Date.now() - this.lastSlowSample >= SLOW_SAMPLE_INTERVAL_MS;
     if (slow) this.lastSlowSample = Date.now();
     await Promise.all([...members.map(([name, member]) => this.sampleProcess(name, member)), this.sampleRegistry(slow), ...(slow ? [this.sampleStatements()] : [])]);
-    this.sampleMachine();
+    await this.sampleMachine();
     this.sampleGenerator();
   }
 
@@ -219,8 +219,8 @@ export class Sampler {
   }
 
   /** Whether a minute that slowed down was busier, and whether with the soak's work or something else's. */
-  private sampleMachine(): void {
-    const now = sampleCpu();
+  private async sampleMachine(): Promise<void> {
+    const now = await sampleCpu();
     const usage = cpuUsage(this.lastCpu, now, CORES);
     this.lastCpu = now;
     if (usage) this.machine.push({ t: now!.at, busyCores: usage.hostBusyShare * CORES, soakCores: usage.gateShare * CORES, stolenCores: usage.stolenShare * CORES });
@@ -254,13 +254,12 @@ export class Sampler {
       push(life.fds, fds.total);
       const sample: ProcessSample = { t, cpuSeconds: cpuSecondsOf(stat), sockets: fds.sockets };
       if (metrics !== undefined) {
-        const value = (name: string, labels = "") => gauge(metrics, name, labels);
-        push(life.heap!, value("idem_nodejs_heap_size_used_bytes"));
-        push(life.handles!, value("idem_nodejs_active_handles_total"));
-        sample.eventLoopP99Ms = value("idem_nodejs_eventloop_lag_p99_seconds") * 1000;
-        sample.poolTotal = value("idem_db_pool_connections", 'state="total"');
-        sample.poolIdle = value("idem_db_pool_connections", 'state="idle"');
-        sample.poolWaiting = value("idem_db_pool_connections", 'state="waiting"');
+        push(life.heap!, promGauge(metrics, "idem_nodejs_heap_size_used_bytes"));
+        push(life.handles!, promGauge(metrics, "idem_nodejs_active_handles_total"));
+        sample.eventLoopP99Ms = promGauge(metrics, "idem_nodejs_eventloop_lag_p99_seconds") * 1000;
+        sample.poolTotal = promGauge(metrics, "idem_db_pool_connections", { state: "total" });
+        sample.poolIdle = promGauge(metrics, "idem_db_pool_connections", { state: "idle" });
+        sample.poolWaiting = promGauge(metrics, "idem_db_pool_connections", { state: "waiting" });
         sample.rpcs = promTotalsBy(metrics, "idem_rpc_duration_seconds", "method");
         sample.transactions = promTotalsBy(metrics, "idem_registry_transaction_seconds", "transaction");
       }
@@ -330,11 +329,4 @@ async function descriptors(pid: number): Promise<{ total: number; sockets: numbe
   const entries = await readdir(`/proc/${pid}/fd`);
   const targets = await Promise.all(entries.map((fd) => readlink(`/proc/${pid}/fd/${fd}`).catch(() => "")));
   return { total: entries.length, sockets: targets.filter((target) => target.startsWith("socket:")).length };
-}
-
-/** A gauge's value in a Prometheus text exposition (`labels` as written inside the braces), NaN when absent. */
-function gauge(text: string, name: string, labels: string): number {
-  const prefix = labels ? `${name}{${labels}} ` : `${name} `;
-  const line = text.split("\n").find((l) => l.startsWith(prefix));
-  return line ? Number(line.slice(prefix.length).split(" ")[0]) : Number.NaN;
 }
