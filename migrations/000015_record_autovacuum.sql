@@ -1,0 +1,11 @@
+-- Vacuum idem_record after 1 % of it is dead (and at least 1,000 rows), not
+-- after the default fifth.
+--
+-- Making a tombstone is never a HOT update: the record leaves the partial
+-- index idem_record_retention_due, so every index keeps the old entry until a
+-- vacuum. The retention sweep reads that index from its oldest entry, where
+-- the entries of the records it already swept stand in front of the ones now
+-- due, and each batch steps over all of them. Tombstones are kept for good,
+-- so the table, and with it the default wait for a fifth of it to die, grows
+-- for as long as the registry lives.
+ALTER TABLE idem_record SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
