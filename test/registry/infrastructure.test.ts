@@ -127,13 +127,6 @@ describe("migration 13 (quota counts kept by the database)", () => {
   });
 });
 
-describe("migration 15 (records vacuumed sooner)", () => {
-  it("has autovacuum clean idem_record after 1 % of it, and at least 1,000 rows, are dead: tombstones make the table ever larger", async () => {
-    const { rows } = await t.pool.query<{ reloptions: string[] }>("SELECT reloptions FROM pg_class WHERE oid = 'idem_record'::regclass");
-    expect(rows[0]!.reloptions).toEqual(expect.arrayContaining(["autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"]));
-  });
-});
-
 describe("connections", () => {
   it("survives the server killing an idle pooled connection, and keeps serving", async () => {
     const applicationName = `idem-kill-${randomBytes(4).toString("hex")}`;
