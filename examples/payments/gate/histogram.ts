@@ -91,7 +91,7 @@ export function parsePromHistogram(text: string, name: string, match: Record<str
   let sum = 0;
   const names = new Set([name, `${name}_bucket`, `${name}_count`, `${name}_sum`]);
   for (const { metric, labels, value } of promSamples(text, names)) {
-    if (!Object.entries(match).every(([k, v]) => labels[k] === v)) continue;
+    if (!labelsMatch(labels, match)) continue;
     if (metric === name) {
       byLe.set(Number.POSITIVE_INFINITY, (byLe.get(Number.POSITIVE_INFINITY) ?? 0) + value);
       count += value;
@@ -124,7 +124,7 @@ export function promTotalsBy(text: string, name: string, label: string): PromTot
 /** The value of the gauge `name` from a Prometheus text exposition, in its first series whose labels match `match`; NaN when it has none. */
 export function promGauge(text: string, name: string, match: Record<string, string> = {}): number {
   for (const { labels, value } of promSamples(text, new Set([name]))) {
-    if (Object.entries(match).every(([k, v]) => labels[k] === v)) return value;
+    if (labelsMatch(labels, match)) return value;
   }
   return Number.NaN;
 }
@@ -137,6 +137,11 @@ function* promSamples(text: string, metrics: ReadonlySet<string>): Generator<{ m
     const m = line.exec(raw);
     if (m && metrics.has(m[1]!)) yield { metric: m[1]!, labels: parseLabels(m[2] ?? ""), value: Number(m[3]) };
   }
+}
+
+/** Whether a series' labels hold every label of `match` with its value (others may be there too). */
+function labelsMatch(labels: Record<string, string>, match: Record<string, string>): boolean {
+  return Object.entries(match).every(([k, v]) => labels[k] === v);
 }
 
 function parseLabels(text: string): Record<string, string> {
