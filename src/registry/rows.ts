@@ -22,6 +22,7 @@ export function toRecord(row: Row): StoredRecord {
     acquisitionId: row.acquisition_id as string,
     writerEpoch: Number(row.writer_epoch),
     effectPossible: row.effect_possible as boolean,
+    wentUnknown: row.went_unknown as boolean,
     snapshot:
       digest === null
         ? null

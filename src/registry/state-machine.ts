@@ -54,8 +54,18 @@ export function reserveVerdict(record: StoredRecord, fingerprint: Uint8Array): R
   if (isTerminal(record.state)) return { kind: "replay" };
   if (record.state === "UNKNOWN" || leaseLive(record)) return { kind: "in_progress" };
   // The lease ended. Leases say who may act, never whether an effect happened:
-  // with a possible effect the record is never executed again.
-  return record.effectPossible ? { kind: "mark_unknown" } : { kind: "takeover" };
+  // with a possible effect, or once it has been UNKNOWN, the record is never executed again.
+  return recoveryOnly(record) ? { kind: "mark_unknown" } : { kind: "takeover" };
+}
+
+/**
+ * Whether only recovery may act on the record: an effect may have happened,
+ * or it has been UNKNOWN. UNKNOWN is for good: what an owner that lost track
+ * says afterwards (its attempts resolved NO_EFFECT once the lease ended) does
+ * not make it safe to run again. Only an operator's reconciliation reopens it.
+ */
+export function recoveryOnly(record: StoredRecord): boolean {
+  return record.effectPossible || record.wentUnknown;
 }
 
 /** The hint for a request that finds an owner at work: from 250 ms, growing with the owner's time at it, at most 2 s. */
@@ -87,10 +97,18 @@ export function retryAfterMs(record: StoredRecord, recoveryCadenceMs: number): n
 
 /** Refuses a write that names a generation other than the record's. */
 export function requireGeneration(record: StoredRecord, generation: number): void {
-  if (generation !== record.generation) {
+  if (generation < record.generation) {
     refuse(
       "STALE_GENERATION",
       `generation ${generation} is not current (the record is at generation ${record.generation}): ` + "another owner took over; stop and do not repeat this write",
+      { current_generation: String(record.generation) },
+    );
+  }
+  if (generation > record.generation) {
+    refuse(
+      "STALE_GENERATION",
+      `generation ${generation} was never granted: the record is at generation ${record.generation}. ` +
+        "A generation comes from Reserve or Claim on this record: send the one you were given",
       { current_generation: String(record.generation) },
     );
   }
@@ -110,6 +128,7 @@ export function planClaim(record: StoredRecord, mode: ClaimMode, generation: num
   if (isTerminal(record.state)) refuseFinished(record);
   switch (mode) {
     case "OWNER":
+      if (record.state === "RESERVED" && record.wentUnknown) refuseWentUnknown(record, "claimed as its owner: claim it with RECOVER");
       if (record.state === "RESERVED") return "own";
       if (record.state === "EXECUTING") return "renew";
       return refuse(
@@ -128,17 +147,27 @@ export function planClaim(record: StoredRecord, mode: ClaimMode, generation: num
       if (record.effectPossible) {
         refuse("INVALID_TRANSITION", "an effect may have happened, so the record cannot be executed again; claim it with RECOVER", { state: record.state });
       }
+      if (record.wentUnknown) refuseWentUnknown(record, "taken over: claim it with RECOVER");
       return "takeover";
     case "RECOVER":
       if (record.state === "UNKNOWN") return "recover";
       refuseLiveLease(record);
-      if (!record.effectPossible) {
+      if (!recoveryOnly(record)) {
         refuse("INVALID_TRANSITION", "no effect is possible, so there is nothing to recover; claim it with TAKEOVER", {
           state: record.state,
         });
       }
       return "recover";
   }
+}
+
+/** Refuses what would run a record again that has been UNKNOWN (`what`: "released", "taken over: …"). */
+function refuseWentUnknown(record: StoredRecord, what: string): never {
+  refuse(
+    "INVALID_TRANSITION",
+    `the record has been UNKNOWN, so it is never executed again and cannot be ${what}. ` + "Resolve its attempts and Complete it, or an operator reconciles it with evidence",
+    { state: record.state },
+  );
 }
 
 function refuseLiveLease(record: StoredRecord): void {
@@ -180,7 +209,8 @@ export function checkRecordEffect(record: StoredRecord, attempts: readonly Store
       state: record.state,
     });
   }
-  if (record.recovering && !attempts.some((a) => a.effect === effect)) {
+  // Recovery, and any generation after the record was UNKNOWN, only replays what was registered.
+  if ((record.recovering || record.wentUnknown) && !attempts.some((a) => a.effect === effect)) {
     refuse(
       "NEW_EFFECT_IN_RECOVERY",
       `recovery may only replay effects already registered (${[...new Set(attempts.map((a) => a.effect))].join(", ")}), ` + "with their original downstream keys",
@@ -278,6 +308,7 @@ export function planRelease(record: StoredRecord, generation: number): ReleasePl
   if (record.effectPossible) {
     refuse("EFFECT_POSSIBLE", "an effect happened or may have, so the reservation cannot be released");
   }
+  if (record.wentUnknown) refuseWentUnknown(record, "released");
   if (record.state === "RESERVED" && record.leaseExpiresAt === null) return "repeat";
   return "release";
 }
@@ -286,13 +317,14 @@ export type AbandonPlan = "release" | "unknown" | "repeat";
 
 /**
  * What an owner's Abandon does: without a possible effect it is a Release;
- * with one the record becomes UNKNOWN now rather than when the lease ends,
- * because the owner knows it will not finish and only recovery may.
+ * with one (or on a record that has been UNKNOWN, held by recovery) the
+ * record becomes UNKNOWN now rather than when the lease ends, because the
+ * owner knows it will not finish and only recovery may.
  */
 export function planAbandon(record: StoredRecord, generation: number): AbandonPlan {
   requireGeneration(record, generation);
   if (isTerminal(record.state)) refuseFinished(record);
   if (record.state === "UNKNOWN") return "repeat";
-  if (record.effectPossible) return "unknown";
+  if (recoveryOnly(record)) return "unknown";
   return planRelease(record, generation);
 }

@@ -25,6 +25,8 @@ export interface StoredRecord {
   acquisitionId: string;
   writerEpoch: number;
   effectPossible: boolean;
+  /** It has been UNKNOWN: only recovery or an operator acts on it from then on (state-machine.ts recoveryOnly). */
+  wentUnknown: boolean;
   /** The stored response; `keyId` names the key its body is sealed with (null: the body is plaintext). */
   snapshot: (Snapshot & { digest: Uint8Array; keyId: string | null }) | null;
   createdAt: Date;
@@ -169,13 +171,16 @@ export interface ResolveEffectInput extends HolderInput {
   providerHandle: string;
 }
 
-export interface ReconcileInput {
+/**
+ * An operator's reconciliation of an UNKNOWN record, with evidence: settled
+ * with an outcome (SUCCEEDED or FAILED_FINAL) and the response to replay, or
+ * reopened to a fresh execution when the evidence shows nothing happened.
+ */
+export type ReconcileInput = {
   ref: OperationRef;
-  outcome: "SUCCEEDED" | "FAILED_FINAL";
-  snapshot: Snapshot;
   evidence: string;
   operatorName: string;
-}
+} & ({ reopen?: false; outcome: Outcome; snapshot: Snapshot } | { reopen: true });
 
 export interface LookupByIdInput {
   ref: OperationRef;

@@ -23,7 +23,8 @@ import type { OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
 import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
-import type { EventCursor, LoggedEvent } from "../registry/types.js";
+import type { EventCursor, LoggedEvent, ReconcileInput } from "../registry/types.js";
+import { Outcome } from "../gen/idempotency/v1/types_pb.js";
 import { requireAllTenants, requireRole, type Caller } from "./callers.js";
 import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
@@ -154,10 +155,13 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
     async reconcile(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
-      const outcome = fromProtoOutcome(req.outcome);
-      if (outcome === "REJECTED") refuse("INVALID_REQUEST", "outcome must be SUCCEEDED or FAILED_FINAL: an UNKNOWN record may have had an effect");
       const ref = fromProtoRef(req.ref);
-      const record = await registry.reconcile(db, { ref, outcome, snapshot: fromProtoSnapshot(req.snapshot), evidence: req.evidence, operatorName: req.operator }, caller);
+      const common = { ref, evidence: req.evidence, operatorName: req.operator };
+      if (req.reopen && (req.outcome !== Outcome.UNSPECIFIED || req.snapshot)) {
+        refuse("INVALID_REQUEST", "a reopening sets neither outcome nor snapshot: the operation runs again and its new owner completes it");
+      }
+      const input: ReconcileInput = req.reopen ? { ...common, reopen: true } : { ...common, outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot) };
+      const record = await registry.reconcile(db, input, caller);
       const view = await registry.lookupById(db, { ref }, caller);
       return create(ReconcileResponseSchema, { record: toProtoRecord({ ...view, record: registry.opened(record) }) });
     },

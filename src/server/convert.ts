@@ -163,5 +163,6 @@ export function toProtoRecord({ record, attempts }: RecordView): OperationRecord
     snapshot: toProtoSnapshot(record.snapshot),
     effectAttempts: attempts.map(toProtoAttempt),
     contractVersion: CONTRACT_VERSION,
+    wentUnknown: record.wentUnknown,
   });
 }

@@ -24,6 +24,7 @@ import {
 } from "../gen/idempotency/v1/coordinator_pb.js";
 import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
+import { recoveryOnly } from "../registry/state-machine.js";
 import type { HolderInput, RecoverableCursor, RequestIdentity, StoredRecord } from "../registry/types.js";
 import { requireRole } from "./callers.js";
 import {
@@ -308,7 +309,7 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
       return create(ListRecoverableResponseSchema, {
         records: views.map((view) => ({
           record: toProtoRecord(view),
-          claimMode: view.record.state === "UNKNOWN" || view.record.effectPossible ? ClaimMode.RECOVER : ClaimMode.TAKEOVER,
+          claimMode: view.record.state === "UNKNOWN" || recoveryOnly(view.record) ? ClaimMode.RECOVER : ClaimMode.TAKEOVER,
         })),
         nextPageToken: next ? encodePageToken([next.leaseEnd, next.tenant, next.operationId]) : "",
       });

@@ -127,6 +127,51 @@ describe("migration 13 (quota counts kept by the database)", () => {
   });
 });
 
+describe("migration 15 (UNKNOWN is for good)", () => {
+  it("marks the records that are or were UNKNOWN, and sends one handed back since to recovery", async () => {
+    await withMigrationsBefore("000015", async (pool) => {
+      const record = async (state: string, options: { recovering?: boolean; wentUnknownEvent?: boolean } = {}) => {
+        const operationId = randomUUID();
+        await pool.query(
+          `INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                                    fingerprint, state, generation, recovering, lease_expires_at, acquisition_id)
+           VALUES ('acme', $1, $2, 'alice', 'payments.create', 1, 1, $3, $4, 2, $5, $6, gen_random_uuid())`,
+          [randomBytes(32), operationId, randomBytes(32), state, options.recovering ?? false, state === "RESERVED" ? null : new Date().toISOString()],
+        );
+        if (options.wentUnknownEvent) {
+          await pool.query(
+            `INSERT INTO idem_event (tenant_id, operation_id, operation, api_revision, kind, generation, state, caller)
+             VALUES ('acme', $1, 'payments.create', 1, 'UNKNOWN', 1, 'UNKNOWN', 'recoverer')`,
+            [operationId],
+          );
+        }
+        return operationId;
+      };
+      const unknown = await record("UNKNOWN");
+      const recovering = await record("EXECUTING", { recovering: true });
+      // Went UNKNOWN, its attempts then resolved NO_EFFECT, and released: what the old rules let happen.
+      const handedBack = await record("RESERVED", { wentUnknownEvent: true });
+      const takenOver = await record("EXECUTING", { wentUnknownEvent: true });
+      const untouched = await record("EXECUTING");
+
+      expect(await migrate(pool, silentLogger)).toEqual((await loadMigrations()).map((m) => m.version).filter((v) => v >= 15));
+      const { rows } = await pool.query<{ operation_id: string; state: string; went_unknown: boolean; leased: boolean }>(
+        "SELECT operation_id, state, went_unknown, lease_expires_at IS NOT NULL AS leased FROM idem_record",
+      );
+      const byId = new Map(rows.map((row) => [row.operation_id, row]));
+      expect(byId.get(unknown)).toMatchObject({ state: "UNKNOWN", went_unknown: true });
+      expect(byId.get(recovering)).toMatchObject({ state: "EXECUTING", went_unknown: true });
+      expect(byId.get(handedBack)).toMatchObject({ state: "UNKNOWN", went_unknown: true, leased: true });
+      expect(byId.get(takenOver)).toMatchObject({ state: "EXECUTING", went_unknown: true });
+      expect(byId.get(untouched)).toMatchObject({ state: "EXECUTING", went_unknown: false });
+      const events = await pool.query("SELECT operation_id, kind, state, caller FROM idem_event WHERE caller = 'migration'");
+      expect(events.rows).toEqual([{ operation_id: handedBack, kind: "UNKNOWN", state: "UNKNOWN", caller: "migration" }]);
+      // From then on only a record that went UNKNOWN is held by recovery.
+      await expect(pool.query("UPDATE idem_record SET recovering = true WHERE operation_id = $1", [untouched])).rejects.toThrow(/idem_record_recovery_follows_unknown/);
+    });
+  });
+});
+
 describe("connections", () => {
   it("survives the server killing an idle pooled connection, and keeps serving", async () => {
     const applicationName = `idem-kill-${randomBytes(4).toString("hex")}`;

@@ -100,6 +100,8 @@ const REQUEST_PATH: Record<string, string> = {
  */
 const ELSEWHERE: Record<string, { does: string; reach: Reach }> = {
   reconcile: { does: "Reconcile: an operator settles one UNKNOWN record", reach: "one tenant" },
+  reopen: { does: "Reconcile with reopen: an operator opens one UNKNOWN record to a fresh execution", reach: "one tenant" },
+  resolveOpenAttempts: { does: "Reconcile with reopen: the record's open attempts resolved NO_EFFECT", reach: "one tenant" },
   recoverableViews: { does: "ListRecoverable: recovery workers' listing, over the tenants it names or all", reach: "every tenant" },
   listedViews: { does: "ListRecords: operators' listing, over the tenants it names or all", reach: "every tenant" },
   eventsAfter: { does: "StreamEvents: the event log in commit order, of one tenant or all", reach: "every tenant" },

@@ -76,6 +76,8 @@ function record(shape: Shape = {}): StoredRecord {
     acquisitionId: "6f1c7c53-4b0e-4a8f-9a53-6f2d0e7b9c11",
     writerEpoch: 0,
     effectPossible: false,
+    // Only a record that has been UNKNOWN is held by recovery (migrations/000015).
+    wentUnknown: state === "UNKNOWN" || shape.recovering === true,
     snapshot: finished
       ? {
           statusCode: 201,
@@ -209,6 +211,8 @@ describe("reserveVerdict", () => {
     ["mark_unknown for EXECUTING whose lease ended with a possible effect", record({ state: "EXECUTING", lease: "ended", effectPossible: true }), "mark_unknown"],
     ["mark_unknown for EXECUTING whose lease ends at the instant of the read with a possible effect", record({ lease: "ends-now", effectPossible: true }), "mark_unknown"],
     ["mark_unknown for a recovering EXECUTING record whose lease ended", record({ lease: "ended", effectPossible: true, recovering: true }), "mark_unknown"],
+    ["mark_unknown for a recovering record whose lease ended with every attempt NO_EFFECT", record({ lease: "ended", recovering: true }), "mark_unknown"],
+    ["mark_unknown for a record that went UNKNOWN before, whose lease ended", record({ lease: "ended", wentUnknown: true }), "mark_unknown"],
   ] as const)("answers the same request with %s", (_name, stored, kind) => {
     expect(reserveVerdict(stored, new Uint8Array(FINGERPRINT))).toStrictEqual(verdict(kind));
   });
@@ -297,6 +301,8 @@ describe("planClaim", () => {
     ["OWNER: renews an EXECUTING record with a live lease", record({ state: "EXECUTING" }), "OWNER", GENERATION, plan("renew")],
     ["OWNER: renews an EXECUTING record whose lease ended while nobody took over", record({ lease: "ended", effectPossible: true }), "OWNER", GENERATION, plan("renew")],
     ["OWNER: refuses an UNKNOWN record", record({ state: "UNKNOWN", effectPossible: true }), "OWNER", GENERATION, transition("UNKNOWN")],
+    ["OWNER: refuses a RESERVED record that went UNKNOWN before", record({ state: "RESERVED", lease: "none", wentUnknown: true }), "OWNER", GENERATION, transition("RESERVED")],
+    ["OWNER: renews a recovering record's lease", record({ recovering: true }), "OWNER", GENERATION, plan("renew")],
 
     ["TAKEOVER: refuses an UNKNOWN record (it needs RECOVER)", record({ state: "UNKNOWN", effectPossible: true }), "TAKEOVER", GENERATION, transition("UNKNOWN")],
     ["TAKEOVER: refuses an UNKNOWN record even when its attempts all turned out NO_EFFECT", record({ state: "UNKNOWN" }), "TAKEOVER", GENERATION, transition("UNKNOWN")],
@@ -305,6 +311,14 @@ describe("planClaim", () => {
     ["TAKEOVER: refuses a live lease before looking at effects", record({ effectPossible: true }), "TAKEOVER", GENERATION, leaseHeld],
     ["TAKEOVER: refuses an ended lease with a possible effect", record({ lease: "ended", effectPossible: true }), "TAKEOVER", GENERATION, transition("EXECUTING")],
     ["TAKEOVER: takes over an ended lease with nothing possible", record({ lease: "ended" }), "TAKEOVER", GENERATION, plan("takeover")],
+    [
+      "TAKEOVER: refuses a recovering record whose lease ended with nothing possible",
+      record({ lease: "ended", recovering: true }),
+      "TAKEOVER",
+      GENERATION,
+      transition("EXECUTING"),
+    ],
+    ["TAKEOVER: refuses a record that went UNKNOWN before, whose lease ended", record({ lease: "ended", wentUnknown: true }), "TAKEOVER", GENERATION, transition("EXECUTING")],
     ["TAKEOVER: takes over a lease ending at the instant of the read", record({ lease: "ends-now" }), "TAKEOVER", GENERATION, plan("takeover")],
     ["TAKEOVER: takes over a RESERVED record whose lease ended", record({ state: "RESERVED", lease: "ended" }), "TAKEOVER", GENERATION, plan("takeover")],
     ["TAKEOVER: takes over a released RESERVED record", record({ state: "RESERVED", lease: "none" }), "TAKEOVER", GENERATION, plan("takeover")],
@@ -319,6 +333,7 @@ describe("planClaim", () => {
       plan("recover"),
     ],
     ["RECOVER: refuses a live lease with a possible effect, saying until when", record({ effectPossible: true }), "RECOVER", GENERATION, leaseHeld],
+    ["RECOVER: recovers a recovering record whose lease ended with nothing possible", record({ lease: "ended", recovering: true }), "RECOVER", GENERATION, plan("recover")],
     ["RECOVER: refuses an ended lease with nothing possible (it needs TAKEOVER)", record({ lease: "ended" }), "RECOVER", GENERATION, transition("EXECUTING")],
     ["RECOVER: refuses a released RESERVED record with nothing possible", record({ state: "RESERVED", lease: "none" }), "RECOVER", GENERATION, transition("RESERVED")],
   ];
@@ -373,6 +388,14 @@ describe("checkRecordEffect", () => {
     ["lets recovery replay an effect whose attempts were all NO_EFFECT", record({ recovering: true }), [attempt(A, 1, "NO_EFFECT")], GENERATION, A, ALLOWED],
     ["refuses recovery a new effect", record({ recovering: true, effectPossible: true }), [attempt(A, 1, "INDETERMINATE")], GENERATION, B, refused("NEW_EFFECT_IN_RECOVERY")],
     ["refuses recovery any effect when none was registered", record({ recovering: true }), [], GENERATION, A, refused("NEW_EFFECT_IN_RECOVERY")],
+    [
+      "refuses a new kind of effect on a record that went UNKNOWN before, even outside a recovery claim",
+      record({ wentUnknown: true }),
+      [attempt(A, 1, "NO_EFFECT")],
+      GENERATION,
+      B,
+      refused("NEW_EFFECT_IN_RECOVERY"),
+    ],
     [
       "refuses recovery an ended lease before judging the effect",
       record({ recovering: true, lease: "ended", effectPossible: true }),
@@ -610,7 +633,8 @@ describe("planRelease", () => {
     ["releases EXECUTING whose lease ended with nothing possible", record({ lease: "ended" }), GENERATION, plan("release")],
     ["releases RESERVED with a live lease", record({ state: "RESERVED" }), GENERATION, plan("release")],
     ["releases RESERVED whose lease ended", record({ state: "RESERVED", lease: "ended" }), GENERATION, plan("release")],
-    ["releases an UNKNOWN record whose attempts all turned out NO_EFFECT", record({ state: "UNKNOWN" }), GENERATION, plan("release")],
+    ["refuses an UNKNOWN record whose attempts all turned out NO_EFFECT: UNKNOWN is for good", record({ state: "UNKNOWN" }), GENERATION, transition("UNKNOWN")],
+    ["refuses a recovering record whose attempts all turned out NO_EFFECT", record({ recovering: true }), GENERATION, transition("EXECUTING")],
     ["repeats on a RESERVED record already released", record({ state: "RESERVED", lease: "none" }), GENERATION, plan("repeat")],
   ] as const)("%s", (_name, stored, generation, expected) => {
     expect(decide(() => planRelease(stored, generation))).toStrictEqual(expected);
@@ -625,6 +649,7 @@ describe("planAbandon", () => {
     ["makes EXECUTING with a possible effect UNKNOWN at once", record({ effectPossible: true }), GENERATION, plan("unknown")],
     ["makes EXECUTING whose lease ended with a possible effect UNKNOWN", record({ lease: "ended", effectPossible: true }), GENERATION, plan("unknown")],
     ["makes a recovering record with a possible effect UNKNOWN again", record({ recovering: true, effectPossible: true }), GENERATION, plan("unknown")],
+    ["makes a recovering record UNKNOWN again when its attempts all turned out NO_EFFECT", record({ recovering: true }), GENERATION, plan("unknown")],
     ["repeats on an UNKNOWN record", record({ state: "UNKNOWN", effectPossible: true }), GENERATION, plan("repeat")],
     ["repeats on an UNKNOWN record whose attempts all turned out NO_EFFECT", record({ state: "UNKNOWN" }), GENERATION, plan("repeat")],
     ["releases EXECUTING with nothing possible", record(), GENERATION, plan("release")],

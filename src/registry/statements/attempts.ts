@@ -27,6 +27,17 @@ export const insertAttempt = statement<IdRef & { attemptNumber: number; effect: 
    RETURNING ${ATTEMPT_COLUMNS}`,
 );
 
+/**
+ * An operator's reopening of an UNKNOWN record (records.ts reopen): every
+ * attempt not yet resolved is resolved NO_EFFECT, as the evidence says.
+ */
+export const resolveOpenAttempts = statement<IdRef>(
+  "resolveOpenAttempts",
+  `UPDATE idem_effect_attempt SET status = 'NO_EFFECT', resolved_at = now()
+    WHERE tenant_id = :tenant AND operation_id = :operationId AND status IN ('PENDING', 'INDETERMINATE')
+    RETURNING ${ATTEMPT_COLUMNS}`,
+);
+
 /** Records what a downstream call did; an empty handle keeps the one stored. */
 export const resolveAttempt = statement<IdRef & { attemptNumber: number; status: string; providerHandle: string }>(
   "resolveAttempt",

@@ -28,9 +28,9 @@ export const releaseJobLease = statement<{ job: string; holder: string }>("relea
 
 /**
  * One batch of the recoverer over unfinished records whose lease ended: with
- * a possible effect the record becomes UNKNOWN (never executed again);
- * without one its lease is cleared, so that the next identical retry takes it
- * over. Each change is fenced by the generation it was read at and logged in
+ * a possible effect, or when it has been UNKNOWN before (a recovery worker's
+ * lease ended), the record becomes UNKNOWN (never executed again); otherwise
+ * its lease is cleared, so that the next identical retry takes it over. Each change is fenced by the generation it was read at and logged in
  * the same statement. Counts by resulting state.
  */
 export const recoverExpiredLeases = statement<{ batchSize: number; caller: string }, { state: string; n: number }>(
@@ -42,9 +42,10 @@ export const recoverExpiredLeases = statement<{ batchSize: number; caller: strin
       FOR UPDATE SKIP LOCKED
    ), changed AS (
      UPDATE idem_record r
-        SET state = CASE WHEN r.effect_possible THEN 'UNKNOWN' ELSE r.state END,
-            recovering = r.recovering AND NOT r.effect_possible,
-            lease_expires_at = CASE WHEN r.effect_possible THEN r.lease_expires_at END,
+        SET state = CASE WHEN r.effect_possible OR r.went_unknown THEN 'UNKNOWN' ELSE r.state END,
+            recovering = false,
+            went_unknown = r.effect_possible OR r.went_unknown,
+            lease_expires_at = CASE WHEN r.effect_possible OR r.went_unknown THEN r.lease_expires_at END,
             updated_at = now()
        FROM due
       WHERE r.tenant_id = due.tenant_id AND r.operation_id = due.operation_id AND r.generation = due.generation

@@ -6,7 +6,7 @@
 
 /** The columns of idem_record every read of a record selects, in toRecord's terms. */
 export const RECORD_COLUMNS = `tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
-  fingerprint, state, generation, recovering, lease_expires_at, acquisition_id, writer_epoch, effect_possible,
+  fingerprint, state, generation, recovering, lease_expires_at, acquisition_id, writer_epoch, effect_possible, went_unknown,
   snapshot_status, snapshot_media_type, snapshot_location, snapshot_business_version, snapshot_headers,
   snapshot_body, snapshot_digest, snapshot_key_id, created_at, updated_at, completed_at, retain_until, tombstoned_at`;
 

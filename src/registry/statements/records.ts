@@ -86,7 +86,8 @@ export const ownerMoved = statement<IdRef & { state: string; generation: number 
 
 /**
  * Reserve's takeover as one compare-and-set: only from the generation that
- * was read, only with the lease ended and no possible effect.
+ * was read, only with the lease ended, no possible effect, and never on a
+ * record that has been UNKNOWN.
  */
 export const takeOverByScope = statement<ScopeRef & Ownership & { generation: number; caller: string }>(
   "takeOverByScope",
@@ -95,7 +96,7 @@ export const takeOverByScope = statement<ScopeRef & Ownership & { generation: nu
         SET generation = generation + 1, state = :state, recovering = false, lease_expires_at = ${nowPlusMs(":leaseMs")},
             acquisition_id = :acquisitionId, writer_epoch = :writerEpoch, updated_at = now()
       WHERE tenant_id = :tenant AND scope = :scope AND generation = :generation
-        AND state IN ('RESERVED', 'EXECUTING') AND NOT effect_possible
+        AND state IN ('RESERVED', 'EXECUTING') AND NOT effect_possible AND NOT went_unknown
         AND (lease_expires_at IS NULL OR lease_expires_at <= now())
       RETURNING ${RECORD_COLUMNS}
    ), ${logChanges("taken", "'TAKEOVER'")}
@@ -115,7 +116,7 @@ export const recycleByScope = statement<
      UPDATE idem_record
         SET operation_id = :operationId, schema_revision = :schemaRevision, fingerprint = :fingerprint, state = :state,
             generation = generation + 1, recovering = false, lease_expires_at = ${nowPlusMs(":leaseMs")},
-            acquisition_id = :acquisitionId, writer_epoch = :writerEpoch, effect_possible = false,
+            acquisition_id = :acquisitionId, writer_epoch = :writerEpoch, effect_possible = false, went_unknown = false,
             snapshot_status = NULL, snapshot_media_type = NULL, snapshot_location = NULL, snapshot_business_version = NULL,
             snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL, snapshot_key_id = NULL,
             created_at = now(), updated_at = now(), completed_at = NULL, retain_until = NULL, tombstoned_at = NULL
@@ -126,15 +127,16 @@ export const recycleByScope = statement<
 );
 
 /**
- * An owner's ended lease with a possible effect: UNKNOWN at the same
- * generation (the owner may still complete), never executed again.
+ * An owner's ended lease with a possible effect (or of a record that has been
+ * UNKNOWN before, held by recovery): UNKNOWN at the same generation (the
+ * owner may still complete), never executed again.
  */
 export const markUnknownByScope = statement<ScopeRef & { generation: number; caller: string }>(
   "markUnknownByScope",
   `WITH marked AS (
-     UPDATE idem_record SET state = 'UNKNOWN', recovering = false, updated_at = now()
+     UPDATE idem_record SET state = 'UNKNOWN', recovering = false, went_unknown = true, updated_at = now()
       WHERE tenant_id = :tenant AND scope = :scope AND generation = :generation AND state = 'EXECUTING'
-        AND effect_possible AND lease_expires_at <= now()
+        AND (effect_possible OR went_unknown) AND lease_expires_at <= now()
       RETURNING ${RECORD_COLUMNS}
    ), ${logChanges("marked", "'UNKNOWN'")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM marked`,
@@ -175,7 +177,7 @@ export const claimTakeover = fencedUpdate<{ leaseMs: number; acquisitionId: stri
 export const claimRecovery = fencedUpdate<{ leaseMs: number; acquisitionId: string; writerEpoch: number }>(
   "claimRecovery",
   "RECOVERY_CLAIMED",
-  `generation = generation + 1, state = 'EXECUTING', recovering = true, lease_expires_at = ${nowPlusMs(":leaseMs")},
+  `generation = generation + 1, state = 'EXECUTING', recovering = true, went_unknown = true, lease_expires_at = ${nowPlusMs(":leaseMs")},
    acquisition_id = :acquisitionId, writer_epoch = :writerEpoch`,
 );
 
@@ -239,8 +241,23 @@ export const reconcile = fencedUpdate<SnapshotColumns & { acquisitionId: string 
   `${FINISH}, generation = generation + 1, acquisition_id = :acquisitionId`,
 );
 
+/**
+ * Reconcile with `reopen`: an operator's evidence shows nothing happened
+ * downstream, so the record goes back to RESERVED without a lease, as if
+ * released, at the next generation (a late owner is fenced out) and no
+ * longer under recovery's rules: the next identical retry executes it afresh.
+ * Its attempts were resolved NO_EFFECT by the same transaction
+ * (attempts.ts resolveOpenAttempts).
+ */
+export const reopen = fencedUpdate<{ acquisitionId: string }>(
+  "reopen",
+  "REOPENED",
+  `state = 'RESERVED', recovering = false, went_unknown = false, effect_possible = false, lease_expires_at = NULL,
+   generation = generation + 1, acquisition_id = :acquisitionId`,
+);
+
 /** Release (or Abandon with nothing possible): back to RESERVED without a lease; the next identical retry takes it over. */
 export const release = fencedUpdate("release", "RELEASED", "state = 'RESERVED', recovering = false, lease_expires_at = NULL");
 
 /** Abandon with a possible effect: UNKNOWN now, its lease ended, so that recovery lists it at once. */
-export const handToRecovery = fencedUpdate("handToRecovery", "UNKNOWN", "state = 'UNKNOWN', recovering = false, lease_expires_at = now()");
+export const handToRecovery = fencedUpdate("handToRecovery", "UNKNOWN", "state = 'UNKNOWN', recovering = false, went_unknown = true, lease_expires_at = now()");
