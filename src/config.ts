@@ -52,8 +52,14 @@ export interface Config {
      */
     pooler: "none" | "transaction";
   };
-  /** Concurrent Reserves and Completes of one tenant and caller share a transaction: at most `maxInFlight` at a time, up to `maxBatch` each (1: never). */
-  batch: { maxBatch: number; maxInFlight: number };
+  /**
+   * Concurrent Reserves and Completes of one tenant and caller share a
+   * transaction: at most `maxInFlight` at a time, up to `maxBatch` each (1:
+   * never), waiting at most `lockWaitMs` for a row lock.
+   */
+  batch: { maxBatch: number; maxInFlight: number; lockWaitMs: number };
+  /** Most Reserves of one caller waiting for an owner at once. */
+  waitersPerCaller: number;
   migrateOnBoot: boolean;
   /** Callers and their grants (tokens stored as SHA-256 hashes). */
   callers: CallerGrant[];
@@ -139,6 +145,16 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     meaning: "most concurrent Reserves (or Completes) of one tenant and caller that share one transaction and COMMIT; 1: each its own",
   },
   { name: "IDEM_BATCH_IN_FLIGHT", default: "4", meaning: "most transactions of such requests at a time per tenant and caller; more wait and go together in the next" },
+  {
+    name: "IDEM_BATCH_LOCK_WAIT_MS",
+    default: "50",
+    meaning: "longest wait of such a shared transaction for a row lock; past it each request is decided alone, so that one held lock never delays its neighbours",
+  },
+  {
+    name: "IDEM_WAITERS_PER_CALLER",
+    default: "256",
+    meaning: "most Reserves of one caller waiting for an owner at once (wait_for_owner) on this coordinator; one more is refused RESOURCE_EXHAUSTED",
+  },
   {
     name: "IDEM_DB_PREPARED_STATEMENTS",
     default: "true",
@@ -467,7 +483,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
       preparedStatements,
       pooler,
     },
-    batch: { maxBatch: read("IDEM_BATCH_MAX", integer(1, 1000), 64), maxInFlight: read("IDEM_BATCH_IN_FLIGHT", integer(1, 1000), 4) },
+    batch: {
+      maxBatch: read("IDEM_BATCH_MAX", integer(1, 1000), 64),
+      maxInFlight: read("IDEM_BATCH_IN_FLIGHT", integer(1, 1000), 4),
+      lockWaitMs: read("IDEM_BATCH_LOCK_WAIT_MS", integer(1, 600_000), 50),
+    },
+    waitersPerCaller: read("IDEM_WAITERS_PER_CALLER", integer(0, 1_000_000), 256),
     migrateOnBoot,
     callers: [...callers, ...callersFromFile],
     allowAnonymous: read("IDEM_ALLOW_ANONYMOUS", boolean, false),

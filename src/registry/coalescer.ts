@@ -19,11 +19,13 @@ export interface CoalescerOptions<Item, Answer> {
   /** Runs one request on its own (the unbatched path). */
   runAlone(item: Item): Promise<Answer>;
   /**
-   * Runs two or more requests of one lane together; answers each, in order.
-   * A request's refusal is its own answer (a rejected promise in its place),
-   * never its neighbours'.
+   * Runs two or more requests of one lane together: one answer for each, in
+   * order, each settling on its own, so that a request decided apart from
+   * its batch (alone, after it) never holds its neighbours' answers back. A
+   * request's refusal is its own answer (its promise rejected), never its
+   * neighbours'.
    */
-  runBatch(items: Item[]): Promise<Array<PromiseSettledResult<Answer>>>;
+  runBatch(items: Item[]): Array<Promise<Answer>>;
 }
 
 interface Waiting<Item, Answer> {
@@ -97,18 +99,14 @@ export class Coalescer<Item, Answer> {
       await this.options.runAlone(only.item).then(only.resolve, only.reject);
       return;
     }
-    let settled: Array<PromiseSettledResult<Answer>>;
+    let answers: Array<Promise<Answer>>;
     try {
-      settled = await this.options.runBatch(batch.map((w) => w.item));
+      answers = this.options.runBatch(batch.map((w) => w.item));
     } catch (error) {
       for (const w of batch) w.reject(error);
       return;
     }
-    batch.forEach((w, i) => {
-      const outcome = settled[i];
-      if (!outcome) w.reject(new Error("a batch returned fewer answers than it had requests"));
-      else if (outcome.status === "fulfilled") w.resolve(outcome.value);
-      else w.reject(outcome.reason);
-    });
+    // Each request is answered as soon as its own answer is there; the slot is held until all are.
+    await Promise.allSettled(batch.map((w, i) => (answers[i] ?? Promise.reject(new Error("a batch returned fewer answers than it had requests"))).then(w.resolve, w.reject)));
   }
 }

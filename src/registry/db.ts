@@ -45,13 +45,24 @@ export interface Db {
    * sends COMMIT behind them in the same round trip (see CommitWith);
    * otherwise the transaction commits once `work` returns.
    */
-  transaction<T>(tenant: TenantBinding, work: (q: Queryable, commitWith: CommitWith) => Promise<T>, name?: string): Promise<T>;
+  transaction<T>(tenant: TenantBinding, work: (q: Queryable, commitWith: CommitWith) => Promise<T>, name?: string, options?: TransactionOptions): Promise<T>;
   /**
    * Whether concurrent requests may share one of its transactions (the
    * registry's batches): true for a Db that owns its transactions; never
    * inside a caller's own, which commits one request's business rows.
    */
   readonly coalescible?: boolean;
+}
+
+/** How one transaction differs from the pool's defaults. */
+export interface TransactionOptions {
+  /**
+   * The longest wait for a row lock in this transaction, instead of the
+   * pool's lock timeout (transaction-local: the connection's next user gets
+   * the pool's again). Past it the transaction fails with REGISTRY_BUSY,
+   * which isLockWaitEnded tells apart.
+   */
+  lockTimeoutMs?: number;
 }
 
 /** A row as the driver returns it. */
@@ -71,8 +82,8 @@ export type Send = (q: Queryable) => Promise<pg.QueryResult<Row>>;
 export type CommitWith = (sends: readonly Send[]) => Promise<Array<pg.QueryResult<Row>>>;
 
 /** A transaction of nothing but `sends` and its COMMIT: one round trip (see CommitWith). */
-export function commitTogether(db: Db, tenant: TenantBinding, sends: readonly Send[], name?: string): Promise<Array<pg.QueryResult<Row>>> {
-  return db.transaction(tenant, (_q, commitWith) => commitWith(sends), name);
+export function commitTogether(db: Db, tenant: TenantBinding, sends: readonly Send[], name?: string, options?: TransactionOptions): Promise<Array<pg.QueryResult<Row>>> {
+  return db.transaction(tenant, (_q, commitWith) => commitWith(sends), name, options);
 }
 
 /** What a Db over a pool reports as it works (metrics). */
@@ -319,10 +330,14 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
   const onLost = (error: Error) => logger.warn({ sqlstate: sqlState(error), error: error.message }, "registry connection lost during a transaction");
   return {
     coalescible: true,
-    transaction: (tenant, work, name = "other") =>
+    transaction: (tenant, work, name = "other", options = {}) =>
       withRetries(() =>
         traced(tracer, name, () => {
           const on = tenant === ALL_TENANTS ? crossTenantPool : pool;
+          const settings = [
+            ...(transactionSettings.get(on) ?? []),
+            ...(options.lockTimeoutMs !== undefined ? [["lock_timeout", `${Math.max(1, Math.round(options.lockTimeoutMs))}ms`] as const] : []),
+          ];
           return onTransactionConnection(on, onLost, async (client) => {
             const began = performance.now();
             const q = registryConnection(client, preparedStatements, planned?.epoch() ?? "");
@@ -330,7 +345,7 @@ export function poolDb(pool: pg.Pool, logger: Logger, options: PoolDbOptions = {
             // round trip for both. Should BEGIN itself fail, that statement ran
             // unbound, where row-level security shows and admits no row, and the
             // failure is thrown below before anything is committed.
-            const begun = q.query(beginBound(tenant, transactionSettings.get(on)));
+            const begun = q.query(beginBound(tenant, settings));
             begun.catch(() => undefined);
             let committed = false;
             const commitWith: CommitWith = async (sends) => {
@@ -370,17 +385,17 @@ export type ReaderFallback = "down" | "failed";
  */
 export function readerDb(reader: Db, primary: Db, options: { usable: () => boolean; fellBack?: (why: ReaderFallback, error?: unknown) => void }): Db {
   return {
-    async transaction(tenant, work, name) {
+    async transaction(tenant, work, name, settings) {
       if (!options.usable()) {
         options.fellBack?.("down");
-        return primary.transaction(tenant, work, name);
+        return primary.transaction(tenant, work, name, settings);
       }
       try {
-        return await reader.transaction(tenant, work, name);
+        return await reader.transaction(tenant, work, name, settings);
       } catch (error) {
         if (!(error instanceof IdempotencyError) || (error.reason !== "REGISTRY_UNAVAILABLE" && error.reason !== "REGISTRY_BUSY")) throw error;
         options.fellBack?.("failed", error);
-        return primary.transaction(tenant, work, name);
+        return primary.transaction(tenant, work, name, settings);
       }
     },
   };
@@ -481,6 +496,11 @@ async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) 
     client.removeListener("error", onLost);
     client.release(broken);
   }
+}
+
+/** Whether a transaction failed because a row lock it waited for stayed held past its lock timeout (55P03): nothing was decided. */
+export function isLockWaitEnded(error: unknown): boolean {
+  return error instanceof IdempotencyError && error.reason === "REGISTRY_BUSY" && sqlState(error.cause) === "55P03";
 }
 
 /** The SQLSTATE of a PostgreSQL error, if it has one. */

@@ -7,7 +7,7 @@ import { validateKey } from "../contract/keys.js";
 import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { ALL_TENANTS, bindingFor, commitTogether, sqlState, type Db, type Queryable, type Send } from "./db.js";
+import { ALL_TENANTS, bindingFor, commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable, type Send, type TransactionOptions } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
 import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
@@ -61,6 +61,8 @@ import type {
   ViewScope,
 } from "./types.js";
 
+/** The default longest wait of a batch's shared transaction for a row lock before its requests are decided alone. */
+export const DEFAULT_BATCH_LOCK_WAIT_MS = 50;
 /** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
 const RESERVE_ROUNDS = 5;
 /** Most attempts one Complete resolves (proto: CompleteRequest.resolutions). */
@@ -83,6 +85,8 @@ export class Registry {
   private readonly hooks: FaultHooks;
   private readonly reserves: Coalescer<ReserveItem, ReserveResult> | undefined;
   private readonly completes: Coalescer<CompleteItem, StoredRecord> | undefined;
+  /** How a batch's shared transaction differs: its short wait for row locks. */
+  private readonly batchTransaction: TransactionOptions;
 
   constructor(options: {
     /** Where the operations' rules come from (the policy cache). */
@@ -98,15 +102,20 @@ export class Registry {
      * transaction and its COMMIT (Coalescer): at most `maxInFlight` at a time
      * per tenant and caller, up to `maxBatch` requests each. Off when absent
      * (and always for a Db inside a caller's own transaction, co-located mode).
+     * A shared transaction waits at most `lockWaitMs` (default 50) for a row
+     * lock: one request blocked behind another writer's lock must not hold
+     * its neighbours, so past it every request of the batch is decided alone,
+     * each at its own pace, as its unary call would be.
      */
-    coalesce?: { maxBatch: number; maxInFlight: number };
+    coalesce?: { maxBatch: number; maxInFlight: number; lockWaitMs?: number };
   }) {
     this.policies = options.policies;
     this.keyring = options.keyring;
     this.recoveryCadenceMs = options.recoveryCadenceMs ?? 1000;
     this.hooks = options.hooks ?? NO_FAULTS;
-    const coalesce = options.coalesce;
-    if (coalesce && coalesce.maxBatch >= 2) {
+    const { lockWaitMs = DEFAULT_BATCH_LOCK_WAIT_MS, ...coalesce } = options.coalesce ?? { maxBatch: 1, maxInFlight: 1 };
+    this.batchTransaction = { lockTimeoutMs: lockWaitMs };
+    if (coalesce.maxBatch >= 2) {
       this.reserves = new Coalescer<ReserveItem, ReserveResult>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.reserveBatch(items) });
       this.completes = new Coalescer<CompleteItem, StoredRecord>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.completeBatch(items) });
     }
@@ -391,36 +400,34 @@ export class Registry {
    * a record committed after the statement's snapshot, a second request of
    * the same scope) is decided alone once the batch has committed. When a
    * principal's new records would pass its quota, the batch rolls back and
-   * every request is decided alone, in the exact order of the gate.
+   * every request is decided alone, in the exact order of the gate. So is
+   * every request when the batch waited for a row lock past its short lock
+   * wait (another writer holding a principal's gate row or a scope): the
+   * requests that are not behind that lock are answered at their own pace.
    */
-  private async reserveBatch(items: ReserveItem[]): Promise<Array<PromiseSettledResult<ReserveResult>>> {
+  private reserveBatch(items: ReserveItem[]): Array<Promise<ReserveResult>> {
     const { db, tenant, caller } = items[0]!;
     const [batch] = partitionDistinct(items, (item) => item.record.scope.toString("hex"));
-    let decided: Array<ReserveResult | undefined>;
-    try {
-      const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId), quotas: batch.map((i) => i.quota) };
-      // One round trip with the COMMIT: a principal over its quota fails the count, and the batch rolls back.
-      const [inserted] = await commitTogether(
-        db,
-        tenant,
-        [(q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }), (q) => batchStatements.countActiveMany.run(q, made)],
-        // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
-        "reserve",
-      );
+    const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId), quotas: batch.map((i) => i.quota) };
+    // One round trip with the COMMIT: a principal over its quota fails the count, and the batch rolls back.
+    const shared = commitTogether(
+      db,
+      tenant,
+      [(q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }), (q) => batchStatements.countActiveMany.run(q, made)],
+      // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
+      "reserve",
+      this.batchTransaction,
+    ).then(([inserted]) => {
       const found = new Map(inserted!.rows.map((row) => [(row.scope as Buffer).toString("hex"), { record: toRecord(row), inserted: row.inserted === true }]));
-      decided = batch.map((item) => {
+      const decided = new Map<ReserveItem, ReserveResult | undefined>();
+      for (const item of batch) {
         const hit = found.get(item.record.scope.toString("hex"));
-        if (!hit) return undefined;
-        if (hit.inserted || hit.record.acquisitionId === item.record.acquisitionId) return item.accepted(hit.record);
-        return item.decideFound(hit.record);
-      });
-    } catch (error) {
-      if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
-      decided = batch.map(() => undefined);
-    }
-    // In the order the requests came: each request's answer in its own place.
-    const answers = new Map<ReserveItem, ReserveResult | (() => Promise<ReserveResult>)>(batch.map((item, i) => [item, decided[i] ?? item.alone]));
-    return settleEach(items.map((item) => answers.get(item) ?? item.alone));
+        if (!hit) continue;
+        decided.set(item, hit.inserted || hit.record.acquisitionId === item.record.acquisitionId ? item.accepted(hit.record) : item.decideFound(hit.record));
+      }
+      return decided;
+    });
+    return items.map((item) => answerFromBatch(shared, item, (decided) => decided.get(item)));
   }
 
   /** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
@@ -658,57 +665,60 @@ export class Registry {
    * by the same rules as alone, the finished ones written by one statement,
    * then one COMMIT. A refused request is answered with its refusal and
    * writes nothing; its neighbours are not affected. A second Complete of the
-   * same operation is decided alone once the batch has committed.
+   * same operation is decided alone once the batch has committed, and so is
+   * every request when the batch waited for a record's lock past its short
+   * lock wait (another writer holding it).
    */
-  private async completeBatch(items: CompleteItem[]): Promise<Array<PromiseSettledResult<StoredRecord>>> {
+  private completeBatch(items: CompleteItem[]): Array<Promise<StoredRecord>> {
     const { db, actor } = items[0]!;
     const tenant = items[0]!.input.ref.tenant;
-    const [batch, repeated] = partitionDistinct(items, (item) => item.input.ref.operationId);
-    let decided: Array<PromiseSettledResult<StoredRecord>>;
-    try {
-      decided = await db.transaction(
-        tenant,
-        async (q, commitWith) => {
-          const operationIds = batch.map((i) => i.input.ref.operationId);
-          const [locked, attemptRows] = await pipelined<[{ rows: Record<string, unknown>[] }, { rows: Record<string, unknown>[] }]>([
-            batchStatements.lockRecords.run(q, { tenant, operationIds }),
-            batchStatements.loadAttemptsMany.run(q, { tenant, operationIds }),
-          ]);
-          const records = new Map(locked.rows.map((row) => [row.operation_id as string, toRecord(row)]));
-          const attempts = groupBy(attemptRows.rows, (row) => row.operation_id as string, toAttempt);
-          const plans = await Promise.allSettled(
-            batch.map(async ({ input }) => {
-              const record = records.get(input.ref.operationId);
-              if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
-              return { record, columns: await this.finishColumns(record, attempts.get(record.operationId) ?? [], input), outcome: input.outcome };
-            }),
-          );
-          const finishing = plans.flatMap((plan) => (plan.status === "fulfilled" && plan.value.columns ? [{ ...plan.value, columns: plan.value.columns }] : []));
-          const finished = new Map<string, StoredRecord>();
-          if (finishing.length > 0) {
-            for (let i = 0; i < finishing.length; i++) await this.hooks.reached("registry.complete.before-commit");
-            // The terminal states go out with COMMIT. Under the locks every fenced update matches; were one not to,
-            // the requests are decided again alone (a finished record is then an identical repeat).
-            const [written] = await commitWith([(q) => batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) })]);
-            for (const row of written!.rows) finished.set(row.operation_id as string, toRecord(row));
-            if (finished.size !== finishing.length) throw new Error(`finishMany changed ${finished.size} of the ${finishing.length} records it had locked`);
-          }
-          return plans.map((plan): PromiseSettledResult<StoredRecord> => {
-            if (plan.status === "rejected") return plan;
+    const [batch] = partitionDistinct(items, (item) => item.input.ref.operationId);
+    const shared = db.transaction(
+      tenant,
+      async (q, commitWith) => {
+        const operationIds = batch.map((i) => i.input.ref.operationId);
+        const [locked, attemptRows] = await pipelined<[{ rows: Record<string, unknown>[] }, { rows: Record<string, unknown>[] }]>([
+          batchStatements.lockRecords.run(q, { tenant, operationIds }),
+          batchStatements.loadAttemptsMany.run(q, { tenant, operationIds }),
+        ]);
+        const records = new Map(locked.rows.map((row) => [row.operation_id as string, toRecord(row)]));
+        const attempts = groupBy(attemptRows.rows, (row) => row.operation_id as string, toAttempt);
+        const plans = await Promise.allSettled(
+          batch.map(async ({ input }) => {
+            const record = records.get(input.ref.operationId);
+            if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
+            return { record, columns: await this.finishColumns(record, attempts.get(record.operationId) ?? [], input), outcome: input.outcome };
+          }),
+        );
+        const finishing = plans.flatMap((plan) => (plan.status === "fulfilled" && plan.value.columns ? [{ ...plan.value, columns: plan.value.columns }] : []));
+        const finished = new Map<string, StoredRecord>();
+        if (finishing.length > 0) {
+          for (let i = 0; i < finishing.length; i++) await this.hooks.reached("registry.complete.before-commit");
+          // The terminal states go out with COMMIT. Under the locks every fenced update matches; were one not to,
+          // the requests are decided again alone (a finished record is then an identical repeat).
+          const [written] = await commitWith([(q) => batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) })]);
+          for (const row of written!.rows) finished.set(row.operation_id as string, toRecord(row));
+          if (finished.size !== finishing.length) throw new Error(`finishMany changed ${finished.size} of the ${finishing.length} records it had locked`);
+        }
+        return new Map(
+          batch.map((item, i): [CompleteItem, PromiseSettledResult<StoredRecord>] => {
+            const plan = plans[i]!;
+            if (plan.status === "rejected") return [item, plan];
             const { record } = plan.value;
-            return { status: "fulfilled", value: this.opened(finished.get(record.operationId) ?? record) };
-          });
-        },
-        "complete",
-      );
-    } catch (error) {
-      if (isUndecided(error)) return items.map(() => ({ status: "rejected", reason: error }));
-      return settleEach(items.map((item) => item.alone));
-    }
-    const late = await settleEach(repeated.map((item) => item.alone));
-    // In the order the requests came: each request's answer in its own place.
-    const answers = new Map([...batch.map((item, i) => [item, decided[i]!] as const), ...repeated.map((item, i) => [item, late[i]!] as const)]);
-    return items.map((item) => answers.get(item)!);
+            return [item, { status: "fulfilled", value: this.opened(finished.get(record.operationId) ?? record) }];
+          }),
+        );
+      },
+      "complete",
+      this.batchTransaction,
+    );
+    return items.map((item) =>
+      answerFromBatch(shared, item, (decided) => {
+        const outcome = decided.get(item);
+        if (!outcome) return undefined;
+        return outcome.status === "fulfilled" ? outcome.value : Promise.reject(outcome.reason as Error);
+      }),
+    );
   }
 
   /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
@@ -1410,9 +1420,23 @@ function partitionDistinct<T>(items: readonly T[], key: (item: T) => string): [T
   return [first, again];
 }
 
-/** Answers (or runs, for functions) every entry concurrently; each settles on its own. */
-function settleEach<T>(entries: ReadonlyArray<T | (() => Promise<T>)>): Promise<Array<PromiseSettledResult<T>>> {
-  return Promise.allSettled(entries.map((entry) => (typeof entry === "function" ? (entry as () => Promise<T>)() : Promise.resolve(entry))));
+/**
+ * One request's answer from its batch's shared transaction: what the batch
+ * decided for it (`pick`), or, when it decided nothing for it, the request
+ * decided alone once the batch is over. A failure that decided nothing for
+ * any request (the registry busy or unreachable) is every request's answer,
+ * to retry; but when the batch only waited too long for a row lock, or
+ * failed any other way, each request is decided alone.
+ */
+function answerFromBatch<Decided, Answer>(
+  shared: Promise<Decided>,
+  item: { alone: () => Promise<Answer> },
+  pick: (decided: Decided) => Answer | Promise<Answer> | undefined,
+): Promise<Answer> {
+  return shared.then(
+    (decided) => pick(decided) ?? item.alone(),
+    (error: unknown) => (isUndecided(error) && !isLockWaitEnded(error) ? Promise.reject(error as Error) : item.alone()),
+  );
 }
 
 function groupBy<R, V>(rows: readonly R[], key: (row: R) => string, value: (row: R) => V): Map<string, V[]> {

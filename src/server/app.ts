@@ -260,7 +260,18 @@ export async function startCoordinator({
     const inFlight = new InFlight();
     const handler = connectNodeAdapter({
       routes: (router) => {
-        serviceRoutes({ registry, db, reads, metrics, store, readStore, policies: policyCache, policyRefreshMs: config.policyRefreshMs, ...(tracer ? { tracer } : {}) })(router);
+        serviceRoutes({
+          registry,
+          db,
+          reads,
+          metrics,
+          store,
+          readStore,
+          policies: policyCache,
+          policyRefreshMs: config.policyRefreshMs,
+          waitersPerCaller: config.waitersPerCaller,
+          ...(tracer ? { tracer } : {}),
+        })(router);
         router.service(Health, health.service());
         if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
       },

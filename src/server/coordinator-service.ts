@@ -65,14 +65,16 @@ export interface CoordinatorDeps {
   metrics?: Metrics;
   /** Each call of a Batch gets a span of its own when given (its RPC's span comes from the tracing interceptor). */
   tracer?: Tracer;
+  /** Most Reserves of one caller waiting for an owner at once (IDEM_WAITERS_PER_CALLER); no bound when absent. */
+  waitersPerCaller?: number;
 }
 
 /**
  * The CoordinatorService handlers: authorization by role, then translation
  * between the wire and the registry, which holds every rule of the contract.
  */
-export function coordinatorService({ registry, db, reads, metrics, tracer }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
-  const unary = unaryHandlers({ registry, db, reads, metrics }, new RecordWatch());
+export function coordinatorService({ registry, db, reads, metrics, tracer, waitersPerCaller }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
+  const unary = unaryHandlers({ registry, db, reads, metrics }, new RecordWatch(waitersPerCaller));
 
   /** One call of a batch, answered by its unary handler: its response, or the status its unary RPC would be refused with. */
   async function answer(call: BatchCall, ctx: HandlerContext): Promise<BatchResult["result"]> {
@@ -155,7 +157,7 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
       const decide = () => registry.reserve(db, input, caller);
       let result = await decide();
       const moved = (record: StoredRecord) => registry.ownerMoved(db, record);
-      if (budgetMs > 0) result = await waitForOwner(result, { tenant: input.subject.tenant, budgetMs, watch, signal: ctx.signal, decide, moved });
+      if (budgetMs > 0) result = await waitForOwner(result, { tenant: input.subject.tenant, caller: caller.caller, budgetMs, watch, signal: ctx.signal, decide, moved });
       const record = result.record;
       metrics?.decisions.inc({ operation: req.operation, decision: result.decision, enforced: String(result.enforced) });
       if (result.takenOver) metrics?.takeovers.inc({ operation: req.operation, mode: "RESERVE" });

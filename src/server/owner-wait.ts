@@ -1,3 +1,4 @@
+import { refuse } from "../contract/errors.js";
 import type { ReserveResult, StoredRecord } from "../registry/types.js";
 
 /**
@@ -17,6 +18,12 @@ import type { ReserveResult, StoredRecord } from "../registry/types.js";
  * locks. Waking is only a hint: each wake-up that finds a change is followed
  * by a full decision, exactly as a client's retry, so a wake-up that comes
  * early, late or never changes no answer, only its time.
+ *
+ * Waiting costs the registry: every waiter rechecks, and every wake-up is a
+ * decision. So a caller has at most a bounded number of Reserves waiting
+ * here at once (one more is refused), waiters on one record share each
+ * recheck, and a wait ends within what it asked for even when the registry
+ * is slow to answer a recheck.
  */
 
 /** The longest wait a Reserve may ask for. */
@@ -28,6 +35,52 @@ const LAST_RECHECK_MS = 500;
 /** Waiters of this coordinator, by the record they wait on. */
 export class RecordWatch {
   private readonly waiters = new Map<string, Set<(changed?: boolean) => void>>();
+  /** Reserves waiting now, by caller. */
+  private readonly waitingBy = new Map<string, number>();
+  /** Rechecks in flight, by the record as its waiters read it: one query for all of them. */
+  private readonly rechecks = new Map<string, Promise<boolean>>();
+
+  /** `waitersPerCaller`: most Reserves of one caller waiting at once (IDEM_WAITERS_PER_CALLER). */
+  constructor(private readonly waitersPerCaller = Number.POSITIVE_INFINITY) {}
+
+  /**
+   * Lets one more Reserve of `caller` wait, or refuses it (TOO_MANY_WAITERS)
+   * when the caller already has its bound waiting. Returns what ends its wait.
+   */
+  admit(caller: string): () => void {
+    const waiting = this.waitingBy.get(caller) ?? 0;
+    if (waiting >= this.waitersPerCaller) {
+      refuse(
+        "TOO_MANY_WAITERS",
+        `this caller already has ${waiting} Reserves waiting for an owner on this coordinator (IDEM_WAITERS_PER_CALLER): ` +
+          "retry after the owner's Retry-After, or without wait_for_owner",
+        { limit: String(this.waitersPerCaller) },
+      );
+    }
+    this.waitingBy.set(caller, waiting + 1);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      const left = (this.waitingBy.get(caller) ?? 1) - 1;
+      if (left === 0) this.waitingBy.delete(caller);
+      else this.waitingBy.set(caller, left);
+    };
+  }
+
+  /**
+   * Whether the record has moved on from what a waiter read (`moved`), asked
+   * once for every waiter that read it the same way at the same time.
+   */
+  recheck(record: StoredRecord, moved: (record: StoredRecord) => Promise<boolean>): Promise<boolean> {
+    const key = `${watchKey(record.tenant, record.operationId)}\u0000${record.state}\u0000${record.generation}`;
+    let pending = this.rechecks.get(key);
+    if (!pending) {
+      pending = moved(record).finally(() => this.rechecks.delete(key));
+      this.rechecks.set(key, pending);
+    }
+    return pending;
+  }
 
   /** A record's change has just committed here: every Reserve waiting on it decides again now. */
   changed(tenant: string, operationId: string): void {
@@ -66,6 +119,11 @@ export class RecordWatch {
     for (const waiting of this.waiters.values()) count += waiting.size;
     return count;
   }
+
+  /** Reserves of `caller` admitted to wait and not done yet. */
+  waitingOf(caller: string): number {
+    return this.waitingBy.get(caller) ?? 0;
+  }
 }
 
 function watchKey(tenant: string, operationId: string): string {
@@ -87,13 +145,17 @@ export function waitBudgetMs(requestedMs: number | undefined, deadlineInMs: numb
 /**
  * Decides again while the answer is IN_PROGRESS and the budget lasts: after
  * each wake-up, and after each recheck that finds the record moved on
- * (`moved`), `decide` runs the whole Reserve again. Returns the last decision
- * (IN_PROGRESS when the owner is still at it).
+ * (`moved`, shared by the record's waiters), `decide` runs the whole Reserve
+ * again. Returns the last decision (IN_PROGRESS when the owner is still at
+ * it) by the end of the budget: a recheck still unanswered then is not waited
+ * for (it only reads), and no decision starts after it. `caller` counts
+ * against its bound of waiters (RecordWatch.admit) for the whole wait.
  */
 export async function waitForOwner(
   first: ReserveResult,
   options: {
     tenant: string;
+    caller: string;
     budgetMs: number;
     watch: RecordWatch;
     signal: AbortSignal;
@@ -102,16 +164,34 @@ export async function waitForOwner(
   },
 ): Promise<ReserveResult> {
   const { tenant, watch, signal, decide, moved } = options;
+  if (first.decision !== "IN_PROGRESS" || !first.record || options.budgetMs <= 0) return first;
   const end = performance.now() + options.budgetMs;
-  let result = first;
-  let recheckMs = FIRST_RECHECK_MS;
-  while (result.decision === "IN_PROGRESS" && result.record && !signal.aborted) {
-    const left = end - performance.now();
-    if (left <= 0) break;
-    const woken = await watch.next(tenant, result.record.operationId, Math.min(recheckMs, left), signal);
-    if (signal.aborted) break;
-    recheckMs = Math.min(recheckMs * 2, LAST_RECHECK_MS);
-    if (woken || (await moved(result.record))) result = await decide();
+  const release = watch.admit(options.caller);
+  try {
+    let result = first;
+    let recheckMs = FIRST_RECHECK_MS;
+    while (result.decision === "IN_PROGRESS" && result.record && !signal.aborted) {
+      const left = end - performance.now();
+      if (left <= 0) break;
+      const woken = await watch.next(tenant, result.record.operationId, Math.min(recheckMs, left), signal);
+      if (signal.aborted) break;
+      recheckMs = Math.min(recheckMs * 2, LAST_RECHECK_MS);
+      const changed = woken || (await beforeEnd(watch.recheck(result.record, moved), end));
+      if (changed && performance.now() < end) result = await decide();
+    }
+    return result;
+  } finally {
+    release();
   }
-  return result;
+}
+
+/** What `work` answers, or false when `end` (performance.now() time) comes first. */
+async function beforeEnd(work: Promise<boolean>, end: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), Math.max(0, end - performance.now()))));
+  try {
+    return await Promise.race([work, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

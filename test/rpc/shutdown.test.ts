@@ -12,7 +12,7 @@ const t = useTestDatabase();
 describe("graceful stop", () => {
   it("stops serving new work at once but lets in-flight RPCs finish before closing", async () => {
     // Ten transactions of one tenant and caller at a time, so that each of the ten Reserves below waits in a transaction of its own.
-    const server = await startTestServer(t, { config: { batch: { maxBatch: 64, maxInFlight: 10 } } });
+    const server = await startTestServer(t, { config: { batch: { maxBatch: 64, maxInFlight: 10, lockWaitMs: 50 } } });
     const { client, call } = gatewayClient(server);
     const key = newKey();
     const body = new TextEncoder().encode(JSON.stringify({ amount: 10 }));

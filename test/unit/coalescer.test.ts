@@ -15,10 +15,14 @@ function recording(maxInFlight: number, maxBatch = 64) {
       if (item < 0) throw new Error(`refused ${item}`);
       return `alone ${item}`;
     },
-    runBatch: async (items) => {
+    runBatch: (items) => {
       units.push(items);
-      await held();
-      return items.map((item) => (item < 0 ? { status: "rejected", reason: new Error(`refused ${item}`) } : { status: "fulfilled", value: `batch ${item}` }));
+      const shared = held();
+      return items.map(async (item) => {
+        await shared;
+        if (item < 0) throw new Error(`refused ${item}`);
+        return `batch ${item}`;
+      });
     },
   });
   const releaseAll = () => releases.splice(0).forEach((release) => release());
@@ -84,6 +88,36 @@ describe("Coalescer", () => {
     expect(await Promise.all(answers)).toEqual(["batch 1", "refused -2", "batch 3"]);
   });
 
+  it("answers each request of a batch as soon as its own answer is there, and holds the slot until all are", async () => {
+    const late: Array<() => void> = [];
+    const units: number[][] = [];
+    const coalescer = new Coalescer<number, number>({
+      maxBatch: 8,
+      maxInFlight: 1,
+      runAlone: (item) => {
+        units.push([item]);
+        return Promise.resolve(item);
+      },
+      // Item 2 is decided apart, later (as a request the batch could not decide is decided alone).
+      runBatch: (items) => {
+        units.push(items);
+        return items.map((item) => (item === 2 ? new Promise<number>((resolve) => late.push(() => resolve(item))) : Promise.resolve(item)));
+      },
+    });
+    const answered: number[] = [];
+    const answers = [1, 2, 3].map((i) => coalescer.submit("lane", i).then((value) => answered.push(value)));
+    await turn();
+    expect(answered).toEqual([1, 3]);
+    // The slot is still taken by the batch: a new request waits for it.
+    const next = coalescer.submit("lane", 4);
+    await turn();
+    expect(units).toEqual([[1, 2, 3]]);
+    late.forEach((release) => release());
+    await Promise.all([...answers, next]);
+    expect(answered).toEqual([1, 3, 2]);
+    expect(units).toEqual([[1, 2, 3], [4]]);
+  });
+
   it("forgets a lane once its work is done, even when a freed slot took the queue before the turn's dispatch", async () => {
     let releaseFirst!: () => void;
     const coalescer = new Coalescer<number, number>({
@@ -91,7 +125,7 @@ describe("Coalescer", () => {
       maxInFlight: 1,
       // The first request waits to be released; any later one is answered at once.
       runAlone: (item) => (item === 0 ? new Promise<number>((resolve) => (releaseFirst = () => resolve(0))) : Promise.resolve(item)),
-      runBatch: (items) => Promise.resolve(items.map((value) => ({ status: "fulfilled" as const, value }))),
+      runBatch: (items) => items.map((value) => Promise.resolve(value)),
     });
     const lanes = (coalescer as unknown as { lanes: Map<string, unknown> }).lanes;
     const first = coalescer.submit("lane", 0);

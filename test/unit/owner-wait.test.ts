@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { IdempotencyError } from "../../src/contract/errors.js";
 import type { ReserveResult, StoredRecord } from "../../src/registry/types.js";
 import { MAX_WAIT_FOR_OWNER_MS, RecordWatch, waitBudgetMs, waitForOwner } from "../../src/server/owner-wait.js";
 
@@ -58,6 +59,7 @@ describe("waitForOwner", () => {
     let rechecks = 0;
     const result = await waitForOwner(inProgress, {
       tenant: "acme",
+      caller: "gateway",
       budgetMs: 5_000,
       watch,
       signal: new AbortController().signal,
@@ -79,6 +81,7 @@ describe("waitForOwner", () => {
     let decisions = 0;
     const result = await waitForOwner(inProgress, {
       tenant: "acme",
+      caller: "gateway",
       budgetMs: 120,
       watch: new RecordWatch(),
       signal: new AbortController().signal,
@@ -87,5 +90,68 @@ describe("waitForOwner", () => {
     });
     expect(result.decision).toBe("IN_PROGRESS");
     expect(decisions).toBe(0);
+  });
+
+  it("ends within its budget even when a recheck is never answered, and decides nothing after it", async () => {
+    const watch = new RecordWatch();
+    let decisions = 0;
+    const result = await waitForOwner(inProgress, {
+      tenant: "acme",
+      caller: "gateway",
+      budgetMs: 100,
+      watch,
+      signal: new AbortController().signal,
+      decide: async () => (decisions++, replay),
+      // A registry too busy to answer: were the wait to await it, this test would never end.
+      moved: () => new Promise<boolean>(() => undefined),
+    });
+    expect(result.decision).toBe("IN_PROGRESS");
+    expect(decisions).toBe(0);
+    expect(watch.waitingOf("gateway")).toBe(0);
+  });
+
+  it("asks one recheck for every waiter of a record at a time", async () => {
+    const watch = new RecordWatch();
+    let rechecks = 0;
+    const answers: Array<(moved: boolean) => void> = [];
+    const moved = () => {
+      rechecks++;
+      return new Promise<boolean>((resolve) => answers.push(resolve));
+    };
+    const record = { tenant: "acme", operationId: "op-7", state: "EXECUTING", generation: 1 } as StoredRecord;
+    const first = watch.recheck(record, moved);
+    const second = watch.recheck(record, moved);
+    // Another generation of the record is another question.
+    void watch.recheck({ ...record, generation: 2 }, moved);
+    expect(rechecks).toBe(2);
+    answers.forEach((answer) => answer(true));
+    expect(await first).toBe(true);
+    expect(await second).toBe(true);
+    // Once answered, the next recheck asks again.
+    void watch.recheck(record, moved);
+    expect(rechecks).toBe(3);
+  });
+
+  it("lets a caller have at most its bound of waiters at once; one more is refused, other callers are not", async () => {
+    const watch = new RecordWatch(2);
+    const stop = new AbortController();
+    const wait = (caller: string) =>
+      waitForOwner(inProgress, { tenant: "acme", caller, budgetMs: 60_000, watch, signal: stop.signal, decide: async () => inProgress, moved: async () => false });
+    const waiting = [wait("gateway"), wait("gateway"), wait("other")];
+    expect(watch.waitingOf("gateway")).toBe(2);
+    const refused = await wait("gateway").catch((error: unknown) => error);
+    expect(refused).toBeInstanceOf(IdempotencyError);
+    expect(refused).toMatchObject({ reason: "TOO_MANY_WAITERS", metadata: { limit: "2" } });
+    expect((refused as Error).message).toMatch(/already has 2 Reserves waiting .*IDEM_WAITERS_PER_CALLER.*retry/);
+    // An answer that needs no wait does not count.
+    expect(await wait("gateway").catch(() => "refused")).toBe("refused");
+    expect(
+      (await waitForOwner(replay, { tenant: "acme", caller: "gateway", budgetMs: 60_000, watch, signal: stop.signal, decide: async () => replay, moved: async () => false }))
+        .decision,
+    ).toBe("REPLAY");
+    stop.abort();
+    await Promise.all(waiting);
+    expect(watch.waitingOf("gateway")).toBe(0);
+    expect(watch.waitingOf("other")).toBe(0);
   });
 });
