@@ -20,11 +20,22 @@ export interface PaymentsRecoveryDeps {
  * 2. found: the attempt is CONFIRMED. Not found, and the intent was written:
  *    charge again with the ORIGINAL downstream key (the provider
  *    deduplicates, so this can never make a second charge). Not found and no
- *    intent: the provider was never called; NO_EFFECT, release the record
- *    (the client's retry runs it anew);
+ *    intent: the handler never got as far as the charge, and what to charge
+ *    is not known here; NO_EFFECT, and the payment is finished as not made
+ *    (FAILED_FINAL). An UNKNOWN record is never run again, so the client's
+ *    retries get that answer and a new payment needs a new key;
  * 3. settle exactly like the handler does and complete with the same
  *    response a successful first request would have got.
  */
+/** The answer to a payment whose first attempt stopped before the charge, recovered without knowing what to charge. */
+const NOT_MADE: HandlerResponse = {
+  status: 500,
+  json: {
+    title: "Payment not made",
+    detail: "The first attempt of this payment stopped before the card was charged, and nothing was charged. Send the payment again with a new Idempotency-Key.",
+  },
+};
+
 export function paymentsResolver(deps: PaymentsRecoveryDeps): RecoveryResolver {
   const { pool, store, provider } = deps;
   return async (ctx: RecoveryContext) => {
@@ -39,7 +50,7 @@ export function paymentsResolver(deps: PaymentsRecoveryDeps): RecoveryResolver {
       if (attempt.status !== "CONFIRMED") await ctx.resolve({ attemptNumber: attempt.attemptNumber, status: "CONFIRMED", providerHandle: charge.id });
     } else if (!intent) {
       await ctx.resolve({ attemptNumber: attempt.attemptNumber, status: "NO_EFFECT" });
-      await ctx.release();
+      await ctx.completeWith(NOT_MADE, "FAILED_FINAL");
       return;
     } else {
       try {

@@ -108,17 +108,30 @@ async function invariants(key: string, first: { status: number; text: string }) 
 const BODY = { amount: 1500, currency: "EUR", card: "4242" };
 
 describe("a process killed mid-request, at each failpoint", () => {
-  it("coordinator dies right after the reservation committed: the retry takes the record over and runs it once", async () => {
+  it("coordinator dies right after the reservation committed: recovery finds nothing charged and finishes it as not made, never running it again", async () => {
     await crashReplicasAt("registry.reserve.after-commit");
     const key = randomUUID();
     const first = await post(key, BODY);
     // Not answered yet: the replica the retry reached found the record's lease held (409) or died as well (503).
     expect("status" in first && [409, 503].includes(first.status)).toBe(true);
     await restartReplicas();
+    // The declared charge made an effect possible: once the lease ended the record was UNKNOWN, and an
+    // UNKNOWN record never runs again. Recovery found no charge under its downstream key and no intent.
     const final = await retryUntilFinal(key, BODY);
-    expect(final.status).toBe(201);
-    const { events } = await invariants(key, final);
-    expect(events).toContain("TAKEOVER");
+    expect(final.status).toBe(500);
+    expect(JSON.parse(final.text)).toMatchObject({ title: "Payment not made" });
+    const { rows: records } = await t.pool.query<{ operation_id: string; state: string }>("SELECT operation_id, state FROM idem_record ORDER BY created_at DESC LIMIT 1");
+    const operationId = records[0]!.operation_id;
+    expect(records[0]!.state).toBe("FAILED_FINAL");
+    const { rows: events } = await t.pool.query<{ kind: string }>("SELECT kind FROM idem_event WHERE operation_id = $1 ORDER BY event_id", [operationId]);
+    expect(events.map((e) => e.kind)).toEqual(expect.arrayContaining(["UNKNOWN", "RECOVERY_CLAIMED", "COMPLETED"]));
+    expect(events.map((e) => e.kind)).not.toContain("TAKEOVER");
+    const { rows: payments } = await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM payments WHERE operation_id = $1", [operationId]);
+    expect(payments[0]!.n).toBe(0);
+    const { rows: keys } = await t.pool.query<{ downstream_key: string }>("SELECT DISTINCT downstream_key FROM idem_effect_attempt WHERE operation_id = $1", [operationId]);
+    expect((await cluster.providerState()).charges.filter((c) => keys.some((k) => k.downstream_key === c.idempotencyKey))).toEqual([]);
+    // Every retry gets the same answer.
+    expect(await post(key, BODY)).toEqual({ status: final.status, text: final.text });
   }, 60_000);
 
   it("service dies after the provider charged, before the attempt was resolved: recovered with the original key, one charge", async () => {

@@ -10,7 +10,7 @@ import { HttpClient, Random, Semaphore, sleep, type HttpAnswer } from "./util.js
  * and resent, several workers of one client…), each copy retrying on its own
  * the way a real client does (honoring Retry-After up to a cap on 409 and
  * 429, backing off on 503, 5xx and connection errors) until it gets a final
- * answer; then replayed again later, sometimes with an equivalent body
+ * answer (a final status, or any replayed one); then replayed again later, sometimes with an equivalent body
  * (members reordered, the non-fingerprinted description reworded). A share
  * of keys is also sent with a different amount once the first request is
  * known to be accepted: a true conflict, which must get 422.
@@ -430,7 +430,9 @@ export class LoadGenerator {
       }
       return final;
     }
-    const final = FINAL_STATUSES.has(status);
+    // A replayed answer is the operation's stored outcome: final whatever its status (a payment that
+    // recovery finished as not made is a replayed 500, which every retry gets again).
+    const final = FINAL_STATUSES.has(status) || replayed;
     if (final && key.finalStatus === undefined) key.finalStatus = status;
     return final;
   }
