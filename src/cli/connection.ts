@@ -1,5 +1,6 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
+import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
@@ -50,6 +51,20 @@ export function clientsOf(connection: Connection): {
     coordinator: createClient(CoordinatorService, transport),
     call: { headers: { authorization: `Bearer ${connection.token}` } },
   };
+}
+
+/**
+ * Digests and fingerprints as idemctl prints them, in tables and in JSON:
+ * standard base64, as the RPCs carry bytes in JSON (Connect, protobuf JSON),
+ * so that what idemctl prints can be compared with what a client received.
+ */
+export function base64(bytes: Uint8Array): string {
+  return Buffer.from(bytes).toString("base64");
+}
+
+/** A time as idemctl prints it: ISO 8601 in UTC, to the millisecond (events a few ms apart stay apart); "-" when unset. */
+export function isoTime(at: Timestamp | undefined): string {
+  return at ? timestampDate(at).toISOString() : "-";
 }
 
 /** Rows as an aligned text table under a header row. */

@@ -106,7 +106,9 @@ object instead of lines (progress goes to stderr).`,
              with other rules it is refused: publish a higher revision instead (docs/policies.md).
 get OP       prints a published revision of OP (the newest unless --revision) as YAML to re-apply,
              or as JSON with --json. --api-revision defaults to 1.
-list [OP]    the newest revision of every operation, or every revision of OP.
+list [OP]    the newest revision of every operation, or every revision of OP: its fingerprint mode
+             (FINGERPRINT: raw or json; \`idemctl mode\` lists the operations' modes), when and by whom
+             it was published, and its digest.
 ${CONNECTION_HELP}`,
     async run(args) {
       const [action, ...rest] = args;
@@ -438,6 +440,7 @@ function overview(): string {
     ...Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`),
     "",
     'Configuration comes from the environment; see README.md, "Configuration".',
+    "Digests print in base64, as the RPCs carry them in JSON; times in ISO 8601 UTC, to the millisecond.",
     "",
   ].join("\n");
 }

@@ -1,11 +1,10 @@
 import { readFile } from "node:fs/promises";
 import { parse as parseYaml, stringify as toYaml } from "yaml";
 import { IdempotencyError } from "../contract/errors.js";
-import { toHex } from "../contract/frame.js";
 import type { PublishedPolicy } from "../gen/idempotency/v1/policy_pb.js";
 import { parsePolicyDocument } from "../policy/document.js";
 import { policyFromProto, policyToProto } from "../server/policy-convert.js";
-import { clientsOf, table, type Connection } from "./connection.js";
+import { base64, clientsOf, isoTime, table, type Connection } from "./connection.js";
 
 /**
  * `idemctl policy apply FILE`: validates every revision in the file (YAML or
@@ -38,9 +37,9 @@ export async function applyPolicies(file: string, json: boolean, connection: Con
     const { published, created } = await client.publishPolicy({ policy: policyToProto(document) }, { headers });
     if (json) {
       const { operation, apiRevision, schemaRevision } = document;
-      out(JSON.stringify({ operation, apiRevision, schemaRevision, created, digest: toHex(published!.digest) }));
+      out(JSON.stringify({ operation, apiRevision, schemaRevision, created, digest: base64(published!.digest) }));
     } else {
-      out(`  ${created ? "published" : "unchanged: this exact revision was already published"}, digest ${toHex(published!.digest).slice(0, 16)}…`);
+      out(`  ${created ? "published" : "unchanged: this exact revision was already published"}, digest ${base64(published!.digest)}`);
     }
   }
 }
@@ -78,10 +77,11 @@ export async function listPolicies(operation: string | undefined, json: boolean,
     return;
   }
   const rows = policies.map((p) => facts(p));
+  // FINGERPRINT is the policy's fingerprint mode (raw or json), not the operation's mode (idemctl mode lists those).
   out(
     table(
-      ["OPERATION", "API", "REVISION", "MODE", "PUBLISHED", "BY"],
-      rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy]),
+      ["OPERATION", "API REVISION", "SCHEMA REVISION", "FINGERPRINT", "PUBLISHED AT", "PUBLISHED BY", "DIGEST"],
+      rows.map((r) => [r.policy.operation, String(r.policy.apiRevision), String(r.policy.schemaRevision), r.policy.fingerprint.mode, r.publishedAt, r.publishedBy, r.digest]),
     ),
   );
 }
@@ -89,8 +89,8 @@ export async function listPolicies(operation: string | undefined, json: boolean,
 function facts(published: PublishedPolicy) {
   return {
     policy: policyFromProto(published.policy),
-    digest: toHex(published.digest),
-    publishedAt: published.publishedAt ? new Date(Number(published.publishedAt.seconds) * 1000).toISOString() : "",
+    digest: base64(published.digest),
+    publishedAt: isoTime(published.publishedAt),
     publishedBy: published.publishedBy,
   };
 }

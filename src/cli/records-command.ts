@@ -1,12 +1,11 @@
 import { readFile } from "node:fs/promises";
 import { create, toJson } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
-import { toHex } from "../contract/frame.js";
 import { OperationMode, type OperationControl } from "../gen/idempotency/v1/admin_pb.js";
 import { OperationRefSchema } from "../gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, type OperationRecord, OperationRecordSchema, Outcome, RecordState } from "../gen/idempotency/v1/types_pb.js";
 import { parseDuration } from "../policy/document.js";
-import { clientsOf, table, UsageError, type Connection } from "./connection.js";
+import { base64, clientsOf, isoTime, table, UsageError, type Connection } from "./connection.js";
 
 /**
  * The operator commands of idemctl over AdminService and Lookup: records and
@@ -147,7 +146,7 @@ export async function eventsCommand(
   const { admin, call } = clientsOf(connection);
   try {
     for await (const event of admin.streamEvents({ after: options.after, follow: options.follow, tenant: options.tenant, operation: options.operation }, { ...call, signal })) {
-      const at = new Date(Number(event.at?.seconds ?? 0n) * 1000).toISOString();
+      const at = isoTime(event.at);
       if (options.json) {
         out(
           JSON.stringify({
@@ -195,8 +194,8 @@ function describeRecord(r: OperationRecord): string {
     `operation ${r.operationId} (${r.operation}@${r.apiRevision}, schema revision ${r.schemaRevision})`,
     `  subject     ${r.subject?.tenant} / ${r.subject?.principal}`,
     `  state       ${stateName(r.state)}${r.recovering ? " (recovering)" : ""}, generation ${r.generation}`,
-    `  lease until ${r.leaseExpiresAt ? new Date(Number(r.leaseExpiresAt.seconds) * 1000).toISOString() : "-"}`,
-    ...(r.snapshot ? [`  snapshot    status ${r.snapshot.statusCode}, ${r.snapshot.body.length} bytes, digest ${toHex(r.snapshot.digest).slice(0, 16)}…`] : []),
+    `  lease until ${isoTime(r.leaseExpiresAt)}`,
+    ...(r.snapshot ? [`  snapshot    status ${r.snapshot.statusCode}, ${r.snapshot.body.length} bytes, digest ${base64(r.snapshot.digest)}`] : []),
     ...r.effectAttempts.map(
       (a) =>
         `  attempt ${a.attemptNumber}   ${a.effect} via ${a.provider || "-"}: ${EffectStatus[a.status]}, key ${a.downstreamKey}` +

@@ -11,6 +11,10 @@
  * `#/search/state/<STATE>` lists a state), `#/unknown` (the UNKNOWN queue
  * with its reconcile forms), `#/records/<tenant>/<operationId>` (a record and
  * its timeline). Charts are inline SVG drawn here.
+ *
+ * Each view shows its own data and its own errors only: opening a view empties
+ * it, a load that fails empties it and shows why, and the next load of the
+ * same thing that succeeds clears that error.
  */
 export const CONSOLE_PAGE = `<!doctype html>
 <html lang="en">
@@ -116,6 +120,7 @@ export const CONSOLE_PAGE = `<!doctype html>
 
 <section id="overview-view" aria-labelledby="overview-title" hidden>
   <h2 id="overview-title" tabindex="-1">Overview</h2>
+  <div data-content hidden>
   <h3>Records by state</h3>
   <ul class="counts" data-testid="counts" data-registry></ul>
   <p id="oldest" data-testid="oldest" data-registry></p>
@@ -132,6 +137,7 @@ export const CONSOLE_PAGE = `<!doctype html>
   <h3 id="conflicts-title">Recent conflicts</h3>
   <table data-testid="conflicts" aria-labelledby="conflicts-title"><thead><tr><th scope="col">When</th><th scope="col">Tenant</th><th scope="col">Operation id</th><th scope="col">Operation</th><th scope="col">Caller</th></tr></thead><tbody data-registry></tbody></table>
   <p class="empty" data-testid="conflicts-empty" hidden>No payload conflict: no key was reused for a different request.</p>
+  </div>
 </section>
 
 <section id="search-view" aria-labelledby="search-title" hidden>
@@ -157,7 +163,7 @@ export const CONSOLE_PAGE = `<!doctype html>
       <button type="submit">List, newest first</button>
     </form>
   </div>
-  <section id="results" aria-labelledby="results-title" hidden>
+  <section id="results" aria-labelledby="results-title" data-content hidden>
     <h3 id="results-title" tabindex="-1">Results</h3>
     <p class="note" id="results-about" data-testid="results-about" data-registry></p>
     <table data-testid="results" aria-labelledby="results-title"><thead><tr><th scope="col">Created</th><th scope="col">Tenant</th><th scope="col">Operation id</th><th scope="col">Operation</th><th scope="col">Principal</th><th scope="col">State</th><th scope="col">Generation</th><th scope="col">Attempts</th></tr></thead><tbody data-registry></tbody></table>
@@ -169,13 +175,16 @@ export const CONSOLE_PAGE = `<!doctype html>
 <section id="unknown-view" aria-labelledby="unknown-title" hidden>
   <h2 id="unknown-title" tabindex="-1">UNKNOWN queue</h2>
   <p>Each record here may have had its effect: its owner's lease ended after it registered an effect attempt. Ask the downstream system by each attempt's downstream key or provider handle what happened, then reconcile the record with what you found; retries then replay the response you record. Longest UNKNOWN first.</p>
+  <div data-content hidden>
   <p class="note" id="unknown-about" data-testid="unknown-about" data-registry></p>
   <table data-testid="unknown" aria-labelledby="unknown-title"><thead><tr><th scope="col">UNKNOWN for</th><th scope="col">Tenant</th><th scope="col">Operation id</th><th scope="col">Operation</th><th scope="col">Generation</th><th scope="col">Effect attempts</th><th scope="col"><span class="sr">Action</span></th></tr></thead><tbody data-registry></tbody></table>
   <p class="empty" data-testid="unknown-empty" hidden>No record is UNKNOWN: nothing to reconcile.</p>
+  </div>
 </section>
 
 <section id="record-view" aria-labelledby="record-title" hidden>
   <h2 id="record-title" tabindex="-1" data-testid="record-title" data-registry>Record</h2>
+  <div data-content hidden>
   <dl class="facts" data-testid="record-facts" data-registry></dl>
   <h3 id="attempts-title">Effect attempts</h3>
   <table data-testid="attempts" aria-labelledby="attempts-title"><thead><tr><th scope="col">#</th><th scope="col">Generation</th><th scope="col">Effect</th><th scope="col">Provider</th><th scope="col">Status</th><th scope="col">Downstream key</th><th scope="col">Provider handle</th><th scope="col">Registered</th><th scope="col">Resolved</th></tr></thead><tbody data-registry></tbody></table>
@@ -190,6 +199,7 @@ export const CONSOLE_PAGE = `<!doctype html>
   <dl class="facts" data-testid="snapshot" data-registry></dl>
   <p class="empty" data-testid="snapshot-empty" hidden>No stored response: the operation has not finished.</p>
   <p class="note">The body is not shown here: it is the end user's data. An operator who must read it runs idemctl lookup.</p>
+  </div>
 </section>
 </main>
 
@@ -219,6 +229,8 @@ let timer = 0;
 let route = { view: "overview" };
 let overview = null;
 let search = null;
+/** What the error on the status line is about ("load": a view's data; "search"; "action": a form sent), or null: the success of the same thing clears it. */
+let errorOf = null;
 
 /** An element with attributes and children (strings become text nodes: never parsed as HTML). */
 function h(tag, attributes, ...children) {
@@ -232,6 +244,19 @@ function say(text, warn) {
   const message = $("#message");
   message.textContent = text;
   message.className = warn ? "warn" : "";
+  errorOf = null;
+}
+
+/** Shows why something failed (a refused token signs the page out), until that thing next succeeds or another view opens. */
+function failed(error, about) {
+  if (error instanceof Refused && error.status === 401) return signOut("Signed out: " + error.message);
+  say(error.message, true);
+  errorOf = about;
+}
+
+/** Clears the status line's error about what has just succeeded; an error about something else stays. */
+function succeeded(about) {
+  if (errorOf === about) say("");
 }
 
 class Refused extends Error {
@@ -340,6 +365,26 @@ const format = (v) => (v >= 100 ? String(Math.round(v)) : String(Math.round(v * 
 // ---- Views ----
 
 const VIEWS = ["login", "overview", "search", "unknown", "record"];
+
+/**
+ * Empties a view of the registry's data it showed: each view shows its own
+ * data only, never what an earlier view or an earlier load left. A view's data
+ * is in its [data-content] parts, hidden until a load of that view succeeds.
+ */
+function clearView(view) {
+  const section = $("#" + view + "-view");
+  for (const content of section.querySelectorAll("[data-content]")) {
+    content.hidden = true;
+    for (const holder of content.querySelectorAll("[data-registry]")) holder.replaceChildren();
+  }
+  if (view === "search") search = null;
+  // The record asked for, by the address only: whether it exists is for its load to say.
+  if (view === "record") $("#record-title").replaceChildren("Record", ...(route.view === "record" ? [" ", h("span", { class: "mono" }, route.operationId)] : []));
+}
+function reveal(view) {
+  for (const content of $("#" + view + "-view").querySelectorAll("[data-content]")) content.hidden = false;
+}
+
 function show(view) {
   for (const name of VIEWS) $("#" + name + "-view").hidden = name !== view;
   for (const link of document.querySelectorAll("nav a")) {
@@ -360,10 +405,15 @@ function parseRoute() {
   return { view: "overview" };
 }
 
-async function loadOverview() {
+/**
+ * Every load is given the route shown when it began, and drops its answer when
+ * another view has opened since: that view has a load of its own, and an old
+ * answer must never fill it (another record's facts under this one's address).
+ */
+async function loadOverview(shown) {
   overview = await api("overview");
   $("[data-testid=nav-unknown]").textContent = "UNKNOWN queue (" + overview.records.UNKNOWN + ")";
-  if (route.view !== "overview") return;
+  if (shown !== route || shown.view !== "overview") return;
   const counts = $("[data-testid=counts]");
   keepFocus(counts, () => counts.replaceChildren(...Object.entries(overview.records).map(([state, n]) =>
     h("li", { "data-state": state }, h("a", { href: "#/search/state/" + state, "aria-label": "List the " + state + " records" }, h("strong", {}, String(n)), state)))));
@@ -372,12 +422,14 @@ async function loadOverview() {
   oldest.className = overview.oldestUnknownSeconds > 0 ? "warn" : "note";
   fill("modes", overview.controls, (c) => [c.operation, String(c.apiRevision), c.mode, String(c.writerEpoch), c.updatedBy]);
   fill("conflicts", overview.conflicts, (c) => [time(c.at), c.tenant, recordLink(c), c.operation || "", c.caller]);
-  await loadCharts();
+  await loadCharts(shown);
+  if (shown === route) reveal("overview");
 }
 
-async function loadCharts() {
+async function loadCharts(shown) {
   const minutes = $("#window").value;
   const charts = await api("charts?minutes=" + minutes);
+  if (shown !== route) return;
   $("[data-testid=charts]").replaceChildren(...charts.series.map((s) => chart(s, charts.minutes)));
   const note = $("#replica-note");
   if (charts.replica) {
@@ -389,21 +441,38 @@ async function loadCharts() {
   }
 }
 
+/** Runs a search and shows its results; a search refused shows its error and no results (of it or of an earlier one). */
 async function runSearch(kind, input, more) {
-  let about, empty;
+  const shown = route;
+  try {
+    await searchAndShow(kind, input, more, shown);
+  } catch (error) {
+    if (shown !== route) return;
+    clearView("search");
+    failed(error, "search");
+  }
+}
+
+async function searchAndShow(kind, input, more, shown) {
+  const earlier = more ? search : null;
+  let about, empty, rows, next;
   if (kind === "state") {
-    const after = more && search.next ? "&pageToken=" + encodeURIComponent(search.next) : "";
+    const after = earlier && earlier.next ? "&pageToken=" + encodeURIComponent(earlier.next) : "";
     const answer = await api("records?state=" + encodeURIComponent(input.state) + "&limit=" + encodeURIComponent(input.limit) + after);
     const what = input.state ? "in state " + input.state : "in any state";
-    search = { kind, input, rows: (more ? search.rows : []).concat(answer.records), next: answer.nextPageToken };
+    rows = (earlier ? earlier.rows : []).concat(answer.records);
+    next = answer.nextPageToken;
     about = "Records " + what + ", newest first.";
     empty = "No record is " + what + " in your tenants.";
   } else {
-    search = { kind, input, rows: (await api("search", input)).records, next: undefined };
+    rows = (await api("search", input)).records;
     about = kind === "id" ? "Records with operation id " + input.operationId + "." : "The record of the scope " + input.tenant + " / " + input.principal + " / " + input.operation + " / key " + input.idempotencyKey + ".";
     empty = kind === "id" ? "No record has this operation id in your tenants." : "No record has this scope: no request with this key was accepted for this tenant, principal and operation (at any published API revision when none is given).";
   }
-  $("#results").hidden = false;
+  if (shown !== route) return;
+  search = { kind, input, rows, next };
+  reveal("search");
+  succeeded("search");
   $("#results-about").textContent = about;
   $("[data-testid=results-empty]").textContent = empty;
   fill("results", search.rows, (r) => [time(r.createdAt), r.tenant, recordLink(r), r.operation, r.principal, badge(r.state), String(r.generation), String(r.attempts.length)]);
@@ -422,7 +491,7 @@ function reconcileForm(record, onDone) {
       form.remove();
       await onDone();
     } catch (error) {
-      say(error.message, true);
+      failed(error, "action");
     }
   });
   // In the queue, Cancel closes the form; on a record's page, where the form stays, it clears it.
@@ -435,13 +504,15 @@ function reconcileForm(record, onDone) {
   return form;
 }
 
-async function loadUnknown(explicit) {
+async function loadUnknown(shown, explicit) {
   // A reconcile form being filled in is never wiped by an automatic refresh.
   if (!explicit && $("#unknown-view form.reconcile")) return;
   const queue = await api("unknown");
+  if (shown !== route) return;
+  reveal("unknown");
   const total = overview ? overview.records.UNKNOWN : queue.records.length;
-  const shown = queue.records.length;
-  $("#unknown-about").textContent = shown === 0 ? "" : (shown < total ? "The " + shown + " longest UNKNOWN of " + total + " records." : shown === 1 ? "1 record is UNKNOWN." : shown + " records are UNKNOWN.") + " An automatic refresh leaves this list alone while a reconcile form is open.";
+  const listed = queue.records.length;
+  $("#unknown-about").textContent = listed === 0 ? "" : (listed < total ? "The " + listed + " longest UNKNOWN of " + total + " records." : listed === 1 ? "1 record is UNKNOWN." : listed + " records are UNKNOWN.") + " An automatic refresh leaves this list alone while a reconcile form is open.";
   fill("unknown", queue.records, (r) => [age(r.ageSeconds), r.tenant, recordLink(r), r.operation, String(r.generation), r.attempts.map(attemptText).join("; ") || "none", ""], (row, r) => {
     row.dataset.operationId = r.operationId;
     const button = h("button", { type: "button", "data-testid": "open-reconcile", "aria-expanded": "false" }, "Reconcile…");
@@ -459,8 +530,10 @@ async function loadUnknown(explicit) {
   });
 }
 
-async function loadRecord(explicit) {
-  const r = await api("record?tenant=" + encodeURIComponent(route.tenant) + "&operationId=" + encodeURIComponent(route.operationId));
+async function loadRecord(shown, explicit) {
+  const r = await api("record?tenant=" + encodeURIComponent(shown.tenant) + "&operationId=" + encodeURIComponent(shown.operationId));
+  if (shown !== route) return;
+  reveal("record");
   $("#record-title").replaceChildren("Record ", h("span", { class: "mono" }, r.operationId), " ", badge(r.state));
   const lease = r.lease ? (r.lease.live ? "held until " + when(r.lease.expiresAt) : "ended at " + when(r.lease.expiresAt)) : "none";
   facts("record-facts", [
@@ -502,10 +575,10 @@ async function loadRecord(explicit) {
   }
 }
 
-/** The current view's own data: the overview's comes with loadOverview; a search runs when asked only. */
-async function loadView(explicit) {
-  if (route.view === "unknown") return loadUnknown(explicit);
-  if (route.view === "record") return loadRecord(explicit);
+/** The shown view's own data: the overview's comes with loadOverview; a search runs when asked only. */
+async function loadView(shown, explicit) {
+  if (shown.view === "unknown") return loadUnknown(shown, explicit);
+  if (shown.view === "record") return loadRecord(shown, explicit);
 }
 
 function stamp() {
@@ -519,13 +592,19 @@ function schedule() {
 }
 
 async function refresh(explicit) {
+  const shown = route;
   try {
-    await loadOverview();
-    await loadView(explicit);
+    await loadOverview(shown);
+    await loadView(shown, explicit);
+    if (shown !== route) return;
     stamp();
+    succeeded("load");
   } catch (error) {
-    if (error instanceof Refused && error.status === 401) return signOut("Signed out: " + error.message);
-    say(error.message, true);
+    // The view opened meanwhile has its own load, and its own errors.
+    if (shown !== route) return;
+    // No stale data under an error: what the view showed may be another record's, or no longer true.
+    if (shown.view !== "search") clearView(shown.view);
+    failed(error, "load");
   } finally {
     schedule();
   }
@@ -534,13 +613,16 @@ async function refresh(explicit) {
 async function navigate() {
   route = parseRoute();
   if (!token()) return;
+  // The view opens empty and without the last one's errors: what it shows comes from its own loads.
+  clearView(route.view);
+  say("");
   show(route.view);
   const title = $("#" + route.view + "-title");
   title.focus();
   if (route.view === "search" && route.state !== undefined) {
     const form = $("#by-state");
     form.elements.state.value = route.state;
-    await runSearch("state", { state: route.state, limit: form.elements.limit.value }).catch((error) => say(error.message, true));
+    await runSearch("state", { state: route.state, limit: form.elements.limit.value });
   }
   await refresh(true);
   // Back to the view's heading once its data is in, unless the user has moved on meanwhile: a slow
@@ -567,10 +649,10 @@ function signOut(why) {
   overview = null;
   search = null;
   // Nothing of the registry stays on the page once signed out: every element holding some is marked data-registry.
+  for (const view of VIEWS) clearView(view);
   for (const holder of document.querySelectorAll("[data-registry]")) holder.replaceChildren();
   for (const form of document.querySelectorAll("form")) form.reset();
   $("[data-testid=nav-unknown]").textContent = "UNKNOWN queue";
-  $("#results").hidden = true;
   $("#session").hidden = true;
   $("#nav").hidden = true;
   $("#updated").textContent = "Not updated yet";
@@ -590,20 +672,20 @@ $("#sign-out").addEventListener("click", () => signOut());
 $("#refresh").addEventListener("click", () => refresh(true));
 $("#auto").addEventListener("change", () => (say($("#auto").checked ? "Auto-refresh on." : "Auto-refresh off."), schedule()));
 $("#interval").addEventListener("change", schedule);
-$("#window").addEventListener("change", () => loadCharts().catch((error) => say(error.message, true)));
-$("#more").addEventListener("click", () => runSearch("state", search.input, true).catch((error) => say(error.message, true)));
+// The charts are the overview's: a new window reloads it, with a load's errors.
+$("#window").addEventListener("change", () => refresh(true));
+$("#more").addEventListener("click", () => search && runSearch("state", search.input, true));
 $("#by-id").addEventListener("submit", (event) => {
   event.preventDefault();
-  runSearch("id", { operationId: event.target.elements.operationId.value.trim() }).catch((error) => say(error.message, true));
+  runSearch("id", { operationId: event.target.elements.operationId.value.trim() });
 });
 $("#by-scope").addEventListener("submit", (event) => {
   event.preventDefault();
-  runSearch("scope", Object.fromEntries(new FormData(event.target))).catch((error) => say(error.message, true));
+  runSearch("scope", Object.fromEntries(new FormData(event.target)));
 });
 $("#by-state").addEventListener("submit", (event) => {
   event.preventDefault();
-  const input = Object.fromEntries(new FormData(event.target));
-  runSearch("state", input).catch((error) => say(error.message, true));
+  runSearch("state", Object.fromEntries(new FormData(event.target)));
 });
 window.addEventListener("hashchange", navigate);
 if (token()) signIn();

@@ -268,7 +268,8 @@ function snapshotFacts(record: StoredRecord) {
     bodyBytes: record.tombstonedAt ? null : bodyLength(snapshot.body, snapshot.keyId),
     headerNames: snapshot.headers.map(([name]) => name),
     sealedWith: snapshot.keyId,
-    digest: Buffer.from(snapshot.digest).toString("hex"),
+    // Base64, as the RPCs and idemctl print digests: one spelling to compare.
+    digest: Buffer.from(snapshot.digest).toString("base64"),
   };
 }
 

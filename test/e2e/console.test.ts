@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { chromium, type Browser, type Page } from "playwright-core";
@@ -249,6 +250,111 @@ describe.skipIf(skipHere)("the operator console", () => {
     expect(await page.locator("body").textContent()).not.toContain(operationId);
     expect(await inPage(page, "document.activeElement.id")).toBe("token");
     await shoot(page, "6-signed-out.png");
+    expect(errors).toEqual([]);
+    await page.close();
+  }, 90_000);
+
+  it("shows each view's own data and errors only: a record that cannot be read shows no other record's facts or form, and errors go with their view", async () => {
+    // A globex record, seen by the operator of every tenant: acme's counts stay as the test above expects them.
+    const key = newKey();
+    const accepted = await reserveFor(server, "globex", key, '{"amount":1}', true);
+    await driveToUnknown(t, server, accepted.operationId, "globex");
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const errors: string[] = [];
+    page.on("pageerror", (error) => errors.push(error.message));
+    page.on("console", (message) => message.type() === "error" && !message.text().startsWith("Failed to load resource") && errors.push(message.text()));
+    await page.goto(`${server.adminUrl}/console#/records/globex/${accepted.operationId}`);
+    await page.getByTestId("token").fill(server.tokens.allTenantsOperator);
+    await page.getByTestId("sign-in").click();
+    await expect.poll(() => page.getByTestId("record-title").textContent()).toContain(accepted.operationId);
+    const recordView = page.locator("#record-view");
+    const reconcileForms = page.locator("#record-view form.reconcile");
+    await expect.poll(() => reconcileForms.count()).toBe(1);
+    expect(await page.getByTestId("record-facts").isVisible()).toBe(true);
+    const message = page.getByTestId("message");
+    expect(await message.textContent()).toBe("");
+
+    // A record that does not exist, then an id that is no operation id: the refusal alone, nothing of the record before.
+    for (const [operationId, reason] of [
+      [randomUUID(), "NOT_FOUND"],
+      ["not-an-operation-id", "INVALID_REQUEST"],
+    ] as const) {
+      await page.evaluate(`location.hash = ${JSON.stringify(`#/records/globex/${operationId}`)}`);
+      await expect.poll(() => message.textContent()).toMatch(new RegExp(`^${reason}: `));
+      expect(await recordView.innerText(), operationId).not.toContain(accepted.operationId);
+      expect(await reconcileForms.count(), operationId).toBe(0);
+      for (const part of ["record-facts", "attempts", "timeline", "generations", "snapshot", "snapshot-empty"]) {
+        expect(await page.getByTestId(part).isVisible(), `${part} of ${operationId}`).toBe(false);
+      }
+      expect(await page.getByTestId("record-title").textContent()).toBe(`Record ${operationId}`);
+    }
+
+    // A slow answer about the record comes after another record was opened: it is not shown there.
+    let answerLate = () => {};
+    const late = new Promise<void>((resolve) => (answerLate = resolve));
+    const recordUrl = `**/console/api/record?tenant=globex&operationId=${accepted.operationId}`;
+    await page.route(recordUrl, async (route) => {
+      await late;
+      await route.continue();
+    });
+    await page.evaluate(`location.hash = ${JSON.stringify(`#/records/globex/${accepted.operationId}`)}`);
+    await page.evaluate(`location.hash = ${JSON.stringify(`#/records/globex/${randomUUID()}`)}`);
+    await expect.poll(() => message.textContent()).toMatch(/^NOT_FOUND: /);
+    const answered = page.waitForResponse((response) => response.url().includes(accepted.operationId));
+    answerLate();
+    await answered;
+    await page.evaluate("new Promise((resolve) => setTimeout(resolve, 100))");
+    expect(await recordView.innerText()).not.toContain(accepted.operationId);
+    expect(await reconcileForms.count()).toBe(0);
+    await page.unroute(recordUrl);
+
+    // Another view: the record's refusal is not its error, and a refresh brings none back.
+    await page.getByRole("link", { name: /^UNKNOWN queue/ }).click();
+    await page.locator(`[data-testid=unknown] tr[data-operation-id="${accepted.operationId}"]`).waitFor();
+    expect(await message.textContent()).toBe("");
+    const refreshed = async () => {
+      const before = await page.locator("[data-testid=updated] time").getAttribute("datetime");
+      await page.getByTestId("refresh").click();
+      await expect.poll(() => page.locator("[data-testid=updated] time").getAttribute("datetime")).not.toBe(before);
+    };
+    await refreshed();
+    expect(await message.textContent()).toBe("");
+
+    // A load that fails shows its error and none of the view's earlier data; the next one that succeeds clears the error.
+    await page.getByRole("link", { name: "Overview" }).click();
+    await page.locator("[data-testid=counts] [data-state=UNKNOWN]").waitFor();
+    await page.route("**/console/api/overview", (route) =>
+      route.fulfill({ status: 503, contentType: "application/json", body: JSON.stringify({ reason: "UNAVAILABLE", message: "the registry cannot be reached" }) }),
+    );
+    await page.getByTestId("refresh").click();
+    await expect.poll(() => message.textContent()).toBe("UNAVAILABLE: the registry cannot be reached");
+    expect(await page.getByTestId("counts").isVisible()).toBe(false);
+    expect(await page.locator("#overview-view").innerText()).not.toContain(accepted.operationId);
+    await page.unroute("**/console/api/overview");
+    await page.getByTestId("refresh").click();
+    await page.locator("[data-testid=counts] [data-state=UNKNOWN]").waitFor();
+    await expect.poll(() => message.textContent()).toBe("");
+    expect(await page.getByTestId("conflicts").isVisible()).toBe(true);
+
+    // A search refused shows its error and no earlier results; the next search that succeeds clears it.
+    await page.getByRole("link", { name: "Search" }).click();
+    const byId = page.getByTestId("search-id");
+    await byId.getByLabel("Operation id").fill(accepted.operationId);
+    await byId.getByRole("button", { name: "Find" }).click();
+    await expect.poll(() => page.locator("[data-testid=results] tbody tr").count()).toBe(1);
+    const scope = page.getByTestId("search-scope");
+    await scope.getByLabel("Tenant").fill("globex");
+    await scope.getByLabel("Principal").fill("gus");
+    await scope.getByLabel(/^Operation/).fill("payments.create@first");
+    await scope.getByLabel("Idempotency key").fill(key);
+    await scope.getByRole("button", { name: "Find" }).click();
+    await expect.poll(() => message.textContent()).toMatch(/^INVALID_REQUEST: /);
+    expect(await page.getByTestId("results").isVisible()).toBe(false);
+    await scope.getByLabel(/^Operation/).fill("payments.create@1");
+    await scope.getByRole("button", { name: "Find" }).click();
+    await expect.poll(() => page.getByTestId("results-about").textContent()).toContain(`key ${key}`);
+    await expect.poll(() => message.textContent()).toBe("");
+    expect(await page.locator("[data-testid=results] tbody a").textContent()).toBe(accepted.operationId);
     expect(errors).toEqual([]);
     await page.close();
   }, 90_000);

@@ -4,11 +4,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { create } from "@bufbuild/protobuf";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
+import { OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { freePort } from "../../src/net.js";
@@ -155,6 +157,75 @@ describe("idemctl", { timeout: 120_000 }, () => {
     const file = join(await mkdtemp(join(tmpdir(), "idemctl-")), "refunds.yaml");
     await writeFile(file, "operation: refunds.create\napiRevision: 1\nschemaRevision: 1\n");
     expect(await parsed("policy", "apply", file, "--json")).toMatchObject({ operation: "refunds.create", apiRevision: 1, schemaRevision: 1, created: true });
+  });
+
+  it("prints digests in base64 and times to the millisecond, as the RPCs answer them, and names the fingerprint column", async () => {
+    const operator = { headers: { authorization: `Bearer ${server.tokens.allTenantsOperator}` } };
+    const transport = createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" });
+    const admin = createClient(AdminService, transport);
+    const { client: coordinator, call } = gatewayClient(server);
+    const iso = (at: Parameters<typeof timestampDate>[0] | undefined) => timestampDate(at!).toISOString();
+    const base64 = (bytes: Uint8Array) => Buffer.from(bytes).toString("base64");
+
+    // A record: its lease while it runs, then its stored response's digest.
+    const accepted = await coordinator.reserve(
+      {
+        subject: { tenant: "acme", principal: "alice" },
+        operation: "payments.create",
+        apiRevision: 1,
+        idempotencyKey: newKey(),
+        claim: true,
+        request: { case: "parts", value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode("{}") }) },
+      },
+      call,
+    );
+    const ref = create(OperationRefSchema, { tenant: "acme", operationId: accepted.operationId });
+    const lookup = async () => (await coordinator.lookup({ by: { case: "ref", value: ref } }, operator)).record!;
+    const running = await lookup();
+    const leased = await idemctl("lookup", "--tenant", "acme", "--operation-id", accepted.operationId);
+    expect(leased.stdout).toContain(`lease until ${iso(running.leaseExpiresAt)}\n`);
+    await coordinator.complete(
+      { ref, generation: accepted.generation, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new TextEncoder().encode('{"id":"p_2"}') } },
+      call,
+    );
+    const digest = base64((await lookup()).snapshot!.digest);
+    const shown = await idemctl("lookup", "--tenant", "acme", "--operation-id", accepted.operationId);
+    expect(shown.stdout).toContain(`snapshot    status 201, 12 bytes, digest ${digest}\n`);
+    const shownJson = JSON.parse((await idemctl("lookup", "--tenant", "acme", "--operation-id", accepted.operationId, "--json")).stdout) as { snapshot: { digest: string } };
+    expect(shownJson.snapshot.digest).toBe(digest);
+
+    // The event log: each event's time as StreamEvents answers it, in lines and in JSON.
+    const logged = [];
+    for await (const event of admin.streamEvents({ tenant: "acme" }, operator)) if (event.operationId === accepted.operationId) logged.push(event);
+    expect(logged.map((e) => e.kind)).toEqual(["ACCEPTED", "COMPLETED"]);
+    const lines = (await idemctl("events", "--tenant", "acme")).stdout;
+    const json = (await idemctl("events", "--tenant", "acme", "--json")).stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { eventId: string; at: string });
+    for (const event of logged) {
+      expect(lines).toContain(`${iso(event.at)}  ${event.kind.padEnd(18)} acme ${accepted.operationId} `);
+      expect(json.find((e) => e.eventId === String(event.eventId))?.at).toBe(iso(event.at));
+    }
+
+    // A policy: its digest and publication time as GetPolicy answers them, and a column that says which mode it lists.
+    const file = join(await mkdtemp(join(tmpdir(), "idemctl-")), "quotes.yaml");
+    await writeFile(file, "operation: quotes.create\napiRevision: 1\nschemaRevision: 1\nfingerprint:\n  mode: json\n  schema: {type: object}\n");
+    const applied = await idemctl("policy", "apply", file);
+    expect(applied.code, applied.stderr).toBe(0);
+    const { published } = await admin.getPolicy({ operation: "quotes.create", apiRevision: 1 }, operator);
+    const policyDigest = base64(published!.digest);
+    const publishedAt = iso(published!.publishedAt);
+    expect(applied.stdout).toContain(`published, digest ${policyDigest}\n`);
+    expect(JSON.parse((await idemctl("policy", "apply", file, "--json")).stdout)).toMatchObject({ created: false, digest: policyDigest });
+    expect((await idemctl("policy", "get", "quotes.create")).stdout.split("\n")[0]).toBe(`# published ${publishedAt} by all-tenants-operator, digest ${policyDigest}`);
+    expect(JSON.parse((await idemctl("policy", "get", "quotes.create", "--json")).stdout)).toMatchObject({ digest: policyDigest, publishedAt });
+    const listed = (await idemctl("policy", "list", "quotes.create")).stdout.trim().split("\n");
+    expect(listed.map((line) => line.split(/ {2,}/))).toEqual([
+      ["OPERATION", "API REVISION", "SCHEMA REVISION", "FINGERPRINT", "PUBLISHED AT", "PUBLISHED BY", "DIGEST"],
+      ["quotes.create", "1", "1", "json", publishedAt, "all-tenants-operator", policyDigest],
+    ]);
+    expect(JSON.parse((await idemctl("policy", "list", "quotes.create", "--json")).stdout)).toMatchObject([{ digest: policyDigest, publishedAt }]);
   });
 
   it("sets modes and epochs and lists them", async () => {

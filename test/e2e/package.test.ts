@@ -1,7 +1,7 @@
 import { execFile } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
+import { cp, mkdtemp, readdir, rm, stat, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -64,10 +64,44 @@ afterAll(async () => {
   await t?.drop();
 });
 
+/**
+ * A checkout after `npm ci` and before any build: this one's files, its
+ * package.json and its bin/ copied, so that nothing of a dist/ (which
+ * `npm pack` above builds here) can be found from them.
+ */
+async function unbuiltCheckout(): Promise<string> {
+  const dir = join(work, "checkout");
+  await run("mkdir", ["-p", dir]);
+  for (const entry of await readdir(root)) {
+    if (["dist", ".git", "test-results", ".idem"].includes(entry)) continue;
+    if (entry === "package.json" || entry === "bin") await cp(join(root, entry), join(dir, entry), { recursive: true });
+    else await symlink(join(root, entry), join(dir, entry));
+  }
+  return dir;
+}
+
+describe("idemctl in a checkout", () => {
+  it("runs with npx after npm ci, without a build", async () => {
+    const checkout = await unbuiltCheckout();
+    // npm's own cache, empty and offline: npx links the checkout's package there, and nothing is fetched.
+    const env = { ...process.env, npm_config_cache: join(work, "npm-cache"), npm_config_offline: "true" };
+    const help = await run("npx", ["idemctl", "--help"], { cwd: checkout, env, timeout: 120_000 });
+    expect(help.stdout).toMatch(/^idemctl: operate the idempotency coordinator/);
+    const bin = (JSON.parse(readFileSync(join(root, "package.json"), "utf8")) as { bin: Record<string, string> }).bin.idemctl!;
+    const direct = await run(process.execPath, [bin, "lookup", "--help"], { cwd: checkout });
+    expect(direct.stdout).toMatch(/^usage: idemctl lookup/);
+    await expect(stat(join(checkout, "dist"))).rejects.toMatchObject({ code: "ENOENT" });
+  });
+});
+
 describe("the installed package", () => {
   it("runs its idemctl binary: --help, and the migrations it ships against a database", async () => {
     const help = await run("npx", ["--no-install", "idemctl", "--help"], { cwd: project });
     expect(help.stdout).toMatch(/^idemctl: operate the idempotency coordinator/);
+    // The package ships the compiled CLI and no TypeScript source: its bin runs dist/.
+    const installed = join(project, "node_modules/idempotency-coordinator");
+    expect(await readdir(installed)).not.toContain("src");
+    expect((await stat(join(installed, "dist/cli/idemctl.js"))).isFile()).toBe(true);
     // A schema of its own, empty: the test database's is migrated already.
     const schema = `pkg_${randomBytes(6).toString("hex")}`;
     await t.pool.query(`CREATE SCHEMA ${schema}`);

@@ -192,7 +192,7 @@ describe("a record's page", () => {
       bodyBytes: Buffer.byteLength(body),
       headerNames: [],
       sealedWith: "test",
-      digest: rows[0]!.digest.toString("hex"),
+      digest: rows[0]!.digest.toString("base64"),
     });
     const events = await logged(accepted.operationId);
     expect(events.map((e) => e.kind)).toEqual(["ACCEPTED", "EFFECT_RECORDED", "EFFECT_RESOLVED", "COMPLETED", "CONFLICT"]);

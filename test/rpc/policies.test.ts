@@ -84,17 +84,17 @@ describe("publishing and reading policies", () => {
     await writeFile(file, jsonPolicy);
     const applied = await idemctl("policy", "apply", file);
     expect(applied.stderr).toBe("");
-    expect(applied.stdout).toMatch(/publishing payments.create API revision 1 schema revision 1 \(1\/1\)…\n {2}published, digest [0-9a-f]{16}…/);
+    expect(applied.stdout).toMatch(/publishing payments.create API revision 1 schema revision 1 \(1\/1\)…\n {2}published, digest [A-Za-z0-9+/]{43}=\n/);
     expect((await idemctl("policy", "apply", file)).stdout).toContain("unchanged");
 
     expect((await reserve(newKey(), '{"amount":10,"currency":"EUR"}')).decision).toBe(Decision.ACCEPTED);
 
     const got = await idemctl("policy", "get", "payments.create");
-    expect(got.stdout).toMatch(/^# published .* by all-tenants-operator, digest [0-9a-f]{64}\n/);
+    expect(got.stdout).toMatch(/^# published .* by all-tenants-operator, digest [A-Za-z0-9+/]{43}=\n/);
     expect(got.stdout).toContain("schemaRevision: 1");
     expect(got.stdout).toContain("keep: 4d");
     const listed = await idemctl("policy", "list");
-    expect(listed.stdout.split("\n")[1]).toMatch(/^payments\.create\s+1\s+1\s+json\s+\S+\s+all-tenants-operator$/);
+    expect(listed.stdout.split("\n")[1]).toMatch(/^payments\.create\s+1\s+1\s+json\s+\S+\s+all-tenants-operator\s+[A-Za-z0-9+/]{43}=$/);
   });
 
   it("refuses changed rules under a published revision, and publishing without the operator role or a grant of all tenants", async () => {
