@@ -193,12 +193,17 @@ ${CONNECTION_HELP}`,
     },
   },
   reconcile: {
-    summary: "settle an UNKNOWN record as SUCCEEDED or FAILED_FINAL, with evidence",
+    summary: "settle an UNKNOWN record as SUCCEEDED or FAILED_FINAL, or reopen it, with evidence",
     usage:
-      "idemctl reconcile --tenant T --operation-id ID --outcome SUCCEEDED|FAILED_FINAL --status CODE [--media-type T] [--body TEXT | --body-file F] --evidence TEXT --operator NAME [--json]",
+      "idemctl reconcile --tenant T --operation-id ID (--outcome SUCCEEDED|FAILED_FINAL --status CODE [--media-type T] [--body TEXT | --body-file F] | --reopen) --evidence TEXT --operator NAME [--json]",
     help: `Only UNKNOWN records are reconciled: an effect may have happened and no machine could tell.
 Look at the downstream system first (the record's attempts name each effect's downstream key
 and handle), then record what you found. Retries of the request replay the snapshot given here.
+
+With --reopen instead of an outcome, the evidence shows that nothing happened downstream: the
+record's open attempts become NO_EFFECT and it goes back to RESERVED, so that the client's next
+retry runs it again (under the same downstream keys). Refused once an attempt is CONFIRMED. A
+record that has been UNKNOWN runs again only this way: reopen only what you have ruled out.
 ${CONNECTION_HELP}`,
     async run(args) {
       const { values } = parseArgs({
@@ -214,23 +219,27 @@ ${CONNECTION_HELP}`,
           "body-file": { type: "string" },
           evidence: { type: "string" },
           operator: { type: "string" },
+          reopen: { type: "boolean", default: false },
           json: { type: "boolean", default: false },
         },
       });
-      for (const required of ["tenant", "operation-id", "outcome", "status", "evidence", "operator"] as const) {
+      for (const required of ["tenant", "operation-id", "evidence", "operator", ...(values.reopen ? [] : (["outcome", "status"] as const))] as const) {
         if (!values[required]) throw new UsageError(`--${required} is required`);
       }
+      if (values.reopen && (values.outcome || values.status || values.body || values["body-file"])) {
+        throw new UsageError("--reopen takes no --outcome, --status or body: the operation runs again and its new owner completes it");
+      }
+      const common = { tenant: values.tenant!, operationId: values["operation-id"]!, evidence: values.evidence!, operator: values.operator! };
       await reconcileCommand(
-        {
-          tenant: values.tenant!,
-          operationId: values["operation-id"]!,
-          outcome: values.outcome!,
-          status: wholeNumber(values.status!, "--status"),
-          mediaType: values["media-type"],
-          body: await bodyOf(values),
-          evidence: values.evidence!,
-          operator: values.operator!,
-        },
+        values.reopen
+          ? { ...common, reopen: true }
+          : {
+              ...common,
+              outcome: values.outcome!,
+              status: wholeNumber(values.status!, "--status"),
+              mediaType: values["media-type"],
+              body: await bodyOf(values),
+            },
         values.json,
         await resolveConnection(values),
         print,

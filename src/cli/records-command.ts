@@ -82,24 +82,26 @@ export async function listCommand(
   out(`${records.length} record(s)${pageToken ? " (more: raise --limit)" : ""}`);
 }
 
-/** `idemctl reconcile`: settles an UNKNOWN record with evidence. */
+/** `idemctl reconcile`: settles an UNKNOWN record with evidence, or reopens it to a fresh execution. */
 export async function reconcileCommand(
-  input: { tenant: string; operationId: string; outcome: string; status: number; mediaType: string; body: Uint8Array; evidence: string; operator: string },
+  input: { tenant: string; operationId: string; evidence: string; operator: string } & (
+    { reopen: true } | { reopen?: false; outcome: string; status: number; mediaType: string; body: Uint8Array }
+  ),
   json: boolean,
   connection: Connection,
   out: Out,
 ): Promise<void> {
+  const ref = create(OperationRefSchema, { tenant: input.tenant, operationId: input.operationId });
+  const { admin, call } = clientsOf(connection);
+  if (input.reopen) {
+    const { record } = await admin.reconcile({ ref, reopen: true, evidence: input.evidence, operator: input.operator }, call);
+    if (json) return out(JSON.stringify(toJson(OperationRecordSchema, record!), null, 2));
+    return out(`reopened: ${input.operationId} is ${stateName(record!.state)} at generation ${record!.generation}; the client's next retry runs it again`);
+  }
   const outcome = input.outcome.toUpperCase() === "SUCCEEDED" ? Outcome.SUCCEEDED : input.outcome.toUpperCase() === "FAILED_FINAL" ? Outcome.FAILED_FINAL : undefined;
   if (outcome === undefined) throw new UsageError("--outcome must be SUCCEEDED or FAILED_FINAL");
-  const { admin, call } = clientsOf(connection);
   const { record } = await admin.reconcile(
-    {
-      ref: create(OperationRefSchema, { tenant: input.tenant, operationId: input.operationId }),
-      outcome,
-      snapshot: { statusCode: input.status, mediaType: input.mediaType, body: input.body },
-      evidence: input.evidence,
-      operator: input.operator,
-    },
+    { ref, outcome, snapshot: { statusCode: input.status, mediaType: input.mediaType, body: input.body }, evidence: input.evidence, operator: input.operator },
     call,
   );
   if (json) return out(JSON.stringify(toJson(OperationRecordSchema, record!), null, 2));

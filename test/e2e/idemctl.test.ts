@@ -9,7 +9,7 @@ import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
@@ -135,6 +135,30 @@ describe("idemctl", { timeout: 120_000 }, () => {
       .filter((e) => e.operationId === accepted.operationId)
       .map((e) => e.kind);
     expect(kinds).toEqual(["ACCEPTED", "EFFECT_RECORDED", "UNKNOWN", "RECONCILED"]);
+  });
+
+  it("reopens an UNKNOWN record whose effect was ruled out, so that the client's retry runs it again", async () => {
+    const { client: coordinator, call } = gatewayClient(server);
+    const request = {
+      subject: { tenant: "acme", principal: "alice" },
+      operation: "payments.create",
+      apiRevision: 1,
+      idempotencyKey: newKey(),
+      claim: true,
+      request: { case: "parts" as const, value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", body: new TextEncoder().encode("{}") }) },
+    };
+    const accepted = await coordinator.reserve(request, call);
+    await driveToUnknown(t, server, accepted.operationId);
+    const ref = ["--tenant", "acme", "--operation-id", accepted.operationId, "--evidence", "no charge under this key", "--operator", "dana"];
+
+    const mixed = await idemctl("reconcile", ...ref, "--reopen", "--outcome", "SUCCEEDED");
+    expect(mixed.code).toBe(2);
+    expect(mixed.stderr).toContain("--reopen takes no --outcome");
+    const reopened = await idemctl("reconcile", ...ref, "--reopen");
+    expect(reopened.stderr).toBe("");
+    expect(reopened.stdout).toContain(`reopened: ${accepted.operationId} is RESERVED at generation 2; the client's next retry runs it again`);
+    const retry = await coordinator.reserve(request, call);
+    expect(retry).toMatchObject({ decision: Decision.ACCEPTED, operationId: accepted.operationId, generation: 3n });
   });
 
   it("prints JSON alone on stdout with --json, for every command that prints", async () => {
