@@ -1,8 +1,8 @@
 """A small Python client of the idempotency coordinator (``idempotency.v1.CoordinatorService``).
 
 It wraps the stub that ``clients/generate.sh`` generates from ``proto/`` with Debian's
-``protoc`` and ``grpc_python_plugin`` (into ``idempotency_client/_generated``, installed with
-the package), sends the caller's bearer token with every call, applies a deadline to every
+``protoc`` and ``grpc_python_plugin`` (``idempotency_client/_generated``, committed and installed
+with the package), sends the caller's bearer token with every call, applies a deadline to every
 call, and turns refusals into :class:`CoordinatorError`, whose ``reason`` is read from the
 ``google.rpc.ErrorInfo`` detail (domain ``idempotency.v1``) of the ``grpc-status-details-bin``
 trailer. Needs only ``python3-grpcio`` and ``python3-protobuf``.
@@ -39,8 +39,8 @@ try:
     from ._generated.idempotency.v1 import coordinator_pb2, coordinator_pb2_grpc, types_pb2
 except ImportError as exc:  # pragma: no cover - a setup problem, reported plainly
     raise ImportError(
-        f"the generated code is missing ({exc}): run clients/generate.sh before installing "
-        "or running idempotency_client from the source tree"
+        f"the generated code is missing ({exc}): it is committed with the package in "
+        "idempotency_client/_generated; restore it, or regenerate it with clients/generate.sh --no-build"
     ) from exc
 
 __all__ = [
