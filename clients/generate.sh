@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the Python and Go clients' protobuf code from ../proto into the packages' own
-# (git-ignored) folders, offline, with Debian's packages only. See clients/README.md.
+# folders (committed), offline, with Debian's packages only. See clients/README.md.
 set -euo pipefail
 
 usage() {
@@ -8,17 +8,21 @@ usage() {
 Usage: clients/generate.sh [--no-build] [--help]
 
 Regenerates the protobuf and gRPC code of the polyglot clients from proto/ into the
-folders below (git-ignored; never commit them). Run it before installing either client.
-Safe to run again: the generated trees are replaced as a whole.
+folders below. The generated code is committed, so that both clients install without
+protoc: run it after changing proto/ and commit the result (CI regenerates it and fails when
+it differs). Safe to run again: the generated trees are replaced as a whole, with the same
+bytes from the same tools.
 
   clients/python/idempotency_client/_generated/
                           idempotency/v1/*_pb2.py, *_pb2_grpc.py and google/rpc/*_pb2.py,
                           part of the Python package idempotency_client (pip installs them)
   clients/go/gen/idempotency/v1/
-                          the Go package example.com/idempotency/clients/go/gen/idempotency/v1
-                          of the module in clients/go
-  clients/go/vendor/      links to Debian's Go sources (go/debian-vendor.sh; unless --no-build)
-  clients/build/bin/      idem-lifecycle, the Go lifecycle check (built unless --no-build)
+                          the Go package <module>/gen/idempotency/v1 of the module in
+                          clients/go (its go.mod), as the protos' go_package names it
+  clients/go/vendor/      links to Debian's Go sources (go/debian-vendor.sh; unless --no-build;
+                          git-ignored)
+  clients/build/bin/      idem-lifecycle, the Go lifecycle check (built unless --no-build;
+                          git-ignored)
 
 Options:
   --no-build   generate only; do not vendor, vet and compile the Go client and its lifecycle
@@ -93,12 +97,26 @@ if [ "${#missing[@]}" -gt 0 ]; then
   exit 1
 fi
 
+# The same bytes from the same tools on every machine: the generated trees are committed, and CI
+# (.ci/run) regenerates them and fails when they differ. LC_ALL=C fixes the order of the globs.
+export LC_ALL=C
 cd "$proto"
 idem_files=(idempotency/v1/*.proto)
 rpc_files=(google/rpc/status.proto google/rpc/error_details.proto)
 
+# The Go package's import path is the one the protos' go_package options name: it must lie in
+# the module of go/go.mod, the path the module is fetched by.
+go_module="$(awk '$1 == "module" { print $2; exit }' "$here/go/go.mod")"
+go_package="$go_module/gen/idempotency/v1;idempotencyv1"
+for f in "${idem_files[@]}"; do
+  if ! grep -qxF "option go_package = \"$go_package\";" "$f"; then
+    echo "generate.sh: proto/$f: go_package must be \"$go_package\" (the module of clients/go/go.mod)" >&2
+    exit 1
+  fi
+done
+
 # --- Python -------------------------------------------------------------------------------------
-# Into the package's own tree, python/idempotency_client/_generated (git-ignored), so that `pip
+# Into the package's own tree, python/idempotency_client/_generated (committed), so that `pip
 # install clients/python` ships it. protoc writes absolute imports from the proto paths (`from
 # idempotency.v1 import ...`, `from google.rpc import ...`); they are rewritten to the package's,
 # so that nothing is installed as a top-level `idempotency` or `google.rpc` (which would clash
@@ -128,22 +146,14 @@ fi
 echo "generated Python into clients/python/idempotency_client/_generated"
 
 # --- Go -----------------------------------------------------------------------------------------
-# Into the module's own tree, go/gen/idempotency/v1 (git-ignored): the package
-# example.com/idempotency/clients/go/gen/idempotency/v1, set with M flags so that it does not
-# depend on the protos' go_package. google.rpc.ErrorInfo/Status come from Debian's genproto (the
-# same messages grpc-go itself uses); a second generated copy would register
-# google/rpc/*.proto twice in one binary.
-go_module=example.com/idempotency/clients/go
-go_import="$go_module/gen/idempotency/v1"
+# Into the module's own tree, go/gen/idempotency/v1: the package
+# $go_module/gen/idempotency/v1, the import path the protos' go_package names (checked
+# above). google.rpc.ErrorInfo/Status come from Debian's genproto (the same messages grpc-go
+# itself uses); a second generated copy would register google/rpc/*.proto twice in one binary.
 rm -rf "$here/go/gen"
-m_flags=()
-for f in "${idem_files[@]}"; do
-  m_flags+=("--go_opt=M$f=$go_import;idempotencyv1" "--go-grpc_opt=M$f=$go_import;idempotencyv1")
-done
 protoc -I . -I "$wkt_include" \
   --go_out="$here/go" --go_opt=module="$go_module" \
   --go-grpc_out="$here/go" --go-grpc_opt=module="$go_module" \
-  "${m_flags[@]}" \
   "${idem_files[@]}"
 echo "generated Go into clients/go/gen/idempotency/v1"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Generates the clients' code, then runs the Python and the Go lifecycle checks against a
-# running coordinator. See clients/README.md.
+# Generates the clients' code, then runs the Python and the Go lifecycle checks, and the
+# Python examples of the documentation, against a running coordinator. See clients/README.md.
 set -euo pipefail
 
 usage() {
@@ -8,10 +8,12 @@ usage() {
 Usage: clients/run-tests.sh [--no-generate] [--help]
 
 Runs clients/generate.sh, then the Python lifecycle check (clients/python/test_lifecycle.py,
-with /usr/bin/python3, importing idempotency_client from its source folder) and the Go one
-(clients/build/bin/idem-lifecycle, built from the module in clients/go) against a running
-coordinator. Exits non-zero if either fails. test/clients/polyglot.test.ts runs the same
-checks with both clients installed the way a user installs them (clients/README.md).
+with /usr/bin/python3, importing idempotency_client from its source folder), the Python
+examples of clients/README.md and of the package's docstring, run as written
+(clients/python/test_examples.py), and the Go lifecycle check (clients/build/bin/idem-lifecycle,
+built from the module in clients/go) against a running coordinator. Exits non-zero if any
+fails. test/clients/polyglot.test.ts runs the same checks with both clients installed the way
+a user installs them (clients/README.md).
 
 Environment (required):
   IDEM_TARGET          host:port of the coordinator's RPC port, e.g. 127.0.0.1:7070
@@ -19,7 +21,8 @@ Environment (required):
   IDEM_WORKER_TOKEN    worker-role token granted the same
 Optional: IDEM_TENANT, IDEM_PRINCIPAL, IDEM_OPERATION, IDEM_API_REVISION (the policy must
 fingerprint the raw body), PYTHON (default /usr/bin/python3: Debian's interpreter, which has
-python3-grpcio and python3-protobuf).
+python3-grpcio and python3-protobuf). The examples name tenant acme, principal alice and
+payments.create revision 1 as they are written, whatever these say.
 
 Options:
   --no-generate   use the generated code and clients/build/bin as they are
@@ -60,6 +63,8 @@ fi
 status=0
 echo "== Python client ($python)"
 "$python" "$here/python/test_lifecycle.py" || status=1
+echo "== Python examples"
+"$python" "$here/python/test_examples.py" "$here/README.md" || status=1
 echo "== Go client"
 "$here/build/bin/idem-lifecycle" || status=1
 exit "$status"

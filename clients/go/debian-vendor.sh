@@ -18,17 +18,19 @@ It replaces MODULE_DIR/vendor/ as a whole (run it again after editing go.mod) wi
   - a link vendor/<module> -> /usr/share/gocode/src/<module> for each module the client's
     go.mod requires (grpc-go, protobuf, genproto, golang.org/x/{net,sys,text}), at the
     versions Debian ships;
-  - for a module other than the client, a link vendor/example.com/idempotency/clients/go to
-    this folder, which that module's go.mod must require and replace with this folder:
-      go mod edit -require=example.com/idempotency/clients/go@v0.0.0 \
-        -replace=example.com/idempotency/clients/go=/path/to/clients/go
+  - for a module other than the client, a link vendor/<client module> to this folder, which
+    that module's go.mod must require and replace with this folder (a checkout's clients/go,
+    or a copy of it inside your repository):
+      go mod edit \
+        -require=github.com/idempotency-coordinator/idempotency-coordinator/clients/go@v0.0.0 \
+        -replace=github.com/idempotency-coordinator/idempotency-coordinator/clients/go=/path/to/clients/go
   - vendor/modules.txt, which the go command checks against go.mod.
 It adds the modules it links from Debian to MODULE_DIR's go.mod requirements where they are
 missing (Go 1.17 and later want every module that provides a package listed there), and
 stops before writing anything when go.mod asks for what it cannot provide.
 
-Run clients/generate.sh --no-build first: the client's generated package
-(clients/go/gen/idempotency/v1) is not committed.
+The client's generated package (clients/go/gen/idempotency/v1) is committed with it; after
+changing proto/, clients/generate.sh --no-build writes it again.
 
 Options:
   -h, --help   print this help
@@ -42,7 +44,7 @@ esac
 [ "$#" -le 1 ] || { echo "debian-vendor.sh: one MODULE_DIR at most (try --help)" >&2; exit 2; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-client=example.com/idempotency/clients/go
+client="$(awk '$1 == "module" { print $2; exit }' "$here/go.mod")" # the client's module path
 gocode=/usr/share/gocode/src
 target="$(cd "${1:-$here}" && pwd)"
 fail() { echo "debian-vendor.sh: $*" >&2; exit 1; }
@@ -103,7 +105,8 @@ if [ "$target" != "$here" ]; then
   replacement="$(cd "$target" && cd "$replaced_new" 2>/dev/null && pwd)" ||
     fail "$target/go.mod replaces $client with $replaced_new, which is not a folder"
   [ "$replacement" -ef "$here" ] || fail "$target/go.mod replaces $client with $replaced_new, not with $here"
-  [ -d "$here/gen/idempotency/v1" ] || fail "$here/gen is missing: run clients/generate.sh --no-build first"
+  [ -d "$here/gen/idempotency/v1" ] ||
+    fail "$here/gen/idempotency/v1 is missing: it is part of the module (copy it along, or run clients/generate.sh --no-build)"
 fi
 unprovided=()
 for path in "${!wanted[@]}"; do

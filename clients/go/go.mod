@@ -1,7 +1,7 @@
 // The Go client as a module. Its dependencies are the versions Debian 12 ships in
 // /usr/share/gocode (golang-google-grpc-dev and the packages it depends on), built offline in
 // vendor mode: debian-vendor.sh links them into vendor/. See clients/README.md.
-module example.com/idempotency/clients/go
+module github.com/idempotency-coordinator/idempotency-coordinator/clients/go
 
 go 1.19
 

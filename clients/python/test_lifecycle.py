@@ -25,7 +25,7 @@ import uuid
 import grpc
 
 import idempotency_client
-from idempotency_client import CoordinatorClient, CoordinatorError
+from idempotency_client import CoordinatorClient, CoordinatorError, RecordState
 
 
 class CheckFailed(Exception):
@@ -76,23 +76,26 @@ def main() -> int:
 
     def reserve_accepted():
         r = reserve(payload, claim=True)
-        expect(gateway.decision(r) == "ACCEPTED", f"decision {gateway.decision(r)}")
+        expect(r.decision == "ACCEPTED", f"decision {r.decision}")
         expect(r.generation == 1, f"generation {r.generation}")
-        expect(gateway.state_name(r.state) == "EXECUTING", f"state {gateway.state_name(r.state)}")
+        expect(str(r.state) == "EXECUTING", f"state {r.state}")
         expect(len(r.operation_id) == 36, f"operation id {r.operation_id!r}")
+        # The result names its enum values, as the helper does for the generated message.
+        expect(repr(r.decision) == "Decision.ACCEPTED", f"decision is {r.decision!r}")
+        expect(gateway.decision(r.to_proto()) == r.decision and r.decision.number == r.to_proto().decision, "decision numbers")
         state["op"], state["gen"] = r.operation_id, r.generation
         return f"ACCEPTED, generation 1, EXECUTING, operation {r.operation_id}"
 
     def reserve_in_progress():
         r = reserve(payload)
-        expect(gateway.decision(r) == "IN_PROGRESS", f"decision {gateway.decision(r)}")
+        expect(r.decision == "IN_PROGRESS", f"decision {r.decision}")
         expect(r.operation_id == state["op"], "another operation id")
         expect(r.generation == 0, f"generation {r.generation} revealed")
         return f"IN_PROGRESS, retry after {r.retry_after.ToMilliseconds()} ms"
 
     def reserve_conflict():
         r = reserve(other_payload)
-        expect(gateway.decision(r) == "PAYLOAD_CONFLICT", f"decision {gateway.decision(r)}")
+        expect(r.decision == "PAYLOAD_CONFLICT", f"decision {r.decision}")
         expect(r.operation_id == "", "the operation id was revealed")
         return "PAYLOAD_CONFLICT, nothing revealed"
 
@@ -100,14 +103,14 @@ def main() -> int:
         r = gateway.record_effect_attempt(tenant, state["op"], state["gen"], "card.charge", "card-provider")
         key43 = r.attempt.downstream_key
         expect(len(key43) == 43, f"downstream key {key43!r} has {len(key43)} characters")
-        expect(gateway.effect_status_name(r.attempt.status) == "PENDING", "not PENDING")
+        expect(str(r.attempt.status) == "PENDING", "not PENDING")
         expect(r.attempt.attempt_number == 1, f"attempt number {r.attempt.attempt_number}")
         state["attempt"] = r.attempt.attempt_number
         return f"attempt 1 PENDING, downstream key {key43} (43 chars)"
 
     def resolve_confirmed():
         r = gateway.resolve_effect_attempt(tenant, state["op"], state["gen"], state["attempt"], "CONFIRMED", "ch_123")
-        expect(gateway.effect_status_name(r.attempt.status) == "CONFIRMED", "not CONFIRMED")
+        expect(str(r.attempt.status) == "CONFIRMED", "not CONFIRMED")
         expect(r.attempt.provider_handle == "ch_123", "provider handle lost")
         return f"attempt {state['attempt']} CONFIRMED (provider handle ch_123)"
 
@@ -116,7 +119,8 @@ def main() -> int:
             tenant, state["op"], state["gen"], "SUCCEEDED",
             status_code=201, body=snapshot_body, location="/v1/payments/1",
         )
-        expect(gateway.state_name(r.state) == "SUCCEEDED", f"state {gateway.state_name(r.state)}")
+        expect(str(r.state) == "SUCCEEDED" and f"{r.state}" == "SUCCEEDED", f"state prints as {r.state}")
+        expect(r.state == "SUCCEEDED" and r.state is RecordState.SUCCEEDED, f"state is {r.state!r}")
         expect(len(r.snapshot_digest) == 32, "digest is not 32 bytes")
         state["digest"] = r.snapshot_digest
         return f"SUCCEEDED, snapshot digest {r.snapshot_digest.hex()[:16]}…"
@@ -131,7 +135,7 @@ def main() -> int:
 
     def reserve_replay():
         r = reserve(payload)
-        expect(gateway.decision(r) == "REPLAY", f"decision {gateway.decision(r)}")
+        expect(r.decision == "REPLAY", f"decision {r.decision}")
         expect(r.snapshot.body == snapshot_body, "the replayed body differs")
         expect(r.snapshot.status_code == 201, f"status {r.snapshot.status_code}")
         expect(r.snapshot.digest == state["digest"], "the replayed digest differs")
@@ -140,9 +144,9 @@ def main() -> int:
     def lookup_worker():
         r = worker.lookup(tenant, principal, operation_id=state["op"])
         rec = r.record
-        expect(worker.state_name(rec.state) == "SUCCEEDED", f"state {worker.state_name(rec.state)}")
+        expect(str(rec.state) == "SUCCEEDED", f"state {rec.state}")
         expect(len(rec.effect_attempts) == 1, f"{len(rec.effect_attempts)} attempts")
-        expect(worker.effect_status_name(rec.effect_attempts[0].status) == "CONFIRMED", "attempt not CONFIRMED")
+        expect(str(rec.effect_attempts[0].status) == "CONFIRMED", "attempt not CONFIRMED")
         expect(rec.snapshot.digest == state["digest"], "digest differs")
         return f"worker token: SUCCEEDED, 1 CONFIRMED effect attempt, same digest"
 
@@ -182,13 +186,13 @@ def main() -> int:
             return gateway.reserve(tenant, principal, operation, revision, key2, path="/v1/payments", body=payload)
 
         r = reserve2()
-        expect(gateway.decision(r) == "ACCEPTED" and gateway.state_name(r.state) == "RESERVED", "not ACCEPTED/RESERVED")
+        expect(r.decision == "ACCEPTED" and str(r.state) == "RESERVED", "not ACCEPTED/RESERVED")
         c = gateway.claim(tenant, r.operation_id, r.generation, "OWNER")
-        expect(gateway.state_name(c.state) == "EXECUTING" and c.generation == 1, f"claim: {c}")
+        expect(str(c.state) == "EXECUTING" and c.generation == 1, f"claim: {c}")
         rel = gateway.release(tenant, r.operation_id, c.generation)
-        expect(gateway.state_name(rel.state) == "RESERVED" and rel.generation == 1, f"release: {rel}")
+        expect(str(rel.state) == "RESERVED" and rel.generation == 1, f"release: {rel}")
         again = reserve2()
-        expect(gateway.decision(again) == "ACCEPTED", f"decision {gateway.decision(again)}")
+        expect(again.decision == "ACCEPTED", f"decision {again.decision}")
         expect(again.generation == 2 and again.operation_id == r.operation_id, f"generation {again.generation}")
         seen = gateway.lookup(tenant, principal, operation=operation, api_revision=revision, idempotency_key=key2)
         expect(seen.record.generation == 2, f"lookup generation {seen.record.generation}")

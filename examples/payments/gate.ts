@@ -253,6 +253,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     const loadSeconds = Math.max(0.001, (load.stats.finishedAt - load.stats.startedAt) / 1000);
     const report: GateReport = {
       gate: "payments launch gate",
+      title: options.title,
       contract: "http.idempotency.v1, section 9",
       passed: measurement.criteria.every((c) => c.pass),
       startedAt: new Date(startedAt).toISOString(),
@@ -368,7 +369,7 @@ function codeVersion(): Record<string, unknown> {
 }
 
 function publicOptions(options: GateOptions): Record<string, unknown> {
-  const { signal: _signal, log: _log, databaseUrl, registryFaults, moreCriteria: _moreCriteria, observe: _observe, coordinatorEnv, ...rest } = options;
+  const { signal: _signal, log: _log, title: _title, databaseUrl, registryFaults, moreCriteria: _moreCriteria, observe: _observe, coordinatorEnv, ...rest } = options;
   return {
     ...rest,
     coordinatorEnv: Object.keys(coordinatorEnv),

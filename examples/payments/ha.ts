@@ -22,7 +22,7 @@
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { runGate } from "./gate.js";
+import { runGate, type GateInput } from "./gate.js";
 import type { RegistryFault } from "./gate/chaos.js";
 import type { Criterion } from "./gate/measure.js";
 import { formatDuration } from "./gate/util.js";
@@ -34,16 +34,20 @@ import { WriteProbe } from "./ha/probe.js";
 const FAULTS = ["switchover", "primary kill", "commit in flight"] as const satisfies readonly HaFault[];
 type FaultKind = (typeof FAULTS)[number];
 
+/** The title of this scenario's table and reports (report.json, report.html), which are not the launch gate's. */
+export const FAILOVER_TITLE = "Failover scenario on Patroni";
+
 /** A write pause longer than Patroni's ttl (deploy/ha/patroni.yml) means a failover took longer than the configuration promises. */
 const PAUSE_LIMIT_MS = 15_000;
 
 const USAGE = `usage: npm run ha -- [options]
 
 Starts etcd, a two-node Patroni cluster (primary + synchronous standby) and HAProxy from
-Debian's packages (apt-get install -y patroni etcd-server haproxy), then runs the launch gate's
-load through three coordinator replicas on it while the primary is switched over, killed, and
-killed with commits in flight, ROUNDS times each. Prints the gate's table with this scenario's
-lines; exit code 0 when every line passes, 1 when one fails, 2 on bad usage.
+Debian's packages (apt-get install -y --no-install-recommends patroni etcd-server etcd-client
+haproxy), then runs the launch gate's load through three coordinator replicas on it while the
+primary is switched over, killed, and killed with commits in flight, ROUNDS times each. Prints
+the gate's table with this scenario's lines, titled as the failover scenario's report; exit
+code 0 when every line passes, 1 when one fails, 2 on bad usage.
 Needs root or the postgres user (PostgreSQL refuses to run as root: as root, the engines run as
 postgres).
 
@@ -55,7 +59,7 @@ postgres).
   --verbose        print the processes' output
   --help           this text`;
 
-interface HaOptions extends CommonOptions {
+export interface HaOptions extends CommonOptions {
   rounds: number;
   requests: number | undefined;
 }
@@ -104,6 +108,27 @@ function planFaults(ha: LocalHaRegistry, rounds: number, windows: Map<RegistryFa
   return faults;
 }
 
+/** What the scenario asks of the gate's machinery: its load, faults and lines, under its own title. */
+export function failoverGateInput(
+  options: HaOptions,
+  run: { databaseUrl: string; faults: RegistryFault[]; moreCriteria: () => Promise<Criterion[]>; signal: AbortSignal },
+): GateInput {
+  return {
+    title: FAILOVER_TITLE,
+    quick: options.quick,
+    databaseUrl: run.databaseUrl,
+    replicas: options.replicas,
+    registryFaults: run.faults,
+    judgeReserveLatency: false,
+    moreCriteria: run.moreCriteria,
+    // The load must outlast every fault: each one waits for the old primary to rejoin.
+    requests: options.requests ?? (options.quick ? 3_000 : 4_000) * options.rounds,
+    outDir: options.outDir,
+    verbose: options.verbose,
+    signal: run.signal,
+  };
+}
+
 function quantile(sorted: number[], q: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!;
@@ -150,20 +175,8 @@ async function main(): Promise<void> {
         }
         return lines;
       };
-      const result = await runGate({
-        quick: options.quick,
-        databaseUrl: ha.url,
-        replicas: options.replicas,
-        registryFaults: faults,
-        judgeReserveLatency: false,
-        moreCriteria,
-        // The load must outlast every fault: each one waits for the old primary to rejoin.
-        requests: options.requests ?? (options.quick ? 3_000 : 4_000) * options.rounds,
-        outDir: options.outDir,
-        verbose: options.verbose,
-        signal,
-      });
-      process.stdout.write(`\n${result.table.replace(/^Launch gate/, "Failover scenario on Patroni: launch gate")}`);
+      const result = await runGate(failoverGateInput(options, { databaseUrl: ha.url, faults, moreCriteria, signal }));
+      process.stdout.write(`\n${result.table}`);
       process.stderr.write(`report: ${result.files.json}\n        ${result.files.html}\n`);
       return result.passed;
     } finally {

@@ -1,7 +1,8 @@
 import { execFile, execFileSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { randomUUID } from "node:crypto";
 import { tmpdir } from "node:os";
-import { delimiter, join, resolve, sep } from "node:path";
+import { delimiter, dirname, join, relative, resolve, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { useTestDatabase } from "../support/database.js";
@@ -27,7 +28,14 @@ const PYTHON_MODULES: Record<string, string> = {
   ensurepip: "python3-venv",
   wheel: "python3-wheel",
 };
-const GO_MODULE = "example.com/idempotency/clients/go";
+/** The Go client's module path: the path it is fetched by, in the repository package.json names. */
+const GO_MODULE = goModulePath();
+
+function goModulePath(): string {
+  const manifest = JSON.parse(readFileSync(resolve(clients, "..", "package.json"), "utf8")) as { repository?: { url?: string } };
+  const url = new URL((manifest.repository?.url ?? "").replace(/^git\+/, ""));
+  return `${url.host}${url.pathname.replace(/\.git$/, "")}/clients/go`;
+}
 
 /** What every lifecycle program prints, one `PASS <check>:` line each, in this order. */
 const CHECKS = [
@@ -139,24 +147,92 @@ function pipEnv(): NodeJS.ProcessEnv {
   return { ...clean, PIP_CONFIG_FILE: "/dev/null", PIP_DISABLE_PIP_VERSION_CHECK: "1" };
 }
 
-function expectAllChecks(result: Run, language: string): void {
+/** What clients/python/test_examples.py prints, one `PASS <check>:` line each, in this order. */
+const EXAMPLE_CHECKS = ["readme-example", "docstring-example"];
+
+function expectAllChecks(result: Run, language: string, checks = CHECKS): void {
   const report = `exit ${result.code}\n--- stdout\n${result.stdout}\n--- stderr\n${result.stderr}`;
   expect(result.code, report).toBe(0);
   const passed = result.stdout
     .split("\n")
     .filter((line) => line.startsWith("PASS "))
     .map((line) => line.slice(5, line.indexOf(":")));
-  expect(passed, report).toEqual(CHECKS);
+  expect(passed, report).toEqual(checks);
   expect(result.stdout, report).not.toContain("FAIL ");
-  expect(result.stdout, report).toContain(`${language}: all ${CHECKS.length} checks passed`);
+  expect(result.stdout, report).toContain(`${language}: all ${checks.length} checks passed`);
+}
+
+/**
+ * The files of `folder` (relative to the repository) that git tracks, copied to `to`: what a
+ * fresh clone holds, or a copy a user keeps in a repository of their own, without anything
+ * generate.sh or a build left behind.
+ */
+function copyTracked(folder: string, to: string): string {
+  const repository = resolve(clients, "..");
+  const files = execFileSync("git", ["ls-files", "-z", "--", folder], { cwd: repository, encoding: "utf8" })
+    .split("\0")
+    .filter((file) => file !== "");
+  expect(files, `git tracks no file in ${folder}`).not.toEqual([]);
+  for (const file of files) {
+    const target = join(to, relative(folder, file));
+    mkdirSync(dirname(target), { recursive: true });
+    copyFileSync(join(repository, file), target);
+  }
+  return to;
+}
+
+/**
+ * A Go module of the user's that requires the client module under `replacement` (as its go.mod
+ * writes it), vendored by that client's debian-vendor.sh and built offline; returns the
+ * `go version -m` of the binary after it ran the life cycle.
+ */
+async function goApp(app: string, replacement: string): Promise<string> {
+  writeFileSync(join(app, "go.mod"), `module example.com/shop\n\ngo 1.19\n\nrequire ${GO_MODULE} v0.0.0\n\nreplace ${GO_MODULE} => ${replacement}\n`);
+  copyFileSync(join(clients, "go", "cmd", "lifecycle", "main.go"), join(app, "main.go"));
+  await step(resolve(app, replacement, "debian-vendor.sh"), ["."], env, app);
+  const goEnv = goEnvFor();
+  await step("go", ["build", "-o", "lifecycle", "."], goEnv, app, 240_000);
+  const modules = await step("go", ["version", "-m", "lifecycle"], goEnv, app);
+  expect(modules.stdout).toMatch(/\bmod\s+example\.com\/shop\b/);
+  expect(modules.stdout).toMatch(/\bdep\s+google\.golang\.org\/grpc\s+v1\.33\.3\b/);
+  expect(existsSync(join(userDir, "gopath", "pkg", "mod", "cache", "download")), "nothing was downloaded").toBe(false);
+  const result = await run(join(app, "lifecycle"), [], { ...env, IDEM_PRINCIPAL: "go-client" }, 60_000, app);
+  expectAllChecks(result, "go");
+  return modules.stdout;
+}
+
+/** No proxy and an empty module cache: everything comes from vendor/. */
+function goEnvFor(): NodeJS.ProcessEnv {
+  // The build cache is generate.sh's, so that grpc-go, compiled there with -trimpath, is not
+  // compiled again.
+  return {
+    ...env,
+    GO111MODULE: "on",
+    GOWORK: "off",
+    GOPROXY: "off",
+    GOFLAGS: "-mod=vendor -trimpath",
+    GOPATH: join(userDir, "gopath"),
+    GOMODCACHE: join(userDir, "gopath", "pkg", "mod"),
+    GOCACHE: join(clients, "build", "go-cache"),
+  };
+}
+
+/** The example of clients/README.md's "Go" section, which a package of the user's module must take as it is. */
+function goReadmeExample(target: string): string {
+  const readme = readFileSync(join(clients, "README.md"), "utf8");
+  const example = /^## Go\n[\s\S]*?^```go\n([\s\S]*?)^```/m.exec(readme)?.[1] ?? "";
+  expect(example, "clients/README.md: no go block in the 'Go' section").toContain('"127.0.0.1:7070"');
+  return `package main\n\n${example.replace('"127.0.0.1:7070"', JSON.stringify(target))}`;
 }
 
 describe.skipIf(skipHere)("polyglot clients generated with Debian's protoc, installed as a user installs them", () => {
-  it("the Python package installs with pip into a fresh venv, offline, and runs the life cycle from outside the checkout", async () => {
+  it("the Python package, as git has it, installs with pip into a fresh venv, offline, and runs the life cycle from outside the checkout", async () => {
+    // The package's committed files only: it installs as a clone has it, with no protoc.
+    const source = copyTracked("clients/python", join(userDir, "idempotency-client"));
     const venv = join(userDir, "venv");
     await step(PYTHON, ["-m", "venv", "--system-site-packages", venv], env, userDir);
-    const pip = await step(join(venv, "bin", "pip"), ["install", "--no-index", "--no-build-isolation", join(clients, "python")], pipEnv(), userDir);
-    expect(pip.stdout).toContain("Successfully installed idempotency-client-0.1.0");
+    const pip = await step(join(venv, "bin", "pip"), ["install", "--no-index", "--no-build-isolation", source], pipEnv(), userDir);
+    expect(pip.stdout).toContain("Successfully installed idempotency-client-0.2.0");
     // The user's own program, in a folder of its own; -I keeps the script's folder, the
     // working directory and PYTHONPATH off sys.path, so only the installed package can answer.
     const app = join(userDir, "py-app");
@@ -167,41 +243,83 @@ describe.skipIf(skipHere)("polyglot clients generated with Debian's protoc, inst
     expect(usedFrom, result.stdout).toMatch(/[/\\]site-packages[/\\]idempotency_client$/);
     expect(usedFrom.startsWith(venv + sep), usedFrom).toBe(true);
     expectAllChecks(result, "python");
+    // The documented examples, run as written with the installed package (its docstring, and
+    // the README of the checkout).
+    copyFileSync(join(clients, "python", "test_examples.py"), join(app, "examples.py"));
+    const examples = await run(join(venv, "bin", "python"), ["-I", "examples.py", join(clients, "README.md")], env, 60_000, app);
+    expect(examples.stdout, examples.stdout).toContain(`using idempotency_client from ${usedFrom}\n`);
+    expectAllChecks(examples, "python examples", EXAMPLE_CHECKS);
   }, 240_000);
 
-  it("a Go module of the user's requires the client module, builds offline from Debian's sources, and runs the life cycle", async () => {
+  it("a Go module of the user's requires the client module from a checkout, builds offline from Debian's sources, and runs the life cycle", async () => {
     const app = join(userDir, "go-app");
     mkdirSync(app);
-    writeFileSync(join(app, "go.mod"), `module example.com/shop\n\ngo 1.19\n\nrequire ${GO_MODULE} v0.0.0\n\nreplace ${GO_MODULE} => ${join(clients, "go")}\n`);
-    copyFileSync(join(clients, "go", "cmd", "lifecycle", "main.go"), join(app, "main.go"));
-    await step(join(clients, "go", "debian-vendor.sh"), [app], env, app);
-    // No proxy and an empty module cache: everything comes from vendor/. The build cache is
-    // generate.sh's, so that grpc-go, compiled there with -trimpath, is not compiled again.
-    const goEnv = {
-      ...env,
-      GO111MODULE: "on",
-      GOWORK: "off",
-      GOPROXY: "off",
-      GOFLAGS: "-mod=vendor -trimpath",
-      GOPATH: join(userDir, "gopath"),
-      GOMODCACHE: join(userDir, "gopath", "pkg", "mod"),
-      GOCACHE: join(clients, "build", "go-cache"),
-    };
-    await step("go", ["build", "-o", "lifecycle", "."], goEnv, app, 240_000);
-    const modules = await step("go", ["version", "-m", "lifecycle"], goEnv, app);
-    expect(modules.stdout).toMatch(/\bmod\s+example\.com\/shop\b/);
-    expect(modules.stdout).toContain(`dep\t${GO_MODULE}\tv0.0.0\n\t=>\t${join(clients, "go")}`);
-    expect(modules.stdout).toMatch(/\bdep\s+google\.golang\.org\/grpc\s+v1\.33\.3\b/);
-    expect(existsSync(join(userDir, "gopath", "pkg", "mod", "cache", "download")), "nothing was downloaded").toBe(false);
-    const result = await run(join(app, "lifecycle"), [], { ...env, IDEM_PRINCIPAL: "go-client" }, 60_000, app);
-    expectAllChecks(result, "go");
+    const modules = await goApp(app, join(clients, "go"));
+    expect(modules).toContain(`dep\t${GO_MODULE}\tv0.0.0\n\t=>\t${join(clients, "go")}`);
+  }, 300_000);
+
+  it("the Go example of clients/README.md builds as written and does what its comments say, twice with one key", async () => {
+    // A package of its own in the module the test above vendored and built.
+    const example = join(userDir, "go-app", "readme");
+    mkdirSync(example);
+    writeFileSync(join(example, "example.go"), goReadmeExample(env.IDEM_TARGET!));
+    writeFileSync(
+      join(example, "main.go"),
+      `package main
+
+import (
+\t"context"
+\t"fmt"
+\t"os"
+)
+
+func main() {
+\tcharges := 0
+\tcharge := func(downstreamKey string) (string, error) {
+\t\tcharges++
+\t\treturn fmt.Sprintf("ch_%d_%d", charges, len(downstreamKey)), nil
+\t}
+\tfor run := 0; run < 2; run++ {
+\t\tsnapshot, err := createPayment(context.Background(), os.Getenv("IDEM_GATEWAY_TOKEN"), os.Args[1], []byte(\`{"amount":10}\`), charge)
+\t\tif err != nil {
+\t\t\tfmt.Println("error:", err)
+\t\t\tos.Exit(1)
+\t\t}
+\t\tfmt.Println(snapshot.StatusCode, string(snapshot.Body))
+\t}
+\tfmt.Println("charges:", charges)
+}
+`,
+    );
+    const goEnv = goEnvFor();
+    await step("go", ["vet", "./readme"], goEnv, join(userDir, "go-app"), 240_000);
+    await step("go", ["build", "-o", "readme-example", "./readme"], goEnv, join(userDir, "go-app"), 240_000);
+    const result = await run(join(userDir, "go-app", "readme-example"), [randomUUID()], env, 60_000, userDir);
+    expect(result.stdout.split("\n"), `${result.stdout}\n${result.stderr}`).toEqual([
+      "DECISION_ACCEPTED RECORD_STATE_EXECUTING",
+      "RECORD_STATE_SUCCEEDED",
+      "RECORD_STATE_SUCCEEDED EFFECT_STATUS_CONFIRMED",
+      '201 {"id":"p_1"}',
+      "DECISION_REPLAY RECORD_STATE_SUCCEEDED",
+      '201 {"id":"p_1"}',
+      "charges: 1",
+      "",
+    ]);
+  }, 300_000);
+
+  it("a Go module of the user's builds with a copy of the client module (its committed files) kept inside it", async () => {
+    const app = join(userDir, "go-app-copy");
+    copyTracked("clients/go", join(app, "third_party", "idempotency-client"));
+    const modules = await goApp(app, "./third_party/idempotency-client");
+    expect(modules).toContain(`dep\t${GO_MODULE}\tv0.0.0\n\t=>\t./third_party/idempotency-client`);
   }, 300_000);
 
   it("clients/run-tests.sh runs both checks from the checkout (the Python package from its folder, the Go binary generate.sh built)", async () => {
     const result = await run(join(clients, "run-tests.sh"), ["--no-generate"], env, 120_000);
-    const [python = "", go = ""] = result.stdout.split(/^== Go client$/m);
+    const [python = "", examples = "", go = ""] = result.stdout.split(/^== (?:Python examples|Go client)$/m);
     expect(python, result.stdout).toContain(`using idempotency_client from ${join(clients, "python", "idempotency_client")}\n`);
     expectAllChecks({ ...result, stdout: python }, "python");
+    expectAllChecks({ ...result, stdout: examples }, "python examples", EXAMPLE_CHECKS);
     expectAllChecks({ ...result, stdout: go }, "go");
   }, 150_000);
 });

@@ -22,7 +22,7 @@ import (
 	"errors"
 	"time"
 
-	pb "example.com/idempotency/clients/go/gen/idempotency/v1"
+	pb "github.com/idempotency-coordinator/idempotency-coordinator/clients/go/gen/idempotency/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"

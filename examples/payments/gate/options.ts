@@ -80,6 +80,8 @@ export interface GateOptions {
   durable: boolean;
   /** Folder of report.json and report.html. */
   outDir: string;
+  /** The reports' title (GATE_TITLE): a scenario of its own on the gate's machinery (a failover) names its reports for itself (programmatic only). */
+  title: string;
   /** Progress on stderr: true, false, or "auto" (a bar on a terminal, a line every few seconds otherwise). */
   progress: boolean | "auto";
   /** Seed of the plan's random choices (amounts, copies, conflicts, delays); timing is not reproducible. */
@@ -93,6 +95,9 @@ export interface GateOptions {
 }
 
 export type GateInput = Partial<GateOptions> & { quick?: boolean };
+
+/** The launch gate's own title, of its table and its reports. */
+export const GATE_TITLE = "Launch gate";
 
 /** What an observer of a run sees: the processes, the registry's pool, the progress notes. */
 export interface RunView {
@@ -169,6 +174,7 @@ export function resolveOptions(input: GateInput): GateOptions {
     keep: false,
     durable: false,
     outDir: "gate-report",
+    title: GATE_TITLE,
     progress: "auto",
     seed: Math.floor(Math.random() * 2 ** 31),
     verbose: false,

@@ -10,6 +10,8 @@ import { formatDuration } from "./util.js";
 /** Everything a run found, as written to report.json. */
 export interface GateReport {
   gate: "payments launch gate";
+  /** What the table and the page are titled: the gate's own title, or that of the scenario run on it. */
+  title: string;
   contract: "http.idempotency.v1, section 9";
   passed: boolean;
   startedAt: string;
@@ -70,7 +72,7 @@ export function renderTable(report: GateReport): string {
   const rule = widths.map((w) => "-".repeat(w)).join("  ");
   const contract = report.criteria.filter((c) => c.source === "contract").length;
   const out = [
-    `Launch gate (${report.contract}): ${report.load.httpRequests.toLocaleString("en-US")} HTTP requests, ${report.load.logicalRequests.toLocaleString("en-US")} logical requests, ${formatDuration(report.durationSeconds * 1000)}`,
+    `${report.title} (${report.contract}): ${report.load.httpRequests.toLocaleString("en-US")} HTTP requests, ${report.load.logicalRequests.toLocaleString("en-US")} logical requests, ${formatDuration(report.durationSeconds * 1000)}`,
     "",
     line(head),
     rule,
@@ -354,14 +356,14 @@ export function renderHtml(report: GateReport): string {
   const samples = Object.keys(report.samples).length ? `<h2>Violations (examples)</h2><pre>${esc(JSON.stringify(report.samples, null, 2))}</pre>` : "";
 
   return `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Launch gate: ${report.passed ? "PASSED" : "FAILED"}</title>
+<html lang="en"><head><meta charset="utf-8"><title>${esc(report.title)}: ${report.passed ? "PASSED" : "FAILED"}</title>
 <style>
 ${reportStyle(report.passed)}
 .sup{font-size:11px;color:#666;border:1px solid #ccc;border-radius:3px;padding:0 4px}
 figcaption{font-size:12px;color:#555;margin-left:46px}svg .axis{stroke:#999}
 pre{background:#f7f7f7;padding:8px;overflow:auto;font-size:12px;max-height:420px}
 </style></head><body>
-<h1>Launch gate <span class="verdict">${report.passed ? "PASSED" : "FAILED"}</span></h1>
+<h1>${esc(report.title)} <span class="verdict">${report.passed ? "PASSED" : "FAILED"}</span></h1>
 <div class="muted">${esc(report.contract)} · ${esc(report.startedAt)} · ${formatDuration(report.durationSeconds * 1000)} · ${report.load.httpRequests.toLocaleString("en-US")} HTTP requests, ${report.load.logicalRequests.toLocaleString("en-US")} logical requests, ${report.load.requestsPerSecond.toFixed(0)} requests/s</div>
 <h2>The gate</h2>
 <table><tr><th>criterion</th><th>measured</th><th>threshold</th><th>result</th></tr>

@@ -1,5 +1,8 @@
 import { GateAborted } from "../gate.js";
-import { missingEngines, startHaRegistry, type LocalHaRegistry } from "./engines.js";
+import { missingEngines, startHaRegistry, type ENGINE_BINARIES, type LocalHaRegistry } from "./engines.js";
+
+/** The engines a highly available registry runs on (npm run ha, npm run soak). */
+export const HA_ENGINES = ["etcd", "patroni", "patronictl", "haproxy"] as const satisfies ReadonlyArray<keyof typeof ENGINE_BINARIES>;
 
 /** The options both runs take; each adds its own. */
 export const COMMON_OPTIONS = {
@@ -41,9 +44,9 @@ export async function runOnHaRegistry<T>(
     process.stdout.write(`${cli.usage}\n`);
     return;
   }
-  const missing = missingEngines(["etcd", "patroni", "patronictl", "haproxy"]);
+  const missing = missingEngines(HA_ENGINES);
   if (missing.length > 0) {
-    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y ${missing.join(" ")}\n`);
+    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y --no-install-recommends ${missing.join(" ")}\n`);
     process.exitCode = 2;
     return;
   }

@@ -26,10 +26,18 @@ export const ENGINE_BINARIES = {
   haproxy: "/usr/sbin/haproxy",
 } as const;
 
+/** The Debian package of each engine (.ci/run installs them; docs/scaling.md names them). */
+export const ENGINE_PACKAGES: Record<keyof typeof ENGINE_BINARIES, string> = {
+  pgbouncer: "pgbouncer",
+  etcd: "etcd-server",
+  patroni: "patroni",
+  patronictl: "patroni",
+  haproxy: "haproxy",
+};
+
 /** The engines not installed here, by package; empty when every one is. */
 export function missingEngines(names: ReadonlyArray<keyof typeof ENGINE_BINARIES>): string[] {
-  const packages: Record<keyof typeof ENGINE_BINARIES, string> = { pgbouncer: "pgbouncer", etcd: "etcd-server", patroni: "patroni", patronictl: "patroni", haproxy: "haproxy" };
-  return [...new Set(names.filter((name) => !existsSync(ENGINE_BINARIES[name])).map((name) => packages[name]))];
+  return [...new Set(names.filter((name) => !existsSync(ENGINE_BINARIES[name])).map((name) => ENGINE_PACKAGES[name]))];
 }
 
 /** A deploy/ha/ template with every `{{NAME}}` replaced; a name without a value is an error. */

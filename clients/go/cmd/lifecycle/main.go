@@ -21,8 +21,8 @@ import (
 	"strconv"
 	"time"
 
-	"example.com/idempotency/clients/go/idempotency"
-	pb "example.com/idempotency/clients/go/gen/idempotency/v1"
+	pb "github.com/idempotency-coordinator/idempotency-coordinator/clients/go/gen/idempotency/v1"
+	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/idempotency"
 	"google.golang.org/grpc/codes"
 )
 

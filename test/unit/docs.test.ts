@@ -1,0 +1,134 @@
+import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+import { HA_ENGINES } from "../../examples/payments/ha/cli.js";
+import { ENGINE_PACKAGES } from "../../examples/payments/ha/engines.js";
+import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
+import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+
+// What README.md and docs/*.md say about the code, checked against the code: the RPCs (the
+// generated service descriptors), the Debian packages (what .ci/run installs) and the launch
+// gate's running time (the full runs docs/launch-gate.md records).
+
+const read = (path: string) => readFileSync(fileURLToPath(new URL(`../../${path}`, import.meta.url)), "utf8");
+
+/** The text of a markdown section, from its heading to the next heading of the same or a higher level. */
+function section(markdown: string, heading: string, where: string): string {
+  const level = /^#+/.exec(heading)![0].length;
+  const start = markdown.split("\n").indexOf(heading);
+  expect(start, `${where} has no '${heading}'`).toBeGreaterThanOrEqual(0);
+  const lines = markdown.split("\n").slice(start + 1);
+  const end = lines.findIndex((line) => new RegExp(`^#{1,${level}} `).test(line));
+  return lines.slice(0, end === -1 ? undefined : end).join("\n");
+}
+
+interface AptInstall {
+  flags: string[];
+  packages: string[];
+}
+
+/** Every `apt-get install` command of a text: in a shell block (continued with `\`) or in a code span. */
+function aptInstalls(text: string): AptInstall[] {
+  return text
+    .split("apt-get install")
+    .slice(1)
+    .map((after) => {
+      const lines: string[] = [];
+      for (const line of after.split("\n")) {
+        lines.push(line.replace(/\\$/, ""));
+        if (!line.endsWith("\\")) break;
+      }
+      const tokens = lines
+        .join(" ")
+        .split("`")[0]!
+        .split(/\s+/)
+        .filter((token) => token !== "");
+      return { flags: tokens.filter((t) => t.startsWith("-")), packages: tokens.filter((t) => !t.startsWith("-")) };
+    });
+}
+
+/** The one `apt-get install` of a text. */
+function onlyAptInstall(text: string, where: string): AptInstall {
+  const installs = aptInstalls(text);
+  expect(installs, `${where}: one apt-get install`).toHaveLength(1);
+  return installs[0]!;
+}
+
+const ci = onlyAptInstall(read(".ci/run"), ".ci/run");
+
+describe("the README's RPC table", () => {
+  const glance = section(read("README.md"), "## The RPCs at a glance", "README.md");
+
+  it("has a row for every RPC of CoordinatorService, and none other", () => {
+    const table = glance.split("\n\n").find((block) => block.startsWith("| RPC |")) ?? "";
+    const rows = [...table.matchAll(/^\| `(\w+)` \|/gm)].map((m) => m[1]);
+    expect(rows.sort()).toEqual(CoordinatorService.methods.map((method) => method.name).sort());
+  });
+
+  it("names every RPC of AdminService", () => {
+    const admin = glance.split("\n\n").find((block) => block.startsWith("`idempotency.v1.AdminService`")) ?? "";
+    expect(AdminService.methods.map((method) => method.name).filter((name) => !admin.includes(`\`${name}\``))).toEqual([]);
+  });
+});
+
+describe("the Debian packages the docs list", () => {
+  it(".ci/run installs them with -y --no-install-recommends", () => {
+    expect(ci.flags).toEqual(["-y", "--no-install-recommends"]);
+    expect(ci.packages).toContain("patroni");
+  });
+
+  it("README.md lists exactly what .ci/run installs, for the tests and scripts that need them", () => {
+    const listed = onlyAptInstall(section(read("README.md"), "## Development", "README.md"), "README.md, Development");
+    expect(listed.flags).toEqual(ci.flags);
+    expect(listed.packages.sort()).toEqual([...ci.packages].sort());
+  });
+
+  it("clients/README.md lists the clients' toolchain as .ci/run installs it, and its table says what each is for", () => {
+    const packagesSection = section(read("clients/README.md"), "## Packages", "clients/README.md");
+    const listed = onlyAptInstall(packagesSection, "clients/README.md, Packages");
+    expect(listed.flags).toEqual(ci.flags);
+    expect(listed.packages.filter((name) => !ci.packages.includes(name))).toEqual([]);
+    const tabled = [...packagesSection.matchAll(/^\| (`[^|]+`) \|/gm)].flatMap((m) => [...m[1]!.matchAll(/`([^`]+)`/g)].map((n) => n[1]));
+    expect(tabled.sort()).toEqual([...listed.packages].sort());
+  });
+
+  it("docs/scaling.md lists npm run ha's engines and PgBouncer as .ci/run installs them", () => {
+    const [ha, pgbouncer, ...others] = aptInstalls(read("docs/scaling.md"));
+    expect(others).toEqual([]);
+    for (const listed of [ha!, pgbouncer!]) {
+      expect(listed.flags).toEqual(ci.flags);
+      expect(listed.packages.filter((name) => !ci.packages.includes(name))).toEqual([]);
+    }
+    expect(ha!.packages).toEqual(expect.arrayContaining(HA_ENGINES.map((engine) => ENGINE_PACKAGES[engine])));
+    expect(pgbouncer!.packages).toEqual([ENGINE_PACKAGES.pgbouncer]);
+  });
+});
+
+describe("the launch gate's running time", () => {
+  /** The full runs' durations docs/launch-gate.md records, in seconds. */
+  const fullRuns = [
+    ...section(read("docs/launch-gate.md"), "### The full run (`npm run gate`, DATABASE_URL unset)", "docs/launch-gate.md").matchAll(/\*\*(\d+) min (\d+) s\*\*/g),
+  ].map((m) => ({ text: `${m[1]} min ${m[2]} s`, seconds: Number(m[1]) * 60 + Number(m[2]) }));
+  const range = `${Math.floor(Math.min(...fullRuns.map((r) => r.seconds)) / 60)} to ${Math.ceil(Math.max(...fullRuns.map((r) => r.seconds)) / 60)}`;
+
+  it("is measured in docs/launch-gate.md", () => {
+    expect(fullRuns.length).toBeGreaterThanOrEqual(1);
+  });
+
+  it("is given as the range of those runs, next to npm run gate in README.md and docs/launch-gate.md", () => {
+    const readmeLine = read("README.md")
+      .split("\n")
+      .find((line) => line.startsWith("npm run gate "));
+    expect(readmeLine).toContain(`(${range} min on 2 cores`);
+    const docLine = read("docs/launch-gate.md")
+      .split("\n")
+      .find((line) => line.startsWith("npm run gate "));
+    expect(docLine).toContain(`(${range} minutes here`);
+  });
+
+  it("of each full run is in README.md's Evidence, with its command", () => {
+    const evidence = section(read("README.md"), "## Evidence", "README.md");
+    const launchGate = evidence.slice(evidence.indexOf("**Launch gate** (`npm run gate`"), evidence.indexOf("**Benchmark**"));
+    expect(fullRuns.map((run) => run.text).filter((text) => !launchGate.includes(text))).toEqual([]);
+  });
+});
