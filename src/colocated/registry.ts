@@ -6,7 +6,7 @@ import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import { toCoordinatorError } from "../gateway/errors.js";
 import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
-import { poolDb, runTransaction, transactionDb, type Queryable } from "../registry/db.js";
+import { runTransaction, transactionDb, type Db, type Queryable } from "../registry/db.js";
 import { PolicyStore } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
@@ -80,6 +80,17 @@ export function snapshotKeysFromEnv(env: NodeJS.ProcessEnv = process.env): Snaps
 }
 
 /**
+ * The registry's own reads on the service's pool (the policies): each unit of
+ * work in a transaction of its own, run as a business transaction is
+ * (runTransaction, transactionDb), so that its statements go out one at a
+ * time on connections not opened for pipelining, and nothing is prepared on
+ * the service's connections.
+ */
+function serviceDb(pool: pg.Pool): Db {
+  return { transaction: (tenant, work, name) => runTransaction(pool, (client) => transactionDb(client).transaction(tenant, work, name)) };
+}
+
+/**
  * Co-located mode: the registry's state machine in this process, on the
  * service's own connections, so that Complete runs inside the service's
  * business transaction (transactionDb) and the business rows, their outbox
@@ -119,7 +130,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
       );
     }
     if (!options.snapshotKeys) logger.warn("co-located completion without a key ring (allowPlaintextSnapshots): response bodies are stored unsealed");
-    const store = new PolicyStore(poolDb(options.pool, logger));
+    const store = new PolicyStore(serviceDb(options.pool));
     const policies = new PolicyCache({ load: () => store.load(), refreshMs: options.policyRefreshMs ?? 2000, logger });
     await policies.start();
     const tenants = options.tenants ?? "*";
