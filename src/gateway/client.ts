@@ -34,7 +34,7 @@ import {
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 import { CoordinatorError, errorOfStatus, toCoordinatorError } from "./errors.js";
 import {
-  silentLogger,
+  loggerOf,
   type ClaimInput,
   type ClaimMode,
   type ClaimResult,
@@ -58,6 +58,7 @@ import {
   type ResolveEffectAttemptInput,
   type ReserveResult,
   type ResponseSnapshot,
+  type SdkLogger,
 } from "./types.js";
 
 /** How transport failures are retried. */
@@ -99,6 +100,7 @@ export interface CoordinatorClientOptions {
   transport?: Transport;
   /** Connect interceptors for every RPC (headers, logging, metrics of your own), as any connect-es client takes them; not with `transport`. */
   interceptors?: Interceptor[];
+  /** Where warnings go (the coordinator does not serve Batch, …); default `console` (GatewayLogger). */
   logger?: GatewayLogger;
   /**
    * Carry concurrent calls together in Batch RPCs (default true), so that
@@ -154,7 +156,7 @@ export class CoordinatorClient {
   private readonly attempts: number;
   private readonly baseDelayMs: number;
   private readonly maxDelayMs: number;
-  private readonly logger: GatewayLogger;
+  private readonly logger: SdkLogger;
   private readonly headers: Record<string, string>;
   private readonly replicaBackoffMs: number;
 
@@ -163,7 +165,7 @@ export class CoordinatorClient {
     this.attempts = Math.max(1, options.retry?.attempts ?? 4);
     this.baseDelayMs = options.retry?.baseDelayMs ?? 50;
     this.maxDelayMs = options.retry?.maxDelayMs ?? 1000;
-    this.logger = options.logger ?? silentLogger;
+    this.logger = loggerOf(options.logger);
     this.headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
     this.replicaBackoffMs = options.replicaBackoffMs ?? 1000;
     if (options.batching !== false) {

@@ -6,7 +6,7 @@ import type { CoordinatorClient } from "./client.js";
 import { CoordinatorError, isDefiniteFailure, toCoordinatorError } from "./errors.js";
 import { KEY_HEADER, outcomeForStatus, problemResponse, readKeyHeader, responseOfSnapshot, retryAfterSeconds, sameStatusAndBody, snapshotOf, type Problem } from "./http.js";
 import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
-import { silentLogger, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
+import { loggerOf, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
 export interface GatewayOptions {
   /** The coordinator (gateway-role token). */
@@ -43,6 +43,11 @@ export interface GatewayOptions {
   waitForOwnerMs?: number;
   /** Whether an effect's error means "definitely nothing happened" (default: `DefiniteFailure`). */
   isDefinite?: (error: unknown) => boolean;
+  /**
+   * Where warnings and errors go: a misconfigured gateway, a handler that
+   * threw, a Complete, Release or Abandon that failed. Default `console`
+   * (consoleLogger); a pino logger fits (GatewayLogger).
+   */
   logger?: GatewayLogger;
   /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
   hooks?: FaultHooks;
@@ -123,7 +128,7 @@ export class IdempotencyGateway {
   constructor(options: GatewayOptions) {
     this.client = options.client;
     this.colocated = options.colocated;
-    this.logger = options.logger ?? silentLogger;
+    this.logger = loggerOf(options.logger);
     this.maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
     this.waitForOwnerMs = options.waitForOwnerMs ?? 2000;
     this.writerEpoch = options.writerEpoch ?? 0;
@@ -393,7 +398,8 @@ export class IdempotencyGateway {
   }
 
   private async handlerFailed(context: IdempotencyContext, error: unknown, unowned: boolean): Promise<HttpResponse> {
-    this.logger.error({ operationId: context.operationId, error: error instanceof Error ? error.message : String(error) }, "the handler threw");
+    // The error itself, with its stack: pino serializes `err`, and console prints it whole.
+    this.logger.error({ operationId: context.operationId, operation: context.operation, err: error }, "the handler threw");
     if (unowned) {
       return this.problem({ status: 500, slug: "outcome-pending", title: "Internal error", detail: "The request failed." });
     }

@@ -22,6 +22,7 @@ export {
 } from "./core.js";
 export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError } from "./errors.js";
 export { toHttpResponse } from "./http.js";
+export { consoleLogger, silentLogger } from "./types.js";
 export type { AttemptResolution, EffectOptions } from "./operation.js";
 export type {
   BusinessTransaction,

@@ -9,7 +9,7 @@ import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedOperationInit } from "./operation.js";
 import {
-  silentLogger,
+  loggerOf,
   type BusinessTransaction,
   type ClaimMode,
   type ColocatedCompletion,
@@ -19,6 +19,7 @@ import {
   type OperationRecord,
   type Outcome,
   type ResponseSnapshot,
+  type SdkLogger,
 } from "./types.js";
 
 /**
@@ -68,6 +69,7 @@ export interface RecoveryWorkerOptions {
   leaseMs?: number;
   writerEpoch?: number;
   isDefinite?: (error: unknown) => boolean;
+  /** Where warnings go (a failed pass or recovery), and progress when it has `info`; default `console` (GatewayLogger). */
   logger?: GatewayLogger;
   /** Called for every record's progress. */
   onProgress?: (event: RecoveryEvent) => void;
@@ -95,10 +97,10 @@ export class RecoveryWorker {
   private stopped = true;
   /** Set by stop(): a pass in progress ends after its current record. */
   private stopRequested = false;
-  private readonly logger: GatewayLogger;
+  private readonly logger: SdkLogger;
 
   constructor(private readonly options: RecoveryWorkerOptions) {
-    this.logger = options.logger ?? silentLogger;
+    this.logger = loggerOf(options.logger);
   }
 
   /** Polls every `pollIntervalMs` until `stop()`. */
