@@ -3,8 +3,20 @@ import { downstreamKey } from "../contract/effects.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
-import { CoordinatorError, isDefiniteFailure, toCoordinatorError } from "./errors.js";
-import { KEY_HEADER, outcomeForStatus, problemResponse, readKeyHeader, responseOfSnapshot, retryAfterSeconds, sameStatusAndBody, snapshotOf, type Problem } from "./http.js";
+import { CoordinatorError, isDefiniteFailure, MalformedJsonBody, toCoordinatorError } from "./errors.js";
+import {
+  isJsonMediaType,
+  KEY_HEADER,
+  outcomeForStatus,
+  parseJsonBody,
+  problemResponse,
+  readKeyHeader,
+  responseOfSnapshot,
+  retryAfterSeconds,
+  sameStatusAndBody,
+  snapshotOf,
+  type Problem,
+} from "./http.js";
 import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
 import { loggerOf, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
@@ -115,7 +127,8 @@ const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encod
 export class IdempotencyGateway {
   readonly client: CoordinatorClient;
   readonly colocated: ColocatedCompletion | undefined;
-  readonly logger: GatewayLogger;
+  /** Where this gateway logs (the `logger` option, or the console), every level callable. */
+  readonly logger: Required<GatewayLogger>;
   readonly maxBodyBytes: number;
   private readonly writerEpoch: number;
   private readonly waitForOwnerMs: number;
@@ -172,6 +185,19 @@ export class IdempotencyGateway {
       return {
         run: false,
         response: this.problem({ status: 401, slug: "unauthenticated", title: "Not authenticated", detail: "The request carries no identity this service accepts." }),
+      };
+    }
+    // A body that says it is JSON and is not is answered before anything is
+    // reserved: the same request again gets the same 400, and the corrected
+    // one may keep its key (a reservation would bind the key to these bytes).
+    const malformed = this.malformedJsonBody(request);
+    if (malformed) {
+      return {
+        run: false,
+        response: this.malformedJsonProblem(
+          malformed,
+          "Nothing was done and nothing was recorded: send the request again with a valid JSON body, with the same Idempotency-Key or a new one.",
+        ),
       };
     }
 
@@ -397,7 +423,43 @@ export class IdempotencyGateway {
     }
   }
 
+  /** The body's JSON error, when the request declares a JSON body (application/json, …+json) that is not. */
+  private malformedJsonBody(request: GatewayRequest): MalformedJsonBody | undefined {
+    if (request.body.byteLength === 0 || !isJsonMediaType(headerText(request.headers["content-type"]))) return undefined;
+    try {
+      parseJsonBody(request.body);
+      return undefined;
+    } catch (error) {
+      return error as MalformedJsonBody;
+    }
+  }
+
+  /** 400 `malformed-json`: what is wrong with the body and where (`jsonPath`), then `next`, what the client may do. */
+  private malformedJsonProblem(malformed: MalformedJsonBody, next: string): HttpResponse {
+    return this.problem({
+      status: 400,
+      slug: "malformed-json",
+      title: "The request body is not valid JSON",
+      detail: `${malformed.message}. ${next}`,
+      extensions: { jsonPath: malformed.path },
+    });
+  }
+
   private async handlerFailed(context: IdempotencyContext, error: unknown, unowned: boolean): Promise<HttpResponse> {
+    if (error instanceof MalformedJsonBody && !context.effectPossible) {
+      // ctx.json() refused a body not declared as JSON (a declared one never
+      // gets here): the client's mistake, and nothing happened. Answered 400
+      // and, when owned, recorded REJECTED like any 4xx before an effect, so
+      // that the same request retried is answered the same without running.
+      this.logger.info({ operationId: context.operationId, operation: context.operation, path: error.path }, "the request body is not valid JSON");
+      const response = this.malformedJsonProblem(
+        error,
+        unowned
+          ? "Nothing was done: send the request again with a valid JSON body."
+          : "Nothing was done. This Idempotency-Key stays bound to this request and answers it the same way: send the corrected request with a new key.",
+      );
+      return unowned ? response : this.finish(context, { response });
+    }
     // The error itself, with its stack: pino serializes `err`, and console prints it whole.
     this.logger.error({ operationId: context.operationId, operation: context.operation, err: error }, "the handler threw");
     if (unowned) {
@@ -546,9 +608,12 @@ export class IdempotencyContext extends OwnedOperation {
     this.body = Buffer.from(facts.body.buffer, facts.body.byteOffset, facts.body.byteLength);
   }
 
-  /** The body parsed as JSON. */
+  /**
+   * The body parsed as JSON. A body that is not JSON throws MalformedJsonBody
+   * (what is wrong, and where); left uncaught, the gateway answers it 400.
+   */
   json<T = unknown>(): T {
-    return JSON.parse(this.body.toString("utf8")) as T;
+    return parseJsonBody(this.body) as T;
   }
 }
 

@@ -5,6 +5,7 @@
 import type { IncomingMessage } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
 import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import { isJsonMediaType } from "./http.js";
 import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 
 export interface ExpressRouteOptions extends IdempotentRoute {
@@ -66,11 +67,11 @@ export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRo
 
 function parsedBody(req: Request, body: Buffer): unknown {
   if (body.byteLength === 0) return undefined;
-  if (/^application\/([a-z0-9.+-]+\+)?json\b/i.test(req.headers["content-type"] ?? "")) {
+  if (isJsonMediaType(req.headers["content-type"] ?? "")) {
     try {
       return JSON.parse(body.toString("utf8"));
     } catch {
-      // The coordinator refuses malformed JSON under a JSON policy; under a raw one the handler judges the bytes.
+      // The gateway answers it 400 (malformed-json) before anything is reserved: the handler never sees it.
       return body;
     }
   }
