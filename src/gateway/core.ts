@@ -3,6 +3,29 @@ import { downstreamKey } from "../contract/effects.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
+import {
+  argumentError,
+  arrayOf,
+  bytes,
+  check,
+  checkOptions,
+  colocatedCompletion,
+  coordinatorClient,
+  describe,
+  func,
+  httpResponse,
+  logger as loggerRule,
+  nonEmptyString,
+  object,
+  optional,
+  routeFields,
+  rule,
+  shape,
+  string,
+  subject as subjectRule,
+  wholeNumber,
+  type CallForm,
+} from "./arguments.js";
 import { CoordinatorError, isDefiniteFailure, MalformedJsonBody, toCoordinatorError } from "./errors.js";
 import {
   isJsonMediaType,
@@ -113,6 +136,28 @@ export type Admission = { run: false; response: HttpResponse; decision?: Decisio
 /** How a handler ended: with a response (captured from the framework), or by throwing. */
 export type HandlerResult = { response: HttpResponse } | { error: unknown };
 
+/** What the gateway's public calls take. */
+const FORMS = {
+  constructor: {
+    name: "new IdempotencyGateway",
+    takes: "one object { client, colocated?, writerEpoch?, statusUrl?, problemTypeBase?, forwardHeaders?, maxBodyBytes?, waitForOwnerMs?, isDefinite?, logger? }",
+  },
+  admit: {
+    name: "IdempotencyGateway.admit",
+    takes: "(route: { operation, apiRevision, … }, subject: { tenant, principal } | undefined, request: { method, path, query, headers, body })",
+  },
+  finish: { name: "IdempotencyGateway.finish", takes: "(context, { response: { status, headers: [[name, value], …], body: bytes } } | { error })" },
+  execute: { name: "IdempotencyGateway.execute", takes: "(route, subject, request, handler(context))" },
+} satisfies Record<string, CallForm>;
+
+const gatewayRequest = shape({
+  method: nonEmptyString,
+  path: string,
+  query: string,
+  headers: object,
+  body: bytes,
+});
+
 const DEFAULT_PROBLEM_BASE = "urn:problem-type:idempotency:";
 /** Request headers never forwarded: the key travels on its own, the rest is per delivery. */
 const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encoding", "user-agent"]);
@@ -139,6 +184,19 @@ export class IdempotencyGateway {
   private readonly hooks: FaultHooks;
 
   constructor(options: GatewayOptions) {
+    checkOptions(FORMS.constructor, options, {
+      client: coordinatorClient,
+      colocated: optional(colocatedCompletion),
+      writerEpoch: optional(wholeNumber(0)),
+      statusUrl: optional(func),
+      problemTypeBase: optional(string),
+      forwardHeaders: optional(arrayOf(nonEmptyString)),
+      maxBodyBytes: optional(wholeNumber(1)),
+      waitForOwnerMs: optional(rule("a number of milliseconds from 0 to 30000", (v) => typeof v === "number" && v >= 0 && v <= 30_000)),
+      isDefinite: optional(func),
+      logger: optional(loggerRule),
+      hooks: optional(object),
+    });
     this.client = options.client;
     this.colocated = options.colocated;
     this.logger = loggerOf(options.logger);
@@ -162,6 +220,8 @@ export class IdempotencyGateway {
    * cannot be reached the answer is 503 and the handler does not run.
    */
   async admit(route: IdempotentRoute, subject: Subject | undefined, request: GatewayRequest): Promise<Admission> {
+    checkRoute(FORMS.admit, route);
+    check(FORMS.admit, request, "request", gatewayRequest);
     const key = readKeyHeader(request.headers[KEY_HEADER]);
     if (key === undefined || key === "") {
       if (key === undefined && route.missingKey === "run") {
@@ -180,6 +240,14 @@ export class IdempotencyGateway {
             : { status: 400, slug: "idempotency-key-invalid", title: "Idempotency-Key is malformed", detail: "Send exactly one Idempotency-Key header." },
         ),
       };
+    }
+    if (subject !== undefined && subjectRule(subject, "subject") !== undefined) {
+      // The service's subject resolver, not the client, is wrong: 500, with the cause logged.
+      this.logger.error(
+        { operation: route.operation, problem: subjectRule(subject, "subject") },
+        "the subject resolver returned something other than { tenant, principal } or undefined",
+      );
+      return { run: false, response: this.misconfigured() };
     }
     if (!subject) {
       return {
@@ -303,6 +371,14 @@ export class IdempotencyGateway {
    * A Complete that fails leaves the outcome unrecorded: 503, retry later.
    */
   async finish(context: IdempotencyContext, result: HandlerResult): Promise<HttpResponse> {
+    if (!(context instanceof IdempotencyContext)) throw argumentError(FORMS.finish, `context must be the one admit() handed out, got ${describe(context)}`);
+    check(
+      FORMS.finish,
+      result,
+      "result",
+      rule("{ response } or { error }", (v) => typeof v === "object" && v !== null && ("response" in v || "error" in v)),
+    );
+    if ("response" in result) check(FORMS.finish, result.response, "result.response", httpResponse);
     context.stopLease();
     if (!context.owned) {
       return "response" in result ? result.response : this.handlerFailed(context, result.error, true);
@@ -360,6 +436,7 @@ export class IdempotencyGateway {
     request: GatewayRequest,
     handler: (context: IdempotencyContext) => Promise<HttpResponse>,
   ): Promise<HttpResponse> {
+    check(FORMS.execute, handler, "handler", func);
     const admission = await this.admit(route, subject, request);
     if (!admission.run) return admission.response;
     let result: HandlerResult;
@@ -369,6 +446,11 @@ export class IdempotencyGateway {
       result = { error };
     }
     return this.finish(admission.context, result);
+  }
+
+  /** 500 for a gateway whose configuration is wrong (logged where it is found): nothing the client can fix. */
+  misconfigured(): HttpResponse {
+    return this.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." });
   }
 
   /** 503 for a coordinator that cannot be reached: fail closed. */
@@ -416,7 +498,7 @@ export class IdempotencyGateway {
       case "UNKNOWN_FIELD":
         // The gateway's configuration is wrong; the client cannot fix it. Log, say nothing specific.
         this.logger.error({ operation: route.operation, reason: failure.reason, error: failure.message }, "the coordinator refused this gateway's request");
-        return this.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." });
+        return this.misconfigured();
       default:
         this.logger.warn({ operation: route.operation, code: failure.code, reason: failure.reason, error: failure.message }, "coordinator unavailable: failing closed");
         return this.unavailable();
@@ -624,4 +706,9 @@ function headerText(value: string | readonly string[] | undefined): string {
 
 function shortKey(seed: string, effect: string): string {
   return createHash("sha256").update(`${seed}\0${effect}`).digest("base64url");
+}
+
+/** Checks a route given to the gateway or an adapter (`extra`: the adapter's own fields, e.g. `subject`). */
+export function checkRoute(call: CallForm, route: unknown, extra: Record<string, (value: unknown, at: string) => string | undefined> = {}): void {
+  checkOptions(call, route, { ...routeFields, ...extra }, "route");
 }

@@ -4,7 +4,8 @@
  */
 import type { IncomingMessage } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
-import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import { check, func, idempotencyGateway } from "./arguments.js";
+import { checkRoute, type IdempotencyContext, type IdempotencyGateway, type IdempotentRoute, type SubjectResolver } from "./core.js";
 import { isJsonMediaType } from "./http.js";
 import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 
@@ -38,6 +39,10 @@ export function captureRawBody(req: IncomingMessage, _res: unknown, buffer: Buff
  * ran first it must keep the raw bytes (`captureRawBody`).
  */
 export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRouteOptions, handler: ExpressIdempotentHandler): RequestHandler {
+  const form = { name: "expressIdempotency", takes: "(gateway, route: { operation, apiRevision, subject(req), … }, handler(req, res, ctx))" };
+  check(form, gateway, "gateway", idempotencyGateway);
+  checkRoute(form, route, { subject: func });
+  check(form, handler, "handler", func);
   return async (req: Request, res: Response, next: NextFunction) => {
     let body: Buffer;
     const raw = (req as Request & { rawBody?: unknown }).rawBody;

@@ -1,6 +1,7 @@
 import { IdempotencyError } from "../contract/errors.js";
 import { parseStrictJson } from "../contract/json.js";
 import { isNeverStored } from "../contract/snapshot.js";
+import { check, handlerResponse } from "./arguments.js";
 import { MalformedJsonBody } from "./errors.js";
 import type { HandlerResponse, HttpResponse, Outcome, ResponseSnapshot } from "./types.js";
 
@@ -125,6 +126,7 @@ export function responseOfSnapshot(snapshot: ResponseSnapshot, replayed: boolean
 
 /** A handler's response description as concrete HTTP. */
 export function toHttpResponse(response: HandlerResponse): HttpResponse {
+  check({ name: "toHttpResponse", takes: "(response: { status, headers?, json? | body? })" }, response, "response", handlerResponse);
   const headers: Array<[string, string]> = [];
   for (const [name, value] of Object.entries(response.headers ?? {})) {
     if (value === undefined) continue;
