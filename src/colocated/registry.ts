@@ -3,10 +3,26 @@ import type pg from "pg";
 import pino, { type Logger } from "pino";
 import { parseKeyring, type SnapshotKeyring } from "../crypto/sealing.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
+import {
+  arrayOf,
+  check,
+  checkInput,
+  func,
+  oneOf,
+  operationRef,
+  optional,
+  outcome as outcomeRule,
+  shape,
+  snapshot as snapshotRule,
+  string,
+  wholeNumber,
+  withMethods,
+  type CallForm,
+} from "../gateway/arguments.js";
 import { toCoordinatorError } from "../gateway/errors.js";
 import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
-import { poolDb, runTransaction, transactionDb, type Queryable } from "../registry/db.js";
+import { runTransaction, transactionDb, type Db, type Queryable } from "../registry/db.js";
 import { PolicyStore } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
@@ -79,6 +95,27 @@ export function snapshotKeysFromEnv(env: NodeJS.ProcessEnv = process.env): Snaps
   return undefined;
 }
 
+/** What the registry's public calls take, and the positional form `complete` had before idempotency-gateway 0.1.0. */
+const FORMS = {
+  complete: {
+    name: "ColocatedRegistry.complete",
+    takes: "(tx, one object { ref, generation, outcome, snapshot, resolutions? })",
+    earlier: "complete(tx, ref, generation, outcome, snapshot)",
+  },
+  transaction: { name: "ColocatedRegistry.transaction", takes: "(work(tx))" },
+} satisfies Record<string, CallForm>;
+
+/**
+ * The registry's own reads on the service's pool (the policies): each unit of
+ * work in a transaction of its own, run as a business transaction is
+ * (runTransaction, transactionDb), so that its statements go out one at a
+ * time on connections not opened for pipelining, and nothing is prepared on
+ * the service's connections.
+ */
+function serviceDb(pool: pg.Pool): Db {
+  return { transaction: (tenant, work, name) => runTransaction(pool, (client) => transactionDb(client).transaction(tenant, work, name)) };
+}
+
 /**
  * Co-located mode: the registry's state machine in this process, on the
  * service's own connections, so that Complete runs inside the service's
@@ -119,7 +156,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
       );
     }
     if (!options.snapshotKeys) logger.warn("co-located completion without a key ring (allowPlaintextSnapshots): response bodies are stored unsealed");
-    const store = new PolicyStore(poolDb(options.pool, logger));
+    const store = new PolicyStore(serviceDb(options.pool));
     const policies = new PolicyCache({ load: () => store.load(), refreshMs: options.policyRefreshMs ?? 2000, logger });
     await policies.start();
     const tenants = options.tenants ?? "*";
@@ -144,7 +181,16 @@ export class ColocatedRegistry implements ColocatedCompletion {
    * its own rows, and its ROLLBACK undoes both. Refusals are thrown as
    * CoordinatorError with the same reasons as over RPC.
    */
-  async complete(tx: Queryable, { ref, generation, outcome, snapshot, resolutions }: CompleteInput): Promise<CompleteResult> {
+  async complete(tx: Queryable, input: CompleteInput): Promise<CompleteResult> {
+    check(FORMS.complete, tx, "tx", withMethods("a client inside an open transaction (the `tx` of ctx.transaction or of this registry's transaction())", "query"));
+    checkInput(FORMS.complete, input, {
+      ref: operationRef,
+      generation: wholeNumber(0),
+      outcome: outcomeRule,
+      snapshot: snapshotRule,
+      resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
+    });
+    const { ref, generation, outcome, snapshot, resolutions } = input;
     try {
       const record = await this.registry.complete(
         transactionDb(tx),
@@ -177,6 +223,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
    * unknown: CommitUnknownError.
    */
   async transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+    check(FORMS.transaction, work, "work", func);
     const result = await runTransaction(this.pool, async (tx) => {
       const done = await work(tx);
       await this.hooks.reached("gateway.business.before-commit");

@@ -32,9 +32,37 @@ import {
   type ResponseSnapshot as ProtoResponseSnapshot,
 } from "../gen/idempotency/v1/types_pb.js";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
+import {
+  argumentError,
+  arrayOf,
+  boolean,
+  bytes,
+  checkInput,
+  checkOptions,
+  either,
+  func,
+  isObject,
+  logger as loggerRule,
+  nonEmptyString,
+  nonNegativeNumber,
+  object,
+  oneOf,
+  operationRef,
+  optional,
+  outcome,
+  positiveNumber,
+  shape,
+  snapshot as snapshotRule,
+  string,
+  subject as subjectRule,
+  effectStatus,
+  wholeNumber,
+  type CallForm,
+  type Rule,
+} from "./arguments.js";
 import { CoordinatorError, errorOfStatus, toCoordinatorError } from "./errors.js";
 import {
-  silentLogger,
+  loggerOf,
   type ClaimInput,
   type ClaimMode,
   type ClaimResult,
@@ -58,7 +86,52 @@ import {
   type ResolveEffectAttemptInput,
   type ReserveResult,
   type ResponseSnapshot,
+  type SdkLogger,
 } from "./types.js";
+
+const WITH_CALL_OPTIONS = " (and call options { timeoutMs?, signal? })";
+/** What each public call of the client takes, and its positional form before idempotency-gateway 0.1.0. */
+const FORMS = {
+  constructor: {
+    name: "new CoordinatorClient",
+    takes:
+      "one object { baseUrl, token?, timeoutMs?, retry?, connections?, replicaBackoffMs?, idleConnectionTimeoutMs?, interceptors?, logger?, batching? } (or { transport, … } instead of baseUrl)",
+  },
+  reserve: {
+    name: "CoordinatorClient.reserve",
+    takes: `one object { subject, operation, apiRevision, idempotencyKey, parts, claim?, leaseMs?, writerEpoch?, waitForOwnerMs?, effects? }${WITH_CALL_OPTIONS}`,
+  },
+  claim: { name: "CoordinatorClient.claim", takes: `one object { ref, mode, generation, leaseMs?, writerEpoch? }${WITH_CALL_OPTIONS}` },
+  renewLease: {
+    name: "CoordinatorClient.renewLease",
+    takes: `one object { ref, generation, leaseMs? }${WITH_CALL_OPTIONS}`,
+    earlier: "renewLease(ref, generation, leaseMs)",
+  },
+  recordEffectAttempt: {
+    name: "CoordinatorClient.recordEffectAttempt",
+    takes: `one object { ref, generation, effect, provider }${WITH_CALL_OPTIONS}`,
+    earlier: "recordEffectAttempt(ref, generation, effect, provider)",
+  },
+  resolveEffectAttempt: {
+    name: "CoordinatorClient.resolveEffectAttempt",
+    takes: `one object { ref, generation, attemptNumber, status, providerHandle? }${WITH_CALL_OPTIONS}`,
+    earlier: "resolveEffectAttempt(ref, generation, attemptNumber, status, providerHandle)",
+  },
+  complete: {
+    name: "CoordinatorClient.complete",
+    takes: `one object { ref, generation, outcome, snapshot, resolutions? }${WITH_CALL_OPTIONS}`,
+    earlier: "complete(ref, generation, outcome, snapshot)",
+  },
+  release: { name: "CoordinatorClient.release", takes: `one object { ref, generation }${WITH_CALL_OPTIONS}`, earlier: "release(ref, generation)" },
+  abandon: { name: "CoordinatorClient.abandon", takes: `one object { ref, generation }${WITH_CALL_OPTIONS}`, earlier: "abandon(ref, generation)" },
+  lookup: { name: "CoordinatorClient.lookup", takes: `one object { ref, subject? } or { scope: { subject, operation, apiRevision, idempotencyKey } }${WITH_CALL_OPTIONS}` },
+  listRecoverable: { name: "CoordinatorClient.listRecoverable", takes: `one object { tenant?, operations?, pageSize?, pageToken? } or nothing${WITH_CALL_OPTIONS}` },
+} satisfies Record<string, CallForm>;
+
+const generation = wholeNumber(0);
+const owned: Record<string, Rule> = { ref: operationRef, generation };
+const leaseMs = optional(positiveNumber);
+const writerEpoch = optional(wholeNumber(0));
 
 /** How transport failures are retried. */
 export interface RetryOptions {
@@ -99,6 +172,7 @@ export interface CoordinatorClientOptions {
   transport?: Transport;
   /** Connect interceptors for every RPC (headers, logging, metrics of your own), as any connect-es client takes them; not with `transport`. */
   interceptors?: Interceptor[];
+  /** Where warnings go (the coordinator does not serve Batch, …); default `console` (GatewayLogger). */
   logger?: GatewayLogger;
   /**
    * Carry concurrent calls together in Batch RPCs (default true), so that
@@ -154,16 +228,38 @@ export class CoordinatorClient {
   private readonly attempts: number;
   private readonly baseDelayMs: number;
   private readonly maxDelayMs: number;
-  private readonly logger: GatewayLogger;
+  private readonly logger: SdkLogger;
   private readonly headers: Record<string, string>;
   private readonly replicaBackoffMs: number;
 
   constructor(options: CoordinatorClientOptions) {
+    checkOptions(FORMS.constructor, options, {
+      baseUrl: optional(
+        either("an address or a non-empty array of addresses", nonEmptyString, (v, at) => (Array.isArray(v) && v.length > 0 ? arrayOf(nonEmptyString)(v, at) : `${at} is empty`)),
+      ),
+      token: optional(string),
+      timeoutMs: optional(positiveNumber),
+      retry: optional(shape({ attempts: optional(wholeNumber(1)), baseDelayMs: optional(nonNegativeNumber), maxDelayMs: optional(nonNegativeNumber) })),
+      connections: optional(wholeNumber(1)),
+      replicaBackoffMs: optional(nonNegativeNumber),
+      idleConnectionTimeoutMs: optional(positiveNumber),
+      transport: optional(object),
+      interceptors: optional(arrayOf(func)),
+      logger: optional(loggerRule),
+      batching: optional(
+        either(
+          "true, false or { inFlight?, maxCalls?, maxBytes? }",
+          boolean,
+          shape({ inFlight: optional(wholeNumber(1)), maxCalls: optional(wholeNumber(1)), maxBytes: optional(wholeNumber(1)) }),
+        ),
+      ),
+    });
+    if (options.baseUrl === undefined && options.transport === undefined) throw argumentError(FORMS.constructor, "needs baseUrl (the coordinator's address) or a transport");
     this.timeoutMs = options.timeoutMs ?? 2000;
     this.attempts = Math.max(1, options.retry?.attempts ?? 4);
     this.baseDelayMs = options.retry?.baseDelayMs ?? 50;
     this.maxDelayMs = options.retry?.maxDelayMs ?? 1000;
-    this.logger = options.logger ?? silentLogger;
+    this.logger = loggerOf(options.logger);
     this.headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
     this.replicaBackoffMs = options.replicaBackoffMs ?? 1000;
     if (options.batching !== false) {
@@ -213,6 +309,23 @@ export class CoordinatorClient {
    * much added to its deadline).
    */
   async reserve(input: ReserveInput, call?: CallOptions): Promise<ReserveResult> {
+    checkInput(
+      FORMS.reserve,
+      input,
+      {
+        subject: subjectRule,
+        operation: nonEmptyString,
+        apiRevision: wholeNumber(1),
+        idempotencyKey: string,
+        parts: shape({ method: nonEmptyString, path: string, query: string, mediaType: string, headers: arrayOf(shape({ name: string, value: string })), body: bytes }),
+        claim: optional(boolean),
+        leaseMs,
+        writerEpoch,
+        waitForOwnerMs: optional(nonNegativeNumber),
+        effects: optional(arrayOf(shape({ effect: nonEmptyString, provider: nonEmptyString }))),
+      },
+      { value: call },
+    );
     const waitMs = input.waitForOwnerMs && input.waitForOwnerMs > 0 ? input.waitForOwnerMs : 0;
     const request = create(ReserveRequestSchema, {
       subject: input.subject,
@@ -256,6 +369,7 @@ export class CoordinatorClient {
 
   /** Takes ownership for execution: OWNER, TAKEOVER or RECOVER. */
   async claim(input: ClaimInput, call?: CallOptions): Promise<ClaimResult> {
+    checkInput(FORMS.claim, input, { ref: operationRef, mode: oneOf("OWNER", "TAKEOVER", "RECOVER"), generation, leaseMs, writerEpoch }, { value: call });
     const request = create(ClaimRequestSchema, {
       ref: input.ref,
       mode: toClaimMode(input.mode),
@@ -275,6 +389,7 @@ export class CoordinatorClient {
 
   /** Extends the lease of the generation held; returns the new expiry. */
   async renewLease(input: RenewLeaseInput, call?: CallOptions): Promise<Date | undefined> {
+    checkInput(FORMS.renewLease, input, { ...owned, leaseMs }, { value: call });
     const request = create(RenewLeaseRequestSchema, { ref: input.ref, generation: BigInt(input.generation), lease: leaseOf(input.leaseMs) });
     const res = await this.call("renewLease", request, call);
     return res.leaseExpiresAt ? timestampDate(res.leaseExpiresAt) : undefined;
@@ -282,6 +397,7 @@ export class CoordinatorClient {
 
   /** Registers a downstream call before making it; the attempt carries the stable downstream key. */
   async recordEffectAttempt(input: RecordEffectAttemptInput, call?: CallOptions): Promise<EffectAttempt> {
+    checkInput(FORMS.recordEffectAttempt, input, { ...owned, effect: nonEmptyString, provider: nonEmptyString }, { value: call });
     const request = create(RecordEffectAttemptRequestSchema, { ref: input.ref, generation: BigInt(input.generation), effect: input.effect, provider: input.provider });
     const res = await this.call("recordEffectAttempt", request, call);
     if (!res.attempt) throw new CoordinatorError("RecordEffectAttempt answered without an attempt", Code.Internal, "INTERNAL");
@@ -290,6 +406,7 @@ export class CoordinatorClient {
 
   /** Records what a downstream call did. */
   async resolveEffectAttempt(input: ResolveEffectAttemptInput, call?: CallOptions): Promise<EffectAttempt> {
+    checkInput(FORMS.resolveEffectAttempt, input, { ...owned, attemptNumber: wholeNumber(1), status: effectStatus, providerHandle: optional(string) }, { value: call });
     const request = create(ResolveEffectAttemptRequestSchema, {
       ref: input.ref,
       generation: BigInt(input.generation),
@@ -304,6 +421,7 @@ export class CoordinatorClient {
 
   /** Finishes the operation with an outcome and the response to replay. */
   async complete(input: CompleteInput, call?: CallOptions): Promise<CompleteResult> {
+    checkInput(FORMS.complete, input, { ...owned, outcome, snapshot: snapshotRule, resolutions: optional(arrayOf(resolution)) }, { value: call });
     const { snapshot } = input;
     const request = create(CompleteRequestSchema, {
       ref: input.ref,
@@ -325,6 +443,7 @@ export class CoordinatorClient {
 
   /** Hands a reservation back without any effect: the next identical retry takes it over. */
   async release(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
+    checkInput(FORMS.release, input, owned, { value: call });
     const res = await this.call("release", create(ReleaseRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
@@ -335,12 +454,21 @@ export class CoordinatorClient {
    * for the lease to end.
    */
   async abandon(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
+    checkInput(FORMS.abandon, input, owned, { value: call });
     const res = await this.call("abandon", create(AbandonRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
     return { state: fromState(res.state), generation: Number(res.generation) };
   }
 
   /** Reads an operation by id (with the asking subject) or by scope. */
   async lookup(input: LookupInput, call?: CallOptions): Promise<OperationRecord> {
+    checkInput(
+      FORMS.lookup,
+      input,
+      isObject(input) && "scope" in input
+        ? { scope: shape({ subject: subjectRule, operation: nonEmptyString, apiRevision: wholeNumber(1), idempotencyKey: string }) }
+        : { ref: operationRef, subject: optional(subjectRule) },
+      { value: call },
+    );
     const by: MessageInitShape<typeof LookupRequestSchema>["by"] =
       "ref" in input ? { case: "ref", value: { tenant: input.ref.tenant, operationId: input.ref.operationId } } : { case: "scope", value: input.scope };
     const subject = "ref" in input ? input.subject : undefined;
@@ -351,6 +479,12 @@ export class CoordinatorClient {
 
   /** Lists records a recovery worker should act on (worker role); always its own RPC. */
   async listRecoverable(input: ListRecoverableInput = {}, call?: CallOptions): Promise<ListRecoverableResult> {
+    checkInput(
+      FORMS.listRecoverable,
+      input,
+      { tenant: optional(string), operations: optional(arrayOf(nonEmptyString)), pageSize: optional(wholeNumber(0)), pageToken: optional(string) },
+      { value: call },
+    );
     const res = await this.retrying("ListRecoverable", call, (options) =>
       this.send((client) =>
         client.listRecoverable(
@@ -432,6 +566,9 @@ interface Endpoint {
   readonly client: Client<typeof CoordinatorService>;
   passedOverUntil: number;
 }
+
+/** One resolution Complete carries. */
+const resolution = shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) });
 
 /** The deadline and signal of one attempt of a call. */
 interface AttemptOptions {

@@ -3,10 +3,45 @@ import { downstreamKey } from "../contract/effects.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
-import { CoordinatorError, isDefiniteFailure, toCoordinatorError } from "./errors.js";
-import { KEY_HEADER, outcomeForStatus, problemResponse, readKeyHeader, responseOfSnapshot, retryAfterSeconds, sameStatusAndBody, snapshotOf, type Problem } from "./http.js";
+import {
+  argumentError,
+  arrayOf,
+  bytes,
+  check,
+  checkOptions,
+  colocatedCompletion,
+  coordinatorClient,
+  describe,
+  func,
+  httpResponse,
+  logger as loggerRule,
+  nonEmptyString,
+  object,
+  optional,
+  routeFields,
+  rule,
+  shape,
+  string,
+  subject as subjectRule,
+  wholeNumber,
+  type CallForm,
+} from "./arguments.js";
+import { CoordinatorError, isDefiniteFailure, MalformedJsonBody, toCoordinatorError } from "./errors.js";
+import {
+  isJsonMediaType,
+  KEY_HEADER,
+  outcomeForStatus,
+  parseJsonBody,
+  problemResponse,
+  readKeyHeader,
+  responseOfSnapshot,
+  retryAfterSeconds,
+  sameStatusAndBody,
+  snapshotOf,
+  type Problem,
+} from "./http.js";
 import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
-import { silentLogger, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
+import { loggerOf, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
 export interface GatewayOptions {
   /** The coordinator (gateway-role token). */
@@ -43,6 +78,11 @@ export interface GatewayOptions {
   waitForOwnerMs?: number;
   /** Whether an effect's error means "definitely nothing happened" (default: `DefiniteFailure`). */
   isDefinite?: (error: unknown) => boolean;
+  /**
+   * Where warnings and errors go: a misconfigured gateway, a handler that
+   * threw, a Complete, Release or Abandon that failed. Default `console`
+   * (consoleLogger); a pino logger fits (GatewayLogger).
+   */
   logger?: GatewayLogger;
   /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
   hooks?: FaultHooks;
@@ -96,6 +136,28 @@ export type Admission = { run: false; response: HttpResponse; decision?: Decisio
 /** How a handler ended: with a response (captured from the framework), or by throwing. */
 export type HandlerResult = { response: HttpResponse } | { error: unknown };
 
+/** What the gateway's public calls take. */
+const FORMS = {
+  constructor: {
+    name: "new IdempotencyGateway",
+    takes: "one object { client, colocated?, writerEpoch?, statusUrl?, problemTypeBase?, forwardHeaders?, maxBodyBytes?, waitForOwnerMs?, isDefinite?, logger? }",
+  },
+  admit: {
+    name: "IdempotencyGateway.admit",
+    takes: "(route: { operation, apiRevision, … }, subject: { tenant, principal } | undefined, request: { method, path, query, headers, body })",
+  },
+  finish: { name: "IdempotencyGateway.finish", takes: "(context, { response: { status, headers: [[name, value], …], body: bytes } } | { error })" },
+  execute: { name: "IdempotencyGateway.execute", takes: "(route, subject, request, handler(context))" },
+} satisfies Record<string, CallForm>;
+
+const gatewayRequest = shape({
+  method: nonEmptyString,
+  path: string,
+  query: string,
+  headers: object,
+  body: bytes,
+});
+
 const DEFAULT_PROBLEM_BASE = "urn:problem-type:idempotency:";
 /** Request headers never forwarded: the key travels on its own, the rest is per delivery. */
 const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encoding", "user-agent"]);
@@ -110,7 +172,8 @@ const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encod
 export class IdempotencyGateway {
   readonly client: CoordinatorClient;
   readonly colocated: ColocatedCompletion | undefined;
-  readonly logger: GatewayLogger;
+  /** Where this gateway logs (the `logger` option, or the console), every level callable. */
+  readonly logger: Required<GatewayLogger>;
   readonly maxBodyBytes: number;
   private readonly writerEpoch: number;
   private readonly waitForOwnerMs: number;
@@ -121,9 +184,22 @@ export class IdempotencyGateway {
   private readonly hooks: FaultHooks;
 
   constructor(options: GatewayOptions) {
+    checkOptions(FORMS.constructor, options, {
+      client: coordinatorClient,
+      colocated: optional(colocatedCompletion),
+      writerEpoch: optional(wholeNumber(0)),
+      statusUrl: optional(func),
+      problemTypeBase: optional(string),
+      forwardHeaders: optional(arrayOf(nonEmptyString)),
+      maxBodyBytes: optional(wholeNumber(1)),
+      waitForOwnerMs: optional(rule("a number of milliseconds from 0 to 30000", (v) => typeof v === "number" && v >= 0 && v <= 30_000)),
+      isDefinite: optional(func),
+      logger: optional(loggerRule),
+      hooks: optional(object),
+    });
     this.client = options.client;
     this.colocated = options.colocated;
-    this.logger = options.logger ?? silentLogger;
+    this.logger = loggerOf(options.logger);
     this.maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
     this.waitForOwnerMs = options.waitForOwnerMs ?? 2000;
     this.writerEpoch = options.writerEpoch ?? 0;
@@ -144,6 +220,8 @@ export class IdempotencyGateway {
    * cannot be reached the answer is 503 and the handler does not run.
    */
   async admit(route: IdempotentRoute, subject: Subject | undefined, request: GatewayRequest): Promise<Admission> {
+    checkRoute(FORMS.admit, route);
+    check(FORMS.admit, request, "request", gatewayRequest);
     const key = readKeyHeader(request.headers[KEY_HEADER]);
     if (key === undefined || key === "") {
       if (key === undefined && route.missingKey === "run") {
@@ -163,10 +241,31 @@ export class IdempotencyGateway {
         ),
       };
     }
+    if (subject !== undefined && subjectRule(subject, "subject") !== undefined) {
+      // The service's subject resolver, not the client, is wrong: 500, with the cause logged.
+      this.logger.error(
+        { operation: route.operation, problem: subjectRule(subject, "subject") },
+        "the subject resolver returned something other than { tenant, principal } or undefined",
+      );
+      return { run: false, response: this.misconfigured() };
+    }
     if (!subject) {
       return {
         run: false,
         response: this.problem({ status: 401, slug: "unauthenticated", title: "Not authenticated", detail: "The request carries no identity this service accepts." }),
+      };
+    }
+    // A body that says it is JSON and is not is answered before anything is
+    // reserved: the same request again gets the same 400, and the corrected
+    // one may keep its key (a reservation would bind the key to these bytes).
+    const malformed = this.malformedJsonBody(request);
+    if (malformed) {
+      return {
+        run: false,
+        response: this.malformedJsonProblem(
+          malformed,
+          "Nothing was done and nothing was recorded: send the request again with a valid JSON body, with the same Idempotency-Key or a new one.",
+        ),
       };
     }
 
@@ -272,6 +371,14 @@ export class IdempotencyGateway {
    * A Complete that fails leaves the outcome unrecorded: 503, retry later.
    */
   async finish(context: IdempotencyContext, result: HandlerResult): Promise<HttpResponse> {
+    if (!(context instanceof IdempotencyContext)) throw argumentError(FORMS.finish, `context must be the one admit() handed out, got ${describe(context)}`);
+    check(
+      FORMS.finish,
+      result,
+      "result",
+      rule("{ response } or { error }", (v) => typeof v === "object" && v !== null && ("response" in v || "error" in v)),
+    );
+    if ("response" in result) check(FORMS.finish, result.response, "result.response", httpResponse);
     context.stopLease();
     if (!context.owned) {
       return "response" in result ? result.response : this.handlerFailed(context, result.error, true);
@@ -329,6 +436,7 @@ export class IdempotencyGateway {
     request: GatewayRequest,
     handler: (context: IdempotencyContext) => Promise<HttpResponse>,
   ): Promise<HttpResponse> {
+    check(FORMS.execute, handler, "handler", func);
     const admission = await this.admit(route, subject, request);
     if (!admission.run) return admission.response;
     let result: HandlerResult;
@@ -338,6 +446,11 @@ export class IdempotencyGateway {
       result = { error };
     }
     return this.finish(admission.context, result);
+  }
+
+  /** 500 for a gateway whose configuration is wrong (logged where it is found): nothing the client can fix. */
+  misconfigured(): HttpResponse {
+    return this.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." });
   }
 
   /** 503 for a coordinator that cannot be reached: fail closed. */
@@ -385,15 +498,52 @@ export class IdempotencyGateway {
       case "UNKNOWN_FIELD":
         // The gateway's configuration is wrong; the client cannot fix it. Log, say nothing specific.
         this.logger.error({ operation: route.operation, reason: failure.reason, error: failure.message }, "the coordinator refused this gateway's request");
-        return this.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." });
+        return this.misconfigured();
       default:
         this.logger.warn({ operation: route.operation, code: failure.code, reason: failure.reason, error: failure.message }, "coordinator unavailable: failing closed");
         return this.unavailable();
     }
   }
 
+  /** The body's JSON error, when the request declares a JSON body (application/json, …+json) that is not. */
+  private malformedJsonBody(request: GatewayRequest): MalformedJsonBody | undefined {
+    if (request.body.byteLength === 0 || !isJsonMediaType(headerText(request.headers["content-type"]))) return undefined;
+    try {
+      parseJsonBody(request.body);
+      return undefined;
+    } catch (error) {
+      return error as MalformedJsonBody;
+    }
+  }
+
+  /** 400 `malformed-json`: what is wrong with the body and where (`jsonPath`), then `next`, what the client may do. */
+  private malformedJsonProblem(malformed: MalformedJsonBody, next: string): HttpResponse {
+    return this.problem({
+      status: 400,
+      slug: "malformed-json",
+      title: "The request body is not valid JSON",
+      detail: `${malformed.message}. ${next}`,
+      extensions: { jsonPath: malformed.path },
+    });
+  }
+
   private async handlerFailed(context: IdempotencyContext, error: unknown, unowned: boolean): Promise<HttpResponse> {
-    this.logger.error({ operationId: context.operationId, error: error instanceof Error ? error.message : String(error) }, "the handler threw");
+    if (error instanceof MalformedJsonBody && !context.effectPossible) {
+      // ctx.json() refused a body not declared as JSON (a declared one never
+      // gets here): the client's mistake, and nothing happened. Answered 400
+      // and, when owned, recorded REJECTED like any 4xx before an effect, so
+      // that the same request retried is answered the same without running.
+      this.logger.info({ operationId: context.operationId, operation: context.operation, path: error.path }, "the request body is not valid JSON");
+      const response = this.malformedJsonProblem(
+        error,
+        unowned
+          ? "Nothing was done: send the request again with a valid JSON body."
+          : "Nothing was done. This Idempotency-Key stays bound to this request and answers it the same way: send the corrected request with a new key.",
+      );
+      return unowned ? response : this.finish(context, { response });
+    }
+    // The error itself, with its stack: pino serializes `err`, and console prints it whole.
+    this.logger.error({ operationId: context.operationId, operation: context.operation, err: error }, "the handler threw");
     if (unowned) {
       return this.problem({ status: 500, slug: "outcome-pending", title: "Internal error", detail: "The request failed." });
     }
@@ -540,9 +690,12 @@ export class IdempotencyContext extends OwnedOperation {
     this.body = Buffer.from(facts.body.buffer, facts.body.byteOffset, facts.body.byteLength);
   }
 
-  /** The body parsed as JSON. */
+  /**
+   * The body parsed as JSON. A body that is not JSON throws MalformedJsonBody
+   * (what is wrong, and where); left uncaught, the gateway answers it 400.
+   */
   json<T = unknown>(): T {
-    return JSON.parse(this.body.toString("utf8")) as T;
+    return parseJsonBody(this.body) as T;
   }
 }
 
@@ -553,4 +706,9 @@ function headerText(value: string | readonly string[] | undefined): string {
 
 function shortKey(seed: string, effect: string): string {
   return createHash("sha256").update(`${seed}\0${effect}`).digest("base64url");
+}
+
+/** Checks a route given to the gateway or an adapter (`extra`: the adapter's own fields, e.g. `subject`). */
+export function checkRoute(call: CallForm, route: unknown, extra: Record<string, (value: unknown, at: string) => string | undefined> = {}): void {
+  checkOptions(call, route, { ...routeFields, ...extra }, "route");
 }

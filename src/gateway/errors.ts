@@ -130,3 +130,23 @@ export class LeaseLostError extends Error {
     super(message);
   }
 }
+
+/**
+ * Thrown by `ctx.json()` when the request body is not valid JSON. Nothing
+ * can have happened because of it: left uncaught, the gateway answers 400
+ * `malformed-json` (and records it REJECTED, so that the same request
+ * retried gets the same answer).
+ */
+export class MalformedJsonBody extends Error {
+  override readonly name = "MalformedJsonBody";
+
+  constructor(
+    /** What is wrong and where, e.g. `JSON body at $.amount: unexpected '}' at byte 11; expected a JSON value …`. */
+    message: string,
+    /** The JSON path of the value being read when the text went wrong, e.g. `$.amount`. */
+    readonly path: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}

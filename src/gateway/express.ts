@@ -4,7 +4,9 @@
  */
 import type { IncomingMessage } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
-import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import { check, func, idempotencyGateway } from "./arguments.js";
+import { checkRoute, type IdempotencyContext, type IdempotencyGateway, type IdempotentRoute, type SubjectResolver } from "./core.js";
+import { isJsonMediaType } from "./http.js";
 import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 
 export interface ExpressRouteOptions extends IdempotentRoute {
@@ -37,6 +39,10 @@ export function captureRawBody(req: IncomingMessage, _res: unknown, buffer: Buff
  * ran first it must keep the raw bytes (`captureRawBody`).
  */
 export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRouteOptions, handler: ExpressIdempotentHandler): RequestHandler {
+  const form = { name: "expressIdempotency", takes: "(gateway, route: { operation, apiRevision, subject(req), … }, handler(req, res, ctx))" };
+  check(form, gateway, "gateway", idempotencyGateway);
+  checkRoute(form, route, { subject: func });
+  check(form, handler, "handler", func);
   return async (req: Request, res: Response, next: NextFunction) => {
     let body: Buffer;
     const raw = (req as Request & { rawBody?: unknown }).rawBody;
@@ -66,11 +72,11 @@ export function expressIdempotency(gateway: IdempotencyGateway, route: ExpressRo
 
 function parsedBody(req: Request, body: Buffer): unknown {
   if (body.byteLength === 0) return undefined;
-  if (/^application\/([a-z0-9.+-]+\+)?json\b/i.test(req.headers["content-type"] ?? "")) {
+  if (isJsonMediaType(req.headers["content-type"] ?? "")) {
     try {
       return JSON.parse(body.toString("utf8"));
     } catch {
-      // The coordinator refuses malformed JSON under a JSON policy; under a raw one the handler judges the bytes.
+      // The gateway answers it 400 (malformed-json) before anything is reserved: the handler never sees it.
       return body;
     }
   }

@@ -4,7 +4,8 @@
  */
 import { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from "fastify";
-import type { GatewayRequest, HandlerResult, IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import { checkOptions, func, idempotencyGateway } from "./arguments.js";
+import { checkRoute, type GatewayRequest, type HandlerResult, type IdempotencyContext, type IdempotencyGateway, type IdempotentRoute, type SubjectResolver } from "./core.js";
 import { headerPairs } from "./http.js";
 import type { HttpResponse } from "./types.js";
 
@@ -57,6 +58,10 @@ const stateOf = (request: FastifyRequest): State => ((request as WithState)[STAT
  */
 // eslint-disable-next-line @typescript-eslint/require-await -- Fastify waits for a plugin that takes no callback through the promise it returns
 export async function fastifyIdempotency(fastify: FastifyInstance, options: FastifyIdempotencyOptions): Promise<void> {
+  checkOptions({ name: "fastifyIdempotency", takes: "options { gateway, subject(request) } (app.register(fastifyIdempotency, { gateway, subject }))" }, options, {
+    gateway: idempotencyGateway,
+    subject: func,
+  });
   const { gateway, subject } = options;
 
   // Keep the exact body bytes for the fingerprint, whatever content-type parser runs after.
@@ -133,6 +138,13 @@ export async function fastifyIdempotency(fastify: FastifyInstance, options: Fast
 
   fastify.addHook("onRoute", (routeOptions: RouteOptions) => {
     if (!routeOptions.config?.idempotency) return;
+    checkRoute(
+      {
+        name: `config.idempotency of ${routeOptions.method.toString()} ${routeOptions.url}`,
+        takes: "{ operation, apiRevision, leaseMs?, statusUrl?, waitForOwnerMs?, effects?, missingKey? }",
+      },
+      routeOptions.config.idempotency,
+    );
     const add = (name: "preParsing" | "preHandler" | "onSend" | "onError" | "onResponse" | "onRequestAbort", hook: unknown, first = false) => {
       const existing = (routeOptions as unknown as Record<string, unknown>)[name];
       const list: unknown[] = existing === undefined ? [] : Array.isArray(existing) ? (existing as unknown[]) : [existing];

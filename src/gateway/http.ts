@@ -1,4 +1,8 @@
+import { IdempotencyError } from "../contract/errors.js";
+import { parseStrictJson } from "../contract/json.js";
 import { isNeverStored } from "../contract/snapshot.js";
+import { check, handlerResponse } from "./arguments.js";
+import { MalformedJsonBody } from "./errors.js";
 import type { HandlerResponse, HttpResponse, Outcome, ResponseSnapshot } from "./types.js";
 
 /**
@@ -17,6 +21,7 @@ export type ProblemSlug =
   | "idempotency-key-missing"
   | "idempotency-key-invalid"
   | "invalid-payload"
+  | "malformed-json"
   | "request-too-large"
   | "unauthenticated"
   | "request-in-progress"
@@ -121,6 +126,7 @@ export function responseOfSnapshot(snapshot: ResponseSnapshot, replayed: boolean
 
 /** A handler's response description as concrete HTTP. */
 export function toHttpResponse(response: HandlerResponse): HttpResponse {
+  check({ name: "toHttpResponse", takes: "(response: { status, headers?, json? | body? })" }, response, "response", handlerResponse);
   const headers: Array<[string, string]> = [];
   for (const [name, value] of Object.entries(response.headers ?? {})) {
     if (value === undefined) continue;
@@ -168,4 +174,34 @@ export function readKeyHeader(value: string | readonly string[] | undefined): st
   if (quoted) return quoted[1]!;
   // Node joins repeated headers with ", "; a key never contains a comma.
   return text.includes(",") ? "" : text;
+}
+
+/** True for a JSON media type: `application/json` or `application/<anything>+json`, with or without parameters. */
+export function isJsonMediaType(contentType: string): boolean {
+  return /^\s*application\/([a-z0-9.!#$&^_-]+\+)?json\s*(;|$)/i.test(contentType);
+}
+
+/** Parses a body as JSON the way `ctx.json()` does; throws MalformedJsonBody saying what is wrong and where. */
+export function parseJsonBody(body: Uint8Array): unknown {
+  const text = Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString("utf8");
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw malformedJson(body, error);
+  }
+}
+
+/**
+ * What is wrong with a body JSON.parse refused, and where: the strict parser
+ * of the contract (the one JSON-mode fingerprints use) names the JSON path
+ * and the byte; JSON.parse's own message when it finds nothing (it refuses
+ * whatever JSON.parse refuses, and more).
+ */
+function malformedJson(body: Uint8Array, parseError: unknown): MalformedJsonBody {
+  try {
+    parseStrictJson(body, { maxDepth: Number.MAX_SAFE_INTEGER, maxBytes: Number.MAX_SAFE_INTEGER });
+  } catch (error) {
+    if (error instanceof IdempotencyError) return new MalformedJsonBody(error.message, error.metadata.path ?? "$", { cause: parseError });
+  }
+  return new MalformedJsonBody(`JSON body at $: ${(parseError as Error).message}`, "$", { cause: parseError });
 }

@@ -20,8 +20,9 @@ export {
   type IdempotentRoute,
   type SubjectResolver,
 } from "./core.js";
-export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError } from "./errors.js";
+export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError, MalformedJsonBody } from "./errors.js";
 export { toHttpResponse } from "./http.js";
+export { consoleLogger, silentLogger } from "./types.js";
 export type { AttemptResolution, EffectOptions } from "./operation.js";
 export type {
   BusinessTransaction,

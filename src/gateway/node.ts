@@ -4,7 +4,8 @@
  * for handlers that describe their response. See docs/adopting.md.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import { check, func, handlerResponse, idempotencyGateway } from "./arguments.js";
+import { checkRoute, type IdempotencyContext, type IdempotencyGateway, type IdempotentRoute, type SubjectResolver } from "./core.js";
 import { toHttpResponse } from "./http.js";
 import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 import type { HandlerResponse } from "./types.js";
@@ -35,6 +36,10 @@ export function withIdempotency(
   route: NodeRouteOptions,
   handler: NodeIdempotentHandler,
 ): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
+  const form = { name: "withIdempotency", takes: "(gateway, route: { operation, apiRevision, subject(req), … }, handler(req, res, ctx))" };
+  check(form, gateway, "gateway", idempotencyGateway);
+  checkRoute(form, route, { subject: func });
+  check(form, handler, "handler", func);
   return async (req, res) => {
     let body: Buffer;
     try {
@@ -53,5 +58,6 @@ export function withIdempotency(
 
 /** Writes a handler's response description (status, headers, `json` or `body`) to a node response. */
 export function writeResponse(res: ServerResponse, response: HandlerResponse): void {
+  check({ name: "writeResponse", takes: "(res, response: { status, headers?, json? | body? })" }, response, "response", handlerResponse);
   sendResponse(res, toHttpResponse(response));
 }

@@ -1,5 +1,21 @@
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
+import {
+  check,
+  checkInput,
+  effectOptions,
+  handlerResponse,
+  effectStatus,
+  func,
+  nonEmptyString,
+  optional,
+  outcome as outcomeRule,
+  shape,
+  snapshot as snapshotRule,
+  string,
+  wholeNumber,
+  type CallForm,
+} from "./arguments.js";
 import { isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { LeaseKeeper, type LeaseClock } from "./lease.js";
@@ -68,6 +84,14 @@ class EffectLedger {
     return this.registrationUnknown || this.attempts.size > 0;
   }
 }
+
+/** What the context's public calls take, and the positional form `resolve` had before idempotency-gateway 0.1.0. */
+export const CONTEXT_FORMS = {
+  effect: { name: "ctx.effect", takes: "(name, provider, fn(downstreamKey), options?: { handle?, isDefinite?, resolveWithComplete? })" },
+  resolve: { name: "ctx.resolve", takes: "one object { attemptNumber, status, providerHandle? }", earlier: "resolve(attemptNumber, status, providerHandle)" },
+  transaction: { name: "ctx.transaction", takes: "(work(tx), options?: { outcome? })" },
+  complete: { name: "ctx.complete", takes: "(outcome, snapshot)" },
+} satisfies Record<string, CallForm>;
 
 /** What a downstream system said of one attempt: `resolve()`'s input. */
 export interface AttemptResolution {
@@ -210,6 +234,10 @@ export abstract class OwnedOperation {
    * LeaseLostError, before calling anything, once the lease is lost.
    */
   async effect<T>(name: string, provider: string, fn: (downstreamKey: string) => Promise<T>, options: EffectOptions<T> = {}): Promise<T> {
+    check(CONTEXT_FORMS.effect, name, "name", nonEmptyString);
+    check(CONTEXT_FORMS.effect, provider, "provider", nonEmptyString);
+    check(CONTEXT_FORMS.effect, fn, "fn", func);
+    check(CONTEXT_FORMS.effect, options, "options", effectOptions);
     if (!this.owned) {
       // Shadow mode without ownership: nothing to register; the service runs as it did before.
       return fn(this.unownedKey?.(name) ?? name);
@@ -312,6 +340,7 @@ export abstract class OwnedOperation {
 
   /** ResolveEffectAttempt for one of this operation's attempts (e.g. after asking the downstream system by handle or downstream key). */
   async resolve(attempt: AttemptResolution): Promise<EffectAttempt> {
+    checkInput(CONTEXT_FORMS.resolve, attempt, { attemptNumber: wholeNumber(1), status: effectStatus, providerHandle: optional(string) });
     return this.resolveAttempt(attempt, undefined);
   }
 
@@ -333,12 +362,15 @@ export abstract class OwnedOperation {
    * `options.outcome` says otherwise. Send the returned response as is.
    */
   async transaction<R extends HandlerResponse>(work: (tx: BusinessTransaction) => Promise<R>, options: { outcome?: Outcome } = {}): Promise<R> {
+    check(CONTEXT_FORMS.transaction, work, "work", func);
+    check(CONTEXT_FORMS.transaction, options, "options", shape({ outcome: optional(outcomeRule) }));
     const colocated = this.colocated;
     if (!colocated) throw new Error("transaction() needs co-located mode: give the gateway (or worker) a `colocated` ColocatedRegistry (idempotency-coordinator/colocated)");
     let completed: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
     const response = await colocated.transaction(async (tx) => {
       const result = await work(tx);
       if (!this.owned) return result;
+      check(CONTEXT_FORMS.transaction, result, "the response work returned", handlerResponse);
       const http = toHttpResponse(result);
       const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
       if (outcome === "release") return result;
@@ -357,6 +389,8 @@ export abstract class OwnedOperation {
 
   /** Complete over RPC, with the held resolutions (idempotent: an identical repeat succeeds). */
   async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
+    check(CONTEXT_FORMS.complete, outcome, "outcome", outcomeRule);
+    check(CONTEXT_FORMS.complete, snapshot, "snapshot", snapshotRule);
     await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
     this.sent();
   }

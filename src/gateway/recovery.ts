@@ -5,11 +5,30 @@
  */
 import type { FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
+import {
+  check,
+  checkOptions,
+  colocatedCompletion,
+  coordinatorClient,
+  effectOptions,
+  func,
+  handlerResponse,
+  logger as loggerRule,
+  nonEmptyString,
+  object,
+  optional,
+  outcome as outcomeRule,
+  positiveNumber,
+  rule,
+  string,
+  wholeNumber,
+  type CallForm,
+} from "./arguments.js";
 import { isDefiniteFailure, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedOperationInit } from "./operation.js";
 import {
-  silentLogger,
+  loggerOf,
   type BusinessTransaction,
   type ClaimMode,
   type ColocatedCompletion,
@@ -19,6 +38,7 @@ import {
   type OperationRecord,
   type Outcome,
   type ResponseSnapshot,
+  type SdkLogger,
 } from "./types.js";
 
 /**
@@ -68,12 +88,28 @@ export interface RecoveryWorkerOptions {
   leaseMs?: number;
   writerEpoch?: number;
   isDefinite?: (error: unknown) => boolean;
+  /** Where warnings go (a failed pass or recovery), and progress when it has `info`; default `console` (GatewayLogger). */
   logger?: GatewayLogger;
   /** Called for every record's progress. */
   onProgress?: (event: RecoveryEvent) => void;
   /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
   hooks?: FaultHooks;
 }
+
+/** The worker's client: a coordinator client that also lists recoverable records. */
+const withListing = (value: unknown, at: string) =>
+  coordinatorClient(value, at) ?? (typeof (value as { listRecoverable?: unknown }).listRecoverable === "function" ? undefined : `${at} must be a CoordinatorClient`);
+
+const WORKER_FORM: CallForm = {
+  name: "new RecoveryWorker",
+  takes:
+    "one object { client, resolvers: { [operation]: async (ctx) => … }, tenant?, colocated?, pollIntervalMs?, pageSize?, leaseMs?, writerEpoch?, isDefinite?, logger?, onProgress? }",
+};
+const RECOVERY_FORMS = {
+  replay: { name: "ctx.replay", takes: "(effect, fn(downstreamKey), options?: { handle?, isDefinite?, resolveWithComplete? })" },
+  completeWith: { name: "ctx.completeWith", takes: "(response: { status, headers?, json? | body? }, outcome?)" },
+  latestAttempt: { name: "ctx.latestAttempt", takes: "(effect)" },
+} satisfies Record<string, CallForm>;
 
 /** Refusals of Claim meaning another worker (or the owner, or a client's retry) got there first. */
 const SOMEONE_ELSE: ReadonlySet<string> = new Set(["STALE_GENERATION", "LEASE_HELD", "INVALID_TRANSITION", "NOT_FOUND"]);
@@ -95,10 +131,24 @@ export class RecoveryWorker {
   private stopped = true;
   /** Set by stop(): a pass in progress ends after its current record. */
   private stopRequested = false;
-  private readonly logger: GatewayLogger;
+  private readonly logger: SdkLogger;
 
   constructor(private readonly options: RecoveryWorkerOptions) {
-    this.logger = options.logger ?? silentLogger;
+    checkOptions(WORKER_FORM, options, {
+      client: withListing,
+      resolvers: rule("an object of one resolver function per operation", (v) => typeof v === "object" && v !== null && Object.values(v).every((r) => typeof r === "function")),
+      tenant: optional(nonEmptyString),
+      colocated: optional(colocatedCompletion),
+      pollIntervalMs: optional(positiveNumber),
+      pageSize: optional(wholeNumber(1)),
+      leaseMs: optional(positiveNumber),
+      writerEpoch: optional(wholeNumber(0)),
+      isDefinite: optional(func),
+      logger: optional(loggerRule),
+      onProgress: optional(func),
+      hooks: optional(object),
+    });
+    this.logger = loggerOf(options.logger);
   }
 
   /** Polls every `pollIntervalMs` until `stop()`. */
@@ -260,6 +310,7 @@ export class RecoveryContext extends OwnedOperation {
 
   /** The latest attempt of an effect (every attempt of it carries the same downstream key). */
   latestAttempt(effect: string): EffectAttempt | undefined {
+    check(RECOVERY_FORMS.latestAttempt, effect, "effect", string);
     return this.record.effectAttempts.filter((a) => a.effect === effect).at(-1);
   }
 
@@ -270,6 +321,9 @@ export class RecoveryContext extends OwnedOperation {
    * NEW_EFFECT_IN_RECOVERY), then resolves the new attempt like `effect()`.
    */
   async replay<T>(effect: string, fn: (downstreamKey: string) => Promise<T>, options: EffectOptions<T> = {}): Promise<T> {
+    check(RECOVERY_FORMS.replay, effect, "effect", nonEmptyString);
+    check(RECOVERY_FORMS.replay, fn, "fn", func);
+    check(RECOVERY_FORMS.replay, options, "options", effectOptions);
     const registered = this.latestAttempt(effect);
     if (!registered) throw new Error(`effect ${effect} was never registered on operation ${this.operationId}; recovery may only replay registered effects`);
     return this.effect(effect, registered.provider, fn, options);
@@ -291,6 +345,8 @@ export class RecoveryContext extends OwnedOperation {
    * handler would have). The outcome follows the status unless given.
    */
   async completeWith(response: HandlerResponse, outcome?: Outcome): Promise<void> {
+    check(RECOVERY_FORMS.completeWith, response, "response", handlerResponse);
+    check(RECOVERY_FORMS.completeWith, outcome, "outcome", optional(outcomeRule));
     const http = toHttpResponse(response);
     const chosen = outcome ?? outcomeForStatus(http.status, this.effectPossible);
     if (chosen === "release") {

@@ -251,18 +251,48 @@ export interface SqlQueryable {
 /** The client of the business transaction `ctx.transaction` hands to its work: the declared driver's, else SqlQueryable. */
 export type BusinessTransaction = ColocatedDriverTypes extends { client: infer Client } ? Client : SqlQueryable;
 
-/** The logging a gateway does; a pino logger fits. */
+/**
+ * Where the SDK logs: warnings (a renewal or a resolution that failed and is
+ * tried again or left to recovery) and errors (a misconfigured gateway, a
+ * handler that threw), with an object of facts first and the message second,
+ * as pino takes them. `console` fits, and so does a pino logger; `debug` and
+ * `info` are used when present. Default: `consoleLogger`.
+ */
 export interface GatewayLogger {
-  debug(obj: object, msg?: string): void;
-  info(obj: object, msg?: string): void;
   warn(obj: object, msg?: string): void;
   error(obj: object, msg?: string): void;
+  debug?(obj: object, msg?: string): void;
+  info?(obj: object, msg?: string): void;
 }
 
-/** A logger that drops everything. */
+/** The default logger: warnings and errors to `console.warn` and `console.error`, the message first; nothing else. */
+export const consoleLogger: GatewayLogger = {
+  warn: (obj, msg) => console.warn(`idempotency-gateway: ${msg ?? ""}`, obj),
+  error: (obj, msg) => console.error(`idempotency-gateway: ${msg ?? ""}`, obj),
+};
+
+/** A logger that drops everything (pass it as `logger` to log nothing). */
 export const silentLogger: GatewayLogger = {
   debug: () => undefined,
   info: () => undefined,
   warn: () => undefined,
   error: () => undefined,
 };
+
+/** A logger with every level, as the SDK calls it internally. */
+export type SdkLogger = Required<GatewayLogger>;
+
+/**
+ * The logger given in the options (`consoleLogger` when none), with the
+ * levels it lacks dropped. Its methods are called on it, so that a pino
+ * logger keeps its `this`.
+ */
+export function loggerOf(logger: GatewayLogger | undefined): SdkLogger {
+  const given = logger ?? consoleLogger;
+  return {
+    warn: (obj, msg) => given.warn(obj, msg),
+    error: (obj, msg) => given.error(obj, msg),
+    debug: (obj, msg) => given.debug?.(obj, msg),
+    info: (obj, msg) => given.info?.(obj, msg),
+  };
+}

@@ -419,18 +419,43 @@ async function traced<T>(tracer: Tracer | undefined, name: string, work: () => P
  * A Db inside a transaction the caller opened and will commit. Nothing is
  * retried here: only the caller can re-run its whole business transaction.
  * Each unit of work binds the caller's transaction to its tenant first.
+ * The registry sends statements without waiting for the ones before them;
+ * on the caller's client they go one after the other (see inTurn) unless
+ * that client was opened for pipelining.
  */
 export function transactionDb(client: Queryable): Db {
+  const q = inTurn(client);
   // The caller commits: the statements run in its transaction.
-  const commitWith: CommitWith = (sends) => pipelined(sends.map((send) => send(client)));
+  const commitWith: CommitWith = (sends) => pipelined(sends.map((send) => send(q)));
   return {
     async transaction(tenant, work) {
       try {
-        await client.query(BIND_SQL, bindingSettings(tenant));
-        return await work(client, commitWith);
+        await q.query(BIND_SQL, bindingSettings(tenant));
+        return await work(q, commitWith);
       } catch (error) {
         throw classify(error);
       }
+    },
+  };
+}
+
+/**
+ * The caller's client as the registry's work may use it: a query sent while
+ * another is in flight. A node-postgres client opened with `pipeline: true`
+ * (as openPool opens the coordinator's) sends it at once, one round trip for
+ * all; any other client (a service's own pool or Client) only queues it,
+ * which node-postgres deprecates and pg 9 removes: there each query is sent
+ * once the one before it has answered, whatever that answer was, as the
+ * pipelined statements would have run one after the other anyway.
+ */
+function inTurn(client: Queryable): Queryable {
+  if ((client as { pipeline?: unknown }).pipeline === true) return client;
+  let previous: Promise<unknown> = Promise.resolve();
+  return {
+    query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
+      const sent = previous.then(() => client.query<R>(text, values));
+      previous = sent.catch(() => undefined);
+      return sent;
     },
   };
 }

@@ -72,6 +72,17 @@ describe.each(["/v1/payments", "/v2/payments"])("Express 5 middleware on %s", (p
     expect(runs).toBe(before + 1);
   });
 
+  it("answers a malformed JSON body 400 before anything is reserved, so the corrected request keeps its key", async () => {
+    const key = randomUUID();
+    const before = runs;
+    const malformed = await post(`${base}${path}`, key, '{"amount": 10,', ALICE);
+    expect(malformed.status).toBe(400);
+    expect(runs).toBe(before);
+    const corrected = await post(`${base}${path}`, key, { amount: 10 }, ALICE);
+    expect(corrected.status).toBe(201);
+    expect(runs).toBe(before + 1);
+  });
+
   it("answers a different body under the same key with 422 problem+json", async () => {
     const key = randomUUID();
     expect((await post(`${base}${path}`, key, { amount: 10 }, ALICE)).status).toBe(201);

@@ -69,6 +69,17 @@ describe("Fastify 5 plugin", () => {
     expect(record.effectAttempts).toMatchObject([{ status: "CONFIRMED", providerHandle: first.json?.charge }]);
   });
 
+  it("leaves a malformed JSON body to Fastify's own 400, before anything is reserved, so the corrected request keeps its key", async () => {
+    const key = randomUUID();
+    const before = runs;
+    const malformed = await post(`${base}/v1/payments`, key, '{"amount": 10,', ALICE);
+    expect(malformed.status).toBe(400);
+    expect(runs).toBe(before);
+    const corrected = await post(`${base}/v1/payments`, key, { amount: 10 }, ALICE);
+    expect(corrected.status).toBe(201);
+    expect(runs).toBe(before + 1);
+  });
+
   it("answers a different body under the same key with 422 problem+json", async () => {
     const key = randomUUID();
     expect((await post(`${base}/v1/payments`, key, { amount: 10 }, ALICE)).status).toBe(201);
