@@ -294,7 +294,11 @@ export class IdempotencyGateway {
       // owner (its own RPC), so that only duplicates pay for the wait.
       const waitForOwnerMs = route.waitForOwnerMs ?? this.waitForOwnerMs;
       if (reserved.decision === "IN_PROGRESS" && reserved.enforced && waitForOwnerMs > 0) {
-        reserved = await this.client.reserve({ ...reserve, waitForOwnerMs });
+        reserved = await this.client.reserve({ ...reserve, waitForOwnerMs }).catch((error: unknown) => {
+          // The coordinator has as many waiters of this gateway as it allows: the first answer stands.
+          if (toCoordinatorError(error).reason === "TOO_MANY_WAITERS") return reserved;
+          throw error;
+        });
       }
     } catch (error) {
       return { run: false, response: this.refusal(toCoordinatorError(error), route) };

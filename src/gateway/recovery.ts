@@ -342,13 +342,20 @@ export class RecoveryContext extends OwnedOperation {
 
   /**
    * Completes with the response every retry will get (build it as the
-   * handler would have). The outcome follows the status unless given.
+   * handler would have). The outcome follows the status unless given. A
+   * record claimed with RECOVER has been UNKNOWN and never runs again, so a
+   * 5xx with nothing possible finishes it as FAILED_FINAL rather than
+   * handing it back; a record taken over (TAKEOVER) is released then.
    */
   async completeWith(response: HandlerResponse, outcome?: Outcome): Promise<void> {
     check(RECOVERY_FORMS.completeWith, response, "response", handlerResponse);
     check(RECOVERY_FORMS.completeWith, outcome, "outcome", optional(outcomeRule));
     const http = toHttpResponse(response);
     const chosen = outcome ?? outcomeForStatus(http.status, this.effectPossible);
+    if (chosen === "release" && this.claimMode === "RECOVER") {
+      await this.complete("FAILED_FINAL", snapshotOf(http));
+      return;
+    }
     if (chosen === "release") {
       await this.release();
       return;

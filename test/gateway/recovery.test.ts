@@ -112,6 +112,18 @@ describe("the recovery worker", () => {
     expect(after.snapshot?.location).toBe("/v1/payments/ch_recovered");
   });
 
+  it("finishes an UNKNOWN record found untouched as FAILED_FINAL with a 5xx: it is never handed back to run again", async () => {
+    const { ref } = await abandoned({ effect: "PENDING" });
+    const summary = await worker(async (ctx) => {
+      // The downstream system has nothing under the key: the attempt did nothing.
+      await ctx.resolve({ attemptNumber: ctx.latestAttempt("card.charge")!.attemptNumber, status: "NO_EFFECT" });
+      await ctx.completeWith({ status: 503, json: { title: "Payment not made" } });
+    }).runOnce();
+
+    expect(summary).toMatchObject({ claimed: 1, completed: 1, released: 0, failed: 0 });
+    expect(await record(ref.operationId)).toMatchObject({ state: "FAILED_FINAL", snapshot: { statusCode: 503 } });
+  });
+
   it("may not start a new kind of effect while recovering", async () => {
     const { ref } = await abandoned({ effect: "PENDING" });
     let called = false;
