@@ -1,5 +1,4 @@
 import { createContextValues } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import { systemClock, type Clock } from "../clock.js";
@@ -21,6 +20,7 @@ import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { reflectionRoutes } from "./reflection.js";
+import { rpcHandler } from "./rpc-handler.js";
 import { withCors } from "./cors.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
@@ -258,7 +258,7 @@ export async function startCoordinator({
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock, probeReader);
     const ready = readiness;
     const inFlight = new InFlight();
-    const handler = connectNodeAdapter({
+    const handler = rpcHandler({
       routes: (router) => {
         serviceRoutes({ registry, db, reads, metrics, store, readStore, policies: policyCache, policyRefreshMs: config.policyRefreshMs, ...(tracer ? { tracer } : {}) })(router);
         router.service(Health, health.service());
@@ -270,6 +270,8 @@ export async function startCoordinator({
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
       contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
+      corsOrigins: config.corsOrigins,
+      logger,
     });
 
     jobs = backgroundJobs(registry, db, metrics, config, logger, clock, holder);
