@@ -178,7 +178,12 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)",
   },
   { name: "IDEM_REFLECTION", default: "true", meaning: "serve gRPC server reflection (v1, v1alpha) without credentials, for buf curl, grpcurl, grpcui, Postman" },
-  { name: "IDEM_CORS_ORIGINS", default: "(none)", meaning: "comma-separated origins whose pages may call the RPC port from a browser (Connect, gRPC-Web)" },
+  {
+    name: "IDEM_CORS_ORIGINS",
+    default: "(none)",
+    meaning:
+      "comma-separated exact origins (scheme://host[:port], no path; patterns such as https://*.example.com are refused) whose pages may call the RPC port from a browser (Connect, gRPC-Web)",
+  },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -507,20 +512,29 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
   return config;
 }
 
-/** Origins, comma-separated, each `scheme://host[:port]` exactly as a browser sends it. */
+/** What IDEM_CORS_ORIGINS takes, said with each value it refuses. */
+const EXACT_ORIGINS = "it takes exact origins, scheme://host[:port] with no path and no wildcard, comma-separated (e.g. https://console.example.com,http://127.0.0.1:5173)";
+
+/**
+ * Origins, comma-separated, each `scheme://host[:port]` exactly as a browser
+ * sends it in `Origin`: the CORS check compares them whole, so a pattern
+ * (`https://*.example.com`) would be an origin no page ever has.
+ */
 function originList(raw: string): string[] {
   const origins = raw
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean);
   for (const origin of origins) {
-    let url: URL;
+    if (origin.includes("*")) throw new Error(`'${origin}' is a pattern, and patterns are not supported: list every origin itself; ${EXACT_ORIGINS}`);
+    let url: URL | undefined;
     try {
       url = new URL(origin);
     } catch {
-      throw new Error(`'${origin}' is not an origin: scheme://host[:port], e.g. https://console.example.com`);
+      url = undefined;
     }
-    if (url.origin !== origin) throw new Error(`'${origin}' is not an origin as browsers send it (${url.origin}): no path, no trailing slash`);
+    if (!url || (url.protocol !== "https:" && url.protocol !== "http:")) throw new Error(`'${origin}' is not an origin: ${EXACT_ORIGINS}`);
+    if (url.origin !== origin) throw new Error(`'${origin}' is not an origin as browsers send it (${url.origin}): no path, no trailing slash; ${EXACT_ORIGINS}`);
   }
   return origins;
 }

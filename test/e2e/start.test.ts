@@ -166,6 +166,25 @@ describe("npm start on a database without a snapshot key ring", () => {
   }, 60_000);
 });
 
+describe("npm start with an origin pattern in IDEM_CORS_ORIGINS", () => {
+  it("exits with one line naming the variable and what it takes, before it starts anything", async () => {
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      IDEM_CORS_ORIGINS: "https://*.example.com",
+      IDEM_RPC_PORT: String(await freePort()),
+      IDEM_ADMIN_PORT: String(await freePort()),
+    };
+    delete env.DATABASE_URL;
+    const result = await runMain(env);
+    expect(result.code).toBe(2);
+    expect(result.stderr.trim().split("\n")).toEqual([
+      "the configuration cannot be used: IDEM_CORS_ORIGINS: 'https://*.example.com' is a pattern, and patterns are not supported: list every origin itself; " +
+        "it takes exact origins, scheme://host[:port] with no path and no wildcard, comma-separated (e.g. https://console.example.com,http://127.0.0.1:5173)",
+    ]);
+    expect(result.stdout).toBe("");
+  }, 60_000);
+});
+
 describe("npm start on a database it cannot reach", () => {
   it("exits non-zero with one line naming DATABASE_URL and the address, without a stack or the password", async () => {
     const closed = await freePort();
