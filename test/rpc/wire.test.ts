@@ -271,6 +271,37 @@ describe("callers", () => {
     expect(wrong.body.details?.[0]?.debug).toEqual({ reason: "UNAUTHENTICATED", domain: "idempotency.v1" });
   });
 
+  it("takes the Bearer scheme in any case, and tells an unknown token from a malformed header without echoing either", async () => {
+    const lookup = {
+      by: { case: "ref" as const, value: create(OperationRefSchema, { tenant: "acme", operationId: "01a229d0-0f4c-7516-846e-0457ee592196" }) },
+      subject: { tenant: "acme", principal: "alice" },
+    };
+    const refusal = (authorization: string) =>
+      connectH2.lookup(lookup, { headers: { authorization } }).then(
+        () => undefined,
+        (e: unknown) => ConnectError.from(e),
+      );
+    // RFC 7235: the scheme is case-insensitive. The call is authenticated, and answered as the caller's (no such operation).
+    for (const scheme of ["bearer", "BEARER", "bEaReR"]) {
+      const answered = await refusal(`${scheme} ${server.tokens.gateway}`);
+      expect([answered?.code, wireReasonOf(answered)], scheme).toEqual([Code.NotFound, "NOT_FOUND"]);
+    }
+    // Well formed, of any length, but no caller's token.
+    for (const token of ["s3cret", "not-a-configured-token-at-all", `${server.tokens.gateway}x`]) {
+      const unknown = await refusal(`Bearer ${token}`);
+      expect(unknown?.code).toBe(Code.Unauthenticated);
+      expect(wireReasonOf(unknown)).toBe("UNAUTHENTICATED");
+      expect(unknown?.rawMessage).toMatch(/^the bearer token is not one of this coordinator's callers' tokens: /);
+      expect(unknown?.rawMessage).toMatch(/IDEM_CALLERS/);
+      expect(unknown?.rawMessage).not.toContain(token);
+    }
+    for (const header of ["Basic dXNlcjpwYXNz", "Bearer", `Bearer ${server.tokens.gateway} extra`, `Token ${server.tokens.gateway}`]) {
+      const malformed = await refusal(header);
+      expect(malformed?.code, header).toBe(Code.Unauthenticated);
+      expect(malformed?.rawMessage, header).toBe("the Authorization header must be 'Bearer <token>'");
+    }
+  });
+
   it("refuses a tenant, an operation or a role the caller is not granted", async () => {
     const before = await countRows(t.pool);
     const otherTenant = await grpcCall(

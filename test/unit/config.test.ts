@@ -202,7 +202,9 @@ describe("callers", () => {
     expect([caller.mayOperate("payments.create"), caller.mayOperate("refunds.create")]).toEqual([true, false]);
     expect(caller.isOperator).toBe(false);
     expect(() => requireRole(caller, "worker")).toThrow(IdempotencyError);
-    for (const header of [null, "", "Basic abc", "Bearer short", "Bearer another-long-enough-token", "bearer a-sufficiently-long-token"]) {
+    // The scheme in any case (RFC 7235).
+    expect(callers.authenticate("bearer a-sufficiently-long-token").caller).toBe("gw");
+    for (const header of [null, "", "Basic abc", "Bearer short", "Bearer another-long-enough-token", "Bearer  a-sufficiently-long-token x"]) {
       const error = (() => {
         try {
           callers.authenticate(header);
