@@ -61,7 +61,7 @@ export function errorMappingOf(values: { get<T>(key: { id: symbol; defaultValue:
  * other error becomes INTERNAL, and its cause is logged, never sent.
  */
 export function errorMapping(logger: Logger): Interceptor {
-  const mapped = (error: unknown, rpc: string, method?: DescMethod): ConnectError => {
+  const mapped = (error: unknown, rpc: string, method?: DescMethod, signal?: AbortSignal): ConnectError => {
     if (error instanceof IdempotencyError) {
       // A refusal with a cause was made from a failure below (the database, a sealed body): the cause is for the operator only.
       if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc }, `refused with ${error.reason} after a failure; the cause is attached`);
@@ -70,6 +70,14 @@ export function errorMapping(logger: Logger): Interceptor {
     // A streaming RPC's messages are parsed as its handler reads them: here (a unary one's before any interceptor, see rpc-handler.ts).
     const malformed = method && malformedMessageRefusal(error, method);
     if (malformed) return malformed;
+    // What a handler throws once its RPC was cancelled or ran out of time (the abort of whatever it awaited) is no failure:
+    // a client that stops following a stream (Ctrl-C, a dropped Health/Watch) ends it normally.
+    if (signal?.aborted) {
+      const ended = ConnectError.from(error instanceof ConnectError ? error : signal.reason);
+      const why = ended.code === Code.DeadlineExceeded ? "the RPC's deadline passed before it ended" : "the client cancelled the RPC";
+      logger.debug({ rpc, code: Code[ended.code], reason: ended.rawMessage }, why);
+      return ended;
+    }
     if (error instanceof ConnectError) return error;
     logger.error({ err: error, rpc }, "unexpected failure");
     return refusalToConnectError(new IdempotencyError("INTERNAL", "internal error; the cause is logged on the coordinator"));
@@ -80,7 +88,7 @@ export function errorMapping(logger: Logger): Interceptor {
     try {
       res = await next(req);
     } catch (error) {
-      throw mapped(error, req.method.name, req.method);
+      throw mapped(error, req.method.name, req.method, req.signal);
     }
     if (!res.stream) return res;
     // A streaming handler runs as its messages are read: what it throws then
@@ -92,7 +100,7 @@ export function errorMapping(logger: Logger): Interceptor {
         try {
           yield* messages;
         } catch (error) {
-          throw mapped(error, req.method.name, req.method);
+          throw mapped(error, req.method.name, req.method, req.signal);
         }
       })(),
     };
