@@ -100,6 +100,8 @@ export interface Config {
   stateDir: string;
   embeddedPostgresPort: number;
   logLevel: string;
+  /** One log line per RPC at info (method, caller, code, duration); false: at debug only. */
+  accessLog: boolean;
 }
 
 /** The variables, their defaults and meaning (also the README's configuration table). */
@@ -196,6 +198,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   },
   { name: "OTEL_SERVICE_NAME", default: "idempotency-coordinator", meaning: "service name on the spans" },
   { name: "LOG_LEVEL", default: "info", meaning: "pino log level (fatal, error, warn, info, debug, trace, silent)" },
+  {
+    name: "IDEM_ACCESS_LOG",
+    default: "true",
+    meaning: "a log line per RPC at info level: method, caller, code, duration, operation id; false: at debug level only",
+  },
 ];
 
 /** A configuration that cannot be used; the message lists every problem. */
@@ -494,6 +501,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     stateDir: read("IDEM_STATE_DIR", (raw) => raw, ".idem"),
     embeddedPostgresPort: read("IDEM_EMBEDDED_PG_PORT", integer(1, 65535), 54329),
     logLevel,
+    accessLog: read("IDEM_ACCESS_LOG", boolean, true),
   };
   if (config.rpcPort !== 0 && config.rpcPort === config.adminPort) {
     problems.push("IDEM_RPC_PORT and IDEM_ADMIN_PORT: must differ");

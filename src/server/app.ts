@@ -265,7 +265,13 @@ export async function startCoordinator({
         if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
       },
       // Outermost first: count, trace, time and log the RPC; then map any error, authenticate and check the message.
-      interceptors: [inFlight.interceptor, ...(tracer ? [tracingInterceptor(tracer)] : []), metrics.interceptor(), accessLog(logger), ...refusalInterceptors(logger, callers)],
+      interceptors: [
+        inFlight.interceptor,
+        ...(tracer ? [tracingInterceptor(tracer)] : []),
+        metrics.interceptor(),
+        accessLog(logger, config.accessLog ? "info" : "debug"),
+        ...refusalInterceptors(logger, callers),
+      ],
       jsonOptions: JSON_OPTIONS,
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
