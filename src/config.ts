@@ -107,7 +107,11 @@ export interface Config {
 /** The variables, their defaults and meaning (also the README's configuration table). */
 export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning: string }> = [
   { name: "DATABASE_URL", default: "(unset: embedded PostgreSQL)", meaning: "PostgreSQL connection string of the registry" },
-  { name: "IDEM_HOST", default: "0.0.0.0", meaning: "address both ports listen on" },
+  {
+    name: "IDEM_HOST",
+    default: "0.0.0.0 (embedded: 127.0.0.1)",
+    meaning: "address both ports listen on; without DATABASE_URL (the development start, whose token holds every grant) loopback only unless set",
+  },
   { name: "IDEM_RPC_PORT", default: "7070", meaning: "gRPC, gRPC-Web and Connect (HTTP/2 cleartext and HTTP/1.1)" },
   { name: "IDEM_ADMIN_PORT", default: "7071", meaning: "/healthz, /readyz, /metrics and the operator console" },
   { name: "IDEM_MIGRATION_DATABASE_URL", default: "(DATABASE_URL)", meaning: "connection string of the tables' owner, for migrations" },
@@ -459,7 +463,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
 
   const config: Config = {
     databaseUrl,
-    host: read("IDEM_HOST", (raw) => raw, "0.0.0.0"),
+    // The embedded development start mints a token with every grant: it listens on this machine only unless told otherwise.
+    host: read("IDEM_HOST", (raw) => raw, databaseUrl === undefined ? "127.0.0.1" : "0.0.0.0"),
     rpcPort: read("IDEM_RPC_PORT", port, 7070),
     adminPort: read("IDEM_ADMIN_PORT", port, 7071),
     migrationDatabaseUrl,

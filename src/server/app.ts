@@ -102,8 +102,14 @@ export interface StartOptions {
 }
 
 export interface RunningCoordinator {
+  /** The address the RPC port is bound to, as its socket reports it (IDEM_HOST resolved: 127.0.0.1, 0.0.0.0, ::). */
+  rpcHost: string;
   rpcPort: number;
+  /** The address the admin port is bound to. */
+  adminHost: string;
   adminPort: number;
+  /** The operations (and API revisions) with a published policy when it started: those a first call can name. */
+  publishedOperations: ReadonlyArray<{ operation: string; apiRevision: number }>;
   /** Its name on the background jobs' leases (idem_job_lease.holder). */
   jobHolder: string;
   health: HealthStatus;
@@ -244,6 +250,9 @@ export async function startCoordinator({
       if (created)
         logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
     }
+    const publishedOperations = [
+      ...new Map((await store.load()).policies.map(({ document: { operation, apiRevision } }) => [`${operation}@${apiRevision}`, { operation, apiRevision }])).values(),
+    ];
     policies = new PolicyCache({ load: () => store.load(), refreshMs: config.policyRefreshMs, logger, clock });
     await policies.start();
     const policyCache = policies;
@@ -303,8 +312,11 @@ export async function startCoordinator({
     const runningJobs = jobs;
     let stopping: Promise<void> | undefined;
     return {
+      rpcHost: rpc.host,
       rpcPort: rpc.port,
+      adminHost: admin.host,
       adminPort: admin.port,
+      publishedOperations,
       jobHolder: holder,
       health,
       stop: () =>
