@@ -107,20 +107,11 @@ function explained(handler: UniversalHandler, routerOptions: ConnectRouterOption
     if (!unary) return res;
     if (protocol === "connect") return connectUnaryParsed(res, method, routerOptions);
     if (protocol === "grpc") {
-      // The trailer is complete once the body is: rewritten before the adapter writes it.
-      return {
-        ...res,
-        ...(res.body
-          ? {
-              body: mapped(
-                res.body,
-                (chunk) => chunk,
-                () => grpcTrailerParsed(res.trailer, method),
-              ),
-            }
-          : {}),
-      };
+      // A request that does not parse fails before any answer: its status is in the trailer by the time the handler resolves.
+      grpcTrailerParsed(res.trailer, method);
+      return res;
     }
+    // gRPC-Web writes its trailer as the body's last frame.
     return { ...res, ...(res.body ? { body: mapped(res.body, (chunk) => grpcWebTrailerParsed(chunk, method)) } : {}) };
   };
 }
@@ -145,7 +136,13 @@ async function connectUnaryParsed(res: UniversalServerResponse, method: DescMeth
 
 function grpcTrailerParsed(trailer: UniversalServerResponse["trailer"], method: DescMethod): void {
   if (!trailer || trailer.get("grpc-status") !== String(Code.Internal)) return;
-  const refused = malformedMessageRefusal(new ConnectError(decodeURIComponent(trailer.get("grpc-message") ?? ""), Code.Internal), method);
+  let message: string;
+  try {
+    message = decodeURIComponent(trailer.get("grpc-message") ?? "");
+  } catch {
+    return; // not a message connect-es encoded
+  }
+  const refused = malformedMessageRefusal(new ConnectError(message, Code.Internal), method);
   if (refused) setTrailerStatus(trailer, refused);
 }
 
@@ -159,18 +156,16 @@ function grpcWebTrailerParsed(chunk: Uint8Array, method: DescMethod): Uint8Array
 }
 
 /**
- * A body whose chunks are passed through `map`, and `end` run once they are
- * all read. Throw and return go to the body itself, as the adapter reports
- * write errors through them.
+ * A body whose chunks are passed through `map`. Throw and return go to the
+ * body itself, as the adapter reports write errors through them.
  */
-function mapped(body: AsyncIterable<Uint8Array>, map: (chunk: Uint8Array) => Uint8Array, end?: () => void): AsyncIterable<Uint8Array> {
+function mapped(body: AsyncIterable<Uint8Array>, map: (chunk: Uint8Array) => Uint8Array): AsyncIterable<Uint8Array> {
   return {
     [Symbol.asyncIterator]() {
       const it = body[Symbol.asyncIterator]();
       return {
         async next() {
           const result = await it.next();
-          if (result.done) end?.();
           return result.done ? result : { done: false, value: map(result.value) };
         },
         throw: async (e?: unknown) => {
