@@ -106,12 +106,18 @@ export interface Config {
   stateDir: string;
   embeddedPostgresPort: number;
   logLevel: string;
+  /** One log line per RPC at info (method, caller, code, duration); false: at debug only. */
+  accessLog: boolean;
 }
 
 /** The variables, their defaults and meaning (also the README's configuration table). */
 export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning: string }> = [
   { name: "DATABASE_URL", default: "(unset: embedded PostgreSQL)", meaning: "PostgreSQL connection string of the registry" },
-  { name: "IDEM_HOST", default: "0.0.0.0", meaning: "address both ports listen on" },
+  {
+    name: "IDEM_HOST",
+    default: "0.0.0.0 (embedded: 127.0.0.1)",
+    meaning: "address both ports listen on; without DATABASE_URL (the development start, whose token holds every grant) loopback only unless set",
+  },
   { name: "IDEM_RPC_PORT", default: "7070", meaning: "gRPC, gRPC-Web and Connect (HTTP/2 cleartext and HTTP/1.1)" },
   { name: "IDEM_ADMIN_PORT", default: "7071", meaning: "/healthz, /readyz, /metrics and the operator console" },
   { name: "IDEM_MIGRATION_DATABASE_URL", default: "(DATABASE_URL)", meaning: "connection string of the tables' owner, for migrations" },
@@ -194,7 +200,12 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
     meaning: "never in production: with DATABASE_URL and no key ring, store response bodies unsealed (warned at every boot)",
   },
   { name: "IDEM_REFLECTION", default: "true", meaning: "serve gRPC server reflection (v1, v1alpha) without credentials, for buf curl, grpcurl, grpcui, Postman" },
-  { name: "IDEM_CORS_ORIGINS", default: "(none)", meaning: "comma-separated origins whose pages may call the RPC port from a browser (Connect, gRPC-Web)" },
+  {
+    name: "IDEM_CORS_ORIGINS",
+    default: "(none)",
+    meaning:
+      "comma-separated exact origins (scheme://host[:port], no path; patterns such as https://*.example.com are refused) whose pages may call the RPC port from a browser (Connect, gRPC-Web)",
+  },
   { name: "IDEM_MAX_REQUEST_BYTES", default: "4194304", meaning: "largest RPC request accepted" },
   { name: "IDEM_MAX_DEADLINE_MS", default: "30000", meaning: "cap on any deadline a client asks for" },
   { name: "IDEM_SHUTDOWN_GRACE_MS", default: "20000", meaning: "how long SIGTERM lets in-flight RPCs finish" },
@@ -207,6 +218,11 @@ export const ENVIRONMENT: ReadonlyArray<{ name: string; default: string; meaning
   },
   { name: "OTEL_SERVICE_NAME", default: "idempotency-coordinator", meaning: "service name on the spans" },
   { name: "LOG_LEVEL", default: "info", meaning: "pino log level (fatal, error, warn, info, debug, trace, silent)" },
+  {
+    name: "IDEM_ACCESS_LOG",
+    default: "true",
+    meaning: "a log line per RPC at info level: method, caller, code, duration, operation id; false: at debug level only",
+  },
 ];
 
 /** A configuration that cannot be used; the message lists every problem. */
@@ -463,7 +479,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
 
   const config: Config = {
     databaseUrl,
-    host: read("IDEM_HOST", (raw) => raw, "0.0.0.0"),
+    // The embedded development start mints a token with every grant: it listens on this machine only unless told otherwise.
+    host: read("IDEM_HOST", (raw) => raw, databaseUrl === undefined ? "127.0.0.1" : "0.0.0.0"),
     rpcPort: read("IDEM_RPC_PORT", port, 7070),
     adminPort: read("IDEM_ADMIN_PORT", port, 7071),
     migrationDatabaseUrl,
@@ -510,6 +527,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     stateDir: read("IDEM_STATE_DIR", (raw) => raw, ".idem"),
     embeddedPostgresPort: read("IDEM_EMBEDDED_PG_PORT", integer(1, 65535), 54329),
     logLevel,
+    accessLog: read("IDEM_ACCESS_LOG", boolean, true),
   };
   if (config.rpcPort !== 0 && config.rpcPort === config.adminPort) {
     problems.push("IDEM_RPC_PORT and IDEM_ADMIN_PORT: must differ");
@@ -528,20 +546,29 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
   return config;
 }
 
-/** Origins, comma-separated, each `scheme://host[:port]` exactly as a browser sends it. */
+/** What IDEM_CORS_ORIGINS takes, said with each value it refuses. */
+const EXACT_ORIGINS = "it takes exact origins, scheme://host[:port] with no path and no wildcard, comma-separated (e.g. https://console.example.com,http://127.0.0.1:5173)";
+
+/**
+ * Origins, comma-separated, each `scheme://host[:port]` exactly as a browser
+ * sends it in `Origin`: the CORS check compares them whole, so a pattern
+ * (`https://*.example.com`) would be an origin no page ever has.
+ */
 function originList(raw: string): string[] {
   const origins = raw
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean);
   for (const origin of origins) {
-    let url: URL;
+    if (origin.includes("*")) throw new Error(`'${origin}' is a pattern, and patterns are not supported: list every origin itself; ${EXACT_ORIGINS}`);
+    let url: URL | undefined;
     try {
       url = new URL(origin);
     } catch {
-      throw new Error(`'${origin}' is not an origin: scheme://host[:port], e.g. https://console.example.com`);
+      url = undefined;
     }
-    if (url.origin !== origin) throw new Error(`'${origin}' is not an origin as browsers send it (${url.origin}): no path, no trailing slash`);
+    if (!url || (url.protocol !== "https:" && url.protocol !== "http:")) throw new Error(`'${origin}' is not an origin: ${EXACT_ORIGINS}`);
+    if (url.origin !== origin) throw new Error(`'${origin}' is not an origin as browsers send it (${url.origin}): no path, no trailing slash; ${EXACT_ORIGINS}`);
   }
   return origins;
 }

@@ -67,8 +67,16 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
     throw listenFailure(error, config.host, admin ? config.adminPort : config.rpcPort, admin ? "IDEM_ADMIN_PORT" : "IDEM_RPC_PORT") ?? error;
   }
   // On stderr: stdout carries the JSON log lines only, for whatever collects them.
-  if (worker === undefined) process.stderr.write(banner(config, coordinator.rpcPort, [coordinator.adminPort], developmentToken, embedded));
-  else process.send?.({ kind: "serving", rpcPort: coordinator.rpcPort, adminPort: coordinator.adminPort } satisfies Serving);
+  const serving: Serving = {
+    kind: "serving",
+    rpcHost: coordinator.rpcHost,
+    rpcPort: coordinator.rpcPort,
+    adminHost: coordinator.adminHost,
+    adminPort: coordinator.adminPort,
+    publishedOperations: coordinator.publishedOperations,
+  };
+  if (worker === undefined) process.stderr.write(banner(config, serving, [coordinator.adminPort], developmentToken, embedded));
+  else process.send?.(serving);
 
   onStopSignals(
     async (signal) => {
@@ -118,8 +126,12 @@ function onStopSignals(stop: (signal: string) => unknown, force: (signal: string
 /** What a worker tells its primary once it serves. */
 interface Serving {
   kind: "serving";
+  /** The addresses the ports are bound to, as their sockets report them. */
+  rpcHost: string;
   rpcPort: number;
+  adminHost: string;
   adminPort: number;
+  publishedOperations: ReadonlyArray<{ operation: string; apiRevision: number }>;
 }
 
 /**
@@ -166,7 +178,7 @@ async function serveWorkers(config: Config): Promise<void> {
       if (allServed || serving.size < config.workers) return;
       allServed = true;
       const adminPorts = [...serving.values()].map((s) => s.adminPort).sort((a, b) => a - b);
-      process.stderr.write(banner(config, message.rpcPort, adminPorts, undefined, undefined));
+      process.stderr.write(banner(config, message, adminPorts, undefined, undefined));
       logger.info({ rpcPort: message.rpcPort, adminPorts }, `${config.workers} workers serving`);
     });
     worker.on("exit", (code, signal) => {
@@ -222,27 +234,94 @@ function developmentCaller(token: string): CallerGrant {
   return { name: "development", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway", "worker", "operator"] };
 }
 
-function banner(config: Config, rpcPort: number, adminPorts: number[], token: string | undefined, embedded: EmbeddedPostgres | undefined): string {
-  const host = config.host === "0.0.0.0" ? "127.0.0.1" : config.host;
-  const auth = token ? `-H "Authorization: Bearer $(cat ${join(config.stateDir, "dev-token")})" ` : `-H "Authorization: Bearer $TOKEN" `;
+/** Whether an address is this machine's alone. */
+function isLoopback(host: string): boolean {
+  return /^127\./.test(host) || host === "::1" || /^::ffff:127\./i.test(host);
+}
+
+/** Whether an address is every interface's. */
+function isWildcard(host: string): boolean {
+  return host === "0.0.0.0" || host === "::";
+}
+
+/** `host:port`, an IPv6 address in brackets. */
+function hostPort(host: string, port: number): string {
+  return `${host.includes(":") ? `[${host}]` : host}:${port}`;
+}
+
+/**
+ * What the coordinator prints on stderr once it serves: where it listens
+ * (the addresses its ports are bound to), the registry and policies, and
+ * either a first call that works or what to configure before one can.
+ */
+function banner(
+  config: Config,
+  serving: Pick<Serving, "rpcHost" | "rpcPort" | "adminHost" | "publishedOperations">,
+  adminPorts: number[],
+  token: string | undefined,
+  embedded: EmbeddedPostgres | undefined,
+): string {
+  const { rpcHost, rpcPort, adminHost, publishedOperations } = serving;
+  // Where a client on this machine reaches a port: a wildcard address through loopback.
+  const local = (host: string) => (host === "::" ? "::1" : host === "0.0.0.0" ? "127.0.0.1" : host);
+  // One port, or the first and the others' numbers (a worker's admin port each).
+  const at = (host: string, ports: number[]) => [hostPort(host, ports[0]!), ...ports.slice(1)].join(", ");
+  const where = (host: string, ports: number[], scheme: string) => {
+    if (isWildcard(host)) return `${at(host, ports)}, every interface (from this machine: ${scheme}${at(local(host), ports)})`;
+    return `${scheme}${at(host, ports)}${isLoopback(host) ? ", this machine only" : ""}`;
+  };
+  const rpcUrl = `http://${hostPort(local(rpcHost), rpcPort)}`;
+  const hasCaller = token !== undefined || config.callers.length > 0 || config.allowAnonymous;
+  const operation = publishedOperations.find((o) => o.operation === "payments.create" && o.apiRevision === 1) ?? publishedOperations[0];
+  const auth = token ? `-H "Authorization: Bearer $(cat ${join(config.stateDir, "dev-token")})" ` : config.allowAnonymous ? "" : `-H "Authorization: Bearer $TOKEN" `;
   const lines = [
     "",
     `idempotency coordinator serving`,
-    `  RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): ${host}:${rpcPort}`,
+    `  RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): ${where(rpcHost, [rpcPort], "")}`,
     adminPorts.length === 1
-      ? `  admin (/healthz, /readyz):                          http://${host}:${adminPorts[0]}`
-      : `  admin (/healthz, /readyz), one port per worker:     http://${host}:${adminPorts.join(", ")}`,
+      ? `  admin (/healthz, /readyz, /metrics, /console):     ${where(adminHost, adminPorts, "http://")}`
+      : `  admin, one port per worker:                        ${where(adminHost, adminPorts, "http://")}`,
     `  registry: ${embedded ? `embedded PostgreSQL in ${resolve(embedded.dataDir)}` : "DATABASE_URL"}`,
-    `  policies: ${config.operations.map((o) => `${o.operation}@${o.apiRevision} revision ${o.schemaRevision}`).join(", ") || "none published at boot"}`,
-    ...(token ? [`  development token (all grants, this machine only): ${join(config.stateDir, "dev-token")}`] : []),
-    "",
-    "First call:",
-    `  curl -sS ${auth}-H "Content-Type: application/json" \\`,
-    `    http://${host}:${rpcPort}/idempotency.v1.CoordinatorService/Reserve \\`,
-    `    -d '{"subject":{"tenant":"acme","principal":"alice"},"operation":"payments.create","apiRevision":1,` +
-      `"idempotencyKey":"'$(uuidgen || cat /proc/sys/kernel/random/uuid)'","parts":{"method":"POST","path":"/v1/payments",` +
-      `"mediaType":"application/json","body":"eyJhbW91bnQiOjEwfQ=="}}'`,
+    `  policies: ${publishedOperations.map((o) => `${o.operation}@${o.apiRevision}`).join(", ") || "none published"}`,
+    ...(token
+      ? [
+          `  development token (all grants, ${isLoopback(rpcHost) ? "this machine only" : `reachable from other machines: IDEM_HOST is ${config.host}`}): ${join(config.stateDir, "dev-token")}`,
+        ]
+      : config.allowAnonymous
+        ? ["  callers: IDEM_ALLOW_ANONYMOUS, every request acts with every grant"]
+        : [
+            `  callers: ${config.callers.length === 0 ? "none configured: every RPC is refused as UNAUTHENTICATED" : `${new Set(config.callers.map((c) => c.name)).size} configured`}`,
+          ]),
     "",
   ];
+  if (hasCaller && operation) {
+    lines.push(
+      token || config.allowAnonymous ? "First call:" : `First call (with the token of a caller granted ${operation.operation} for tenant acme; the body must satisfy its policy):`,
+      `  curl -sS ${auth}-H "Content-Type: application/json" \\`,
+      `    ${rpcUrl}/idempotency.v1.CoordinatorService/Reserve \\`,
+      `    -d '{"subject":{"tenant":"acme","principal":"alice"},"operation":"${operation.operation}","apiRevision":${operation.apiRevision},` +
+        `"idempotencyKey":"'$(uuidgen || cat /proc/sys/kernel/random/uuid)'","parts":{"method":"POST","path":"/v1/payments",` +
+        `"mediaType":"application/json","body":"eyJhbW91bnQiOjEwfQ=="}}'`,
+      "",
+    );
+  } else {
+    lines.push("Before the first call:");
+    if (!hasCaller) {
+      lines.push(
+        "  - configure a caller: mint a token and its entry with",
+        "      npm run idemctl -- token --name payments-gateway --tenants acme --operations payments.create --roles gateway",
+        "    put the entry in IDEM_CALLERS (a JSON array of entries) or IDEM_CALLERS_FILE, and start again;",
+        "    mint an operator's the same way (--roles operator --tenants '*') to publish policies",
+      );
+    }
+    if (!operation) {
+      lines.push(
+        "  - publish a policy for each operation (docs/policies.md): declare them in IDEM_OPERATIONS_FILE",
+        "    (deploy/operations.example.yaml is one) and start again, or with an operator's token:",
+        `      IDEM_URL=${rpcUrl} IDEM_TOKEN=<operator token> npm run idemctl -- policy apply deploy/operations.example.yaml`,
+      );
+    }
+    lines.push("");
+  }
   return `${lines.join("\n")}\n`;
 }

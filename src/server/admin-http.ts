@@ -18,6 +18,8 @@ export interface AdminProbes {
 export type AdminRoute = (req: http.IncomingMessage, res: http.ServerResponse, path: string) => Promise<boolean>;
 
 export interface AdminServer {
+  /** The address it is bound to, as the socket reports it. */
+  host: string;
   port: number;
   close(): Promise<void>;
 }
@@ -67,8 +69,10 @@ export function listenAdmin(probes: AdminProbes, routes: AdminRoute[], host: str
     server.once("error", reject);
     server.listen(port, host, () => {
       server.removeListener("error", reject);
+      const address = server.address() as net.AddressInfo;
       resolve({
-        port: (server.address() as net.AddressInfo).port,
+        host: address.address,
+        port: address.port,
         close: () =>
           new Promise<void>((done) => {
             server.close(() => done());

@@ -1,5 +1,4 @@
 import { createContextValues } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
 import { systemClock, type Clock } from "../clock.js";
@@ -21,6 +20,7 @@ import { Callers } from "./callers.js";
 import { consoleRoutes } from "./console.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { reflectionRoutes } from "./reflection.js";
+import { rpcHandler } from "./rpc-handler.js";
 import { withCors } from "./cors.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
@@ -102,8 +102,14 @@ export interface StartOptions {
 }
 
 export interface RunningCoordinator {
+  /** The address the RPC port is bound to, as its socket reports it (IDEM_HOST resolved: 127.0.0.1, 0.0.0.0, ::). */
+  rpcHost: string;
   rpcPort: number;
+  /** The address the admin port is bound to. */
+  adminHost: string;
   adminPort: number;
+  /** The operations (and API revisions) with a published policy when it started: those a first call can name. */
+  publishedOperations: ReadonlyArray<{ operation: string; apiRevision: number }>;
   /** Its name on the background jobs' leases (idem_job_lease.holder). */
   jobHolder: string;
   health: HealthStatus;
@@ -244,6 +250,9 @@ export async function startCoordinator({
       if (created)
         logger.info({ operation: document.operation, apiRevision: document.apiRevision, schemaRevision: document.schemaRevision }, "policy published from configuration");
     }
+    const publishedOperations = [
+      ...new Map((await store.load()).policies.map(({ document: { operation, apiRevision } }) => [`${operation}@${apiRevision}`, { operation, apiRevision }])).values(),
+    ];
     policies = new PolicyCache({ load: () => store.load(), refreshMs: config.policyRefreshMs, logger, clock });
     await policies.start();
     const policyCache = policies;
@@ -258,7 +267,7 @@ export async function startCoordinator({
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock, probeReader);
     const ready = readiness;
     const inFlight = new InFlight();
-    const handler = connectNodeAdapter({
+    const handler = rpcHandler({
       routes: (router) => {
         serviceRoutes({
           registry,
@@ -276,11 +285,19 @@ export async function startCoordinator({
         if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
       },
       // Outermost first: count, trace, time and log the RPC; then map any error, authenticate and check the message.
-      interceptors: [inFlight.interceptor, ...(tracer ? [tracingInterceptor(tracer)] : []), metrics.interceptor(), accessLog(logger), ...refusalInterceptors(logger, callers)],
+      interceptors: [
+        inFlight.interceptor,
+        ...(tracer ? [tracingInterceptor(tracer)] : []),
+        metrics.interceptor(),
+        accessLog(logger, config.accessLog ? "info" : "debug"),
+        ...refusalInterceptors(logger, callers),
+      ],
       jsonOptions: JSON_OPTIONS,
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
       contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
+      corsOrigins: config.corsOrigins,
+      logger,
     });
 
     jobs = backgroundJobs(registry, db, metrics, config, logger, clock, holder);
@@ -306,8 +323,11 @@ export async function startCoordinator({
     const runningJobs = jobs;
     let stopping: Promise<void> | undefined;
     return {
+      rpcHost: rpc.host,
       rpcPort: rpc.port,
+      adminHost: admin.host,
       adminPort: admin.port,
+      publishedOperations,
       jobHolder: holder,
       health,
       stop: () =>

@@ -17,6 +17,12 @@ export function tokenHash(token: string): string {
   return createHash("sha256").update(token, "utf8").digest("hex");
 }
 
+/** The refusal of a well-formed token that is no caller's, with what to check. */
+const UNKNOWN_TOKEN =
+  "the bearer token is not one of this coordinator's callers' tokens: check that the whole token was sent (`idemctl token` prints it once, " +
+  "with the entry to configure), that its SHA-256 is a caller's tokenSha256 in IDEM_CALLERS or IDEM_CALLERS_FILE of the coordinator it is sent to, " +
+  "and that the coordinator was restarted since";
+
 /** What the TLS layer says of the client: whether its certificate verified, and the identities it names. */
 export interface PeerCertificate {
   authorized: boolean;
@@ -61,10 +67,12 @@ export class Callers {
       if (this.anonymous) return this.anonymous;
       refuse("UNAUTHENTICATED", "send 'Authorization: Bearer <token>' with a token configured for this coordinator");
     }
-    const match = /^Bearer ([\x21-\x7e]{16,512})$/.exec(authorization);
+    // The scheme is case-insensitive (RFC 7235, section 2.1); the token is one word of visible ASCII.
+    const match = /^bearer +([\x21-\x7e]+)$/i.exec(authorization);
     if (!match) refuse("UNAUTHENTICATED", "the Authorization header must be 'Bearer <token>'");
     const caller = this.byHash.get(tokenHash(match[1]!));
-    if (!caller) refuse("UNAUTHENTICATED", "the bearer token is not known to this coordinator");
+    // Never the token itself: a refusal is logged and shown in places a token must not reach.
+    if (!caller) refuse("UNAUTHENTICATED", UNKNOWN_TOKEN);
     return caller;
   }
 

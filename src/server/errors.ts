@@ -1,4 +1,4 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type DescMethod } from "@bufbuild/protobuf";
 import { anyPack } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createContextKey, type Interceptor } from "@connectrpc/connect";
 import type { Logger } from "pino";
@@ -17,6 +17,25 @@ export function refusalToConnectError(error: IdempotencyError): ConnectError {
   return new ConnectError(error.message, codeOf(error.reason), undefined, [
     { desc: ErrorInfoSchema, value: create(ErrorInfoSchema, { reason: error.reason, domain: ERROR_DOMAIN, metadata: error.metadata }) },
   ]);
+}
+
+/** The message protobuf-es' binary parser gives connect-es, which sends it as INTERNAL. */
+const PARSE_BINARY = "parse binary: ";
+
+/**
+ * The refusal of a request whose bytes are not the RPC's request message
+ * (connect-es sends the parser's failure as INTERNAL); undefined for any
+ * other error.
+ */
+export function malformedMessageRefusal(error: unknown, method: DescMethod): ConnectError | undefined {
+  if (!(error instanceof ConnectError) || error.code !== Code.Internal || !error.rawMessage.startsWith(PARSE_BINARY)) return undefined;
+  const why = error.rawMessage.slice(PARSE_BINARY.length);
+  return refusalToConnectError(
+    new IdempotencyError(
+      "INVALID_REQUEST",
+      `the request body is not a valid ${method.input.typeName} message in the protobuf binary encoding (${why}): send that message, encoded as proto/ defines it`,
+    ),
+  );
 }
 
 /** Turns whatever a call's handler threw into what its client may see (see errorMapping). */
@@ -42,11 +61,22 @@ export function errorMappingOf(values: { get<T>(key: { id: symbol; defaultValue:
  * other error becomes INTERNAL, and its cause is logged, never sent.
  */
 export function errorMapping(logger: Logger): Interceptor {
-  const mapped: ErrorMapping = (error, rpc) => {
+  const mapped = (error: unknown, rpc: string, method?: DescMethod, signal?: AbortSignal): ConnectError => {
     if (error instanceof IdempotencyError) {
       // A refusal with a cause was made from a failure below (the database, a sealed body): the cause is for the operator only.
       if (error.cause) logger.warn({ err: error.cause, reason: error.reason, rpc }, `refused with ${error.reason} after a failure; the cause is attached`);
       return refusalToConnectError(error);
+    }
+    // A streaming RPC's messages are parsed as its handler reads them: here (a unary one's before any interceptor, see rpc-handler.ts).
+    const malformed = method && malformedMessageRefusal(error, method);
+    if (malformed) return malformed;
+    // What a handler throws once its RPC was cancelled or ran out of time (the abort of whatever it awaited) is no failure:
+    // a client that stops following a stream (Ctrl-C, a dropped Health/Watch) ends it normally.
+    if (signal?.aborted) {
+      const ended = ConnectError.from(error instanceof ConnectError ? error : signal.reason);
+      const why = ended.code === Code.DeadlineExceeded ? "the RPC's deadline passed before it ended" : "the client cancelled the RPC";
+      logger.debug({ rpc, code: Code[ended.code], reason: ended.rawMessage }, why);
+      return ended;
     }
     if (error instanceof ConnectError) return error;
     logger.error({ err: error, rpc }, "unexpected failure");
@@ -58,7 +88,7 @@ export function errorMapping(logger: Logger): Interceptor {
     try {
       res = await next(req);
     } catch (error) {
-      throw mapped(error, req.method.name);
+      throw mapped(error, req.method.name, req.method, req.signal);
     }
     if (!res.stream) return res;
     // A streaming handler runs as its messages are read: what it throws then
@@ -70,7 +100,7 @@ export function errorMapping(logger: Logger): Interceptor {
         try {
           yield* messages;
         } catch (error) {
-          throw mapped(error, req.method.name);
+          throw mapped(error, req.method.name, req.method, req.signal);
         }
       })(),
     };

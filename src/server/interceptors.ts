@@ -117,28 +117,51 @@ export class InFlight {
 }
 
 /**
- * One debug log line per RPC: method, caller, code, duration, and the
- * operation id when the request or response names one. Never a key, a body
- * or a token: those stay out of logs.
+ * One log line per RPC ("rpc"): method, caller, code, duration, and the
+ * operation id when the request or response names one; a stream's when it
+ * ends, with how it ended. At info level, or at debug when the operator turned
+ * it off (IDEM_ACCESS_LOG=false). Never a key, a body or a token: those stay
+ * out of logs.
  */
-export function accessLog(logger: Logger): Interceptor {
+export function accessLog(logger: Logger, level: "info" | "debug" = "info"): Interceptor {
   return (next) => async (req) => {
     const started = performance.now();
-    const caller = () => req.contextValues.get(callerKey)?.caller;
     const requested = operationIdOf(req.message);
+    const line = (code: string, operationId: string | undefined) =>
+      logger[level]({ rpc: req.method.name, caller: req.contextValues.get(callerKey)?.caller, code, ms: Math.round(performance.now() - started), operationId }, "rpc");
+    let res;
     try {
-      const res = await next(req);
-      logger.debug(
-        { rpc: req.method.name, caller: caller(), code: "ok", ms: Math.round(performance.now() - started), operationId: requested ?? operationIdOf(res.message) },
-        "rpc",
-      );
-      return res;
+      res = await next(req);
     } catch (error) {
-      const code = error instanceof ConnectError ? Code[error.code] : "unknown";
-      logger.debug({ rpc: req.method.name, caller: caller(), code, ms: Math.round(performance.now() - started), operationId: requested }, "rpc refused");
+      line(codeOf(error), requested);
       throw error;
     }
+    if (!res.stream) {
+      line("ok", requested ?? operationIdOf(res.message));
+      return res;
+    }
+    const messages = res.message;
+    return {
+      ...res,
+      message: (async function* () {
+        // Not read to its end nor failed: the client stopped reading.
+        let code = Code[Code.Canceled];
+        try {
+          yield* messages;
+          code = "ok";
+        } catch (error) {
+          code = codeOf(error);
+          throw error;
+        } finally {
+          line(code, requested);
+        }
+      })(),
+    };
   };
+}
+
+function codeOf(error: unknown): string {
+  return error instanceof ConnectError ? Code[error.code] : "unknown";
 }
 
 function operationIdOf(message: unknown): string | undefined {

@@ -13,6 +13,8 @@ export type DualHandler = (req: http.IncomingMessage | http2.Http2ServerRequest,
 
 /** One port that answers HTTP/2 cleartext (gRPC, gRPC-Web, Connect) and HTTP/1.1 (Connect JSON, gRPC-Web, plain curl). */
 export interface RpcListener {
+  /** The address it is bound to, as the socket reports it (e.g. 127.0.0.1, 0.0.0.0, ::). */
+  host: string;
   port: number;
   /** Stops accepting connections and asks open ones to finish (HTTP/2 GOAWAY, HTTP/1.1 close after the response). */
   closeGracefully(): void;
@@ -110,6 +112,7 @@ export function listenRpc(handler: DualHandler, host: string, port: number, tlsO
       tcp.removeListener("error", reject);
       const address = tcp.address() as net.AddressInfo;
       resolve({
+        host: address.address,
         port: address.port,
         closeGracefully() {
           closing = true;

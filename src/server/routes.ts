@@ -1,4 +1,6 @@
+import { createRegistry } from "@bufbuild/protobuf";
 import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
+import { file_google_rpc_error_details } from "../gen/google/rpc/error_details_pb.js";
 import type { Logger } from "pino";
 import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
@@ -30,5 +32,11 @@ export function refusalInterceptors(logger: Logger, callers: Callers): Intercept
   return [errorMapping(logger), authentication(callers), unknownFieldsRefused()];
 }
 
-/** Unknown JSON members are refused like unknown binary fields (see unknownFieldsRefused). */
-export const JSON_OPTIONS = { ignoreUnknownFields: false } as const;
+/**
+ * How Connect JSON is read and written. Unknown JSON members are refused like
+ * unknown binary fields (see unknownFieldsRefused). The registry holds every
+ * message a google.protobuf.Any may carry in an answer: a Batch call's
+ * google.rpc.Status packs its details (ErrorInfo) in Anys, and JSON names an
+ * Any's message by its type, which it must be able to look up to write it.
+ */
+export const JSON_OPTIONS = { ignoreUnknownFields: false, registry: createRegistry(file_google_rpc_error_details) } as const;

@@ -13,6 +13,7 @@ import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coord
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { freePort } from "../../src/net.js";
 import { printed } from "../support/wait.js";
+import { listeningAddresses } from "./listening.js";
 
 const run = promisify(execFile);
 const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
@@ -69,6 +70,40 @@ describe("npm start on the embedded default", () => {
     expect(output).toContain(join(stateDir, "dev-token"));
     expect(output).toContain("/idempotency.v1.CoordinatorService/Reserve");
   });
+
+  it("listens on loopback only, as its banner says, since its development token holds every grant", async () => {
+    // What the kernel says the process bound, not what it printed.
+    expect(await listeningAddresses(rpcPort)).toEqual(["127.0.0.1"]);
+    expect(await listeningAddresses(adminPort)).toEqual(["127.0.0.1"]);
+    expect(output).toContain(`RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): 127.0.0.1:${rpcPort}, this machine only`);
+    expect(output).toContain(`http://127.0.0.1:${adminPort}, this machine only`);
+    expect(output).toContain(`development token (all grants, this machine only): ${join(stateDir, "dev-token")}`);
+  });
+
+  it("listens where IDEM_HOST says when it is set, and its banner says so", async () => {
+    // A second coordinator on the same state folder: it shares the running embedded PostgreSQL (and never stops it).
+    const [otherRpc, otherAdmin] = [await freePort(), await freePort()];
+    const opened = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
+      env: { ...env, IDEM_HOST: "0.0.0.0", IDEM_RPC_PORT: String(otherRpc), IDEM_ADMIN_PORT: String(otherAdmin) },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let printedOut = "";
+    opened.stdout.on("data", (chunk) => (printedOut += chunk));
+    opened.stderr.on("data", (chunk) => (printedOut += chunk));
+    try {
+      await printed(opened, () => printedOut, "idempotency coordinator serving", 60_000);
+      expect(await listeningAddresses(otherRpc)).toEqual(["0.0.0.0"]);
+      expect(printedOut).toContain(`RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): 0.0.0.0:${otherRpc}, every interface (from this machine: 127.0.0.1:${otherRpc})`);
+      expect(printedOut).toContain("development token (all grants, reachable from other machines: IDEM_HOST is 0.0.0.0)");
+      expect(printedOut).toContain(`http://127.0.0.1:${otherRpc}/idempotency.v1.CoordinatorService/Reserve`);
+    } finally {
+      const exited = new Promise((resolve) => opened.once("exit", resolve));
+      opened.kill("SIGTERM");
+      await exited;
+    }
+    // The first one still serves, on its embedded PostgreSQL.
+    expect((await fetch(`http://127.0.0.1:${adminPort}/readyz`)).status).toBe(200);
+  }, 90_000);
 
   it("keeps stdout for JSON log lines (the banner goes to stderr), npm's own lines aside", () => {
     const lines = stdout.split("\n").filter((line) => line.trim() !== "" && !line.startsWith("> "));
@@ -163,6 +198,25 @@ describe("npm start on a database without a snapshot key ring", () => {
     const lines = result.stderr.trim().split("\n");
     expect(lines).toHaveLength(1);
     expect(lines[0]).toMatch(/^the configuration cannot be used: IDEM_SNAPSHOT_KEYS or IDEM_SNAPSHOT_KEYS_FILE: required with DATABASE_URL.*IDEM_ALLOW_PLAINTEXT_SNAPSHOTS=true/);
+  }, 60_000);
+});
+
+describe("npm start with an origin pattern in IDEM_CORS_ORIGINS", () => {
+  it("exits with one line naming the variable and what it takes, before it starts anything", async () => {
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      IDEM_CORS_ORIGINS: "https://*.example.com",
+      IDEM_RPC_PORT: String(await freePort()),
+      IDEM_ADMIN_PORT: String(await freePort()),
+    };
+    delete env.DATABASE_URL;
+    const result = await runMain(env);
+    expect(result.code).toBe(2);
+    expect(result.stderr.trim().split("\n")).toEqual([
+      "the configuration cannot be used: IDEM_CORS_ORIGINS: 'https://*.example.com' is a pattern, and patterns are not supported: list every origin itself; " +
+        "it takes exact origins, scheme://host[:port] with no path and no wildcard, comma-separated (e.g. https://console.example.com,http://127.0.0.1:5173)",
+    ]);
+    expect(result.stdout).toBe("");
   }, 60_000);
 });
 

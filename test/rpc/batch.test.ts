@@ -2,11 +2,11 @@ import { create, createRegistry, toJson, type Message, type MessageInitShape } f
 import { WireType } from "@bufbuild/protobuf/wire";
 import { anyUnpack } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { MAX_BATCH_CALLS } from "../../src/contract/batch.js";
 import type { FaultHooks, HookPoint } from "../../src/fault-hooks.js";
-import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
+import { ErrorInfoSchema, file_google_rpc_error_details } from "../../src/gen/google/rpc/error_details_pb.js";
 import type { Status } from "../../src/gen/google/rpc/status_pb.js";
 import {
   type BatchCall,
@@ -360,5 +360,50 @@ describe("a batch refused as a whole", () => {
       const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [running.ref.operationId]);
       expect(rows[0]?.state).toBe("SUCCEEDED");
     });
+  });
+});
+
+describe("a batch over every protocol", () => {
+  /** A client decoding Connect JSON needs the detail types that may come inside a Status, as any JSON client of google.rpc.Status does. */
+  const details = { registry: createRegistry(file_google_rpc_error_details) };
+  const transports = {
+    "Connect JSON": () => createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "1.1", useBinaryFormat: false, jsonOptions: details }),
+    "Connect binary": () => createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", useBinaryFormat: true }),
+    gRPC: () => createGrpcTransport({ baseUrl: server.baseUrl }),
+    "gRPC-Web": () => createGrpcWebTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" }),
+  };
+
+  for (const [protocol, transport] of Object.entries(transports)) {
+    it(`answers a refused call with its Status and ErrorInfo, and the others, over ${protocol}`, async () => {
+      const over = createClient(CoordinatorService, transport());
+      const { results } = await over.batch(
+        { calls: [batchCall({ case: "reserve", value: reserveRequest("too-short") }), batchCall({ case: "reserve", value: reserveRequest(newKey()) })] },
+        gateway(),
+      );
+      expect(batchAnswer(results[0]!.result)).toMatchObject({ code: Code.InvalidArgument, details: [{ reason: "INVALID_KEY", domain: "idempotency.v1" }] });
+      expect(results[1]!.result).toMatchObject({ case: "reserve", value: { decision: Decision.ACCEPTED } });
+      // A refused unary RPC carries the same detail over the same protocol.
+      const unaryRefusal = await over.reserve(reserveRequest("too-short"), gateway()).then(
+        () => undefined,
+        (e: unknown) => ConnectError.from(e),
+      );
+      expect(unaryRefusal?.findDetails(ErrorInfoSchema)[0]).toMatchObject({ reason: "INVALID_KEY", domain: "idempotency.v1" });
+    });
+  }
+
+  it("writes a refused call's details in Connect JSON as curl sees them: the ErrorInfo with its @type", async () => {
+    const response = await fetch(`${server.baseUrl}/idempotency.v1.CoordinatorService/Batch`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...gateway().headers },
+      body: JSON.stringify({
+        calls: [{ reserve: toJson(ReserveRequestSchema, reserveRequest("too-short")) }, { reserve: toJson(ReserveRequestSchema, reserveRequest(newKey())) }],
+      }),
+    });
+    expect(response.status).toBe(200);
+    const body = (await response.json()) as { results: Array<Record<string, unknown>> };
+    expect(body.results[0]).toMatchObject({
+      error: { code: Code.InvalidArgument, details: [{ "@type": "type.googleapis.com/google.rpc.ErrorInfo", reason: "INVALID_KEY", domain: "idempotency.v1" }] },
+    });
+    expect(body.results[1]).toMatchObject({ reserve: { decision: "DECISION_ACCEPTED" } });
   });
 });

@@ -85,6 +85,34 @@ describe("Connect GET for the RPCs that only read", () => {
     expect(JSON.parse(anonymous.body)).toMatchObject({ code: "unauthenticated" });
   });
 
+  it("answers every read with Cache-Control: no-store, private, so that no cache between keeps a caller's records", async () => {
+    const { client, call } = gatewayClient(server);
+    const reserved = await client.reserve(reserveRequest(newKey()), call);
+    const lookup = create(LookupRequestSchema, { subject, by: { case: "ref", value: { tenant: "acme", operationId: reserved.operationId } } });
+    const reads: Array<[string, string, string]> = [
+      ["/idempotency.v1.CoordinatorService/Lookup", toJsonString(LookupRequestSchema, lookup), server.tokens.gateway],
+      ["/idempotency.v1.CoordinatorService/ListRecoverable", "{}", server.tokens.worker],
+      ["/idempotency.v1.AdminService/ListRecords", "{}", server.tokens.operator],
+      ["/idempotency.v1.AdminService/ListPolicies", "{}", server.tokens.operator],
+      ["/idempotency.v1.AdminService/ListOperationControls", "{}", server.tokens.operator],
+      // A refusal is not to be kept either.
+      ["/idempotency.v1.AdminService/ListRecords", "{}", server.tokens.gateway],
+    ];
+    for (const [path, message, token] of reads) {
+      const url = `${server.baseUrl}${path}?${new URLSearchParams({ connect: "v1", encoding: "json", message }).toString()}`;
+      const response = await fetch(url, { headers: { authorization: `Bearer ${token}` } });
+      expect(response.status, path).toBe(token === server.tokens.gateway && path.includes("AdminService") ? 403 : 200);
+      expect(response.headers.get("cache-control"), path).toBe("no-store, private");
+    }
+    // The same read over POST says the same.
+    const posted = await fetch(`${server.baseUrl}/idempotency.v1.CoordinatorService/Lookup`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${server.tokens.gateway}` },
+      body: toJsonString(LookupRequestSchema, lookup),
+    });
+    expect(posted.headers.get("cache-control")).toBe("no-store, private");
+  });
+
   it("refuses GET for an RPC that writes, and stores nothing", async () => {
     const key = newKey();
     const count = async () => (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record")).rows[0]!.n;

@@ -2,6 +2,7 @@ import { create, fromBinary, toBinary, type DescMessage, type MessageInitShape, 
 import { anyUnpack } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
+import { trailerParse } from "@connectrpc/connect/protocol-grpc-web";
 import * as grpc from "@grpc/grpc-js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
@@ -270,6 +271,37 @@ describe("callers", () => {
     expect(wrong.body.details?.[0]?.debug).toEqual({ reason: "UNAUTHENTICATED", domain: "idempotency.v1" });
   });
 
+  it("takes the Bearer scheme in any case, and tells an unknown token from a malformed header without echoing either", async () => {
+    const lookup = {
+      by: { case: "ref" as const, value: create(OperationRefSchema, { tenant: "acme", operationId: "01a229d0-0f4c-7516-846e-0457ee592196" }) },
+      subject: { tenant: "acme", principal: "alice" },
+    };
+    const refusal = (authorization: string) =>
+      connectH2.lookup(lookup, { headers: { authorization } }).then(
+        () => undefined,
+        (e: unknown) => ConnectError.from(e),
+      );
+    // RFC 7235: the scheme is case-insensitive. The call is authenticated, and answered as the caller's (no such operation).
+    for (const scheme of ["bearer", "BEARER", "bEaReR"]) {
+      const answered = await refusal(`${scheme} ${server.tokens.gateway}`);
+      expect([answered?.code, wireReasonOf(answered)], scheme).toEqual([Code.NotFound, "NOT_FOUND"]);
+    }
+    // Well formed, of any length, but no caller's token.
+    for (const token of ["s3cret", "not-a-configured-token-at-all", `${server.tokens.gateway}x`]) {
+      const unknown = await refusal(`Bearer ${token}`);
+      expect(unknown?.code).toBe(Code.Unauthenticated);
+      expect(wireReasonOf(unknown)).toBe("UNAUTHENTICATED");
+      expect(unknown?.rawMessage).toMatch(/^the bearer token is not one of this coordinator's callers' tokens: /);
+      expect(unknown?.rawMessage).toMatch(/IDEM_CALLERS/);
+      expect(unknown?.rawMessage).not.toContain(token);
+    }
+    for (const header of ["Basic dXNlcjpwYXNz", "Bearer", `Bearer ${server.tokens.gateway} extra`, `Token ${server.tokens.gateway}`]) {
+      const malformed = await refusal(header);
+      expect(malformed?.code, header).toBe(Code.Unauthenticated);
+      expect(malformed?.rawMessage, header).toBe("the Authorization header must be 'Bearer <token>'");
+    }
+  });
+
   it("refuses a tenant, an operation or a role the caller is not granted", async () => {
     const before = await countRows(t.pool);
     const otherTenant = await grpcCall(
@@ -424,6 +456,62 @@ describe("bad input over the wire", () => {
     expect((await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) })).decision).toBe(Decision.ACCEPTED);
   });
 
+  it("refuses bytes that are not the request message with INVALID_ARGUMENT over every protocol, with or without a token", async () => {
+    const before = await countRows(t.pool);
+    // Field 1 (the subject) says 5 bytes follow; the one that does is no field tag.
+    const notAMessage = Buffer.from([0x0a, 0x05, 0x01]);
+    const said = /^the request body is not a valid idempotency\.v1\.ReserveRequest message in the protobuf binary encoding \(.+\): send that message/;
+
+    for (const token of [undefined, server.tokens.gateway]) {
+      const connect = await fetch(`${server.baseUrl}${RESERVE}`, {
+        method: "POST",
+        headers: { "content-type": "application/proto", ...(token ? bearer(token) : {}) },
+        body: notAMessage,
+      });
+      expect(connect.status).toBe(400);
+      const refusal = (await connect.json()) as ConnectJsonBody;
+      expect(refusal.code).toBe("invalid_argument");
+      expect(refusal.message).toMatch(said);
+      expect(refusal.details?.[0]?.debug).toEqual({ reason: "INVALID_REQUEST", domain: "idempotency.v1" });
+
+      const overGrpc = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, notAMessage, token);
+      expect(overGrpc.error?.code).toBe(grpc.status.INVALID_ARGUMENT);
+      expect(overGrpc.reason).toBe("INVALID_REQUEST");
+      expect(overGrpc.error?.details).toMatch(/is not a valid idempotency\.v1\.ReserveRequest message/);
+
+      const grpcWeb = await fetch(`${server.baseUrl}${RESERVE}`, {
+        method: "POST",
+        headers: { "content-type": "application/grpc-web+proto", ...(token ? bearer(token) : {}) },
+        body: Buffer.concat([Buffer.from([0, 0, 0, 0, notAMessage.length]), notAMessage]),
+      });
+      const frames = Buffer.from(await grpcWeb.arrayBuffer());
+      // The only frame is the trailer (flag 0x80).
+      expect(frames[0]).toBe(0x80);
+      const trailer = trailerParse(frames.subarray(5));
+      expect(trailer.get("grpc-status")).toBe(String(grpc.status.INVALID_ARGUMENT));
+      expect(decodeURIComponent(trailer.get("grpc-message") ?? "")).toMatch(said);
+    }
+
+    // A streaming RPC's message is refused alike (it is parsed as its handler reads it).
+    const stream = await new Promise<grpc.ServiceError | undefined>((resolve) => {
+      const metadata = new grpc.Metadata();
+      metadata.set("authorization", `Bearer ${server.tokens.operator}`);
+      const call = grpcClient.makeServerStreamRequest(
+        "/idempotency.v1.AdminService/StreamEvents",
+        (b: Uint8Array) => Buffer.from(b),
+        (b: Buffer) => b,
+        notAMessage,
+        metadata,
+      );
+      call.on("data", () => undefined);
+      call.on("error", (error: grpc.ServiceError) => resolve(error));
+      call.on("end", () => resolve(undefined));
+    });
+    expect(stream?.code).toBe(grpc.status.INVALID_ARGUMENT);
+    expect(stream?.details).toMatch(/is not a valid idempotency\.v1\.StreamEventsRequest message/);
+    expect(await countRows(t.pool)).toEqual(before);
+  });
+
   it("refuses a request larger than the server accepts", async () => {
     const huge = reserveRequest(newKey(), { pad: "x".repeat(5 * 1024 * 1024) });
     const result = await grpcCall(RESERVE, ReserveRequestSchema, ReserveResponseSchema, huge, server.tokens.gateway);
@@ -441,5 +529,59 @@ describe("the registry's connections", () => {
     const after = await connectH2.reserve(reserveRequest(newKey(), {}), { headers: bearer(server.tokens.gateway) });
     expect(after.decision).toBe(Decision.ACCEPTED);
     expect((await fetch(`${server.adminUrl}/readyz`)).status).toBe(200);
+  });
+});
+
+describe("refusals before any RPC runs", () => {
+  it("answers a content type no protocol reads with 415 and a body naming the ones to send", async () => {
+    const response = await fetch(`${server.baseUrl}${RESERVE}`, { method: "POST", headers: { "content-type": "text/plain", ...bearer(server.tokens.gateway) }, body: "{}" });
+    expect(response.status).toBe(415);
+    expect(response.headers.get("content-type")).toBe("application/json");
+    const body = (await response.json()) as ConnectJsonBody;
+    expect(body.code).toBe("invalid_argument");
+    expect(body.message).toMatch(/^Content-Type 'text\/plain' is not one this RPC reads: send application\/json or application\/proto \(Connect\), application\/grpc \(gRPC\)/);
+  });
+
+  it("answers an unknown path with UNIMPLEMENTED in the protocol's shape: a JSON error, or a grpc-status", async () => {
+    for (const [method, path] of [
+      ["POST", "/idempotency.v1.CoordinatorService/Reserv"],
+      ["GET", "/"],
+    ] as const) {
+      const response = await fetch(`${server.baseUrl}${path}`, { method, ...(method === "POST" ? { headers: { "content-type": "application/json" }, body: "{}" } : {}) });
+      expect(response.status).toBe(404);
+      const body = (await response.json()) as ConnectJsonBody;
+      expect(body.code).toBe("unimplemented");
+      expect(body.message).toContain(`no RPC at ${path}: this port serves idempotency.v1.CoordinatorService, idempotency.v1.AdminService, grpc.health.v1.Health`);
+    }
+
+    const overGrpc = await grpcCall("/idempotency.v1.CoordinatorService/Reserv", ReserveRequestSchema, ReserveResponseSchema, reserveRequest(newKey(), {}), server.tokens.gateway);
+    expect(overGrpc.error?.code).toBe(grpc.status.UNIMPLEMENTED);
+    expect(overGrpc.error?.details).toMatch(/^no RPC at/);
+
+    const grpcWeb = await fetch(`${server.baseUrl}/idempotency.v1.CoordinatorService/Reserv`, {
+      method: "POST",
+      headers: { "content-type": "application/grpc-web+proto" },
+      body: new Uint8Array(5),
+    });
+    expect(grpcWeb.status).toBe(200);
+    expect(grpcWeb.headers.get("grpc-status")).toBe(String(grpc.status.UNIMPLEMENTED));
+    expect(decodeURIComponent(grpcWeb.headers.get("grpc-message") ?? "")).toMatch(/^no RPC at \/idempotency\.v1\.CoordinatorService\/Reserv: /);
+  });
+
+  it("answers a method the RPC is not served to with 405, Allow, and what to send; a preflight without CORS says how to allow it", async () => {
+    const preflight = await fetch(`${server.baseUrl}${RESERVE}`, {
+      method: "OPTIONS",
+      headers: { origin: "https://console.example.com", "access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type" },
+    });
+    expect(preflight.status).toBe(405);
+    expect(preflight.headers.get("allow")).toBe("POST");
+    expect(preflight.headers.get("access-control-allow-origin")).toBeNull();
+    const refusal = (await preflight.json()) as ConnectJsonBody;
+    expect(refusal.code).toBe("unimplemented");
+    expect(refusal.message).toMatch(/only pages of the origins listed in IDEM_CORS_ORIGINS may call the coordinator from a browser \(none is configured\)/);
+
+    const put = await fetch(`${server.baseUrl}${RESERVE}`, { method: "PUT", headers: { "content-type": "application/json", ...bearer(server.tokens.gateway) }, body: "{}" });
+    expect(put.status).toBe(405);
+    expect(((await put.json()) as ConnectJsonBody).message).toBe("idempotency.v1.CoordinatorService/Reserve is not answered to PUT: send it as POST");
   });
 });

@@ -95,6 +95,22 @@ describe("loadConfig", () => {
     expect(loadConfig({ IDEM_CORS_ORIGINS: "https://console.example.com, http://127.0.0.1:5173" }).corsOrigins).toEqual(["https://console.example.com", "http://127.0.0.1:5173"]);
     expect(() => loadConfig({ IDEM_CORS_ORIGINS: "https://console.example.com/" })).toThrow(/IDEM_CORS_ORIGINS: .*no path, no trailing slash/);
     expect(() => loadConfig({ IDEM_CORS_ORIGINS: "console.example.com" })).toThrow(/IDEM_CORS_ORIGINS: 'console.example.com' is not an origin/);
+    expect(() => loadConfig({ IDEM_CORS_ORIGINS: "localhost:5173" })).toThrow(/IDEM_CORS_ORIGINS: 'localhost:5173' is not an origin: it takes exact origins/);
+  });
+
+  it("refuses an origin pattern at once, naming the variable and what it takes", () => {
+    for (const pattern of ["https://*.example.com", "*", "https://console.example.com, https://*.example.org"]) {
+      let error: unknown;
+      try {
+        loadConfig({ IDEM_CORS_ORIGINS: pattern });
+      } catch (e) {
+        error = e;
+      }
+      expect(error, pattern).toBeInstanceOf(ConfigError);
+      expect((error as Error).message, pattern).toMatch(
+        /^the configuration cannot be used: IDEM_CORS_ORIGINS: '[^']*\*[^']*' is a pattern, and patterns are not supported: .*it takes exact origins, scheme:\/\/host\[:port\] with no path and no wildcard/,
+      );
+    }
   });
 
   it("refuses the same port for RPC and admin", () => {
@@ -186,7 +202,9 @@ describe("callers", () => {
     expect([caller.mayOperate("payments.create"), caller.mayOperate("refunds.create")]).toEqual([true, false]);
     expect(caller.isOperator).toBe(false);
     expect(() => requireRole(caller, "worker")).toThrow(IdempotencyError);
-    for (const header of [null, "", "Basic abc", "Bearer short", "Bearer another-long-enough-token", "bearer a-sufficiently-long-token"]) {
+    // The scheme in any case (RFC 7235).
+    expect(callers.authenticate("bearer a-sufficiently-long-token").caller).toBe("gw");
+    for (const header of [null, "", "Basic abc", "Bearer short", "Bearer another-long-enough-token", "Bearer  a-sufficiently-long-token x"]) {
       const error = (() => {
         try {
           callers.authenticate(header);
