@@ -1,7 +1,91 @@
 import { createHash } from "node:crypto";
-import type { CallerGrant, Role } from "../config.js";
 import { refuse } from "../contract/errors.js";
 import type { Actor } from "../registry/types.js";
+
+/** What a caller may do: the roles the RPCs check. */
+export type Role = "gateway" | "worker" | "operator";
+const ROLES: readonly Role[] = ["gateway", "worker", "operator"];
+
+/** One configured caller. The token itself is never configured, only its SHA-256. */
+export interface CallerGrant {
+  name: string;
+  /** Lower-case hex SHA-256 of the bearer token (`idemctl token` prints one). */
+  tokenSha256?: string;
+  /**
+   * With mutual TLS: the client certificate identity that authenticates this
+   * caller, one of `URI:<uri>` (e.g. a SPIFFE id), `DNS:<name>` (a subject
+   * alternative name) or `CN:<common name>`.
+   */
+  certificate?: string;
+  /** Tenants the caller may act for; `*` for all. */
+  tenants: string[];
+  /** Operations the caller may act on; `*` for all. */
+  operations: string[];
+  roles: Role[];
+}
+
+const GRANT_SETTINGS = ["name", "tokenSha256", "certificate", "tenants", "operations", "roles"];
+
+/** Reads a JSON array of caller grants, refusing anything malformed with its path. */
+export function parseCallerGrants(input: unknown): CallerGrant[] {
+  if (!Array.isArray(input)) throw new Error("must be a JSON array of callers");
+  // A name may appear again with another credential (rotating a token or a
+  // certificate without downtime), but only with the same grants: one name is
+  // one caller in the event log.
+  const grantsByName = new Map<string, { index: number; grants: string }>();
+  const credentials = new Set<string>();
+  return input.map((entry: unknown, i) => {
+    const path = `callers[${i}]`;
+    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) throw new Error(`${path} must be an object`);
+    const o = entry as Record<string, unknown>;
+    for (const key of Object.keys(o)) {
+      if (!GRANT_SETTINGS.includes(key)) throw new Error(`${path}.${key} is not a known setting (known: ${GRANT_SETTINGS.join(", ")})`);
+    }
+    if (typeof o.name !== "string" || !/^[A-Za-z0-9._-]{1,64}$/.test(o.name)) {
+      throw new Error(`${path}.name must be 1 to 64 characters of A-Z a-z 0-9 . _ -`);
+    }
+    if (o.tokenSha256 === undefined && o.certificate === undefined) {
+      throw new Error(`${path} needs tokenSha256 (a bearer token's hash) or certificate (a client certificate identity), or both`);
+    }
+    if (o.tokenSha256 !== undefined && (typeof o.tokenSha256 !== "string" || !/^[0-9a-f]{64}$/.test(o.tokenSha256))) {
+      throw new Error(`${path}.tokenSha256 must be the 64 lower-case hex digits of the token's SHA-256 (idemctl token prints it)`);
+    }
+    if (o.certificate !== undefined && (typeof o.certificate !== "string" || !/^(URI|DNS|CN):[^\s]{1,512}$/.test(o.certificate))) {
+      throw new Error(`${path}.certificate must be URI:<uri>, DNS:<name> or CN:<common name> of the client certificate`);
+    }
+    for (const credential of [o.tokenSha256, o.certificate]) {
+      if (typeof credential !== "string") continue;
+      if (credentials.has(credential)) throw new Error(`${path}: its ${credential === o.certificate ? "certificate" : "tokenSha256"} is shared with another caller`);
+      credentials.add(credential);
+    }
+    const list = (value: unknown, field: string) => {
+      if (!Array.isArray(value) || value.length === 0 || !value.every((v) => typeof v === "string" && v.length > 0)) {
+        throw new Error(`${path}.${field} must be a non-empty array of strings ("*" for all)`);
+      }
+      return value as string[];
+    };
+    const roles = list(o.roles, "roles");
+    for (const role of roles) {
+      if (!ROLES.includes(role as Role)) throw new Error(`${path}.roles: '${role}' is not one of ${ROLES.join(", ")}`);
+    }
+    const tenants = list(o.tenants, "tenants");
+    const operations = list(o.operations, "operations");
+    const grants = JSON.stringify([[...tenants].sort(), [...operations].sort(), [...roles].sort()]);
+    const same = grantsByName.get(o.name);
+    if (same && same.grants !== grants) {
+      throw new Error(`${path}.name '${o.name}' is used by callers[${same.index}] with other grants: one name, one set of grants (a second entry only adds a credential)`);
+    }
+    if (!same) grantsByName.set(o.name, { index: i, grants });
+    return {
+      name: o.name,
+      ...(typeof o.tokenSha256 === "string" ? { tokenSha256: o.tokenSha256 } : {}),
+      ...(typeof o.certificate === "string" ? { certificate: o.certificate } : {}),
+      tenants,
+      operations,
+      roles: roles as Role[],
+    };
+  });
+}
 
 /** An authenticated caller, as the handlers and the registry see it. */
 export interface Caller extends Actor {

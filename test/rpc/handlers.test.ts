@@ -4,7 +4,7 @@ import { WireType } from "@bufbuild/protobuf/wire";
 import { timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, createRouterTransport, type Client, type Transport } from "@connectrpc/connect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { CallerGrant, Role } from "../../src/config.js";
+import type { CallerGrant, Role } from "../../src/server/callers.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../../src/contract/fingerprint.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
 import { parseKeyring } from "../../src/crypto/sealing.js";

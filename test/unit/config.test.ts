@@ -4,7 +4,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
-import { ConfigError, loadConfig, parseCallerGrants } from "../../src/config.js";
+import { ConfigError, loadConfig } from "../../src/config.js";
+import { parseCallerGrants } from "../../src/server/callers.js";
+import { SETTINGS } from "../../src/settings.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { Callers, requireRole, tokenHash } from "../../src/server/callers.js";
@@ -221,5 +223,13 @@ describe("callers", () => {
     const anonymous = new Callers([], true).authenticate(null);
     expect(anonymous).toMatchObject({ caller: "anonymous", isOperator: true });
     expect(anonymous.mayUseTenant("any")).toBe(true);
+  });
+});
+
+describe("the settings' declarations", () => {
+  // The README shows each default as its declaration's `shown`; set explicitly, that text must read as the default itself.
+  const literal = Object.entries(SETTINGS).filter(([, s]) => !s.shown.includes("("));
+  it.each(literal)("%s: its default, written out, reads as the value used when it is unset", (_name, s) => {
+    expect(s.parse(s.shown)).toEqual(s.fallback);
   });
 });
