@@ -74,7 +74,8 @@ export interface CoordinatorDeps {
  * between the wire and the registry, which holds every rule of the contract.
  */
 export function coordinatorService({ registry, db, reads, metrics, tracer, waitersPerCaller }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
-  const unary = unaryHandlers({ registry, db, reads, metrics }, new RecordWatch(waitersPerCaller));
+  const watch = new RecordWatch(waitersPerCaller, (waiting) => metrics?.reservesWaiting.set(waiting));
+  const unary = unaryHandlers({ registry, db, reads, metrics }, watch);
 
   /** One call of a batch, answered by its unary handler: its response, or the status its unary RPC would be refused with. */
   async function answer(call: BatchCall, ctx: HandlerContext): Promise<BatchResult["result"]> {

@@ -66,6 +66,12 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly reservesWaiting = new Gauge({
+    name: "idem_reserves_waiting",
+    help: "Reserves waiting for an owner in flight (wait_for_owner) on this coordinator; each caller has at most IDEM_WAITERS_PER_CALLER",
+    registers: [this.registry],
+  });
+
   readonly readerFallbacks = new Counter({
     name: "idem_db_reader_fallbacks_total",
     help: "Reads meant for the reader (IDEM_DB_READ_URL) served by the registry database instead: why=down (its probe failed) or failed (the read failed there)",

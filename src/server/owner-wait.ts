@@ -40,8 +40,18 @@ export class RecordWatch {
   /** Rechecks in flight, by the record as its waiters read it: one query for all of them. */
   private readonly rechecks = new Map<string, Promise<boolean>>();
 
-  /** `waitersPerCaller`: most Reserves of one caller waiting at once (IDEM_WAITERS_PER_CALLER). */
-  constructor(private readonly waitersPerCaller = Number.POSITIVE_INFINITY) {}
+  /** Reserves admitted to wait and not done yet, of every caller. */
+  private waiting = 0;
+
+  /**
+   * `waitersPerCaller`: most Reserves of one caller waiting at once
+   * (IDEM_WAITERS_PER_CALLER); `counted` hears how many wait in all after
+   * each change (the idem_reserves_waiting gauge).
+   */
+  constructor(
+    private readonly waitersPerCaller = Number.POSITIVE_INFINITY,
+    private readonly counted: (waiting: number) => void = () => undefined,
+  ) {}
 
   /**
    * Lets one more Reserve of `caller` wait, or refuses it (TOO_MANY_WAITERS)
@@ -58,6 +68,7 @@ export class RecordWatch {
       );
     }
     this.waitingBy.set(caller, waiting + 1);
+    this.counted(++this.waiting);
     let done = false;
     return () => {
       if (done) return;
@@ -65,6 +76,7 @@ export class RecordWatch {
       const left = (this.waitingBy.get(caller) ?? 1) - 1;
       if (left === 0) this.waitingBy.delete(caller);
       else this.waitingBy.set(caller, left);
+      this.counted(--this.waiting);
     };
   }
 

@@ -153,8 +153,10 @@ describe("a connection lost while no query runs on it", () => {
       const { rows } = await client.query<{ pid: number }>("SELECT pg_backend_pid() AS pid");
       // Checked out, between two queries, with no listener of the caller's: the server's
       // FATAL answer and the socket's end arrive with nothing to hand them to.
+      // Its end, not events.once: that would reject on the 'error' the server's FATAL answer raises first.
+      const ended = new Promise((resolve) => client.once("end", resolve));
       await t.pool.query("SELECT pg_terminate_backend($1)", [rows[0]!.pid]);
-      await new Promise((resolve) => setTimeout(resolve, 300));
+      await ended;
       await expect(client.query("SELECT 1")).rejects.toThrow(/not queryable|Connection terminated/);
     } finally {
       client.release(true);

@@ -1,6 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
@@ -59,7 +59,14 @@ function settledYet(promise: Promise<unknown>): Promise<boolean> {
   ]).then((v) => v === true);
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** How many Reserves wait for an owner on `coordinator` (its idem_reserves_waiting gauge). */
+async function waiting(coordinator: TestServer): Promise<number> {
+  const text = await (await fetch(`${coordinator.adminUrl}/metrics`)).text();
+  return Number(/^idem_reserves_waiting (\d+)$/m.exec(text)?.[1] ?? NaN);
+}
+
+/** Until `coordinator` has `n` Reserves waiting. */
+const untilWaiting = (coordinator: TestServer, n: number) => vi.waitFor(async () => expect(await waiting(coordinator)).toBe(n), { timeout: 10_000 });
 
 async function owned(key: string) {
   const { client, call } = gatewayClient(server);
@@ -72,12 +79,12 @@ describe("Reserve with wait_for_owner", () => {
   it("waits while the owner runs and answers the owner's REPLAY once it completes", async () => {
     const key = newKey();
     const { client, call, ref } = await owned(key);
-    const waiting = client.reserve(reserveRequest(key, { waitMs: 20_000 }), call);
-    await sleep(300);
-    expect(await settledYet(waiting), "the duplicate to be waiting, not answered IN_PROGRESS").toBe(false);
+    const duplicate = client.reserve(reserveRequest(key, { waitMs: 20_000 }), call);
+    await untilWaiting(server, 1);
+    expect(await settledYet(duplicate), "the duplicate to be waiting, not answered IN_PROGRESS").toBe(false);
 
     const done = await client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201, body: new TextEncoder().encode('{"id":1}') } }, call);
-    const answer = await waiting;
+    const answer = await duplicate;
     expect(answer.decision).toBe(Decision.REPLAY);
     expect(answer.operationId).toBe(ref.operationId);
     expect(answer.snapshot?.statusCode).toBe(201);
@@ -88,21 +95,21 @@ describe("Reserve with wait_for_owner", () => {
     const key = newKey();
     const { client, call, ref } = await owned(key);
     const other = gatewayClient(replica);
-    const waiting = other.client.reserve(reserveRequest(key, { waitMs: 20_000 }), other.call);
-    await sleep(300);
-    expect(await settledYet(waiting)).toBe(false);
+    const duplicate = other.client.reserve(reserveRequest(key, { waitMs: 20_000 }), other.call);
+    await untilWaiting(replica, 1);
+    expect(await settledYet(duplicate)).toBe(false);
 
     await client.complete({ ref, generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } }, call);
-    expect((await waiting).decision).toBe(Decision.REPLAY);
+    expect((await duplicate).decision).toBe(Decision.REPLAY);
   });
 
   it("takes the record over when the owner releases it while the duplicate waits", async () => {
     const key = newKey();
     const { client, call, ref } = await owned(key);
-    const waiting = client.reserve(reserveRequest(key, { waitMs: 20_000 }), call);
-    await sleep(100);
+    const duplicate = client.reserve(reserveRequest(key, { waitMs: 20_000 }), call);
+    await untilWaiting(server, 1);
     await client.release({ ref, generation: 1n }, call);
-    const answer = await waiting;
+    const answer = await duplicate;
     expect(answer).toMatchObject({ decision: Decision.ACCEPTED, operationId: ref.operationId, generation: 2n, state: RecordState.EXECUTING });
   });
 
