@@ -6,10 +6,12 @@ import type { Db } from "../registry/db.js";
 import type { PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { LoggedEvent, RecordState, RecordView, StoredAttempt, StoredRecord, ViewScope } from "../registry/types.js";
+import { AdminService } from "../gen/idempotency/v1/admin_pb.js";
 import { reply, type AdminRoute } from "./admin-http.js";
 import { requireRole, type Caller, type Callers } from "./callers.js";
-import { CHART_WINDOWS, DecisionSampler, eventLogCharts } from "./console-charts.js";
+import { CHART_WINDOWS, DecisionSampler, eventLogCharts } from "./event-series.js";
 import { CONSOLE_PAGE } from "./console-page.js";
+import type { DualHandler } from "./listener.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
 const STATES: readonly RecordState[] = ["RESERVED", "EXECUTING", "SUCCEEDED", "FAILED_FINAL", "REJECTED", "UNKNOWN"];
@@ -184,6 +186,24 @@ export function consoleRoutes(deps: {
     }
     reply(res, 404, { reason: "NOT_FOUND", message: "no such console endpoint" });
   }
+}
+
+/**
+ * AdminService for the console page, on the admin port under `/console/`
+ * (`/console/idempotency.v1.AdminService/<Method>`): the same service as on
+ * the RPC port, with the same interceptors, so that the page calls it on its
+ * own origin.
+ */
+export function consoleRpcRoute(rpc: DualHandler): AdminRoute {
+  const prefix = `/console/${AdminService.typeName}/`;
+  const methods = new Set(AdminService.methods.map((method) => method.name));
+  return (req, res, path) => {
+    if (!path.startsWith(prefix) || !methods.has(path.slice(prefix.length))) return Promise.resolve(false);
+    // The RPC handler routes by the path the RPC port serves the method at.
+    req.url = req.url!.slice("/console".length);
+    rpc(req, res);
+    return Promise.resolve(true);
+  };
 }
 
 /** A record as the console's lists show it. */

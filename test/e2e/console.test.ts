@@ -3,7 +3,8 @@ import { existsSync } from "node:fs";
 import { mkdir } from "node:fs/promises";
 import { chromium, type Browser, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { consoleCall, reserveFor } from "../support/console.js";
+import { RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { as, consoleClient, reserveFor } from "../support/console.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { driveToUnknown, startTestServer, type TestServer } from "../support/server.js";
@@ -124,11 +125,11 @@ describe.skipIf(skipHere)("the operator console", () => {
     expect(await page.getByTestId("conflicts").textContent()).toContain(operationId);
     expect(await page.getByTestId("oldest").textContent()).toMatch(/^The oldest UNKNOWN record has been UNKNOWN for \d+ s\.$/);
     await expect.poll(() => page.getByTestId("updated").textContent()).toMatch(/^Last updated \d\d:\d\d:\d\d$/);
-    const charts = await consoleCall<{ buckets: number[] }>(server, server.tokens.operator, "charts?minutes=10");
+    const charts = await consoleClient(server).getEventSeries({ minutes: 10 }, as(server.tokens.operator));
     for (const name of ["accepted", "conflicts", "takeovers", "becameUnknown", "unknownOldest", "unknownRecords"]) {
       const chart = page.getByTestId(`chart-${name}`);
       const points = (await chart.locator("polyline").getAttribute("points"))!.split(" ");
-      expect(points.length, name).toBeGreaterThanOrEqual(charts.body.buckets.length - 1);
+      expect(points.length, name).toBeGreaterThanOrEqual(charts.bucketStarts.length - 1);
       expect(await chart.locator("svg").getAttribute("aria-label")).toMatch(/over the last 10 minutes: now .+, highest .+/);
     }
     expect(await page.getByTestId("chart-unknownRecords").getByTestId("chart-now").textContent()).toBe(`now ${await acmeCount("UNKNOWN")}`);
@@ -363,13 +364,15 @@ describe.skipIf(skipHere)("the operator console", () => {
 // The console's API as the page calls it, without a browser: what each operator is shown.
 describe("the operator console's overview", () => {
   const overview = async (token: string) => {
-    const { status, body } = await consoleCall<{ records: Record<string, number>; oldestUnknownSeconds: number; conflicts: Array<{ tenant: string; operationId: string }> }>(
-      server,
-      token,
-      "overview",
-    );
-    expect(status).toBe(200);
-    return body;
+    const [census, conflicts] = await Promise.all([
+      consoleClient(server).getRecordCensus({}, as(token)),
+      consoleClient(server).listRecentEvents({ kinds: ["CONFLICT"], pageSize: 20 }, as(token)),
+    ]);
+    return {
+      records: Object.fromEntries(census.states.map((s) => [RecordState[s.state], Number(s.records)])),
+      oldestUnknownSeconds: Number(census.oldestUnknown?.seconds ?? 0n),
+      conflicts: conflicts.events,
+    };
   };
   /** Records by state, as PostgreSQL counts them for `tenants` (all when undefined). */
   const counted = async (tenants?: string[]) => {
