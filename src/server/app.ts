@@ -18,7 +18,7 @@ import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
 import { Callers } from "./callers.js";
 import { adminService } from "./admin-service.js";
-import { consoleRoutes, consoleRpcRoute } from "./console.js";
+import { consoleRoutes } from "./console.js";
 import { DecisionSampler } from "./event-series.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { reflectionRoutes } from "./reflection.js";
@@ -320,7 +320,7 @@ export async function startCoordinator({
         readerReachable: () => ready.readerReachable,
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
-      [consoleRoutes({ db, reads, registry, store: readStore, callers, decisions: metrics.decisions }), consoleRpcRoute(consoleRpc)],
+      [consoleRoutes(consoleRpc)],
       config.host,
       config.adminPort,
       logger,

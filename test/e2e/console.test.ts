@@ -101,6 +101,9 @@ describe.skipIf(skipHere)("the operator console", () => {
     const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
     const errors: string[] = [];
     page.on("pageerror", (error) => errors.push(error.message));
+    // One self-contained page: nothing is requested from anywhere but its own origin.
+    const elsewhere: string[] = [];
+    page.on("request", (request) => !request.url().startsWith(`${server.adminUrl}/console`) && elsewhere.push(request.url()));
     // The browser reports each refused call (the wrong tokens below) as an error of its own; those are expected.
     page.on("console", (message) => message.type() === "error" && !message.text().startsWith("Failed to load resource") && errors.push(message.text()));
     await page.goto(`${server.adminUrl}/console`);
@@ -252,6 +255,7 @@ describe.skipIf(skipHere)("the operator console", () => {
     expect(await inPage(page, "document.activeElement.id")).toBe("token");
     await shoot(page, "6-signed-out.png");
     expect(errors).toEqual([]);
+    expect(elsewhere).toEqual([]);
     await page.close();
   }, 90_000);
 
@@ -293,15 +297,16 @@ describe.skipIf(skipHere)("the operator console", () => {
     // A slow answer about the record comes after another record was opened: it is not shown there.
     let answerLate = () => {};
     const late = new Promise<void>((resolve) => (answerLate = resolve));
-    const recordUrl = `**/console/api/record?tenant=globex&operationId=${accepted.operationId}`;
+    const recordUrl = "**/console/idempotency.v1.AdminService/GetRecordHistory";
+    const ofAccepted = (request: { postData(): string | null }) => (request.postData() ?? "").includes(accepted.operationId);
     await page.route(recordUrl, async (route) => {
-      await late;
+      if (ofAccepted(route.request())) await late;
       await route.continue();
     });
     await page.evaluate(`location.hash = ${JSON.stringify(`#/records/globex/${accepted.operationId}`)}`);
     await page.evaluate(`location.hash = ${JSON.stringify(`#/records/globex/${randomUUID()}`)}`);
     await expect.poll(() => message.textContent()).toMatch(/^NOT_FOUND: /);
-    const answered = page.waitForResponse((response) => response.url().includes(accepted.operationId));
+    const answered = page.waitForResponse((response) => response.url().endsWith("/GetRecordHistory") && ofAccepted(response.request()));
     answerLate();
     await answered;
     await page.evaluate("new Promise((resolve) => setTimeout(resolve, 100))");
@@ -324,14 +329,15 @@ describe.skipIf(skipHere)("the operator console", () => {
     // A load that fails shows its error and none of the view's earlier data; the next one that succeeds clears the error.
     await page.getByRole("link", { name: "Overview" }).click();
     await page.locator("[data-testid=counts] [data-state=UNKNOWN]").waitFor();
-    await page.route("**/console/api/overview", (route) =>
-      route.fulfill({ status: 503, contentType: "application/json", body: JSON.stringify({ reason: "UNAVAILABLE", message: "the registry cannot be reached" }) }),
+    const census = "**/console/idempotency.v1.AdminService/GetRecordCensus";
+    await page.route(census, (route) =>
+      route.fulfill({ status: 503, contentType: "application/json", body: JSON.stringify({ code: "unavailable", message: "the registry cannot be reached" }) }),
     );
     await page.getByTestId("refresh").click();
     await expect.poll(() => message.textContent()).toBe("UNAVAILABLE: the registry cannot be reached");
     expect(await page.getByTestId("counts").isVisible()).toBe(false);
     expect(await page.locator("#overview-view").innerText()).not.toContain(accepted.operationId);
-    await page.unroute("**/console/api/overview");
+    await page.unroute(census);
     await page.getByTestId("refresh").click();
     await page.locator("[data-testid=counts] [data-state=UNKNOWN]").waitFor();
     await expect.poll(() => message.textContent()).toBe("");
