@@ -1,42 +1,77 @@
+import uPlot from "uplot";
 import type { ChartSeries } from "../gen/idempotency/v1/admin_pb.js";
 import { age, h } from "./dom.js";
 
-/** One small chart of a series over the last `minutes`: inline SVG, with its summary for screen readers. */
-export function chart(series: ChartSeries, minutes: number): HTMLElement {
+/** The charts' colours: the page's accent for the line, its muted ink for the axes (WCAG AA on white). */
+const LINE = "#1a4fb5";
+const AREA = "rgba(26, 79, 181, 0.12)";
+const AXIS = "#4b5366";
+const GRID = "#d5d9e2";
+const HEIGHT = 110;
+
+/** The plots drawn in each container, to let go of when it is drawn anew, and what resizes them with it. */
+const drawn = new WeakMap<Element, { plots: uPlot[]; resizer: ResizeObserver }>();
+
+/**
+ * Draws one small chart per series in `container`, over the buckets that
+ * begin at `bucketStarts` (seconds since the epoch, the last one in
+ * progress): uPlot on a canvas, with a caption saying the current value and
+ * a text summary for screen readers. Each chart is as wide as its place in
+ * the grid, also when that place is still hidden while its view loads.
+ */
+export function drawCharts(container: HTMLElement, series: readonly ChartSeries[], minutes: number, bucketStarts: readonly number[]): void {
+  const earlier = drawn.get(container);
+  earlier?.resizer.disconnect();
+  for (const plot of earlier?.plots ?? []) plot.destroy();
+  const last = bucketStarts.at(-1) ?? 0;
+  // Minutes before the bucket in progress: the axis reads "−10 min" to "now".
+  const x = bucketStarts.map((start) => (start - last) / 60);
+  const figures = series.map((s) => figure(s, minutes));
+  container.replaceChildren(...figures.map((f) => f.element));
+  const plots = figures.map(({ plot, values }) => new uPlot(options(plot.clientWidth), [x, values], plot));
+  const resizer = new ResizeObserver((entries) => {
+    for (const entry of entries) plots[figures.findIndex((f) => f.plot === entry.target)]?.setSize({ width: Math.floor(entry.contentRect.width), height: HEIGHT });
+  });
+  for (const { plot } of figures) resizer.observe(plot);
+  drawn.set(container, { plots, resizer });
+}
+
+/** A chart's figure: its caption, and the element its plot is drawn in, named for screen readers by its summary. */
+function figure(series: ChartSeries, minutes: number): { element: HTMLElement; plot: HTMLElement; values: number[] } {
   const values = series.values;
   const max = Math.max(...values, 0);
-  const top = max > 0 ? niceCeiling(max) : 1;
-  const width = 300;
-  const height = 110;
-  const left = 34;
-  const bottom = 92;
-  const right = 296;
-  const topY = 10;
-  const x = (i: number) => left + ((right - left) * i) / Math.max(1, values.length - 1);
-  const y = (v: number) => bottom - ((bottom - topY) * v) / top;
-  const points = values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
   const now = values.at(-1) ?? 0;
   const rate = series.unit === "per second";
   const shown = (v: number) => (series.unit === "seconds" ? age(v) : format(v) + (rate ? "/s" : ""));
   const summary = `${series.title}${rate ? " per second" : ""} over the last ${minutes} minutes: now ${shown(now)}, highest ${shown(max)}`;
-  const svg = h(
-    "svg:svg",
-    { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": summary, "data-series": series.key },
-    h("svg:line", { x1: left, y1: bottom, x2: right, y2: bottom, stroke: "#767d8c" }),
-    h("svg:line", { x1: left, y1: topY, x2: right, y2: topY, stroke: "#d5d9e2", "stroke-dasharray": "3 3" }),
-    h("svg:text", { x: left - 4, y: topY + 4, "text-anchor": "end", "font-size": 10, fill: "#4b5366" }, format(top)),
-    h("svg:text", { x: left - 4, y: bottom + 3, "text-anchor": "end", "font-size": 10, fill: "#4b5366" }, "0"),
-    h("svg:text", { x: left, y: height - 2, "font-size": 10, fill: "#4b5366" }, `−${minutes} min`),
-    h("svg:text", { x: right, y: height - 2, "text-anchor": "end", "font-size": 10, fill: "#4b5366" }, "now"),
-    h("svg:polygon", { points: `${x(0)},${bottom} ${points} ${x(values.length - 1)},${bottom}`, fill: "#1a4fb5", "fill-opacity": 0.12 }),
-    h("svg:polyline", { points, fill: "none", stroke: "#1a4fb5", "stroke-width": 2, "stroke-linejoin": "round" }),
-  );
-  return h(
+  const plot = h("div", { class: "plot", role: "img", "aria-label": summary, "data-series": series.key });
+  const element = h(
     "figure",
     { class: "chart", "data-testid": `chart-${series.key}` },
     h("figcaption", {}, h("span", {}, series.title + (rate ? " /s" : "")), h("small", { "data-testid": "chart-now" }, `now ${shown(now)}`)),
-    svg,
+    plot,
   );
+  return { element, plot, values };
+}
+
+function options(width: number): uPlot.Options {
+  const font = "10px system-ui, sans-serif";
+  return {
+    width: Math.max(width, 1),
+    height: HEIGHT,
+    legend: { show: false },
+    cursor: { show: false },
+    scales: {
+      x: { time: false },
+      // From zero, up to a round value above the highest (1 when all are zero).
+      y: { range: (_u, _min, max) => [0, max > 0 ? niceCeiling(max) : 1] },
+    },
+    axes: [
+      { stroke: AXIS, font, size: 22, grid: { show: false }, ticks: { stroke: GRID }, values: (_u, splits) => splits.map((m) => (m === 0 ? "now" : `−${-m} min`)) },
+      { stroke: AXIS, font, size: 34, grid: { stroke: GRID, dash: [3, 3] }, ticks: { show: false }, values: (_u, splits) => splits.map(format) },
+    ],
+    series: [{}, { stroke: LINE, width: 2, fill: AREA, points: { show: false } }],
+  };
 }
 
 function niceCeiling(v: number): number {

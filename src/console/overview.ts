@@ -2,7 +2,7 @@ import type { GetRecordCensusResponse } from "../gen/idempotency/v1/admin_pb.js"
 import { OperationMode } from "../gen/idempotency/v1/admin_pb.js";
 import { RecordState } from "../gen/idempotency/v1/types_pb.js";
 import { admin, dateOf, stateName } from "./api.js";
-import { chart } from "./charts.js";
+import { drawCharts } from "./charts.js";
 import { $, age, fill, h, keepFocus, recordLink, time, when } from "./dom.js";
 import { page, type Route } from "./state.js";
 import { reveal } from "./views.js";
@@ -51,14 +51,15 @@ export async function loadOverview(shown: Route): Promise<void> {
 async function loadCharts(shown: Route): Promise<void> {
   const charts = await admin.getEventSeries({ minutes: Number($<HTMLSelectElement>("#window").value) });
   if (shown !== page.route) return;
-  $("[data-testid=charts]").replaceChildren(...charts.series.map((s) => chart(s, charts.minutes)));
+  const buckets = charts.bucketStarts.map(Number);
+  drawCharts($("[data-testid=charts]"), charts.series, charts.minutes, buckets);
   const note = $("#replica-note");
   if (charts.replica) {
     note.textContent = `Replays, answers in progress and expired keys leave no event: this replica's metrics count them, for every tenant, since ${when(dateOf(charts.replica.since))}. Other replicas count their own.`;
-    $("[data-testid=replica-charts]").replaceChildren(...charts.replica.series.map((s) => chart(s, charts.minutes)));
+    drawCharts($("[data-testid=replica-charts]"), charts.replica.series, charts.minutes, buckets);
   } else {
     note.textContent =
       "Replays, answers in progress and expired keys leave no event; each replica's metrics count them for every tenant, so they are shown to operators granted every tenant only.";
-    $("[data-testid=replica-charts]").replaceChildren();
+    drawCharts($("[data-testid=replica-charts]"), [], charts.minutes, buckets);
   }
 }

@@ -1,4 +1,5 @@
 import { readFile, writeFile } from "node:fs/promises";
+import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
 
@@ -16,6 +17,7 @@ import { build } from "esbuild";
  */
 
 const CONSOLE = new URL("../console/", import.meta.url);
+const require = createRequire(import.meta.url);
 export const GENERATED_PAGE = new URL("../server/console-page.gen.ts", import.meta.url);
 
 /** The page: src/console/page.html with its style sheets and its script inline. */
@@ -37,7 +39,8 @@ export async function bundleConsolePage(): Promise<string> {
   const script = result.outputFiles[0]!.text;
   // esbuild escapes "</script" in what it writes; a bundle holding one would end the inline script early.
   if (/<\/script/i.test(script)) throw new Error("the console's script contains </script, which would end it inside the page");
-  const style = await readFile(new URL("style.css", CONSOLE), "utf8");
+  // uPlot's own style sheet first: the page's may refine it.
+  const style = (await readFile(require.resolve("uplot/dist/uPlot.min.css"), "utf8")) + "\n" + (await readFile(new URL("style.css", CONSOLE), "utf8"));
   const markup = await readFile(new URL("page.html", CONSOLE), "utf8");
   for (const slot of ["<!-- STYLE -->", "<!-- SCRIPT -->"]) if (!markup.includes(slot)) throw new Error(`src/console/page.html has no ${slot}`);
   // Replaced by functions: a replacement string would read the script's `$&` and `$'` as patterns.

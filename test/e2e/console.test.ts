@@ -92,6 +92,28 @@ const ACCESSIBILITY_FAULTS = `(() => {
   return faults;
 })()`;
 const accessibilityFaults = (page: Page) => page.evaluate<string[]>(ACCESSIBILITY_FAULTS);
+/**
+ * How much of a chart's canvas its line spans, from its leftmost to its
+ * rightmost pixel in the line's colour (#1a4fb5), as a share of the canvas's
+ * width: 0 when nothing is drawn.
+ */
+const lineSpan = (page: Page, series: string) =>
+  page.evaluate<number>(`(() => {
+    const canvas = document.querySelector('[data-testid="chart-${series}"] canvas');
+    if (!canvas || canvas.width === 0) return 0;
+    const { data } = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+    const line = (i) => Math.abs(data[i] - 26) < 40 && Math.abs(data[i + 1] - 79) < 40 && Math.abs(data[i + 2] - 181) < 40 && data[i + 3] > 200;
+    let first = -1, last = -1;
+    for (let x = 0; x < canvas.width; x++) {
+      for (let y = 0; y < canvas.height; y++) {
+        if (!line((y * canvas.width + x) * 4)) continue;
+        if (first < 0) first = x;
+        last = x;
+        break;
+      }
+    }
+    return first < 0 ? 0 : (last - first) / canvas.width;
+  })()`);
 /** A property of the focused element, or of what `expression` names. */
 const inPage = (page: Page, expression: string) => page.evaluate<string | null>(expression);
 
@@ -128,12 +150,11 @@ describe.skipIf(skipHere)("the operator console", () => {
     expect(await page.getByTestId("conflicts").textContent()).toContain(operationId);
     expect(await page.getByTestId("oldest").textContent()).toMatch(/^The oldest UNKNOWN record has been UNKNOWN for \d+ s\.$/);
     await expect.poll(() => page.getByTestId("updated").textContent()).toMatch(/^Last updated \d\d:\d\d:\d\d$/);
-    const charts = await consoleClient(server).getEventSeries({ minutes: 10 }, as(server.tokens.operator));
+    // Each chart is drawn on a canvas as wide as its figure, its line across the whole window.
     for (const name of ["accepted", "conflicts", "takeovers", "becameUnknown", "unknownOldest", "unknownRecords"]) {
       const chart = page.getByTestId(`chart-${name}`);
-      const points = (await chart.locator("polyline").getAttribute("points"))!.split(" ");
-      expect(points.length, name).toBeGreaterThanOrEqual(charts.bucketStarts.length - 1);
-      expect(await chart.locator("svg").getAttribute("aria-label")).toMatch(/over the last 10 minutes: now .+, highest .+/);
+      expect(await chart.locator("[role=img]").getAttribute("aria-label")).toMatch(/over the last 10 minutes: now .+, highest .+/);
+      await expect.poll(() => lineSpan(page, name), { message: name }).toBeGreaterThan(0.7);
     }
     expect(await page.getByTestId("chart-unknownRecords").getByTestId("chart-now").textContent()).toBe(`now ${await acmeCount("UNKNOWN")}`);
     expect(await page.getByTestId("replica-charts").locator("figure").count(), "acme's operator sees no replica-wide counts").toBe(0);
