@@ -388,6 +388,50 @@ describe.skipIf(skipHere)("the operator console", () => {
   }, 90_000);
 });
 
+describe.skipIf(skipHere)("the operator console's reconcile form", () => {
+  it("offers to reopen an UNKNOWN record, warning that it runs again, and reopens it at the next generation", async () => {
+    // A globex record, seen by the operator of every tenant: acme's counts stay as the tests above expect them.
+    const accepted = await reserveFor(server, "globex", newKey(), '{"amount":1}', true);
+    await driveToUnknown(t, server, accepted.operationId, "globex");
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const errors: string[] = [];
+    page.on("pageerror", (error) => errors.push(error.message));
+    await page.goto(`${server.adminUrl}/console#/records/globex/${accepted.operationId}`);
+    await page.getByTestId("token").fill(server.tokens.allTenantsOperator);
+    await page.getByTestId("sign-in").click();
+    const form = page.locator("#record-reconcile").getByTestId("reconcile-form");
+    await form.waitFor();
+    const warning = form.getByTestId("reopen-warning");
+    expect(await warning.isVisible()).toBe(false);
+
+    await form.getByLabel("Outcome").selectOption("REOPEN");
+    expect(await warning.isVisible()).toBe(true);
+    expect(await warning.textContent()).toMatch(/^Reopening runs the operation again: the next identical retry executes it afresh/);
+    expect(await form.getByLabel("HTTP status to replay").isVisible(), "a reopening records no response").toBe(false);
+    await form.getByLabel(/^Evidence/).fill("no charge for this key in the provider dashboard");
+    await form.getByLabel("Your name").fill("dana");
+    expect(await accessibilityFaults(page)).toEqual([]);
+    await shoot(page, "7-reopen.png");
+    await form.getByRole("button", { name: "Reconcile" }).click();
+
+    await expect.poll(() => page.getByTestId("message").textContent()).toBe(`Reopened ${accepted.operationId}: RESERVED at generation 2; the next identical retry runs it again.`);
+    const { rows } = await t.pool.query<{ state: string; generation: number }>("SELECT state, generation::int AS generation FROM idem_record WHERE operation_id = $1", [
+      accepted.operationId,
+    ]);
+    expect(rows).toEqual([{ state: "RESERVED", generation: 2 }]);
+    const reopened = await t.pool.query<{ detail: Record<string, unknown> }>(
+      "SELECT detail FROM idem_event WHERE operation_id = $1 AND generation = 2 ORDER BY event_id DESC LIMIT 1",
+      [accepted.operationId],
+    );
+    expect(reopened.rows[0]?.detail).toMatchObject({ reopened: true, evidence: "no charge for this key in the provider dashboard", operator: "dana" });
+    // The record's page follows: no longer UNKNOWN, no form.
+    await expect.poll(() => page.locator("#record-reconcile form").count()).toBe(0);
+    expect(await page.getByTestId("record-title").textContent()).toContain("RESERVED");
+    expect(errors).toEqual([]);
+    await page.close();
+  }, 60_000);
+});
+
 // The console's API as the page calls it, without a browser: what each operator is shown.
 describe("the operator console's overview", () => {
   const overview = async (token: string) => {
