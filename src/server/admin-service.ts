@@ -1,4 +1,4 @@
-import { create, type JsonObject } from "@bufbuild/protobuf";
+import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { refuse } from "../contract/errors.js";
@@ -26,7 +26,7 @@ import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent, ReconcileInput } from "../registry/types.js";
 import { Outcome } from "../gen/idempotency/v1/types_pb.js";
-import { adminViews, grantedScope } from "./admin-views.js";
+import { adminViews, eventFields, grantedScope } from "./admin-views.js";
 import { requireAllTenants, requireRole, type Caller } from "./callers.js";
 import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import type { DecisionSampler } from "./event-series.js";
@@ -232,17 +232,8 @@ function toProtoControl(control: ControlRow) {
 
 function toProtoEvent(event: LoggedEvent) {
   return create(StreamEventsResponseSchema, {
-    eventId: BigInt(event.eventId),
-    tenant: event.tenant,
-    operationId: event.operationId ?? "",
-    operation: event.operation ?? "",
-    apiRevision: event.apiRevision ?? 0,
-    kind: event.kind,
+    ...eventFields(event),
     generation: BigInt(event.generation ?? 0),
-    state: event.state ?? "",
-    caller: event.caller,
-    detail: event.detail as JsonObject,
-    at: timestampFromDate(event.at),
     cursor: encodePageToken([event.cursor.txid, event.cursor.eventId]),
   });
 }

@@ -184,19 +184,23 @@ function toSummary({ record, attempts }: RecordView) {
 }
 
 function toProtoEvent(event: Omit<LoggedEvent, "cursor">) {
-  return create(LoggedEventSchema, {
+  return create(LoggedEventSchema, { ...eventFields(event), ...(event.generation !== null ? { generation: BigInt(event.generation) } : {}) });
+}
+
+/** What every message of an event carries, from the event log's entry (the generation and cursor are each message's own). */
+export function eventFields(event: Omit<LoggedEvent, "cursor">) {
+  return {
     eventId: BigInt(event.eventId),
     tenant: event.tenant,
     operationId: event.operationId ?? "",
     operation: event.operation ?? "",
     apiRevision: event.apiRevision ?? 0,
     kind: event.kind,
-    ...(event.generation !== null ? { generation: BigInt(event.generation) } : {}),
     state: event.state ?? "",
     caller: event.caller,
     detail: event.detail as JsonObject,
     at: toTimestamp(event.at),
-  });
+  };
 }
 
 function toProtoSeries(series: ChartSeries) {
