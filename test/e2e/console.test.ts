@@ -424,9 +424,9 @@ describe.skipIf(skipHere)("the operator console's reconcile form", () => {
       [accepted.operationId],
     );
     expect(reopened.rows[0]?.detail).toMatchObject({ reopened: true, evidence: "no charge for this key in the provider dashboard", operator: "dana" });
-    // The record's page follows: no longer UNKNOWN, no form.
-    await expect.poll(() => page.locator("#record-reconcile form").count()).toBe(0);
-    expect(await page.getByTestId("record-title").textContent()).toContain("RESERVED");
+    // The record's page follows once it has read the record again: no longer UNKNOWN, no form.
+    await expect.poll(() => page.getByTestId("record-title").textContent()).toContain("RESERVED");
+    expect(await page.locator("#record-reconcile form").count()).toBe(0);
     expect(errors).toEqual([]);
     await page.close();
   }, 60_000);
