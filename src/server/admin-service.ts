@@ -1,7 +1,8 @@
-import { create, type JsonObject } from "@bufbuild/protobuf";
+import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { refuse } from "../contract/errors.js";
+import { pageSize } from "../contract/page-size.js";
 import { validateApiRevision, validateOperationName } from "../contract/scope.js";
 import {
   AdminService,
@@ -25,8 +26,10 @@ import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent, ReconcileInput } from "../registry/types.js";
 import { Outcome } from "../gen/idempotency/v1/types_pb.js";
+import { adminViews, eventFields, grantedScope } from "./admin-views.js";
 import { requireAllTenants, requireRole, type Caller } from "./callers.js";
 import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
+import type { DecisionSampler } from "./event-series.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 import { callerOf } from "./interceptors.js";
 import { policyFromProto, publishedToProto } from "./policy-convert.js";
@@ -47,10 +50,12 @@ export interface AdminDeps {
   policies: PolicyCache;
   /** How often other replicas re-read (reported to the operator). */
   policyRefreshMs: number;
+  /** This replica's Reserve decisions, sampled for GetEventSeries (none: it answers without them). */
+  decisions?: DecisionSampler;
 }
 
-/** AdminService: operator actions, each refused without the operator role. */
-export function adminService({ db, registry, store, reads = db, readStore = store, policies, policyRefreshMs }: AdminDeps): ServiceImpl<typeof AdminService> {
+/** AdminService: operator actions, and the reads of the operator console (admin-views.ts), each refused without the operator role. */
+export function adminService({ db, registry, store, reads = db, readStore = store, policies, policyRefreshMs, decisions }: AdminDeps): ServiceImpl<typeof AdminService> {
   /**
    * Sets switches and logs the change in one transaction, and applies it here
    * at once (elsewhere within the refresh interval). A switch applies to every
@@ -70,6 +75,8 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
   };
 
   return {
+    ...adminViews({ registry, reads, readStore, ...(decisions ? { decisions } : {}) }),
+
     async publishPolicy(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
@@ -134,21 +141,20 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
     async listRecords(req, ctx) {
       const caller = callerOf(ctx.values);
       requireRole(caller, "operator");
-      const pageSize = req.pageSize || 100;
-      if (pageSize > 500) refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
+      const size = pageSize(req.pageSize);
       const scope = grantedScope(caller, req.tenant, req.operations);
       const key = decodePageToken(req.pageToken, 3);
       const views = await registry.listRecords(reads, {
         ...scope,
         states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
         olderThanMs: fromProtoDuration(req.olderThan, "older_than"),
-        pageSize,
+        pageSize: size,
         after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
       });
       const last = views.at(-1);
       return create(ListRecordsResponseSchema, {
         records: views.map((view) => toProtoRecord(registry.opened(view))),
-        nextPageToken: last && views.length === pageSize ? encodePageToken([last.createdAtText, last.record.tenant, last.record.operationId]) : "",
+        nextPageToken: last && views.length === size ? encodePageToken([last.createdAtText, last.record.tenant, last.record.operationId]) : "",
       });
     },
 
@@ -226,30 +232,10 @@ function toProtoControl(control: ControlRow) {
 
 function toProtoEvent(event: LoggedEvent) {
   return create(StreamEventsResponseSchema, {
-    eventId: BigInt(event.eventId),
-    tenant: event.tenant,
-    operationId: event.operationId ?? "",
-    operation: event.operation ?? "",
-    apiRevision: event.apiRevision ?? 0,
-    kind: event.kind,
+    ...eventFields(event),
     generation: BigInt(event.generation ?? 0),
-    state: event.state ?? "",
-    caller: event.caller,
-    detail: event.detail as JsonObject,
-    at: timestampFromDate(event.at),
     cursor: encodePageToken([event.cursor.txid, event.cursor.eventId]),
   });
-}
-
-/** The tenants and operations a listing covers: what was asked, within what the caller is granted. */
-function grantedScope(caller: Caller, tenant: string, operations: readonly string[]): { tenants?: string[]; operations?: string[] } {
-  if (tenant && !caller.mayUseTenant(tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${tenant}`);
-  for (const operation of operations) {
-    if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
-  }
-  const tenants = tenant ? [tenant] : caller.tenants === "*" ? undefined : [...caller.tenants];
-  const granted = operations.length > 0 ? [...operations] : caller.operations === "*" ? undefined : [...caller.operations];
-  return { ...(tenants ? { tenants } : {}), ...(granted ? { operations: granted } : {}) };
 }
 
 /**

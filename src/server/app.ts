@@ -17,10 +17,12 @@ import { PolicyStore } from "../registry/policy-store.js";
 import { Registry } from "../registry/registry.js";
 import { listenAdmin, type AdminServer } from "./admin-http.js";
 import { Callers } from "./callers.js";
+import { adminService } from "./admin-service.js";
 import { consoleRoutes } from "./console.js";
+import { DecisionSampler } from "./event-series.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { reflectionRoutes } from "./reflection.js";
-import { rpcHandler } from "./rpc-handler.js";
+import { rpcHandler, type RpcHandlerOptions } from "./rpc-handler.js";
 import { withCors } from "./cors.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
@@ -267,23 +269,21 @@ export async function startCoordinator({
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock, probeReader);
     const ready = readiness;
     const inFlight = new InFlight();
-    const handler = rpcHandler({
-      routes: (router) => {
-        serviceRoutes({
-          registry,
-          db,
-          reads,
-          metrics,
-          store,
-          readStore,
-          policies: policyCache,
-          policyRefreshMs: config.policyRefreshMs,
-          waitersPerCaller: config.waitersPerCaller,
-          ...(tracer ? { tracer } : {}),
-        })(router);
-        router.service(Health, health.service());
-        if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
-      },
+    const services = {
+      registry,
+      db,
+      reads,
+      metrics,
+      store,
+      readStore,
+      policies: policyCache,
+      policyRefreshMs: config.policyRefreshMs,
+      waitersPerCaller: config.waitersPerCaller,
+      // One sampler for both ports: it samples from the first time the charts are asked for, wherever.
+      decisions: new DecisionSampler(metrics.decisions),
+      ...(tracer ? { tracer } : {}),
+    };
+    const rpcOptions = {
       // Outermost first: count, trace, time and log the RPC; then map any error, authenticate and check the message.
       interceptors: [
         inFlight.interceptor,
@@ -295,10 +295,20 @@ export async function startCoordinator({
       jsonOptions: JSON_OPTIONS,
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
-      contextValues: (req) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
+      contextValues: (req: Parameters<RpcHandlerOptions["contextValues"]>[0]) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
       corsOrigins: config.corsOrigins,
       logger,
+    };
+    const handler = rpcHandler({
+      ...rpcOptions,
+      routes: (router) => {
+        serviceRoutes(services)(router);
+        router.service(Health, health.service());
+        if (config.reflection) reflectionRoutes([CoordinatorService, AdminService, Health])(router);
+      },
     });
+    // The console page's calls: AdminService as the RPC port serves it, on the admin port beside the page (same origin).
+    const consoleRpc = rpcHandler({ ...rpcOptions, routes: (router) => router.service(AdminService, adminService(services)) });
 
     jobs = backgroundJobs(registry, db, metrics, config, logger, clock, holder);
     rpc = await listenRpc(withCors(handler, config.corsOrigins), config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
@@ -310,7 +320,7 @@ export async function startCoordinator({
         readerReachable: () => ready.readerReachable,
         metrics: async () => ({ contentType: metricsRegistry.contentType, body: await metricsRegistry.metrics() }),
       },
-      [consoleRoutes({ db, reads, registry, store: readStore, callers, decisions: metrics.decisions })],
+      [consoleRoutes(consoleRpc)],
       config.host,
       config.adminPort,
       logger,

@@ -95,6 +95,8 @@ describe("Connect GET for the RPCs that only read", () => {
       ["/idempotency.v1.AdminService/ListRecords", "{}", server.tokens.operator],
       ["/idempotency.v1.AdminService/ListPolicies", "{}", server.tokens.operator],
       ["/idempotency.v1.AdminService/ListOperationControls", "{}", server.tokens.operator],
+      ["/idempotency.v1.AdminService/ListNewestRecords", "{}", server.tokens.operator],
+      ["/idempotency.v1.AdminService/GetRecordHistory", JSON.stringify({ ref: { tenant: "acme", operationId: reserved.operationId } }), server.tokens.operator],
       // A refusal is not to be kept either.
       ["/idempotency.v1.AdminService/ListRecords", "{}", server.tokens.gateway],
     ];

@@ -640,6 +640,13 @@ describe("callers", () => {
     Reconcile: { roles: ["operator"], allowed: "INVALID_REQUEST" },
     StreamEvents: { roles: ["operator"], allowed: "answered" },
     RunRetentionSweep: { roles: ["operator"], allowed: "answered" },
+    GetRecordCensus: { roles: ["operator"], allowed: "answered" },
+    ListNewestRecords: { roles: ["operator"], allowed: "answered" },
+    FindRecords: { roles: ["operator"], allowed: "INVALID_REQUEST" },
+    ListUnknownRecords: { roles: ["operator"], allowed: "answered" },
+    GetRecordHistory: { roles: ["operator"], allowed: "INVALID_REQUEST" },
+    ListRecentEvents: { roles: ["operator"], allowed: "INVALID_REQUEST" },
+    GetEventSeries: { roles: ["operator"], allowed: "answered" },
   };
   /** One caller per role. The role is checked before any grant of a tenant or operation, so the gateway's narrower grants change nothing here. */
   const BY_ROLE: Record<Role, string> = { gateway: TOKENS.gateway, worker: TOKENS.worker, operator: TOKENS.allTenantsOperator };

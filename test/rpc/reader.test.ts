@@ -11,6 +11,7 @@ import { ClaimMode, CoordinatorService, Decision } from "../../src/gen/idempoten
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { freePort } from "../../src/net.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { consoleClient } from "../support/console.js";
 import { newKey } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
 import { driveToUnknown, startTestServer, type TestServer } from "../support/server.js";
@@ -199,18 +200,16 @@ describe("with a reader", () => {
 
   it("shows the operator console from the standby", async () => {
     const reserved = await reserve(server, newKey());
-    const console = async (endpoint: string) => {
-      const response = await fetch(`${server.adminUrl}/console/api/${endpoint}`, { headers: { authorization: `Bearer ${server.tokens.operator}` } });
-      expect(response.status).toBe(200);
-      return (await response.json()) as { records: unknown };
-    };
-    expect((await console("overview")).records).toMatchObject({ RESERVED: 0 });
-    expect((await console("records?state=RESERVED")).records).toEqual([]);
+    const admin = consoleClient(server);
+    const call = as(server.tokens.operator);
+    const reservedCount = async () => Number((await admin.getRecordCensus({}, call)).states.find((s) => s.state === RecordState.RESERVED)?.records);
+    const reservedListed = async () => (await admin.listNewestRecords({ states: [RecordState.RESERVED] }, call)).records.map((r) => r.operationId);
+    expect(await reservedCount()).toBe(0);
+    expect(await reservedListed()).toEqual([]);
     await replay();
     const { rows } = await primary.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE state = 'RESERVED'");
-    expect((await console("overview")).records).toMatchObject({ RESERVED: rows[0]!.n });
-    const listed = (await console("records?state=RESERVED")).records as Array<{ operationId: string }>;
-    expect(listed.map((r) => r.operationId)).toContain(reserved.operationId);
+    expect(await reservedCount()).toBe(rows[0]!.n);
+    expect(await reservedListed()).toContain(reserved.operationId);
   });
 
   it("reports the reader on /readyz", async () => {

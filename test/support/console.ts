@@ -1,4 +1,7 @@
 import { create } from "@bufbuild/protobuf";
+import { createClient, type Client } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { gatewayClient, type TestServer } from "./server.js";
 
@@ -25,12 +28,25 @@ export function reserveFor(server: TestServer, tenant: Tenant, key: string, body
   );
 }
 
-/** An endpoint of the console's API called as the page calls it: its status and JSON answer. */
-export async function consoleCall<T = Record<string, unknown>>(server: TestServer, token: string, endpoint: string, body?: unknown): Promise<{ status: number; body: T }> {
-  const response = await fetch(`${server.adminUrl}/console/api/${endpoint}`, {
-    method: body === undefined ? "GET" : "POST",
+/** AdminService as the console page calls it: Connect JSON on the admin port, under /console/. */
+export function consoleClient(server: Pick<TestServer, "adminUrl">): Client<typeof AdminService> {
+  return createClient(AdminService, createConnectTransport({ baseUrl: `${server.adminUrl}/console`, httpVersion: "1.1" }));
+}
+
+/** The call options of a caller with this token. */
+export const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });
+
+/** An AdminService method called as the page's Connect client calls it (a JSON POST on the admin port): the HTTP answer as it is. */
+export async function consoleCall<T = Record<string, unknown>>(
+  server: Pick<TestServer, "adminUrl">,
+  token: string,
+  method: string,
+  body: unknown = {},
+): Promise<{ status: number; headers: Headers; body: T }> {
+  const response = await fetch(`${server.adminUrl}/console/idempotency.v1.AdminService/${method}`, {
+    method: "POST",
     headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    body: JSON.stringify(body),
   });
-  return { status: response.status, body: (await response.json()) as T };
+  return { status: response.status, headers: response.headers, body: (await response.json()) as T };
 }

@@ -17,7 +17,7 @@ import type { OperationRef } from "./coordinator_pb.js";
 import { file_idempotency_v1_coordinator } from "./coordinator_pb.js";
 import type { OperationPolicy, PublishedPolicy } from "./policy_pb.js";
 import { file_idempotency_v1_policy } from "./policy_pb.js";
-import type { OperationRecord, Outcome, RecordState, ResponseSnapshot } from "./types_pb.js";
+import type { EffectAttempt, OperationRecord, Outcome, RecordState, ResponseSnapshot, Subject } from "./types_pb.js";
 import { file_idempotency_v1_types } from "./types_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
@@ -25,7 +25,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file idempotency/v1/admin.proto.
  */
 export const file_idempotency_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChppZGVtcG90ZW5jeS92MS9hZG1pbi5wcm90bxIOaWRlbXBvdGVuY3kudjEiwgEKEE9wZXJhdGlvbkNvbnRyb2wSEQoJb3BlcmF0aW9uGAEgASgJEhQKDGFwaV9yZXZpc2lvbhgCIAEoDRIrCgRtb2RlGAMgASgOMh0uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uTW9kZRIUCgx3cml0ZXJfZXBvY2gYBCABKAQSLgoKdXBkYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKdXBkYXRlZF9ieRgGIAEoCSJvChdTZXRPcGVyYXRpb25Nb2RlUmVxdWVzdBIRCglvcGVyYXRpb24YASABKAkSFAoMYXBpX3JldmlzaW9uGAIgASgNEisKBG1vZGUYAyABKA4yHS5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25Nb2RlIk0KGFNldE9wZXJhdGlvbk1vZGVSZXNwb25zZRIxCgdjb250cm9sGAEgASgLMiAuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uQ29udHJvbCJYChdSYWlzZVdyaXRlckVwb2NoUmVxdWVzdBIRCglvcGVyYXRpb24YASABKAkSFAoMYXBpX3JldmlzaW9uGAIgASgNEhQKDHdyaXRlcl9lcG9jaBgDIAEoBCJNChhSYWlzZVdyaXRlckVwb2NoUmVzcG9uc2USMQoHY29udHJvbBgBIAEoCzIgLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvbkNvbnRyb2wiHgocTGlzdE9wZXJhdGlvbkNvbnRyb2xzUmVxdWVzdCJTCh1MaXN0T3BlcmF0aW9uQ29udHJvbHNSZXNwb25zZRIyCghjb250cm9scxgBIAMoCzIgLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvbkNvbnRyb2wiuwEKEkxpc3RSZWNvcmRzUmVxdWVzdBIrCgZzdGF0ZXMYASADKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRIOCgZ0ZW5hbnQYAiABKAkSEgoKb3BlcmF0aW9ucxgDIAMoCRItCgpvbGRlcl90aGFuGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCXBhZ2Vfc2l6ZRgFIAEoDRISCgpwYWdlX3Rva2VuGAYgASgJImAKE0xpc3RSZWNvcmRzUmVzcG9uc2USMAoHcmVjb3JkcxgBIAMoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkizwEKEFJlY29uY2lsZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEigKB291dGNvbWUYAiABKA4yFy5pZGVtcG90ZW5jeS52MS5PdXRjb21lEjIKCHNuYXBzaG90GAMgASgLMiAuaWRlbXBvdGVuY3kudjEuUmVzcG9uc2VTbmFwc2hvdBIQCghldmlkZW5jZRgEIAEoCRIQCghvcGVyYXRvchgFIAEoCRIOCgZyZW9wZW4YBiABKAgiRAoRUmVjb25jaWxlUmVzcG9uc2USLwoGcmVjb3JkGAEgASgLMh8uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVjb3JkIlcKE1N0cmVhbUV2ZW50c1JlcXVlc3QSDQoFYWZ0ZXIYASABKAkSDgoGZm9sbG93GAIgASgIEg4KBnRlbmFudBgDIAEoCRIRCglvcGVyYXRpb24YBCABKAkimQIKFFN0cmVhbUV2ZW50c1Jlc3BvbnNlEhAKCGV2ZW50X2lkGAEgASgEEg4KBnRlbmFudBgCIAEoCRIUCgxvcGVyYXRpb25faWQYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhQKDGFwaV9yZXZpc2lvbhgFIAEoDRIMCgRraW5kGAYgASgJEhIKCmdlbmVyYXRpb24YByABKAQSDQoFc3RhdGUYCCABKAkSDgoGY2FsbGVyGAkgASgJEicKBmRldGFpbBgKIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJgoCYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmN1cnNvchgMIAEoCSJDChhSdW5SZXRlbnRpb25Td2VlcFJlcXVlc3QSEgoKYmF0Y2hfc2l6ZRgBIAEoDRITCgttYXhfYmF0Y2hlcxgCIAEoDSJAChlSdW5SZXRlbnRpb25Td2VlcFJlc3BvbnNlEhIKCnRvbWJzdG9uZWQYASABKAQSDwoHYmF0Y2hlcxgCIAEoDSJHChRQdWJsaXNoUG9saWN5UmVxdWVzdBIvCgZwb2xpY3kYASABKAsyHy5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25Qb2xpY3kiXAoVUHVibGlzaFBvbGljeVJlc3BvbnNlEjIKCXB1Ymxpc2hlZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hlZFBvbGljeRIPCgdjcmVhdGVkGAIgASgIIlQKEEdldFBvbGljeVJlcXVlc3QSEQoJb3BlcmF0aW9uGAEgASgJEhQKDGFwaV9yZXZpc2lvbhgCIAEoDRIXCg9zY2hlbWFfcmV2aXNpb24YAyABKA0iRwoRR2V0UG9saWN5UmVzcG9uc2USMgoJcHVibGlzaGVkGAEgASgLMh8uaWRlbXBvdGVuY3kudjEuUHVibGlzaGVkUG9saWN5IigKE0xpc3RQb2xpY2llc1JlcXVlc3QSEQoJb3BlcmF0aW9uGAEgASgJIkkKFExpc3RQb2xpY2llc1Jlc3BvbnNlEjEKCHBvbGljaWVzGAEgAygLMh8uaWRlbXBvdGVuY3kudjEuUHVibGlzaGVkUG9saWN5KoMBCg1PcGVyYXRpb25Nb2RlEh4KGk9QRVJBVElPTl9NT0RFX1VOU1BFQ0lGSUVEEAASGgoWT1BFUkFUSU9OX01PREVfRU5GT1JDRRABEhkKFU9QRVJBVElPTl9NT0RFX1NIQURPVxACEhsKF09QRVJBVElPTl9NT0RFX0RSQUlOSU5HEAMy4gcKDEFkbWluU2VydmljZRJcCg1QdWJsaXNoUG9saWN5EiQuaWRlbXBvdGVuY3kudjEuUHVibGlzaFBvbGljeVJlcXVlc3QaJS5pZGVtcG90ZW5jeS52MS5QdWJsaXNoUG9saWN5UmVzcG9uc2USVQoJR2V0UG9saWN5EiAuaWRlbXBvdGVuY3kudjEuR2V0UG9saWN5UmVxdWVzdBohLmlkZW1wb3RlbmN5LnYxLkdldFBvbGljeVJlc3BvbnNlIgOQAgESXgoMTGlzdFBvbGljaWVzEiMuaWRlbXBvdGVuY3kudjEuTGlzdFBvbGljaWVzUmVxdWVzdBokLmlkZW1wb3RlbmN5LnYxLkxpc3RQb2xpY2llc1Jlc3BvbnNlIgOQAgESZQoQU2V0T3BlcmF0aW9uTW9kZRInLmlkZW1wb3RlbmN5LnYxLlNldE9wZXJhdGlvbk1vZGVSZXF1ZXN0GiguaWRlbXBvdGVuY3kudjEuU2V0T3BlcmF0aW9uTW9kZVJlc3BvbnNlEmUKEFJhaXNlV3JpdGVyRXBvY2gSJy5pZGVtcG90ZW5jeS52MS5SYWlzZVdyaXRlckVwb2NoUmVxdWVzdBooLmlkZW1wb3RlbmN5LnYxLlJhaXNlV3JpdGVyRXBvY2hSZXNwb25zZRJ5ChVMaXN0T3BlcmF0aW9uQ29udHJvbHMSLC5pZGVtcG90ZW5jeS52MS5MaXN0T3BlcmF0aW9uQ29udHJvbHNSZXF1ZXN0Gi0uaWRlbXBvdGVuY3kudjEuTGlzdE9wZXJhdGlvbkNvbnRyb2xzUmVzcG9uc2UiA5ACARJbCgtMaXN0UmVjb3JkcxIiLmlkZW1wb3RlbmN5LnYxLkxpc3RSZWNvcmRzUmVxdWVzdBojLmlkZW1wb3RlbmN5LnYxLkxpc3RSZWNvcmRzUmVzcG9uc2UiA5ACARJQCglSZWNvbmNpbGUSIC5pZGVtcG90ZW5jeS52MS5SZWNvbmNpbGVSZXF1ZXN0GiEuaWRlbXBvdGVuY3kudjEuUmVjb25jaWxlUmVzcG9uc2USWwoMU3RyZWFtRXZlbnRzEiMuaWRlbXBvdGVuY3kudjEuU3RyZWFtRXZlbnRzUmVxdWVzdBokLmlkZW1wb3RlbmN5LnYxLlN0cmVhbUV2ZW50c1Jlc3BvbnNlMAESaAoRUnVuUmV0ZW50aW9uU3dlZXASKC5pZGVtcG90ZW5jeS52MS5SdW5SZXRlbnRpb25Td2VlcFJlcXVlc3QaKS5pZGVtcG90ZW5jeS52MS5SdW5SZXRlbnRpb25Td2VlcFJlc3BvbnNlQmhaZmdpdGh1Yi5jb20vaWRlbXBvdGVuY3ktY29vcmRpbmF0b3IvaWRlbXBvdGVuY3ktY29vcmRpbmF0b3IvY2xpZW50cy9nby9nZW4vaWRlbXBvdGVuY3kvdjE7aWRlbXBvdGVuY3l2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_idempotency_v1_coordinator, file_idempotency_v1_policy, file_idempotency_v1_types]);
+  fileDesc("ChppZGVtcG90ZW5jeS92MS9hZG1pbi5wcm90bxIOaWRlbXBvdGVuY3kudjEiwgEKEE9wZXJhdGlvbkNvbnRyb2wSEQoJb3BlcmF0aW9uGAEgASgJEhQKDGFwaV9yZXZpc2lvbhgCIAEoDRIrCgRtb2RlGAMgASgOMh0uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uTW9kZRIUCgx3cml0ZXJfZXBvY2gYBCABKAQSLgoKdXBkYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKdXBkYXRlZF9ieRgGIAEoCSJvChdTZXRPcGVyYXRpb25Nb2RlUmVxdWVzdBIRCglvcGVyYXRpb24YASABKAkSFAoMYXBpX3JldmlzaW9uGAIgASgNEisKBG1vZGUYAyABKA4yHS5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25Nb2RlIk0KGFNldE9wZXJhdGlvbk1vZGVSZXNwb25zZRIxCgdjb250cm9sGAEgASgLMiAuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uQ29udHJvbCJYChdSYWlzZVdyaXRlckVwb2NoUmVxdWVzdBIRCglvcGVyYXRpb24YASABKAkSFAoMYXBpX3JldmlzaW9uGAIgASgNEhQKDHdyaXRlcl9lcG9jaBgDIAEoBCJNChhSYWlzZVdyaXRlckVwb2NoUmVzcG9uc2USMQoHY29udHJvbBgBIAEoCzIgLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvbkNvbnRyb2wiHgocTGlzdE9wZXJhdGlvbkNvbnRyb2xzUmVxdWVzdCJTCh1MaXN0T3BlcmF0aW9uQ29udHJvbHNSZXNwb25zZRIyCghjb250cm9scxgBIAMoCzIgLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvbkNvbnRyb2wiuwEKEkxpc3RSZWNvcmRzUmVxdWVzdBIrCgZzdGF0ZXMYASADKA4yGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdGF0ZRIOCgZ0ZW5hbnQYAiABKAkSEgoKb3BlcmF0aW9ucxgDIAMoCRItCgpvbGRlcl90aGFuGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCXBhZ2Vfc2l6ZRgFIAEoDRISCgpwYWdlX3Rva2VuGAYgASgJImAKE0xpc3RSZWNvcmRzUmVzcG9uc2USMAoHcmVjb3JkcxgBIAMoCzIfLmlkZW1wb3RlbmN5LnYxLk9wZXJhdGlvblJlY29yZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkizwEKEFJlY29uY2lsZVJlcXVlc3QSKQoDcmVmGAEgASgLMhwuaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVmEigKB291dGNvbWUYAiABKA4yFy5pZGVtcG90ZW5jeS52MS5PdXRjb21lEjIKCHNuYXBzaG90GAMgASgLMiAuaWRlbXBvdGVuY3kudjEuUmVzcG9uc2VTbmFwc2hvdBIQCghldmlkZW5jZRgEIAEoCRIQCghvcGVyYXRvchgFIAEoCRIOCgZyZW9wZW4YBiABKAgiRAoRUmVjb25jaWxlUmVzcG9uc2USLwoGcmVjb3JkGAEgASgLMh8uaWRlbXBvdGVuY3kudjEuT3BlcmF0aW9uUmVjb3JkIlcKE1N0cmVhbUV2ZW50c1JlcXVlc3QSDQoFYWZ0ZXIYASABKAkSDgoGZm9sbG93GAIgASgIEg4KBnRlbmFudBgDIAEoCRIRCglvcGVyYXRpb24YBCABKAkimQIKFFN0cmVhbUV2ZW50c1Jlc3BvbnNlEhAKCGV2ZW50X2lkGAEgASgEEg4KBnRlbmFudBgCIAEoCRIUCgxvcGVyYXRpb25faWQYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhQKDGFwaV9yZXZpc2lvbhgFIAEoDRIMCgRraW5kGAYgASgJEhIKCmdlbmVyYXRpb24YByABKAQSDQoFc3RhdGUYCCABKAkSDgoGY2FsbGVyGAkgASgJEicKBmRldGFpbBgKIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSJgoCYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmN1cnNvchgMIAEoCSJDChhSdW5SZXRlbnRpb25Td2VlcFJlcXVlc3QSEgoKYmF0Y2hfc2l6ZRgBIAEoDRITCgttYXhfYmF0Y2hlcxgCIAEoDSJAChlSdW5SZXRlbnRpb25Td2VlcFJlc3BvbnNlEhIKCnRvbWJzdG9uZWQYASABKAQSDwoHYmF0Y2hlcxgCIAEoDSJHChRQdWJsaXNoUG9saWN5UmVxdWVzdBIvCgZwb2xpY3kYASABKAsyHy5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25Qb2xpY3kiXAoVUHVibGlzaFBvbGljeVJlc3BvbnNlEjIKCXB1Ymxpc2hlZBgBIAEoCzIfLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hlZFBvbGljeRIPCgdjcmVhdGVkGAIgASgIIlQKEEdldFBvbGljeVJlcXVlc3QSEQoJb3BlcmF0aW9uGAEgASgJEhQKDGFwaV9yZXZpc2lvbhgCIAEoDRIXCg9zY2hlbWFfcmV2aXNpb24YAyABKA0iRwoRR2V0UG9saWN5UmVzcG9uc2USMgoJcHVibGlzaGVkGAEgASgLMh8uaWRlbXBvdGVuY3kudjEuUHVibGlzaGVkUG9saWN5IigKE0xpc3RQb2xpY2llc1JlcXVlc3QSEQoJb3BlcmF0aW9uGAEgASgJIkkKFExpc3RQb2xpY2llc1Jlc3BvbnNlEjEKCHBvbGljaWVzGAEgAygLMh8uaWRlbXBvdGVuY3kudjEuUHVibGlzaGVkUG9saWN5IhgKFkdldFJlY29yZENlbnN1c1JlcXVlc3QieAoXR2V0UmVjb3JkQ2Vuc3VzUmVzcG9uc2USKgoGc3RhdGVzGAEgAygLMhouaWRlbXBvdGVuY3kudjEuU3RhdGVDb3VudBIxCg5vbGRlc3RfdW5rbm93bhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJJCgpTdGF0ZUNvdW50EioKBXN0YXRlGAEgASgOMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkU3RhdGUSDwoHcmVjb3JkcxgCIAEoBCLxAgoNUmVjb3JkU3VtbWFyeRIOCgZ0ZW5hbnQYASABKAkSFAoMb3BlcmF0aW9uX2lkGAIgASgJEhEKCXByaW5jaXBhbBgDIAEoCRIRCglvcGVyYXRpb24YBCABKAkSFAoMYXBpX3JldmlzaW9uGAUgASgNEioKBXN0YXRlGAYgASgOMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkU3RhdGUSEgoKZ2VuZXJhdGlvbhgHIAEoBBISCgpyZWNvdmVyaW5nGAggASgIEhIKCnRvbWJzdG9uZWQYCSABKAgSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoPZWZmZWN0X2F0dGVtcHRzGAwgAygLMh0uaWRlbXBvdGVuY3kudjEuRWZmZWN0QXR0ZW1wdCJuChhMaXN0TmV3ZXN0UmVjb3Jkc1JlcXVlc3QSKwoGc3RhdGVzGAEgAygOMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkU3RhdGUSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiZAoZTGlzdE5ld2VzdFJlY29yZHNSZXNwb25zZRIuCgdyZWNvcmRzGAEgAygLMh0uaWRlbXBvdGVuY3kudjEuUmVjb3JkU3VtbWFyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiYAoSRmluZFJlY29yZHNSZXF1ZXN0EhYKDG9wZXJhdGlvbl9pZBgBIAEoCUgAEiwKBXNjb3BlGAIgASgLMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkU2NvcGVIAEIECgJieSJ5CgtSZWNvcmRTY29wZRIoCgdzdWJqZWN0GAEgASgLMhcuaWRlbXBvdGVuY3kudjEuU3ViamVjdBIRCglvcGVyYXRpb24YAiABKAkSFAoMYXBpX3JldmlzaW9uGAMgASgNEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCSJFChNGaW5kUmVjb3Jkc1Jlc3BvbnNlEi4KB3JlY29yZHMYASADKAsyHS5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdW1tYXJ5Ii4KGUxpc3RVbmtub3duUmVjb3Jkc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgNIkwKGkxpc3RVbmtub3duUmVjb3Jkc1Jlc3BvbnNlEi4KB3JlY29yZHMYASADKAsyHS5pZGVtcG90ZW5jeS52MS5Vbmtub3duUmVjb3JkIm4KDVVua25vd25SZWNvcmQSLQoGcmVjb3JkGAEgASgLMh0uaWRlbXBvdGVuY3kudjEuUmVjb3JkU3VtbWFyeRIuCgt1bmtub3duX2ZvchgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJEChdHZXRSZWNvcmRIaXN0b3J5UmVxdWVzdBIpCgNyZWYYASABKAsyHC5pZGVtcG90ZW5jeS52MS5PcGVyYXRpb25SZWYizAQKGEdldFJlY29yZEhpc3RvcnlSZXNwb25zZRItCgZyZWNvcmQYASABKAsyHS5pZGVtcG90ZW5jeS52MS5SZWNvcmRTdW1tYXJ5EhcKD2VmZmVjdF9wb3NzaWJsZRgCIAEoCBIUCgx3cml0ZXJfZXBvY2gYAyABKAQSMAoMY29tcGxldGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxyZXRhaW5fdW50aWwYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDXRvbWJzdG9uZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKB3JlYWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEioKBWxlYXNlGAggASgLMhsuaWRlbXBvdGVuY3kudjEuUmVjb3JkTGVhc2USKgoFb3duZXIYCSABKAsyGy5pZGVtcG90ZW5jeS52MS5SZWNvcmRPd25lchI8Cg9zdG9yZWRfcmVzcG9uc2UYCiABKAsyIy5pZGVtcG90ZW5jeS52MS5TdG9yZWRSZXNwb25zZUZhY3RzEjUKC2dlbmVyYXRpb25zGAsgAygLMiAuaWRlbXBvdGVuY3kudjEuUmVjb3JkR2VuZXJhdGlvbhIrCgZldmVudHMYDCADKAsyGy5pZGVtcG90ZW5jeS52MS5Mb2dnZWRFdmVudBIUCgxldmVudHNfbGltaXQYDSABKA0iSwoLUmVjb3JkTGVhc2USLgoKZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEbGl2ZRgCIAEoCCJcCgtSZWNvcmRPd25lchISCgpnZW5lcmF0aW9uGAEgASgEEg4KBmNhbGxlchgCIAEoCRIpCgVzaW5jZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAitgEKE1N0b3JlZFJlc3BvbnNlRmFjdHMSGAoLc3RhdHVzX2NvZGUYASABKA1IAIgBARISCgptZWRpYV90eXBlGAIgASgJEhcKCmJvZHlfYnl0ZXMYAyABKARIAYgBARIUCgxoZWFkZXJfbmFtZXMYBCADKAkSEwoLc2VhbGVkX3dpdGgYBSABKAkSDgoGZGlnZXN0GAYgASgMQg4KDF9zdGF0dXNfY29kZUINCgtfYm9keV9ieXRlcyKjAQoQUmVjb3JkR2VuZXJhdGlvbhISCgpnZW5lcmF0aW9uGAEgASgEEhIKCmJlZ2FuX3dpdGgYAiABKAkSLAoIYmVnYW5fYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCGJlZ2FuX2J5GAQgASgJEhcKD2F0dGVtcHRfbnVtYmVycxgFIAMoDRIOCgZldmVudHMYBiABKA0ilAIKC0xvZ2dlZEV2ZW50EhAKCGV2ZW50X2lkGAEgASgEEg4KBnRlbmFudBgCIAEoCRIUCgxvcGVyYXRpb25faWQYAyABKAkSEQoJb3BlcmF0aW9uGAQgASgJEhQKDGFwaV9yZXZpc2lvbhgFIAEoDRIMCgRraW5kGAYgASgJEhcKCmdlbmVyYXRpb24YByABKARIAIgBARINCgVzdGF0ZRgIIAEoCRIOCgZjYWxsZXIYCSABKAkSJwoGZGV0YWlsGAogASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBImCgJhdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCDQoLX2dlbmVyYXRpb24iOwoXTGlzdFJlY2VudEV2ZW50c1JlcXVlc3QSDQoFa2luZHMYASADKAkSEQoJcGFnZV9zaXplGAIgASgNIkcKGExpc3RSZWNlbnRFdmVudHNSZXNwb25zZRIrCgZldmVudHMYASADKAsyGy5pZGVtcG90ZW5jeS52MS5Mb2dnZWRFdmVudCIoChVHZXRFdmVudFNlcmllc1JlcXVlc3QSDwoHbWludXRlcxgBIAEoDSL0AQoWR2V0RXZlbnRTZXJpZXNSZXNwb25zZRIPCgdtaW51dGVzGAEgASgNEhQKDHN0ZXBfc2Vjb25kcxgCIAEoDRIVCg1idWNrZXRfc3RhcnRzGAMgAygDEhYKDmJ1Y2tldF9zZWNvbmRzGAQgAygBEicKA25vdxgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoGc2VyaWVzGAYgAygLMhsuaWRlbXBvdGVuY3kudjEuQ2hhcnRTZXJpZXMSLgoHcmVwbGljYRgHIAEoCzIdLmlkZW1wb3RlbmN5LnYxLlJlcGxpY2FTZXJpZXMiVwoLQ2hhcnRTZXJpZXMSCwoDa2V5GAEgASgJEg0KBXRpdGxlGAIgASgJEgwKBHVuaXQYAyABKAkSDgoGdmFsdWVzGAQgAygBEg4KBmNvdW50cxgFIAMoBCJnCg1SZXBsaWNhU2VyaWVzEikKBXNpbmNlGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgZzZXJpZXMYAiADKAsyGy5pZGVtcG90ZW5jeS52MS5DaGFydFNlcmllcyqDAQoNT3BlcmF0aW9uTW9kZRIeChpPUEVSQVRJT05fTU9ERV9VTlNQRUNJRklFRBAAEhoKFk9QRVJBVElPTl9NT0RFX0VORk9SQ0UQARIZChVPUEVSQVRJT05fTU9ERV9TSEFET1cQAhIbChdPUEVSQVRJT05fTU9ERV9EUkFJTklORxADMscNCgxBZG1pblNlcnZpY2USXAoNUHVibGlzaFBvbGljeRIkLmlkZW1wb3RlbmN5LnYxLlB1Ymxpc2hQb2xpY3lSZXF1ZXN0GiUuaWRlbXBvdGVuY3kudjEuUHVibGlzaFBvbGljeVJlc3BvbnNlElUKCUdldFBvbGljeRIgLmlkZW1wb3RlbmN5LnYxLkdldFBvbGljeVJlcXVlc3QaIS5pZGVtcG90ZW5jeS52MS5HZXRQb2xpY3lSZXNwb25zZSIDkAIBEl4KDExpc3RQb2xpY2llcxIjLmlkZW1wb3RlbmN5LnYxLkxpc3RQb2xpY2llc1JlcXVlc3QaJC5pZGVtcG90ZW5jeS52MS5MaXN0UG9saWNpZXNSZXNwb25zZSIDkAIBEmUKEFNldE9wZXJhdGlvbk1vZGUSJy5pZGVtcG90ZW5jeS52MS5TZXRPcGVyYXRpb25Nb2RlUmVxdWVzdBooLmlkZW1wb3RlbmN5LnYxLlNldE9wZXJhdGlvbk1vZGVSZXNwb25zZRJlChBSYWlzZVdyaXRlckVwb2NoEicuaWRlbXBvdGVuY3kudjEuUmFpc2VXcml0ZXJFcG9jaFJlcXVlc3QaKC5pZGVtcG90ZW5jeS52MS5SYWlzZVdyaXRlckVwb2NoUmVzcG9uc2USeQoVTGlzdE9wZXJhdGlvbkNvbnRyb2xzEiwuaWRlbXBvdGVuY3kudjEuTGlzdE9wZXJhdGlvbkNvbnRyb2xzUmVxdWVzdBotLmlkZW1wb3RlbmN5LnYxLkxpc3RPcGVyYXRpb25Db250cm9sc1Jlc3BvbnNlIgOQAgESWwoLTGlzdFJlY29yZHMSIi5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaIy5pZGVtcG90ZW5jeS52MS5MaXN0UmVjb3Jkc1Jlc3BvbnNlIgOQAgESUAoJUmVjb25jaWxlEiAuaWRlbXBvdGVuY3kudjEuUmVjb25jaWxlUmVxdWVzdBohLmlkZW1wb3RlbmN5LnYxLlJlY29uY2lsZVJlc3BvbnNlElsKDFN0cmVhbUV2ZW50cxIjLmlkZW1wb3RlbmN5LnYxLlN0cmVhbUV2ZW50c1JlcXVlc3QaJC5pZGVtcG90ZW5jeS52MS5TdHJlYW1FdmVudHNSZXNwb25zZTABEmgKEVJ1blJldGVudGlvblN3ZWVwEiguaWRlbXBvdGVuY3kudjEuUnVuUmV0ZW50aW9uU3dlZXBSZXF1ZXN0GikuaWRlbXBvdGVuY3kudjEuUnVuUmV0ZW50aW9uU3dlZXBSZXNwb25zZRJnCg9HZXRSZWNvcmRDZW5zdXMSJi5pZGVtcG90ZW5jeS52MS5HZXRSZWNvcmRDZW5zdXNSZXF1ZXN0GicuaWRlbXBvdGVuY3kudjEuR2V0UmVjb3JkQ2Vuc3VzUmVzcG9uc2UiA5ACARJtChFMaXN0TmV3ZXN0UmVjb3JkcxIoLmlkZW1wb3RlbmN5LnYxLkxpc3ROZXdlc3RSZWNvcmRzUmVxdWVzdBopLmlkZW1wb3RlbmN5LnYxLkxpc3ROZXdlc3RSZWNvcmRzUmVzcG9uc2UiA5ACARJbCgtGaW5kUmVjb3JkcxIiLmlkZW1wb3RlbmN5LnYxLkZpbmRSZWNvcmRzUmVxdWVzdBojLmlkZW1wb3RlbmN5LnYxLkZpbmRSZWNvcmRzUmVzcG9uc2UiA5ACARJwChJMaXN0VW5rbm93blJlY29yZHMSKS5pZGVtcG90ZW5jeS52MS5MaXN0VW5rbm93blJlY29yZHNSZXF1ZXN0GiouaWRlbXBvdGVuY3kudjEuTGlzdFVua25vd25SZWNvcmRzUmVzcG9uc2UiA5ACARJqChBHZXRSZWNvcmRIaXN0b3J5EicuaWRlbXBvdGVuY3kudjEuR2V0UmVjb3JkSGlzdG9yeVJlcXVlc3QaKC5pZGVtcG90ZW5jeS52MS5HZXRSZWNvcmRIaXN0b3J5UmVzcG9uc2UiA5ACARJqChBMaXN0UmVjZW50RXZlbnRzEicuaWRlbXBvdGVuY3kudjEuTGlzdFJlY2VudEV2ZW50c1JlcXVlc3QaKC5pZGVtcG90ZW5jeS52MS5MaXN0UmVjZW50RXZlbnRzUmVzcG9uc2UiA5ACARJkCg5HZXRFdmVudFNlcmllcxIlLmlkZW1wb3RlbmN5LnYxLkdldEV2ZW50U2VyaWVzUmVxdWVzdBomLmlkZW1wb3RlbmN5LnYxLkdldEV2ZW50U2VyaWVzUmVzcG9uc2UiA5ACAUJoWmZnaXRodWIuY29tL2lkZW1wb3RlbmN5LWNvb3JkaW5hdG9yL2lkZW1wb3RlbmN5LWNvb3JkaW5hdG9yL2NsaWVudHMvZ28vZ2VuL2lkZW1wb3RlbmN5L3YxO2lkZW1wb3RlbmN5djFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_idempotency_v1_coordinator, file_idempotency_v1_policy, file_idempotency_v1_types]);
 
 /**
  * An operation's switches.
@@ -745,6 +745,1027 @@ export const ListPoliciesResponseSchema: GenMessage<ListPoliciesResponse> = /*@_
   messageDesc(file_idempotency_v1_admin, 20);
 
 /**
+ * GetRecordCensus: no parameters.
+ *
+ * @generated from message idempotency.v1.GetRecordCensusRequest
+ */
+export type GetRecordCensusRequest = Message<"idempotency.v1.GetRecordCensusRequest"> & {
+};
+
+/**
+ * Describes the message idempotency.v1.GetRecordCensusRequest.
+ * Use `create(GetRecordCensusRequestSchema)` to create a new message.
+ */
+export const GetRecordCensusRequestSchema: GenMessage<GetRecordCensusRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 21);
+
+/**
+ * The records of the caller's tenants by state.
+ *
+ * @generated from message idempotency.v1.GetRecordCensusResponse
+ */
+export type GetRecordCensusResponse = Message<"idempotency.v1.GetRecordCensusResponse"> & {
+  /**
+   * One entry for every state, in the order of RecordState, zero included.
+   *
+   * @generated from field: repeated idempotency.v1.StateCount states = 1;
+   */
+  states: StateCount[];
+
+  /**
+   * How long the oldest UNKNOWN record has been UNKNOWN (since the change
+   * that made it so, in database time); zero when none is.
+   *
+   * @generated from field: google.protobuf.Duration oldest_unknown = 2;
+   */
+  oldestUnknown?: Duration | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.GetRecordCensusResponse.
+ * Use `create(GetRecordCensusResponseSchema)` to create a new message.
+ */
+export const GetRecordCensusResponseSchema: GenMessage<GetRecordCensusResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 22);
+
+/**
+ * How many records are in one state.
+ *
+ * @generated from message idempotency.v1.StateCount
+ */
+export type StateCount = Message<"idempotency.v1.StateCount"> & {
+  /**
+   * The state.
+   *
+   * @generated from field: idempotency.v1.RecordState state = 1;
+   */
+  state: RecordState;
+
+  /**
+   * Its records, tombstones aside.
+   *
+   * @generated from field: uint64 records = 2;
+   */
+  records: bigint;
+};
+
+/**
+ * Describes the message idempotency.v1.StateCount.
+ * Use `create(StateCountSchema)` to create a new message.
+ */
+export const StateCountSchema: GenMessage<StateCount> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 23);
+
+/**
+ * A record as the listings show it: who, what, its state and its effect
+ * attempts; never its stored response.
+ *
+ * @generated from message idempotency.v1.RecordSummary
+ */
+export type RecordSummary = Message<"idempotency.v1.RecordSummary"> & {
+  /**
+   * The record's tenant.
+   *
+   * @generated from field: string tenant = 1;
+   */
+  tenant: string;
+
+  /**
+   * The operation id that Reserve returned.
+   *
+   * @generated from field: string operation_id = 2;
+   */
+  operationId: string;
+
+  /**
+   * The principal of the subject.
+   *
+   * @generated from field: string principal = 3;
+   */
+  principal: string;
+
+  /**
+   * The operation name.
+   *
+   * @generated from field: string operation = 4;
+   */
+  operation: string;
+
+  /**
+   * The API major revision.
+   *
+   * @generated from field: uint32 api_revision = 5;
+   */
+  apiRevision: number;
+
+  /**
+   * The current state.
+   *
+   * @generated from field: idempotency.v1.RecordState state = 6;
+   */
+  state: RecordState;
+
+  /**
+   * The owner generation.
+   *
+   * @generated from field: uint64 generation = 7;
+   */
+  generation: bigint;
+
+  /**
+   * A recovery worker holds it (a RECOVER claim).
+   *
+   * @generated from field: bool recovering = 8;
+   */
+  recovering: boolean;
+
+  /**
+   * Only a tombstone is left: the stored response is gone.
+   *
+   * @generated from field: bool tombstoned = 9;
+   */
+  tombstoned: boolean;
+
+  /**
+   * When it was accepted.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 10;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * When it last changed (for an UNKNOWN record: when it became UNKNOWN).
+   *
+   * @generated from field: google.protobuf.Timestamp updated_at = 11;
+   */
+  updatedAt?: Timestamp | undefined;
+
+  /**
+   * Every effect attempt, in order.
+   *
+   * @generated from field: repeated idempotency.v1.EffectAttempt effect_attempts = 12;
+   */
+  effectAttempts: EffectAttempt[];
+};
+
+/**
+ * Describes the message idempotency.v1.RecordSummary.
+ * Use `create(RecordSummarySchema)` to create a new message.
+ */
+export const RecordSummarySchema: GenMessage<RecordSummary> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 24);
+
+/**
+ * ListNewestRecords: which records.
+ *
+ * @generated from message idempotency.v1.ListNewestRecordsRequest
+ */
+export type ListNewestRecordsRequest = Message<"idempotency.v1.ListNewestRecordsRequest"> & {
+  /**
+   * Only these states; empty for every state.
+   *
+   * @generated from field: repeated idempotency.v1.RecordState states = 1;
+   */
+  states: RecordState[];
+
+  /**
+   * Most records, 1 to 500 (default 100).
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * From the previous response; empty for the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message idempotency.v1.ListNewestRecordsRequest.
+ * Use `create(ListNewestRecordsRequestSchema)` to create a new message.
+ */
+export const ListNewestRecordsRequestSchema: GenMessage<ListNewestRecordsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 25);
+
+/**
+ * The records found, newest first.
+ *
+ * @generated from message idempotency.v1.ListNewestRecordsResponse
+ */
+export type ListNewestRecordsResponse = Message<"idempotency.v1.ListNewestRecordsResponse"> & {
+  /**
+   * The records.
+   *
+   * @generated from field: repeated idempotency.v1.RecordSummary records = 1;
+   */
+  records: RecordSummary[];
+
+  /**
+   * Pass back for the next page; empty on the last one.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message idempotency.v1.ListNewestRecordsResponse.
+ * Use `create(ListNewestRecordsResponseSchema)` to create a new message.
+ */
+export const ListNewestRecordsResponseSchema: GenMessage<ListNewestRecordsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 26);
+
+/**
+ * FindRecords: by operation id or by scope.
+ *
+ * @generated from message idempotency.v1.FindRecordsRequest
+ */
+export type FindRecordsRequest = Message<"idempotency.v1.FindRecordsRequest"> & {
+  /**
+   * What to search by (one is required).
+   *
+   * @generated from oneof idempotency.v1.FindRecordsRequest.by
+   */
+  by: {
+    /**
+     * The operation id Reserve returned.
+     *
+     * @generated from field: string operation_id = 1;
+     */
+    value: string;
+    case: "operationId";
+  } | {
+    /**
+     * The scope of a request.
+     *
+     * @generated from field: idempotency.v1.RecordScope scope = 2;
+     */
+    value: RecordScope;
+    case: "scope";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message idempotency.v1.FindRecordsRequest.
+ * Use `create(FindRecordsRequestSchema)` to create a new message.
+ */
+export const FindRecordsRequestSchema: GenMessage<FindRecordsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 27);
+
+/**
+ * The scope of a request: what a client or an end user knows of it.
+ *
+ * @generated from message idempotency.v1.RecordScope
+ */
+export type RecordScope = Message<"idempotency.v1.RecordScope"> & {
+  /**
+   * The tenant and principal.
+   *
+   * @generated from field: idempotency.v1.Subject subject = 1;
+   */
+  subject?: Subject | undefined;
+
+  /**
+   * The operation name.
+   *
+   * @generated from field: string operation = 2;
+   */
+  operation: string;
+
+  /**
+   * The API major revision; 0 for every published revision of the
+   * operation (the key is hashed with the revision: each is another scope).
+   *
+   * @generated from field: uint32 api_revision = 3;
+   */
+  apiRevision: number;
+
+  /**
+   * The Idempotency-Key.
+   *
+   * @generated from field: string idempotency_key = 4;
+   */
+  idempotencyKey: string;
+};
+
+/**
+ * Describes the message idempotency.v1.RecordScope.
+ * Use `create(RecordScopeSchema)` to create a new message.
+ */
+export const RecordScopeSchema: GenMessage<RecordScope> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 28);
+
+/**
+ * The records found (none, when nothing matches within the caller's grant).
+ *
+ * @generated from message idempotency.v1.FindRecordsResponse
+ */
+export type FindRecordsResponse = Message<"idempotency.v1.FindRecordsResponse"> & {
+  /**
+   * The records.
+   *
+   * @generated from field: repeated idempotency.v1.RecordSummary records = 1;
+   */
+  records: RecordSummary[];
+};
+
+/**
+ * Describes the message idempotency.v1.FindRecordsResponse.
+ * Use `create(FindRecordsResponseSchema)` to create a new message.
+ */
+export const FindRecordsResponseSchema: GenMessage<FindRecordsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 29);
+
+/**
+ * ListUnknownRecords: how many.
+ *
+ * @generated from message idempotency.v1.ListUnknownRecordsRequest
+ */
+export type ListUnknownRecordsRequest = Message<"idempotency.v1.ListUnknownRecordsRequest"> & {
+  /**
+   * Most records, 1 to 500 (default 100): the longest UNKNOWN. GetRecordCensus
+   * counts them all.
+   *
+   * @generated from field: uint32 page_size = 1;
+   */
+  pageSize: number;
+};
+
+/**
+ * Describes the message idempotency.v1.ListUnknownRecordsRequest.
+ * Use `create(ListUnknownRecordsRequestSchema)` to create a new message.
+ */
+export const ListUnknownRecordsRequestSchema: GenMessage<ListUnknownRecordsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 30);
+
+/**
+ * The UNKNOWN records, longest UNKNOWN first.
+ *
+ * @generated from message idempotency.v1.ListUnknownRecordsResponse
+ */
+export type ListUnknownRecordsResponse = Message<"idempotency.v1.ListUnknownRecordsResponse"> & {
+  /**
+   * The records.
+   *
+   * @generated from field: repeated idempotency.v1.UnknownRecord records = 1;
+   */
+  records: UnknownRecord[];
+};
+
+/**
+ * Describes the message idempotency.v1.ListUnknownRecordsResponse.
+ * Use `create(ListUnknownRecordsResponseSchema)` to create a new message.
+ */
+export const ListUnknownRecordsResponseSchema: GenMessage<ListUnknownRecordsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 31);
+
+/**
+ * An UNKNOWN record, and how long it has been UNKNOWN.
+ *
+ * @generated from message idempotency.v1.UnknownRecord
+ */
+export type UnknownRecord = Message<"idempotency.v1.UnknownRecord"> & {
+  /**
+   * The record (its updated_at: when it became UNKNOWN).
+   *
+   * @generated from field: idempotency.v1.RecordSummary record = 1;
+   */
+  record?: RecordSummary | undefined;
+
+  /**
+   * How long it has been UNKNOWN, in database time.
+   *
+   * @generated from field: google.protobuf.Duration unknown_for = 2;
+   */
+  unknownFor?: Duration | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.UnknownRecord.
+ * Use `create(UnknownRecordSchema)` to create a new message.
+ */
+export const UnknownRecordSchema: GenMessage<UnknownRecord> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 32);
+
+/**
+ * GetRecordHistory: which record.
+ *
+ * @generated from message idempotency.v1.GetRecordHistoryRequest
+ */
+export type GetRecordHistoryRequest = Message<"idempotency.v1.GetRecordHistoryRequest"> & {
+  /**
+   * The record.
+   *
+   * @generated from field: idempotency.v1.OperationRef ref = 1;
+   */
+  ref?: OperationRef | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.GetRecordHistoryRequest.
+ * Use `create(GetRecordHistoryRequestSchema)` to create a new message.
+ */
+export const GetRecordHistoryRequestSchema: GenMessage<GetRecordHistoryRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 33);
+
+/**
+ * A record's story.
+ *
+ * @generated from message idempotency.v1.GetRecordHistoryResponse
+ */
+export type GetRecordHistoryResponse = Message<"idempotency.v1.GetRecordHistoryResponse"> & {
+  /**
+   * The record and its effect attempts.
+   *
+   * @generated from field: idempotency.v1.RecordSummary record = 1;
+   */
+  record?: RecordSummary | undefined;
+
+  /**
+   * An effect may have happened: an attempt was registered that is not
+   * NO_EFFECT.
+   *
+   * @generated from field: bool effect_possible = 2;
+   */
+  effectPossible: boolean;
+
+  /**
+   * The writer epoch it was accepted under.
+   *
+   * @generated from field: uint64 writer_epoch = 3;
+   */
+  writerEpoch: bigint;
+
+  /**
+   * When it finished; unset while it has not.
+   *
+   * @generated from field: google.protobuf.Timestamp completed_at = 4;
+   */
+  completedAt?: Timestamp | undefined;
+
+  /**
+   * Until when its response is kept; unset while it has not finished.
+   *
+   * @generated from field: google.protobuf.Timestamp retain_until = 5;
+   */
+  retainUntil?: Timestamp | undefined;
+
+  /**
+   * When it became a tombstone; unset while it is not one.
+   *
+   * @generated from field: google.protobuf.Timestamp tombstoned_at = 6;
+   */
+  tombstonedAt?: Timestamp | undefined;
+
+  /**
+   * The registry's time when it was read.
+   *
+   * @generated from field: google.protobuf.Timestamp read_at = 7;
+   */
+  readAt?: Timestamp | undefined;
+
+  /**
+   * Its lease; unset without one.
+   *
+   * @generated from field: idempotency.v1.RecordLease lease = 8;
+   */
+  lease?: RecordLease | undefined;
+
+  /**
+   * Who holds it: set while it is unfinished and leased.
+   *
+   * @generated from field: idempotency.v1.RecordOwner owner = 9;
+   */
+  owner?: RecordOwner | undefined;
+
+  /**
+   * Its stored response's metadata; unset while it has none.
+   *
+   * @generated from field: idempotency.v1.StoredResponseFacts stored_response = 10;
+   */
+  storedResponse?: StoredResponseFacts | undefined;
+
+  /**
+   * Its generations, oldest first.
+   *
+   * @generated from field: repeated idempotency.v1.RecordGeneration generations = 11;
+   */
+  generations: RecordGeneration[];
+
+  /**
+   * Its newest events (at most events_limit), oldest first.
+   *
+   * @generated from field: repeated idempotency.v1.LoggedEvent events = 12;
+   */
+  events: LoggedEvent[];
+
+  /**
+   * The most events the timeline holds.
+   *
+   * @generated from field: uint32 events_limit = 13;
+   */
+  eventsLimit: number;
+};
+
+/**
+ * Describes the message idempotency.v1.GetRecordHistoryResponse.
+ * Use `create(GetRecordHistoryResponseSchema)` to create a new message.
+ */
+export const GetRecordHistoryResponseSchema: GenMessage<GetRecordHistoryResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 34);
+
+/**
+ * A record's lease.
+ *
+ * @generated from message idempotency.v1.RecordLease
+ */
+export type RecordLease = Message<"idempotency.v1.RecordLease"> & {
+  /**
+   * When it ends, or ended.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 1;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * It had not ended when the record was read.
+   *
+   * @generated from field: bool live = 2;
+   */
+  live: boolean;
+};
+
+/**
+ * Describes the message idempotency.v1.RecordLease.
+ * Use `create(RecordLeaseSchema)` to create a new message.
+ */
+export const RecordLeaseSchema: GenMessage<RecordLease> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 35);
+
+/**
+ * The owner of an unfinished record: the caller whose acceptance, claim or
+ * takeover began its current generation.
+ *
+ * @generated from message idempotency.v1.RecordOwner
+ */
+export type RecordOwner = Message<"idempotency.v1.RecordOwner"> & {
+  /**
+   * The generation it holds.
+   *
+   * @generated from field: uint64 generation = 1;
+   */
+  generation: bigint;
+
+  /**
+   * The caller's name.
+   *
+   * @generated from field: string caller = 2;
+   */
+  caller: string;
+
+  /**
+   * When its generation began.
+   *
+   * @generated from field: google.protobuf.Timestamp since = 3;
+   */
+  since?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.RecordOwner.
+ * Use `create(RecordOwnerSchema)` to create a new message.
+ */
+export const RecordOwnerSchema: GenMessage<RecordOwner> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 36);
+
+/**
+ * What may be shown of a stored response: never its body, its header
+ * values or its location, which are the end user's data (an operator who
+ * must read a body uses Lookup, `idemctl lookup`).
+ *
+ * @generated from message idempotency.v1.StoredResponseFacts
+ */
+export type StoredResponseFacts = Message<"idempotency.v1.StoredResponseFacts"> & {
+  /**
+   * The HTTP status; unset for a tombstone.
+   *
+   * @generated from field: optional uint32 status_code = 1;
+   */
+  statusCode?: number | undefined;
+
+  /**
+   * The media type.
+   *
+   * @generated from field: string media_type = 2;
+   */
+  mediaType: string;
+
+  /**
+   * The body's size in bytes; unset for a tombstone.
+   *
+   * @generated from field: optional uint64 body_bytes = 3;
+   */
+  bodyBytes?: bigint | undefined;
+
+  /**
+   * The names of its headers.
+   *
+   * @generated from field: repeated string header_names = 4;
+   */
+  headerNames: string[];
+
+  /**
+   * The id of the key its body is sealed with; empty when it is stored as
+   * it is.
+   *
+   * @generated from field: string sealed_with = 5;
+   */
+  sealedWith: string;
+
+  /**
+   * Its SHA-256 digest, as Lookup returns it.
+   *
+   * @generated from field: bytes digest = 6;
+   */
+  digest: Uint8Array;
+};
+
+/**
+ * Describes the message idempotency.v1.StoredResponseFacts.
+ * Use `create(StoredResponseFactsSchema)` to create a new message.
+ */
+export const StoredResponseFactsSchema: GenMessage<StoredResponseFacts> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 37);
+
+/**
+ * One generation of a record, as its events and attempts tell it.
+ *
+ * @generated from message idempotency.v1.RecordGeneration
+ */
+export type RecordGeneration = Message<"idempotency.v1.RecordGeneration"> & {
+  /**
+   * The generation.
+   *
+   * @generated from field: uint64 generation = 1;
+   */
+  generation: bigint;
+
+  /**
+   * The kind of the event that began it (ACCEPTED, TAKEOVER,
+   * RECOVERY_CLAIMED, RECONCILED…); empty when it is older than the
+   * timeline.
+   *
+   * @generated from field: string began_with = 2;
+   */
+  beganWith: string;
+
+  /**
+   * When it began; unset when older than the timeline.
+   *
+   * @generated from field: google.protobuf.Timestamp began_at = 3;
+   */
+  beganAt?: Timestamp | undefined;
+
+  /**
+   * The caller whose event began it; empty when older than the timeline.
+   *
+   * @generated from field: string began_by = 4;
+   */
+  beganBy: string;
+
+  /**
+   * The numbers of the effect attempts registered in it.
+   *
+   * @generated from field: repeated uint32 attempt_numbers = 5;
+   */
+  attemptNumbers: number[];
+
+  /**
+   * How many of the timeline's events are of it.
+   *
+   * @generated from field: uint32 events = 6;
+   */
+  events: number;
+};
+
+/**
+ * Describes the message idempotency.v1.RecordGeneration.
+ * Use `create(RecordGenerationSchema)` to create a new message.
+ */
+export const RecordGenerationSchema: GenMessage<RecordGeneration> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 38);
+
+/**
+ * One entry of the event log, as the console's reads return it.
+ *
+ * @generated from message idempotency.v1.LoggedEvent
+ */
+export type LoggedEvent = Message<"idempotency.v1.LoggedEvent"> & {
+  /**
+   * The event's id.
+   *
+   * @generated from field: uint64 event_id = 1;
+   */
+  eventId: bigint;
+
+  /**
+   * The record's tenant; empty for an event about the operation as a whole.
+   *
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * The record's operation id; empty for an operation-level event.
+   *
+   * @generated from field: string operation_id = 3;
+   */
+  operationId: string;
+
+  /**
+   * The operation name; empty when unknown.
+   *
+   * @generated from field: string operation = 4;
+   */
+  operation: string;
+
+  /**
+   * The API major revision; 0 when unknown.
+   *
+   * @generated from field: uint32 api_revision = 5;
+   */
+  apiRevision: number;
+
+  /**
+   * What happened (see StreamEventsResponse.kind).
+   *
+   * @generated from field: string kind = 6;
+   */
+  kind: string;
+
+  /**
+   * The record's generation after the event; unset for an event without one.
+   *
+   * @generated from field: optional uint64 generation = 7;
+   */
+  generation?: bigint | undefined;
+
+  /**
+   * The record's state after the event; empty for an event without one.
+   *
+   * @generated from field: string state = 8;
+   */
+  state: string;
+
+  /**
+   * The authenticated caller that caused it (or the coordinator's job).
+   *
+   * @generated from field: string caller = 9;
+   */
+  caller: string;
+
+  /**
+   * Facts of the event (never request or response content).
+   *
+   * @generated from field: google.protobuf.Struct detail = 10;
+   */
+  detail?: JsonObject | undefined;
+
+  /**
+   * When it happened.
+   *
+   * @generated from field: google.protobuf.Timestamp at = 11;
+   */
+  at?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.LoggedEvent.
+ * Use `create(LoggedEventSchema)` to create a new message.
+ */
+export const LoggedEventSchema: GenMessage<LoggedEvent> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 39);
+
+/**
+ * ListRecentEvents: which events.
+ *
+ * @generated from message idempotency.v1.ListRecentEventsRequest
+ */
+export type ListRecentEventsRequest = Message<"idempotency.v1.ListRecentEventsRequest"> & {
+  /**
+   * The event kinds (e.g. CONFLICT); at least one.
+   *
+   * @generated from field: repeated string kinds = 1;
+   */
+  kinds: string[];
+
+  /**
+   * Most events, 1 to 500 (default 100).
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+};
+
+/**
+ * Describes the message idempotency.v1.ListRecentEventsRequest.
+ * Use `create(ListRecentEventsRequestSchema)` to create a new message.
+ */
+export const ListRecentEventsRequestSchema: GenMessage<ListRecentEventsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 40);
+
+/**
+ * The events found, newest first.
+ *
+ * @generated from message idempotency.v1.ListRecentEventsResponse
+ */
+export type ListRecentEventsResponse = Message<"idempotency.v1.ListRecentEventsResponse"> & {
+  /**
+   * The events.
+   *
+   * @generated from field: repeated idempotency.v1.LoggedEvent events = 1;
+   */
+  events: LoggedEvent[];
+};
+
+/**
+ * Describes the message idempotency.v1.ListRecentEventsResponse.
+ * Use `create(ListRecentEventsResponseSchema)` to create a new message.
+ */
+export const ListRecentEventsResponseSchema: GenMessage<ListRecentEventsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 41);
+
+/**
+ * GetEventSeries: over which window.
+ *
+ * @generated from message idempotency.v1.GetEventSeriesRequest
+ */
+export type GetEventSeriesRequest = Message<"idempotency.v1.GetEventSeriesRequest"> & {
+  /**
+   * The window in minutes: 5, 10, 30 or 60 (default 10). It is cut into 60
+   * buckets, so a bucket lasts as many seconds as the window has minutes.
+   *
+   * @generated from field: uint32 minutes = 1;
+   */
+  minutes: number;
+};
+
+/**
+ * Describes the message idempotency.v1.GetEventSeriesRequest.
+ * Use `create(GetEventSeriesRequestSchema)` to create a new message.
+ */
+export const GetEventSeriesRequestSchema: GenMessage<GetEventSeriesRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 42);
+
+/**
+ * The series over the window, bucket by bucket.
+ *
+ * @generated from message idempotency.v1.GetEventSeriesResponse
+ */
+export type GetEventSeriesResponse = Message<"idempotency.v1.GetEventSeriesResponse"> & {
+  /**
+   * The window in minutes.
+   *
+   * @generated from field: uint32 minutes = 1;
+   */
+  minutes: number;
+
+  /**
+   * How long a bucket lasts, in seconds.
+   *
+   * @generated from field: uint32 step_seconds = 2;
+   */
+  stepSeconds: number;
+
+  /**
+   * Each bucket's start, in seconds since the Unix epoch (aligned on the
+   * clock), oldest first; the last one is in progress.
+   *
+   * @generated from field: repeated int64 bucket_starts = 3;
+   */
+  bucketStarts: bigint[];
+
+  /**
+   * How many seconds of each bucket have passed: step_seconds, but for the
+   * last one. A rate is a bucket's count over these seconds.
+   *
+   * @generated from field: repeated double bucket_seconds = 4;
+   */
+  bucketSeconds: number[];
+
+  /**
+   * The registry's time when it was read.
+   *
+   * @generated from field: google.protobuf.Timestamp now = 5;
+   */
+  now?: Timestamp | undefined;
+
+  /**
+   * From the event log, the same whichever replica answers.
+   *
+   * @generated from field: repeated idempotency.v1.ChartSeries series = 6;
+   */
+  series: ChartSeries[];
+
+  /**
+   * This replica's decisions that write no event; set only for a caller
+   * granted every tenant (the metrics count every tenant's decisions).
+   *
+   * @generated from field: idempotency.v1.ReplicaSeries replica = 7;
+   */
+  replica?: ReplicaSeries | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.GetEventSeriesResponse.
+ * Use `create(GetEventSeriesResponseSchema)` to create a new message.
+ */
+export const GetEventSeriesResponseSchema: GenMessage<GetEventSeriesResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 43);
+
+/**
+ * One series of values, a value per bucket.
+ *
+ * @generated from message idempotency.v1.ChartSeries
+ */
+export type ChartSeries = Message<"idempotency.v1.ChartSeries"> & {
+  /**
+   * A stable name (accepted, conflicts, takeovers, completed, becameUnknown,
+   * reconciled, unknownOldest, unknownRecords; replays, inProgress, expired).
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * What it shows, for people.
+   *
+   * @generated from field: string title = 2;
+   */
+  title: string;
+
+  /**
+   * "per second", "seconds" or "records".
+   *
+   * @generated from field: string unit = 3;
+   */
+  unit: string;
+
+  /**
+   * A value per bucket.
+   *
+   * @generated from field: repeated double values = 4;
+   */
+  values: number[];
+
+  /**
+   * For a rate: how many events or decisions each bucket counted.
+   *
+   * @generated from field: repeated uint64 counts = 5;
+   */
+  counts: bigint[];
+};
+
+/**
+ * Describes the message idempotency.v1.ChartSeries.
+ * Use `create(ChartSeriesSchema)` to create a new message.
+ */
+export const ChartSeriesSchema: GenMessage<ChartSeries> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 44);
+
+/**
+ * The decisions one replica's metrics count.
+ *
+ * @generated from message idempotency.v1.ReplicaSeries
+ */
+export type ReplicaSeries = Message<"idempotency.v1.ReplicaSeries"> & {
+  /**
+   * Since when this replica has sampled its metrics (from the first time
+   * the series were asked for).
+   *
+   * @generated from field: google.protobuf.Timestamp since = 1;
+   */
+  since?: Timestamp | undefined;
+
+  /**
+   * Replays, answers in progress and expired keys per second.
+   *
+   * @generated from field: repeated idempotency.v1.ChartSeries series = 2;
+   */
+  series: ChartSeries[];
+};
+
+/**
+ * Describes the message idempotency.v1.ReplicaSeries.
+ * Use `create(ReplicaSeriesSchema)` to create a new message.
+ */
+export const ReplicaSeriesSchema: GenMessage<ReplicaSeries> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_admin, 45);
+
+/**
  * How an operation is served during rollout and rollback.
  *
  * @generated from enum idempotency.v1.OperationMode
@@ -907,6 +1928,91 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof RunRetentionSweepRequestSchema;
     output: typeof RunRetentionSweepResponseSchema;
+  },
+  /**
+   * Counts the records in each state (tombstones aside) and says how long the
+   * oldest UNKNOWN one has been UNKNOWN.
+   *
+   * @generated from rpc idempotency.v1.AdminService.GetRecordCensus
+   */
+  getRecordCensus: {
+    methodKind: "unary";
+    input: typeof GetRecordCensusRequestSchema;
+    output: typeof GetRecordCensusResponseSchema;
+  },
+  /**
+   * Lists records by state, newest first, a page at a time.
+   *
+   * @generated from rpc idempotency.v1.AdminService.ListNewestRecords
+   */
+  listNewestRecords: {
+    methodKind: "unary";
+    input: typeof ListNewestRecordsRequestSchema;
+    output: typeof ListNewestRecordsResponseSchema;
+  },
+  /**
+   * Finds the records of an operation id in every granted tenant (the tenant
+   * need not be known), or the record of a scope, hashed exactly as Reserve
+   * and Lookup hash it: the record a retry of that request would meet. A
+   * scope of a tenant not granted is refused (PERMISSION_DENIED), whether a
+   * record exists or not.
+   *
+   * @generated from rpc idempotency.v1.AdminService.FindRecords
+   */
+  findRecords: {
+    methodKind: "unary";
+    input: typeof FindRecordsRequestSchema;
+    output: typeof FindRecordsResponseSchema;
+  },
+  /**
+   * Lists the UNKNOWN records, longest UNKNOWN first, with how long each has
+   * been UNKNOWN (in database time): the records to reconcile.
+   *
+   * @generated from rpc idempotency.v1.AdminService.ListUnknownRecords
+   */
+  listUnknownRecords: {
+    methodKind: "unary";
+    input: typeof ListUnknownRecordsRequestSchema;
+    output: typeof ListUnknownRecordsResponseSchema;
+  },
+  /**
+   * One record's story, read in one snapshot: the record, its lease and
+   * owner, its effect attempts, its generations, its newest events (its
+   * timeline) and its stored response's metadata, never the body. A record
+   * of a tenant not granted is refused (PERMISSION_DENIED) whether it exists
+   * or not; no record is NOT_FOUND.
+   *
+   * @generated from rpc idempotency.v1.AdminService.GetRecordHistory
+   */
+  getRecordHistory: {
+    methodKind: "unary";
+    input: typeof GetRecordHistoryRequestSchema;
+    output: typeof GetRecordHistoryResponseSchema;
+  },
+  /**
+   * The newest events of some kinds, newest first (e.g. CONFLICT: the recent
+   * payload conflicts).
+   *
+   * @generated from rpc idempotency.v1.AdminService.ListRecentEvents
+   */
+  listRecentEvents: {
+    methodKind: "unary";
+    input: typeof ListRecentEventsRequestSchema;
+    output: typeof ListRecentEventsResponseSchema;
+  },
+  /**
+   * The event log's activity over the last minutes, in buckets aligned on
+   * the clock: events per second of some kinds, the UNKNOWN records and the
+   * oldest one's age. For callers granted every tenant, also the decisions
+   * that write no event (replays, answers in progress, expired keys) as the
+   * metrics of the replica answering count them.
+   *
+   * @generated from rpc idempotency.v1.AdminService.GetEventSeries
+   */
+  getEventSeries: {
+    methodKind: "unary";
+    input: typeof GetEventSeriesRequestSchema;
+    output: typeof GetEventSeriesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idempotency_v1_admin, 0);

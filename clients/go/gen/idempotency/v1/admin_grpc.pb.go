@@ -56,6 +56,35 @@ type AdminServiceClient interface {
 	// records past their retention become tombstones, in every tenant: needs a
 	// grant of all tenants.
 	RunRetentionSweep(ctx context.Context, in *RunRetentionSweepRequest, opts ...grpc.CallOption) (*RunRetentionSweepResponse, error)
+	// Counts the records in each state (tombstones aside) and says how long the
+	// oldest UNKNOWN one has been UNKNOWN.
+	GetRecordCensus(ctx context.Context, in *GetRecordCensusRequest, opts ...grpc.CallOption) (*GetRecordCensusResponse, error)
+	// Lists records by state, newest first, a page at a time.
+	ListNewestRecords(ctx context.Context, in *ListNewestRecordsRequest, opts ...grpc.CallOption) (*ListNewestRecordsResponse, error)
+	// Finds the records of an operation id in every granted tenant (the tenant
+	// need not be known), or the record of a scope, hashed exactly as Reserve
+	// and Lookup hash it: the record a retry of that request would meet. A
+	// scope of a tenant not granted is refused (PERMISSION_DENIED), whether a
+	// record exists or not.
+	FindRecords(ctx context.Context, in *FindRecordsRequest, opts ...grpc.CallOption) (*FindRecordsResponse, error)
+	// Lists the UNKNOWN records, longest UNKNOWN first, with how long each has
+	// been UNKNOWN (in database time): the records to reconcile.
+	ListUnknownRecords(ctx context.Context, in *ListUnknownRecordsRequest, opts ...grpc.CallOption) (*ListUnknownRecordsResponse, error)
+	// One record's story, read in one snapshot: the record, its lease and
+	// owner, its effect attempts, its generations, its newest events (its
+	// timeline) and its stored response's metadata, never the body. A record
+	// of a tenant not granted is refused (PERMISSION_DENIED) whether it exists
+	// or not; no record is NOT_FOUND.
+	GetRecordHistory(ctx context.Context, in *GetRecordHistoryRequest, opts ...grpc.CallOption) (*GetRecordHistoryResponse, error)
+	// The newest events of some kinds, newest first (e.g. CONFLICT: the recent
+	// payload conflicts).
+	ListRecentEvents(ctx context.Context, in *ListRecentEventsRequest, opts ...grpc.CallOption) (*ListRecentEventsResponse, error)
+	// The event log's activity over the last minutes, in buckets aligned on
+	// the clock: events per second of some kinds, the UNKNOWN records and the
+	// oldest one's age. For callers granted every tenant, also the decisions
+	// that write no event (replays, answers in progress, expired keys) as the
+	// metrics of the replica answering count them.
+	GetEventSeries(ctx context.Context, in *GetEventSeriesRequest, opts ...grpc.CallOption) (*GetEventSeriesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -179,6 +208,69 @@ func (c *adminServiceClient) RunRetentionSweep(ctx context.Context, in *RunReten
 	return out, nil
 }
 
+func (c *adminServiceClient) GetRecordCensus(ctx context.Context, in *GetRecordCensusRequest, opts ...grpc.CallOption) (*GetRecordCensusResponse, error) {
+	out := new(GetRecordCensusResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/GetRecordCensus", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListNewestRecords(ctx context.Context, in *ListNewestRecordsRequest, opts ...grpc.CallOption) (*ListNewestRecordsResponse, error) {
+	out := new(ListNewestRecordsResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/ListNewestRecords", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) FindRecords(ctx context.Context, in *FindRecordsRequest, opts ...grpc.CallOption) (*FindRecordsResponse, error) {
+	out := new(FindRecordsResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/FindRecords", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListUnknownRecords(ctx context.Context, in *ListUnknownRecordsRequest, opts ...grpc.CallOption) (*ListUnknownRecordsResponse, error) {
+	out := new(ListUnknownRecordsResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/ListUnknownRecords", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetRecordHistory(ctx context.Context, in *GetRecordHistoryRequest, opts ...grpc.CallOption) (*GetRecordHistoryResponse, error) {
+	out := new(GetRecordHistoryResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/GetRecordHistory", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListRecentEvents(ctx context.Context, in *ListRecentEventsRequest, opts ...grpc.CallOption) (*ListRecentEventsResponse, error) {
+	out := new(ListRecentEventsResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/ListRecentEvents", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetEventSeries(ctx context.Context, in *GetEventSeriesRequest, opts ...grpc.CallOption) (*GetEventSeriesResponse, error) {
+	out := new(GetEventSeriesResponse)
+	err := c.cc.Invoke(ctx, "/idempotency.v1.AdminService/GetEventSeries", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility
@@ -222,6 +314,35 @@ type AdminServiceServer interface {
 	// records past their retention become tombstones, in every tenant: needs a
 	// grant of all tenants.
 	RunRetentionSweep(context.Context, *RunRetentionSweepRequest) (*RunRetentionSweepResponse, error)
+	// Counts the records in each state (tombstones aside) and says how long the
+	// oldest UNKNOWN one has been UNKNOWN.
+	GetRecordCensus(context.Context, *GetRecordCensusRequest) (*GetRecordCensusResponse, error)
+	// Lists records by state, newest first, a page at a time.
+	ListNewestRecords(context.Context, *ListNewestRecordsRequest) (*ListNewestRecordsResponse, error)
+	// Finds the records of an operation id in every granted tenant (the tenant
+	// need not be known), or the record of a scope, hashed exactly as Reserve
+	// and Lookup hash it: the record a retry of that request would meet. A
+	// scope of a tenant not granted is refused (PERMISSION_DENIED), whether a
+	// record exists or not.
+	FindRecords(context.Context, *FindRecordsRequest) (*FindRecordsResponse, error)
+	// Lists the UNKNOWN records, longest UNKNOWN first, with how long each has
+	// been UNKNOWN (in database time): the records to reconcile.
+	ListUnknownRecords(context.Context, *ListUnknownRecordsRequest) (*ListUnknownRecordsResponse, error)
+	// One record's story, read in one snapshot: the record, its lease and
+	// owner, its effect attempts, its generations, its newest events (its
+	// timeline) and its stored response's metadata, never the body. A record
+	// of a tenant not granted is refused (PERMISSION_DENIED) whether it exists
+	// or not; no record is NOT_FOUND.
+	GetRecordHistory(context.Context, *GetRecordHistoryRequest) (*GetRecordHistoryResponse, error)
+	// The newest events of some kinds, newest first (e.g. CONFLICT: the recent
+	// payload conflicts).
+	ListRecentEvents(context.Context, *ListRecentEventsRequest) (*ListRecentEventsResponse, error)
+	// The event log's activity over the last minutes, in buckets aligned on
+	// the clock: events per second of some kinds, the UNKNOWN records and the
+	// oldest one's age. For callers granted every tenant, also the decisions
+	// that write no event (replays, answers in progress, expired keys) as the
+	// metrics of the replica answering count them.
+	GetEventSeries(context.Context, *GetEventSeriesRequest) (*GetEventSeriesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -258,6 +379,27 @@ func (UnimplementedAdminServiceServer) StreamEvents(*StreamEventsRequest, AdminS
 }
 func (UnimplementedAdminServiceServer) RunRetentionSweep(context.Context, *RunRetentionSweepRequest) (*RunRetentionSweepResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RunRetentionSweep not implemented")
+}
+func (UnimplementedAdminServiceServer) GetRecordCensus(context.Context, *GetRecordCensusRequest) (*GetRecordCensusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetRecordCensus not implemented")
+}
+func (UnimplementedAdminServiceServer) ListNewestRecords(context.Context, *ListNewestRecordsRequest) (*ListNewestRecordsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListNewestRecords not implemented")
+}
+func (UnimplementedAdminServiceServer) FindRecords(context.Context, *FindRecordsRequest) (*FindRecordsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method FindRecords not implemented")
+}
+func (UnimplementedAdminServiceServer) ListUnknownRecords(context.Context, *ListUnknownRecordsRequest) (*ListUnknownRecordsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListUnknownRecords not implemented")
+}
+func (UnimplementedAdminServiceServer) GetRecordHistory(context.Context, *GetRecordHistoryRequest) (*GetRecordHistoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetRecordHistory not implemented")
+}
+func (UnimplementedAdminServiceServer) ListRecentEvents(context.Context, *ListRecentEventsRequest) (*ListRecentEventsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListRecentEvents not implemented")
+}
+func (UnimplementedAdminServiceServer) GetEventSeries(context.Context, *GetEventSeriesRequest) (*GetEventSeriesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetEventSeries not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 
@@ -455,6 +597,132 @@ func _AdminService_RunRetentionSweep_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetRecordCensus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRecordCensusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetRecordCensus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/GetRecordCensus",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetRecordCensus(ctx, req.(*GetRecordCensusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListNewestRecords_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNewestRecordsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListNewestRecords(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/ListNewestRecords",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListNewestRecords(ctx, req.(*ListNewestRecordsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_FindRecords_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FindRecordsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).FindRecords(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/FindRecords",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).FindRecords(ctx, req.(*FindRecordsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListUnknownRecords_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListUnknownRecordsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListUnknownRecords(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/ListUnknownRecords",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListUnknownRecords(ctx, req.(*ListUnknownRecordsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetRecordHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRecordHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetRecordHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/GetRecordHistory",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetRecordHistory(ctx, req.(*GetRecordHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListRecentEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRecentEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListRecentEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/ListRecentEvents",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListRecentEvents(ctx, req.(*ListRecentEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetEventSeries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetEventSeriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetEventSeries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/idempotency.v1.AdminService/GetEventSeries",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetEventSeries(ctx, req.(*GetEventSeriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _AdminService_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "idempotency.v1.AdminService",
 	HandlerType: (*AdminServiceServer)(nil),
@@ -494,6 +762,34 @@ var _AdminService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RunRetentionSweep",
 			Handler:    _AdminService_RunRetentionSweep_Handler,
+		},
+		{
+			MethodName: "GetRecordCensus",
+			Handler:    _AdminService_GetRecordCensus_Handler,
+		},
+		{
+			MethodName: "ListNewestRecords",
+			Handler:    _AdminService_ListNewestRecords_Handler,
+		},
+		{
+			MethodName: "FindRecords",
+			Handler:    _AdminService_FindRecords_Handler,
+		},
+		{
+			MethodName: "ListUnknownRecords",
+			Handler:    _AdminService_ListUnknownRecords_Handler,
+		},
+		{
+			MethodName: "GetRecordHistory",
+			Handler:    _AdminService_GetRecordHistory_Handler,
+		},
+		{
+			MethodName: "ListRecentEvents",
+			Handler:    _AdminService_ListRecentEvents_Handler,
+		},
+		{
+			MethodName: "GetEventSeries",
+			Handler:    _AdminService_GetEventSeries_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -65,6 +65,41 @@ class AdminServiceStub(object):
                 request_serializer=idempotency_dot_v1_dot_admin__pb2.RunRetentionSweepRequest.SerializeToString,
                 response_deserializer=idempotency_dot_v1_dot_admin__pb2.RunRetentionSweepResponse.FromString,
                 )
+        self.GetRecordCensus = channel.unary_unary(
+                '/idempotency.v1.AdminService/GetRecordCensus',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.GetRecordCensusRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.GetRecordCensusResponse.FromString,
+                )
+        self.ListNewestRecords = channel.unary_unary(
+                '/idempotency.v1.AdminService/ListNewestRecords',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.ListNewestRecordsRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.ListNewestRecordsResponse.FromString,
+                )
+        self.FindRecords = channel.unary_unary(
+                '/idempotency.v1.AdminService/FindRecords',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.FindRecordsRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.FindRecordsResponse.FromString,
+                )
+        self.ListUnknownRecords = channel.unary_unary(
+                '/idempotency.v1.AdminService/ListUnknownRecords',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.ListUnknownRecordsRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.ListUnknownRecordsResponse.FromString,
+                )
+        self.GetRecordHistory = channel.unary_unary(
+                '/idempotency.v1.AdminService/GetRecordHistory',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.GetRecordHistoryRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.GetRecordHistoryResponse.FromString,
+                )
+        self.ListRecentEvents = channel.unary_unary(
+                '/idempotency.v1.AdminService/ListRecentEvents',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.ListRecentEventsRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.ListRecentEventsResponse.FromString,
+                )
+        self.GetEventSeries = channel.unary_unary(
+                '/idempotency.v1.AdminService/GetEventSeries',
+                request_serializer=idempotency_dot_v1_dot_admin__pb2.GetEventSeriesRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_admin__pb2.GetEventSeriesResponse.FromString,
+                )
 
 
 class AdminServiceServicer(object):
@@ -160,6 +195,75 @@ class AdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRecordCensus(self, request, context):
+        """The reads below are what the operator console shows (docs/console.md).
+        Each covers the caller's granted tenants and operations only: the grant
+        narrows the registry's statements before any limit, and every record is
+        checked against it again. None returns a stored response's body.
+
+        Counts the records in each state (tombstones aside) and says how long the
+        oldest UNKNOWN one has been UNKNOWN.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNewestRecords(self, request, context):
+        """Lists records by state, newest first, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindRecords(self, request, context):
+        """Finds the records of an operation id in every granted tenant (the tenant
+        need not be known), or the record of a scope, hashed exactly as Reserve
+        and Lookup hash it: the record a retry of that request would meet. A
+        scope of a tenant not granted is refused (PERMISSION_DENIED), whether a
+        record exists or not.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUnknownRecords(self, request, context):
+        """Lists the UNKNOWN records, longest UNKNOWN first, with how long each has
+        been UNKNOWN (in database time): the records to reconcile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRecordHistory(self, request, context):
+        """One record's story, read in one snapshot: the record, its lease and
+        owner, its effect attempts, its generations, its newest events (its
+        timeline) and its stored response's metadata, never the body. A record
+        of a tenant not granted is refused (PERMISSION_DENIED) whether it exists
+        or not; no record is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecentEvents(self, request, context):
+        """The newest events of some kinds, newest first (e.g. CONFLICT: the recent
+        payload conflicts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEventSeries(self, request, context):
+        """The event log's activity over the last minutes, in buckets aligned on
+        the clock: events per second of some kinds, the UNKNOWN records and the
+        oldest one's age. For callers granted every tenant, also the decisions
+        that write no event (replays, answers in progress, expired keys) as the
+        metrics of the replica answering count them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +316,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RunRetentionSweep,
                     request_deserializer=idempotency_dot_v1_dot_admin__pb2.RunRetentionSweepRequest.FromString,
                     response_serializer=idempotency_dot_v1_dot_admin__pb2.RunRetentionSweepResponse.SerializeToString,
+            ),
+            'GetRecordCensus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRecordCensus,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.GetRecordCensusRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.GetRecordCensusResponse.SerializeToString,
+            ),
+            'ListNewestRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNewestRecords,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.ListNewestRecordsRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.ListNewestRecordsResponse.SerializeToString,
+            ),
+            'FindRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindRecords,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.FindRecordsRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.FindRecordsResponse.SerializeToString,
+            ),
+            'ListUnknownRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUnknownRecords,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.ListUnknownRecordsRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.ListUnknownRecordsResponse.SerializeToString,
+            ),
+            'GetRecordHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRecordHistory,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.GetRecordHistoryRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.GetRecordHistoryResponse.SerializeToString,
+            ),
+            'ListRecentEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecentEvents,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.ListRecentEventsRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.ListRecentEventsResponse.SerializeToString,
+            ),
+            'GetEventSeries': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEventSeries,
+                    request_deserializer=idempotency_dot_v1_dot_admin__pb2.GetEventSeriesRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_admin__pb2.GetEventSeriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -391,5 +530,124 @@ class AdminService(object):
         return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/RunRetentionSweep',
             idempotency_dot_v1_dot_admin__pb2.RunRetentionSweepRequest.SerializeToString,
             idempotency_dot_v1_dot_admin__pb2.RunRetentionSweepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetRecordCensus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/GetRecordCensus',
+            idempotency_dot_v1_dot_admin__pb2.GetRecordCensusRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.GetRecordCensusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListNewestRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/ListNewestRecords',
+            idempotency_dot_v1_dot_admin__pb2.ListNewestRecordsRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.ListNewestRecordsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def FindRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/FindRecords',
+            idempotency_dot_v1_dot_admin__pb2.FindRecordsRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.FindRecordsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListUnknownRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/ListUnknownRecords',
+            idempotency_dot_v1_dot_admin__pb2.ListUnknownRecordsRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.ListUnknownRecordsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetRecordHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/GetRecordHistory',
+            idempotency_dot_v1_dot_admin__pb2.GetRecordHistoryRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.GetRecordHistoryResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListRecentEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/ListRecentEvents',
+            idempotency_dot_v1_dot_admin__pb2.ListRecentEventsRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.ListRecentEventsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetEventSeries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/idempotency.v1.AdminService/GetEventSeries',
+            idempotency_dot_v1_dot_admin__pb2.GetEventSeriesRequest.SerializeToString,
+            idempotency_dot_v1_dot_admin__pb2.GetEventSeriesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

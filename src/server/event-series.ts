@@ -4,10 +4,10 @@ import type { Registry } from "../registry/registry.js";
 import type { ViewScope } from "../registry/types.js";
 
 /**
- * The operator console's charts: what the registry's event log says of the
- * last minutes, the same whichever replica is asked, and the decisions that
- * leave no event (replays, answers in progress, expired keys), which only
- * each replica's metrics count.
+ * The series of GetEventSeries (the operator console's charts): what the
+ * registry's event log says of the last minutes, the same whichever replica
+ * is asked, and the decisions that leave no event (replays, answers in
+ * progress, expired keys), which only each replica's metrics count.
  */
 
 /** The windows the charts offer, in minutes; each is drawn in 60 buckets, so its step in seconds is its minutes. */
