@@ -1,17 +1,33 @@
 import { randomUUID } from "node:crypto";
-import { IdempotencyError, refuse, type Reason } from "../contract/errors.js";
+import { IdempotencyError, refuse } from "../contract/errors.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import { downstreamKey, validateEffectName } from "../contract/effects.js";
-import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
 import { validateKey } from "../contract/keys.js";
 import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
-import { snapshotDigest, storedSnapshot, type Snapshot } from "../contract/snapshot.js";
+import { snapshotDigest, storedSnapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { ALL_TENANTS, bindingFor, commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable, type Send, type TransactionOptions } from "./db.js";
+import { ALL_TENANTS, bindingFor, commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable, type Send } from "./db.js";
 import { isUuid, uuidv7 } from "./ids.js";
-import { openBody, sealBody, type SnapshotKeyring } from "../crypto/sealing.js";
+import type { SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
-import { pipelined, type Statement } from "./statement.js";
+import { currentPolicy, laneOf, opened, policyOf, snapshotColumns, type RegistryContext } from "./context.js";
+import {
+  appendEvent,
+  changeLocked,
+  firstRecord,
+  firstView,
+  grantLease,
+  lockedChange,
+  lockRecord,
+  lockWithAttempts,
+  refuseNotFound,
+  REJUDGED,
+  requestFingerprint,
+  requireTenant,
+  validateRef,
+  visibleTo,
+} from "./shared.js";
+import { pipelined } from "./statement.js";
 import { Coalescer } from "./coalescer.js";
 import * as attemptStatements from "./statements/attempts.js";
 import * as batchStatements from "./statements/batches.js";
@@ -79,14 +95,7 @@ const MAX_DECLARED_EFFECTS = 16;
  * of an embedding business service (co-located mode).
  */
 export class Registry {
-  private readonly policies: PolicySource;
-  private readonly keyring: SnapshotKeyring | undefined;
-  private readonly recoveryCadenceMs: number;
-  private readonly hooks: FaultHooks;
-  private readonly reserves: Coalescer<ReserveItem, ReserveResult> | undefined;
-  private readonly completes: Coalescer<CompleteItem, StoredRecord> | undefined;
-  /** How a batch's shared transaction differs: its short wait for row locks. */
-  private readonly batchTransaction: TransactionOptions;
+  private readonly context: RegistryContext;
 
   constructor(options: {
     /** Where the operations' rules come from (the policy cache). */
@@ -109,45 +118,29 @@ export class Registry {
      */
     coalesce?: { maxBatch: number; maxInFlight: number; lockWaitMs?: number };
   }) {
-    this.policies = options.policies;
-    this.keyring = options.keyring;
-    this.recoveryCadenceMs = options.recoveryCadenceMs ?? 1000;
-    this.hooks = options.hooks ?? NO_FAULTS;
     const { lockWaitMs = DEFAULT_BATCH_LOCK_WAIT_MS, ...coalesce } = options.coalesce ?? { maxBatch: 1, maxInFlight: 1 };
-    this.batchTransaction = { lockTimeoutMs: lockWaitMs };
-    if (coalesce.maxBatch >= 2) {
-      this.reserves = new Coalescer<ReserveItem, ReserveResult>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.reserveBatch(items) });
-      this.completes = new Coalescer<CompleteItem, StoredRecord>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.completeBatch(items) });
-    }
+    const batched = coalesce.maxBatch >= 2;
+    this.context = {
+      policies: options.policies,
+      keyring: options.keyring,
+      recoveryCadenceMs: options.recoveryCadenceMs ?? 1000,
+      hooks: options.hooks ?? NO_FAULTS,
+      reserves: batched ? new Coalescer<ReserveItem, ReserveResult>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.reserveBatch(items) }) : undefined,
+      completes: batched ? new Coalescer<CompleteItem, StoredRecord>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => this.completeBatch(items) }) : undefined,
+      batchTransaction: { lockTimeoutMs: lockWaitMs },
+    };
   }
 
   /** A record with its response body opened (plaintext), for answers that show it. */
   opened<T extends { record: StoredRecord }>(view: T): T;
   opened(record: StoredRecord): StoredRecord;
   opened(subject: StoredRecord | { record: StoredRecord }): StoredRecord | { record: StoredRecord } {
-    if ("record" in subject) return { ...subject, record: this.opened(subject.record) };
-    const { snapshot } = subject;
-    if (!snapshot?.keyId || subject.tombstonedAt !== null) return subject;
-    const body = openBody(snapshot.body, snapshot.keyId, this.keyring, subject.tenant, subject.operationId);
-    return { ...subject, snapshot: { ...snapshot, body, keyId: null } };
+    return opened(this.context, subject);
   }
 
   /** The newest revision of an operation's policy, or UNKNOWN_OPERATION. */
-  async policy(operation: string, apiRevision: number): Promise<OperationPolicy> {
-    const policy = await this.policies.current(operation, apiRevision);
-    if (!policy) {
-      refuse("UNKNOWN_OPERATION", `operation ${operation} at API revision ${apiRevision} has no published policy; publish one (idemctl policy apply)`);
-    }
-    return policy;
-  }
-
-  /** The policy revision a record lives under (its fingerprint's), with the operation's current switches. */
-  private async policyOf(record: StoredRecord): Promise<OperationPolicy> {
-    const policy = await this.policies.revision(record.operation, record.apiRevision, record.schemaRevision);
-    if (!policy) {
-      throw new Error(`policy ${record.operation}@${record.apiRevision} revision ${record.schemaRevision} of a stored record is missing`);
-    }
-    return policy;
+  policy(operation: string, apiRevision: number): Promise<OperationPolicy> {
+    return currentPolicy(this.context, operation, apiRevision);
   }
 
   /**
@@ -172,7 +165,7 @@ export class Registry {
     if (!actor.mayOperate(input.operation)) {
       refuse("PERMISSION_DENIED", `this caller is not granted operation ${input.operation}`);
     }
-    const policy = await this.policy(input.operation, input.apiRevision);
+    const policy = await currentPolicy(this.context, input.operation, input.apiRevision);
     if (input.writerEpoch < policy.writerEpoch) {
       refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}: this deployment was rolled back; stop writing`, {
         writer_epoch: String(policy.writerEpoch),
@@ -212,7 +205,7 @@ export class Registry {
     const state = input.claim ? "EXECUTING" : "RESERVED";
     const answer = (decision: ReserveResult["decision"], record?: StoredRecord, retryAfterMs?: number): ReserveResult => ({
       decision,
-      ...(record ? { record: this.opened(record) } : {}),
+      ...(record ? { record: opened(this.context, record) } : {}),
       ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
       enforced,
       schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
@@ -239,7 +232,7 @@ export class Registry {
       const verdict = reserveVerdict(record, fp!);
       if (verdict.kind === "replay") return answer("REPLAY", record);
       if (verdict.kind === "expired") return answer("EXPIRED", record);
-      if (verdict.kind === "in_progress") return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
+      if (verdict.kind === "in_progress") return answer("IN_PROGRESS", record, retryAfterMs(record, this.context.recoveryCadenceMs));
       return undefined;
     };
     // The common cases in one round trip with their COMMIT: a new record, or
@@ -347,7 +340,7 @@ export class Registry {
               case "replay":
                 return answer("REPLAY", record);
               case "in_progress":
-                return answer("IN_PROGRESS", record, retryAfterMs(record, this.recoveryCadenceMs));
+                return answer("IN_PROGRESS", record, retryAfterMs(record, this.context.recoveryCadenceMs));
               case "takeover": {
                 const taken = await firstRecord(recordStatements.takeOverByScope, q, {
                   ...seen,
@@ -362,7 +355,7 @@ export class Registry {
               }
               case "mark_unknown": {
                 const unknown = await firstRecord(recordStatements.markUnknownByScope, q, { ...seen, caller: actor.caller });
-                if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.recoveryCadenceMs));
+                if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, this.context.recoveryCadenceMs));
                 break;
               }
             }
@@ -374,9 +367,9 @@ export class Registry {
     // A batch decides what needs no write beyond the new record's (a new scope,
     // a replay, an owner at work, an expired record); anything else it leaves
     // to `alone`, as does every request a batch could not take.
-    const batchable = this.reserves !== undefined && db.coalescible === true && insertable && declared.length === 0;
+    const batchable = this.context.reserves !== undefined && db.coalescible === true && insertable && declared.length === 0;
     const result = batchable
-      ? await this.reserves.submit(laneOf(db, subject.tenant, actor.caller), {
+      ? await this.context.reserves.submit(laneOf(db, subject.tenant, actor.caller), {
           db,
           tenant: subject.tenant,
           caller: actor.caller,
@@ -387,7 +380,7 @@ export class Registry {
           alone,
         })
       : await alone();
-    if (result.decision === "ACCEPTED") await this.hooks.reached("registry.reserve.after-commit");
+    if (result.decision === "ACCEPTED") await this.context.hooks.reached("registry.reserve.after-commit");
     return result;
   }
 
@@ -416,7 +409,7 @@ export class Registry {
       [(q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }), (q) => batchStatements.countActiveMany.run(q, made)],
       // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
       "reserve",
-      this.batchTransaction,
+      this.context.batchTransaction,
     ).then(([inserted]) => {
       const found = new Map(inserted!.rows.map((row) => [(row.scope as Buffer).toString("hex"), { record: toRecord(row), inserted: row.inserted === true }]));
       const decided = new Map<ReserveItem, ReserveResult | undefined>();
@@ -432,7 +425,7 @@ export class Registry {
 
   /** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
   private async reusable(record: StoredRecord): Promise<boolean> {
-    const { allowed, horizonMs } = (await this.policyOf(record)).retention.tombstoneReuse;
+    const { allowed, horizonMs } = (await policyOf(this.context, record)).retention.tombstoneReuse;
     return allowed && record.tombstonedAt!.getTime() + horizonMs <= record.dbNow.getTime();
   }
 
@@ -442,7 +435,7 @@ export class Registry {
    * it cannot be the same request: a conflict).
    */
   private async fingerprintUnder(record: StoredRecord, request: RequestIdentity): Promise<Uint8Array | undefined> {
-    const policy = await this.policyOf(record);
+    const policy = await policyOf(this.context, record);
     try {
       return requestFingerprint(request, policy);
     } catch (error) {
@@ -458,10 +451,10 @@ export class Registry {
     return db.transaction(
       input.ref.tenant,
       async (q) => {
-        const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
+        const { record, attempts } = await lockWithAttempts(q, input.ref, actor);
         // A re-run after a lost COMMIT: the claim already happened.
         if (record.acquisitionId === acquisitionId) return { record, attempts };
-        const policy = await this.policyOf(record);
+        const policy = await policyOf(this.context, record);
         if (input.mode !== "OWNER" && input.writerEpoch < policy.writerEpoch) {
           refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}`, {
             writer_epoch: String(policy.writerEpoch),
@@ -502,9 +495,9 @@ export class Registry {
     return db.transaction(
       ref.tenant,
       async (q) => {
-        const record = await this.lockRecord(q, ref, actor);
+        const record = await lockRecord(q, ref, actor);
         checkRenew(record, generation);
-        const policy = await this.policyOf(record);
+        const policy = await policyOf(this.context, record);
         return changeLocked(q, recordStatements.renewLease, record, { caller: actor.caller }, { leaseMs: grantLease(policy, leaseMs) });
       },
       "renew_lease",
@@ -521,7 +514,7 @@ export class Registry {
     return db.transaction(
       ref.tenant,
       async (q) => {
-        const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
+        const { record, attempts } = await lockWithAttempts(q, ref, actor);
         const registered = attempts.find((a) => a.registrationId === registrationId);
         if (registered) return registered;
         checkRecordEffect(record, attempts, generation, effect);
@@ -587,7 +580,7 @@ export class Registry {
     return db.transaction(
       ref.tenant,
       async (q) => {
-        const { record, attempts } = await this.lockWithAttempts(q, ref, actor);
+        const { record, attempts } = await lockWithAttempts(q, ref, actor);
         const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
         if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
         const { rows } = await attemptStatements.resolveAttempt.run(q, { ...ref, attemptNumber, status, providerHandle });
@@ -618,14 +611,14 @@ export class Registry {
       db.transaction(
         input.ref.tenant,
         async (q, commitWith) => {
-          const locked = await this.lockWithAttempts(q, input.ref, actor);
+          const locked = await lockWithAttempts(q, input.ref, actor);
           // The resolutions as ResolveEffectAttempt would make them, then the finish judged on what they leave.
           const resolving = planResolutions(locked.record, locked.attempts, input.generation, resolutions);
           const last = resolving.changes.at(-1);
           const record = last ? { ...locked.record, effectPossible: last.effectPossible } : locked.record;
           const columns = await this.finishColumns(record, resolving.attempts, input);
-          if (!columns) return this.opened(locked.record);
-          await this.hooks.reached("registry.complete.before-commit");
+          if (!columns) return opened(this.context, locked.record);
+          await this.context.hooks.reached("registry.complete.before-commit");
           // The resolutions and the terminal state go out with COMMIT: two round trips in all.
           const made = resolutionSends(locked.record, resolving.changes, actor.caller);
           const finish = lockedChange(recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
@@ -633,16 +626,16 @@ export class Registry {
           for (const result of written.slice(0, -1)) {
             if (result.rows.length !== 1) throw new Error(`a resolution of ${record.operationId} changed ${result.rows.length} rows`);
           }
-          return this.opened(finish.changed(written.at(-1)!));
+          return opened(this.context, finish.changed(written.at(-1)!));
         },
         "complete",
       );
     // A Complete with resolutions writes more than a batch's finish: it is decided alone.
     const completed =
-      this.completes && db.coalescible === true && resolutions.length === 0
-        ? await this.completes.submit(laneOf(db, input.ref.tenant, actor.caller), { db, input, actor, alone })
+      this.context.completes && db.coalescible === true && resolutions.length === 0
+        ? await this.context.completes.submit(laneOf(db, input.ref.tenant, actor.caller), { db, input, actor, alone })
         : await alone();
-    await this.hooks.reached("registry.complete.after-commit");
+    await this.context.hooks.reached("registry.complete.after-commit");
     return completed;
   }
 
@@ -652,11 +645,11 @@ export class Registry {
    * done); refuses as the rules say.
    */
   private async finishColumns(record: StoredRecord, attempts: readonly StoredAttempt[], input: CompleteInput): Promise<recordStatements.SnapshotColumns | undefined> {
-    const policy = await this.policyOf(record);
+    const policy = await policyOf(this.context, record);
     const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
     const digest = snapshotDigest(snapshot);
     if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return undefined;
-    return { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot, digest) };
+    return { outcome: input.outcome, keepMs: policy.retention.keepMs, ...snapshotColumns(this.context, record, snapshot, digest) };
   }
 
   /**
@@ -693,7 +686,7 @@ export class Registry {
         const finishing = plans.flatMap((plan) => (plan.status === "fulfilled" && plan.value.columns ? [{ ...plan.value, columns: plan.value.columns }] : []));
         const finished = new Map<string, StoredRecord>();
         if (finishing.length > 0) {
-          for (let i = 0; i < finishing.length; i++) await this.hooks.reached("registry.complete.before-commit");
+          for (let i = 0; i < finishing.length; i++) await this.context.hooks.reached("registry.complete.before-commit");
           // The terminal states go out with COMMIT. Under the locks every fenced update matches; were one not to,
           // the requests are decided again alone (a finished record is then an identical repeat).
           const [written] = await commitWith([(q) => batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) })]);
@@ -705,12 +698,12 @@ export class Registry {
             const plan = plans[i]!;
             if (plan.status === "rejected") return [item, plan];
             const { record } = plan.value;
-            return [item, { status: "fulfilled", value: this.opened(finished.get(record.operationId) ?? record) }];
+            return [item, { status: "fulfilled", value: opened(this.context, finished.get(record.operationId) ?? record) }];
           }),
         );
       },
       "complete",
-      this.batchTransaction,
+      this.context.batchTransaction,
     );
     return items.map((item) =>
       answerFromBatch(shared, item, (decided) => {
@@ -727,7 +720,7 @@ export class Registry {
     return db.transaction(
       ref.tenant,
       async (q) => {
-        const record = await this.lockRecord(q, ref, actor);
+        const record = await lockRecord(q, ref, actor);
         if (planRelease(record, generation) === "repeat") return record;
         return changeLocked(q, recordStatements.release, record, { caller: actor.caller }, {});
       },
@@ -745,7 +738,7 @@ export class Registry {
     return db.transaction(
       ref.tenant,
       async (q) => {
-        const record = await this.lockRecord(q, ref, actor);
+        const record = await lockRecord(q, ref, actor);
         const by = { caller: actor.caller, detail: { abandoned: true } };
         switch (planAbandon(record, generation)) {
           case "repeat":
@@ -783,7 +776,7 @@ export class Registry {
     return db.transaction(
       input.ref.tenant,
       async (q) => {
-        const { record, attempts } = await this.lockWithAttempts(q, input.ref, actor);
+        const { record, attempts } = await lockWithAttempts(q, input.ref, actor);
         if (record.acquisitionId === acquisitionId) return record;
         if (record.state !== "UNKNOWN") {
           refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
@@ -803,14 +796,14 @@ export class Registry {
           const detail = { ...by.detail, reopened: true, resolvedNoEffect: resolved.rows.map((row) => toAttempt(row).attemptNumber) };
           return changeLocked(q, recordStatements.reopen, record, { ...by, detail }, { acquisitionId });
         }
-        const policy = await this.policyOf(record);
+        const policy = await policyOf(this.context, record);
         const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
         return changeLocked(
           q,
           recordStatements.reconcile,
           record,
           { ...by, detail: { ...by.detail, outcome: input.outcome } },
-          { outcome: input.outcome, keepMs: policy.retention.keepMs, ...this.snapshotColumns(record, snapshot), acquisitionId },
+          { outcome: input.outcome, keepMs: policy.retention.keepMs, ...snapshotColumns(this.context, record, snapshot), acquisitionId },
         );
       },
       "reconcile",
@@ -840,7 +833,7 @@ export class Registry {
     validateRef(ref);
     requireTenant(actor, ref.tenant);
     const view = await db.transaction(ref.tenant, (q) => firstView(viewStatements.viewById, q, ref), "lookup");
-    return this.opened(visibleTo(view, principal, actor));
+    return opened(this.context, visibleTo(view, principal, actor));
   }
 
   /** Reads the record a request with this scope would meet. */
@@ -854,7 +847,7 @@ export class Registry {
       (q) => firstView(viewStatements.viewByScope, q, { tenant: subject.tenant, scope: Buffer.from(scopeDigest(input)) }),
       "lookup",
     );
-    return this.opened(visibleTo(view, subject.principal, actor));
+    return opened(this.context, visibleTo(view, subject.principal, actor));
   }
 
   /**
@@ -1064,93 +1057,11 @@ export class Registry {
     }
     return { tombstoned, batches };
   }
-
-  /** A stored snapshot as its columns hold it; the body sealed when a key ring is configured. */
-  private snapshotColumns(record: StoredRecord, snapshot: Snapshot, digest = snapshotDigest(snapshot)): Omit<recordStatements.SnapshotColumns, "outcome" | "keepMs"> {
-    const sealed = this.keyring ? sealBody(snapshot.body, this.keyring, record.tenant, record.operationId) : undefined;
-    return {
-      snapshotStatus: snapshot.statusCode,
-      snapshotMediaType: snapshot.mediaType,
-      snapshotLocation: snapshot.location,
-      snapshotBusinessVersion: snapshot.businessVersion,
-      snapshotHeaders: JSON.stringify(snapshot.headers),
-      snapshotBody: sealed?.sealed ?? Buffer.from(snapshot.body),
-      snapshotDigest: Buffer.from(digest),
-      snapshotKeyId: sealed?.keyId ?? null,
-    };
-  }
-
-  /** Locks the record for the rest of the transaction, or NOT_FOUND. */
-  private async lockRecord(q: Queryable, ref: OperationRef, actor: Actor): Promise<StoredRecord> {
-    requireTenant(actor, ref.tenant);
-    const record = await firstRecord(recordStatements.lockRecord, q, ref);
-    if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
-    return record;
-  }
-
-  /**
-   * Locks the record and reads its effect attempts in one round trip: the read
-   * is pipelined behind the lock, and PostgreSQL runs it once the lock is held,
-   * so it sees the attempts as they stand under the lock.
-   */
-  private async lockWithAttempts(q: Queryable, ref: OperationRef, actor: Actor): Promise<{ record: StoredRecord; attempts: StoredAttempt[] }> {
-    requireTenant(actor, ref.tenant);
-    const [record, attempts] = await pipelined<[StoredRecord, StoredAttempt[]]>([
-      this.lockRecord(q, ref, actor),
-      attemptStatements.loadAttempts.run(q, ref).then(({ rows }) => rows.map(toAttempt)),
-    ]);
-    return { record, attempts };
-  }
-}
-
-function refuseNotFound(): never {
-  refuse("NOT_FOUND", "no such operation for this subject");
-}
-
-function requireTenant(actor: Actor, tenant: string): void {
-  if (!actor.mayUseTenant(tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${tenant}`);
-}
-
-function visibleTo(view: RecordView | undefined, principal: string | undefined, actor: Actor): RecordView {
-  if (!view || !actor.mayOperate(view.record.operation)) refuseNotFound();
-  if (!actor.isOperator && view.record.principal !== principal) refuseNotFound();
-  return view;
 }
 
 /** A view scope as statement values (null: all). */
 function scopeValues(scope: ViewScope): { tenants: readonly string[] | null; operations: readonly string[] | null } {
   return { tenants: scope.tenants ?? null, operations: scope.operations ?? null };
-}
-
-function validateRef(ref: OperationRef): void {
-  validateText(ref.tenant, "ref.tenant", 128);
-  if (!isUuid(ref.operationId)) refuse("INVALID_REQUEST", "ref.operation_id must be the operation id Reserve returned");
-}
-
-/** The lease to grant: the policy's default when none is asked, never above its maximum, never under a second. */
-function grantLease(policy: OperationPolicy, requestedMs: number | undefined): number {
-  if (requestedMs === undefined || requestedMs <= 0) return policy.lease.defaultMs;
-  return Math.min(Math.max(requestedMs, 1000), policy.lease.maxMs);
-}
-
-/** Refusals of a request under the newest revision that a record of an older revision may overrule (keys: see reserve). */
-const REJUDGED: ReadonlySet<Reason> = new Set(["INVALID_PAYLOAD", "SCHEMA_REVISION_MISMATCH"]);
-
-/** The fingerprint of a Reserve under a revision: computed from the request parts, or checked as precomputed. */
-function requestFingerprint(request: RequestIdentity, policy: OperationPolicy): Uint8Array {
-  const rules = policy.fingerprint;
-  if (request.kind === "parts") return fingerprint(request.parts, rules);
-  const { scheme, schemaRevision, digest } = request;
-  if (scheme !== FINGERPRINT_SCHEME) {
-    refuse("UNSUPPORTED_FINGERPRINT_SCHEME", `fingerprint.scheme must be ${FINGERPRINT_SCHEME}`);
-  }
-  if (schemaRevision !== rules.schemaRevision) {
-    refuse("SCHEMA_REVISION_MISMATCH", `fingerprint computed under schema revision ${schemaRevision}; compute it under revision ${rules.schemaRevision}`, {
-      schema_revision: String(rules.schemaRevision),
-    });
-  }
-  if (digest.byteLength !== 32) refuse("INVALID_REQUEST", "fingerprint.digest must be the 32-byte SHA-256 digest");
-  return digest;
 }
 
 interface NewRecord {
@@ -1248,69 +1159,9 @@ function refuseQuota(policy: OperationPolicy): never {
   });
 }
 
-/** The one record a statement returns, or undefined. */
-async function firstRecord<Values extends object>(statement: Statement<Values>, q: Queryable, values: Values): Promise<StoredRecord | undefined> {
-  const { rows } = await statement.run(q, values);
-  return rows[0] ? toRecord(rows[0]) : undefined;
-}
-
-/** The one view a statement returns, or undefined. */
-async function firstView<Values extends object>(statement: Statement<Values>, q: Queryable, values: Values): Promise<RecordView | undefined> {
-  const { rows } = await statement.run(q, values);
-  return rows[0] ? toView(rows[0]) : undefined;
-}
-
 async function findByScope(q: Queryable, tenant: string, scope: Uint8Array): Promise<{ record: StoredRecord; inserted: false } | undefined> {
   const record = await firstRecord(recordStatements.findByScope, q, { tenant, scope: Buffer.from(scope) });
   return record ? { record, inserted: false } : undefined;
-}
-
-/** Who changes a record, and what the event says of it. */
-interface ChangeFacts {
-  caller: string;
-  detail?: Record<string, unknown>;
-}
-
-/**
- * Changes a record this transaction has locked with one of the fenced
- * statements of statements/records.ts, which logs its event. Exactly one row
- * must change: the lock is held, so anything else is a bug, never a race.
- */
-async function changeLocked<Values extends object>(
-  q: Queryable,
-  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values>,
-  record: StoredRecord,
-  facts: ChangeFacts,
-  values: Values,
-): Promise<StoredRecord> {
-  const change = lockedChange(statement, record, facts, values);
-  return change.changed(await change.send(q));
-}
-
-/** changeLocked in two steps: the statement to send (alone, or with COMMIT), and the changed record from its result. */
-function lockedChange<Values extends object>(
-  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values>,
-  record: StoredRecord,
-  facts: ChangeFacts,
-  values: Values,
-): { send: Send; changed: (result: { rows: Record<string, unknown>[] }) => StoredRecord } {
-  return {
-    send: (q) =>
-      statement.run(q, {
-        ...values,
-        tenant: record.tenant,
-        operationId: record.operationId,
-        generation: record.generation,
-        caller: facts.caller,
-        eventDetail: JSON.stringify(facts.detail ?? {}),
-      }),
-    changed({ rows }) {
-      if (rows.length !== 1) {
-        throw new Error(`${statement.name} of ${record.operationId} at generation ${record.generation} changed ${rows.length} rows`);
-      }
-      return toRecord(rows[0]!);
-    },
-  };
 }
 
 /**
@@ -1363,23 +1214,8 @@ function validateResolutions(resolutions: readonly EffectResolution[]): void {
   }
 }
 
-/** An event about a record that changes nothing (a conflict, a record seen going UNKNOWN before its recovery claim). */
-async function appendEvent(q: Queryable, record: StoredRecord, event: ChangeFacts & { kind: string; state: string }): Promise<void> {
-  await eventStatements.appendEvent.run(q, {
-    tenant: record.tenant,
-    operationId: record.operationId,
-    operation: record.operation,
-    apiRevision: record.apiRevision,
-    kind: event.kind,
-    generation: record.generation,
-    state: event.state,
-    caller: event.caller,
-    eventDetail: JSON.stringify(event.detail ?? {}),
-  });
-}
-
 /** A Reserve waiting for a batch: what its new record would be, and how to answer from a row. */
-interface ReserveItem {
+export interface ReserveItem {
   db: Db;
   tenant: string;
   caller: string;
@@ -1395,7 +1231,7 @@ interface ReserveItem {
 }
 
 /** A Complete waiting for a batch. */
-interface CompleteItem {
+export interface CompleteItem {
   db: Db;
   input: CompleteInput;
   actor: Actor;
@@ -1486,15 +1322,4 @@ function finishesOf(
     snapshotKeyIds: finishing.map((f) => f.columns.snapshotKeyId),
     eventDetails: finishing.map((f) => JSON.stringify({ outcome: f.outcome })),
   };
-}
-
-/** Ids of Dbs, so that one lane never mixes two databases. */
-const dbIds = new WeakMap<Db, number>();
-let nextDbId = 0;
-
-/** The lane of a request: its database, tenant and caller, what one batch transaction is bound to and logs. */
-function laneOf(db: Db, tenant: string, caller: string): string {
-  let id = dbIds.get(db);
-  if (id === undefined) dbIds.set(db, (id = nextDbId++));
-  return JSON.stringify([id, tenant, caller]);
 }
