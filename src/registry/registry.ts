@@ -6,10 +6,10 @@ import { validateKey } from "../contract/keys.js";
 import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
 import { snapshotDigest, storedSnapshot } from "../contract/snapshot.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { ALL_TENANTS, bindingFor, commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable, type Send } from "./db.js";
-import { isUuid, uuidv7 } from "./ids.js";
+import { ALL_TENANTS, commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable, type Send } from "./db.js";
+import { uuidv7 } from "./ids.js";
 import type { SnapshotKeyring } from "../crypto/sealing.js";
-import { toAttempt, toEvent, toRecord, toView } from "./rows.js";
+import { toAttempt, toRecord } from "./rows.js";
 import { currentPolicy, laneOf, opened, policyOf, snapshotColumns, type RegistryContext } from "./context.js";
 import {
   appendEvent,
@@ -28,10 +28,10 @@ import {
   visibleTo,
 } from "./shared.js";
 import { pipelined } from "./statement.js";
+import * as views from "./views.js";
 import { Coalescer } from "./coalescer.js";
 import * as attemptStatements from "./statements/attempts.js";
 import * as batchStatements from "./statements/batches.js";
-import * as eventStatements from "./statements/events.js";
 import * as jobStatements from "./statements/jobs.js";
 import * as quotaStatements from "./statements/quota.js";
 import * as recordStatements from "./statements/records.js";
@@ -51,20 +51,14 @@ import {
 } from "./state-machine.js";
 import type {
   Actor,
-  Census,
   ClaimInput,
   ClaimResult,
   CompleteInput,
   EffectResolution,
-  EventCursor,
   HolderInput,
-  LoggedEvent,
   LookupByIdInput,
-  OperationRef,
   ReconcileInput,
   RecordEffectInput,
-  RecordFilter,
-  RecordState,
   RecordView,
   RenewLeaseInput,
   RequestIdentity,
@@ -72,9 +66,7 @@ import type {
   ReserveResult,
   ResolveEffectInput,
   StoredAttempt,
-  RecoverableCursor,
   StoredRecord,
-  ViewScope,
 } from "./types.js";
 
 /** The default longest wait of a batch's shared transaction for a row lock before its requests are decided alone. */
@@ -850,161 +842,17 @@ export class Registry {
     return opened(this.context, visibleTo(view, subject.principal, actor));
   }
 
-  /**
-   * Records a recovery worker should act on, by when their lease ended:
-   * UNKNOWN ones, and unfinished ones whose lease ended (a released record
-   * has no lease: its client's retry takes it over). `tenants` and
-   * `operations` narrow the search (undefined: all); each record is also
-   * checked against the actor's grants.
-   */
-  async listRecoverable(
-    db: Db,
-    filter: { tenants?: readonly string[]; operations?: readonly string[]; pageSize: number; after?: RecoverableCursor },
-    actor: Actor,
-  ): Promise<{ views: RecordView[]; next?: RecoverableCursor }> {
-    if (!Number.isInteger(filter.pageSize) || filter.pageSize < 1 || filter.pageSize > 500) {
-      refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
-    }
-    const views = await db.transaction(
-      bindingFor(filter.tenants),
-      async (q) =>
-        (
-          await viewStatements.recoverableViews.run(q, {
-            tenants: filter.tenants ?? null,
-            operations: filter.operations ?? null,
-            afterLeaseEnd: filter.after?.leaseEnd ?? null,
-            afterTenant: filter.after?.tenant ?? null,
-            afterOperationId: filter.after?.operationId ?? null,
-            pageSize: filter.pageSize,
-          })
-        ).rows.map(toView),
-      "list_recoverable",
-    );
-    const last = views.at(-1);
-    return {
-      views: views.filter((v) => actor.mayUseTenant(v.record.tenant) && actor.mayOperate(v.record.operation)),
-      ...(last && views.length === filter.pageSize ? { next: { leaseEnd: last.leaseEndText, tenant: last.record.tenant, operationId: last.record.operationId } } : {}),
-    };
-  }
-
-  /** Records by state, tenant, operation and age, oldest first, with a resumable cursor (operators). */
-  async listRecords(db: Db, filter: RecordFilter): Promise<Array<RecordView & { createdAtText: string }>> {
-    return db.transaction(bindingFor(filter.tenants), async (q) =>
-      (
-        await viewStatements.listedViews.run(q, {
-          states: filter.states ?? null,
-          tenants: filter.tenants ?? null,
-          operations: filter.operations ?? null,
-          olderThanMs: filter.olderThanMs ?? null,
-          afterCreatedAt: filter.after?.createdAt ?? null,
-          afterTenant: filter.after?.tenant ?? null,
-          afterOperationId: filter.after?.operationId ?? null,
-          pageSize: filter.pageSize,
-        })
-      ).rows.map(toView),
-    );
-  }
-
-  /**
-   * How many records are in each state, and the age of the oldest UNKNOWN
-   * one: of every tenant (metrics), or of a scope (what an operator is shown).
-   */
-  async census(db: Db, scope: ViewScope = {}): Promise<Census> {
-    const { rows } = await db.transaction(bindingFor(scope.tenants), (q) => jobStatements.census.run(q, { tenants: scope.tenants ?? null, operations: scope.operations ?? null }));
-    return {
-      byState: new Map(rows.map((r) => [r.state as RecordState, r.n])),
-      oldestUnknownSeconds: Math.max(0, ...rows.map((r) => r.oldest_unknown ?? 0)),
-      overdue: rows.reduce((sum, r) => sum + r.overdue, 0),
-    };
-  }
-
-  /** Events after a cursor (from the start when undefined), optionally of one tenant or operation, in commit order. */
-  async readEvents(db: Db, filter: { after?: EventCursor; limit: number; tenant?: string; operation?: string }): Promise<LoggedEvent[]> {
-    const { rows } = await db.transaction(filter.tenant ?? ALL_TENANTS, (q) =>
-      eventStatements.eventsAfter.run(q, {
-        afterTxid: filter.after?.txid ?? null,
-        afterEventId: filter.after?.eventId ?? null,
-        tenant: filter.tenant ?? null,
-        operation: filter.operation ?? null,
-        limit: filter.limit,
-      }),
-    );
-    return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string } }));
-  }
-
-  /**
-   * The newest events of the given kinds within a scope, newest first (the
-   * console's "recent conflicts"). The scope is applied before the limit, so
-   * that other tenants' events never crowd a scope's own out.
-   */
-  async recentEvents(db: Db, filter: ViewScope & { kinds: readonly string[]; limit: number }): Promise<Array<Omit<LoggedEvent, "cursor">>> {
-    const { rows } = await db.transaction(bindingFor(filter.tenants), (q) =>
-      eventStatements.recentEvents.run(q, { kinds: filter.kinds, tenants: filter.tenants ?? null, operations: filter.operations ?? null, limit: filter.limit }),
-    );
-    return rows.map(toEvent);
-  }
-
-  /** Records by state, tenant and operation, newest first, resumed before a record (the operators' console). */
-  async newestRecords(
-    db: Db,
-    filter: ViewScope & { states?: readonly RecordState[]; pageSize: number; before?: { createdAt: string; tenant: string; operationId: string } },
-  ): Promise<Array<RecordView & { createdAtText: string }>> {
-    const { rows } = await db.transaction(bindingFor(filter.tenants), (q) =>
-      viewStatements.newestViews.run(q, {
-        ...scopeValues(filter),
-        states: filter.states ?? null,
-        beforeCreatedAt: filter.before?.createdAt ?? null,
-        beforeTenant: filter.before?.tenant ?? null,
-        beforeOperationId: filter.before?.operationId ?? null,
-        pageSize: filter.pageSize,
-      }),
-    );
-    return rows.map(toView);
-  }
-
-  /** The records of an operation id within tenants (undefined: all), whose tenant need not be known (the operators' console). */
-  async recordsById(db: Db, operationId: string, tenants?: readonly string[]): Promise<RecordView[]> {
-    if (!isUuid(operationId)) refuse("INVALID_REQUEST", "an operation id is the UUID Reserve returned");
-    const { rows } = await db.transaction(bindingFor(tenants), (q) => viewStatements.viewsByOperationId.run(q, { operationId, tenants: tenants ?? null }));
-    return rows.map(toView);
-  }
-
-  /** UNKNOWN records, longest UNKNOWN first (the operators' console). */
-  async unknownQueue(db: Db, filter: ViewScope & { limit: number }): Promise<RecordView[]> {
-    const { rows } = await db.transaction(bindingFor(filter.tenants), (q) => viewStatements.unknownViews.run(q, { ...scopeValues(filter), limit: filter.limit }));
-    return rows.map(toView);
-  }
-
-  /**
-   * A record, its attempts and its newest `limit` events (oldest first), read
-   * in one snapshot, for an operator: the operators' console's record page.
-   * The body stays as stored (sealed): the page shows none.
-   */
-  async recordHistory(db: Db, ref: OperationRef, actor: Actor, limit: number): Promise<RecordView & { events: Array<Omit<LoggedEvent, "cursor">> }> {
-    validateRef(ref);
-    requireTenant(actor, ref.tenant);
-    return db.transaction(ref.tenant, async (q) => {
-      const [view, events] = await pipelined([firstView(viewStatements.viewById, q, ref), eventStatements.recordEvents.run(q, { ...ref, limit })] as const);
-      return { ...visibleTo(view, undefined, actor), events: events.rows.map(toEvent).reverse() };
-    });
-  }
-
-  /**
-   * The event log over the last `windowSeconds`, in buckets of `stepSeconds`
-   * (statements/events.ts): events of some kinds per bucket, and how many
-   * records were UNKNOWN and the oldest one's age at the end of each, read in
-   * one snapshot (the operators' console's charts).
-   */
-  async eventSeries(
-    db: Db,
-    filter: ViewScope & { kinds: readonly string[]; windowSeconds: number; stepSeconds: number },
-  ): Promise<{ counts: Array<{ bucket: number; kind: string; n: number }>; unknown: Array<{ bucket: number; now: number; unknown: number; oldest: number }> }> {
-    const window = { ...scopeValues(filter), windowSeconds: filter.windowSeconds, stepSeconds: filter.stepSeconds };
-    return db.transaction(bindingFor(filter.tenants), async (q) => {
-      const [counts, unknown] = await pipelined([eventStatements.eventCounts.run(q, { ...window, kinds: filter.kinds }), eventStatements.unknownSpells.run(q, window)] as const);
-      return { counts: counts.rows, unknown: unknown.rows };
-    });
-  }
+  // The reads of recovery workers, operators and the console (views.ts): they decide nothing and need no context.
+  readonly listRecoverable = views.listRecoverable;
+  readonly listRecords = views.listRecords;
+  readonly census = views.census;
+  readonly readEvents = views.readEvents;
+  readonly recentEvents = views.recentEvents;
+  readonly newestRecords = views.newestRecords;
+  readonly recordsById = views.recordsById;
+  readonly unknownQueue = views.unknownQueue;
+  readonly recordHistory = views.recordHistory;
+  readonly eventSeries = views.eventSeries;
 
   /**
    * Takes or keeps a background job's lease for `ttlMs`: true when `holder`
@@ -1057,11 +905,6 @@ export class Registry {
     }
     return { tombstoned, batches };
   }
-}
-
-/** A view scope as statement values (null: all). */
-function scopeValues(scope: ViewScope): { tenants: readonly string[] | null; operations: readonly string[] | null } {
-  return { tenants: scope.tenants ?? null, operations: scope.operations ?? null };
 }
 
 interface NewRecord {
