@@ -1,71 +1,41 @@
 import { randomUUID } from "node:crypto";
 import { IdempotencyError, refuse } from "../contract/errors.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
-import { downstreamKey, validateEffectName } from "../contract/effects.js";
 import { validateKey } from "../contract/keys.js";
-import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject, validateText } from "../contract/scope.js";
-import { snapshotDigest, storedSnapshot } from "../contract/snapshot.js";
+import { type ScopeInput, scopeDigest, validateApiRevision, validateOperationName, validateSubject } from "../contract/scope.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable, type Send } from "./db.js";
+import { commitTogether, isLockWaitEnded, sqlState, type Db, type Queryable } from "./db.js";
 import { uuidv7 } from "./ids.js";
 import type { SnapshotKeyring } from "../crypto/sealing.js";
 import { toAttempt, toRecord } from "./rows.js";
-import { currentPolicy, laneOf, opened, policyOf, snapshotColumns, type RegistryContext } from "./context.js";
-import {
-  appendEvent,
-  changeLocked,
-  firstRecord,
-  firstView,
-  grantLease,
-  lockedChange,
-  lockRecord,
-  lockWithAttempts,
-  refuseNotFound,
-  REJUDGED,
-  requestFingerprint,
-  requireTenant,
-  validateRef,
-  visibleTo,
-} from "./shared.js";
+import { currentPolicy, laneOf, opened, policyOf, type RegistryContext } from "./context.js";
+import { appendEvent, firstRecord, grantLease, refuseNotFound, REJUDGED, requestFingerprint, requireTenant } from "./shared.js";
 import { pipelined } from "./statement.js";
+import { claim, renewLease } from "./commands/claim.js";
+import { complete, finishColumns, type CompleteItem } from "./commands/complete.js";
+import { declaredEffects, recordEffectAttempt, registerDeclared, resolveEffectAttempt } from "./commands/effects.js";
+import { lookupById, lookupByScope, ownerMoved } from "./commands/lookup.js";
+import { reconcile } from "./commands/reconcile.js";
+import { abandon, release } from "./commands/release.js";
 import * as jobs from "./jobs.js";
 import * as views from "./views.js";
 import { Coalescer } from "./coalescer.js";
-import * as attemptStatements from "./statements/attempts.js";
 import * as batchStatements from "./statements/batches.js";
 import * as quotaStatements from "./statements/quota.js";
 import * as recordStatements from "./statements/records.js";
-import * as viewStatements from "./statements/views.js";
-import {
-  checkRecordEffect,
-  checkRenew,
-  effectFlags,
-  planAbandon,
-  planClaim,
-  planComplete,
-  planRelease,
-  planResolutions,
-  planResolve,
-  reserveVerdict,
-  retryAfterMs,
-} from "./state-machine.js";
+import { reserveVerdict, retryAfterMs } from "./state-machine.js";
 import type {
   Actor,
   ClaimInput,
   ClaimResult,
   CompleteInput,
-  EffectResolution,
-  HolderInput,
   LookupByIdInput,
   ReconcileInput,
-  RecordEffectInput,
   RecordView,
   RenewLeaseInput,
   RequestIdentity,
   ReserveInput,
   ReserveResult,
-  ResolveEffectInput,
-  StoredAttempt,
   StoredRecord,
 } from "./types.js";
 
@@ -73,11 +43,6 @@ import type {
 export const DEFAULT_BATCH_LOCK_WAIT_MS = 50;
 /** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
 const RESERVE_ROUNDS = 5;
-/** Most attempts one Complete resolves (proto: CompleteRequest.resolutions). */
-const MAX_RESOLUTIONS = 64;
-/** Most effects one Reserve declares (proto: ReserveRequest.effects). */
-const MAX_DECLARED_EFFECTS = 16;
-
 /**
  * The registry: the state machine of the contract over PostgreSQL, and the
  * only way to the records, the event log and the jobs that keep them. It
@@ -247,7 +212,7 @@ export class Registry {
         async (q): Promise<ReserveResult> => {
           /** ACCEPTED, with the declared effects registered on the record (in this transaction). */
           const accepted = async (record: StoredRecord, takenOver = false): Promise<ReserveResult> => {
-            const registered = await this.registerDeclared(q, record, declared, actor);
+            const registered = await registerDeclared(q, record, declared, actor);
             return { ...answer("ACCEPTED", registered.record), ...(takenOver ? { takenOver } : {}), ...(declared.length > 0 ? { attempts: registered.attempts } : {}) };
           };
           for (let round = 0; round < RESERVE_ROUNDS; round++) {
@@ -436,214 +401,6 @@ export class Registry {
     }
   }
 
-  /** Takes ownership for execution (OWNER, TAKEOVER or RECOVER). */
-  async claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
-    validateRef(input.ref);
-    const acquisitionId = randomUUID();
-    return db.transaction(
-      input.ref.tenant,
-      async (q) => {
-        const { record, attempts } = await lockWithAttempts(q, input.ref, actor);
-        // A re-run after a lost COMMIT: the claim already happened.
-        if (record.acquisitionId === acquisitionId) return { record, attempts };
-        const policy = await policyOf(this.context, record);
-        if (input.mode !== "OWNER" && input.writerEpoch < policy.writerEpoch) {
-          refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}`, {
-            writer_epoch: String(policy.writerEpoch),
-          });
-        }
-        const leaseMs = grantLease(policy, input.leaseMs);
-        const plan = planClaim(record, input.mode, input.generation);
-        const by = { caller: actor.caller };
-        const next = { leaseMs, acquisitionId, writerEpoch: input.writerEpoch };
-        let updated: StoredRecord;
-        switch (plan) {
-          case "own":
-            updated = await changeLocked(q, recordStatements.claimOwnership, record, by, { leaseMs });
-            break;
-          case "renew":
-            updated = await changeLocked(q, recordStatements.renewLease, record, by, { leaseMs });
-            break;
-          case "takeover":
-            updated = await changeLocked(q, recordStatements.claimTakeover, record, by, next);
-            break;
-          case "recover":
-            if (record.state !== "UNKNOWN") {
-              // Recorded as its own step so that the event log shows the record went UNKNOWN.
-              await appendEvent(q, record, { ...by, kind: "UNKNOWN", state: "UNKNOWN" });
-            }
-            updated = await changeLocked(q, recordStatements.claimRecovery, record, by, next);
-            break;
-        }
-        return { record: updated, attempts };
-      },
-      "claim",
-    );
-  }
-
-  /** Extends the lease of the generation the caller holds. */
-  async renewLease(db: Db, { ref, generation, leaseMs }: RenewLeaseInput, actor: Actor): Promise<StoredRecord> {
-    validateRef(ref);
-    return db.transaction(
-      ref.tenant,
-      async (q) => {
-        const record = await lockRecord(q, ref, actor);
-        checkRenew(record, generation);
-        const policy = await policyOf(this.context, record);
-        return changeLocked(q, recordStatements.renewLease, record, { caller: actor.caller }, { leaseMs: grantLease(policy, leaseMs) });
-      },
-      "renew_lease",
-    );
-  }
-
-  /** Registers an effect attempt before its downstream call; returns it with the stable downstream key. */
-  async recordEffectAttempt(db: Db, { ref, generation, effect, provider }: RecordEffectInput, actor: Actor): Promise<StoredAttempt> {
-    validateRef(ref);
-    validateEffectName(effect);
-    if (provider.length > 0) validateText(provider, "provider", 128);
-    // Minted once, outside the retried work: a re-run after a lost COMMIT finds its own attempt.
-    const registrationId = randomUUID();
-    return db.transaction(
-      ref.tenant,
-      async (q) => {
-        const { record, attempts } = await lockWithAttempts(q, ref, actor);
-        const registered = attempts.find((a) => a.registrationId === registrationId);
-        if (registered) return registered;
-        checkRecordEffect(record, attempts, generation, effect);
-        const attemptNumber = (attempts.at(-1)?.attemptNumber ?? 0) + 1;
-        const { rows } = await attemptStatements.insertAttempt.run(q, {
-          ...ref,
-          attemptNumber,
-          effect,
-          provider,
-          downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
-          generation,
-          registrationId,
-        });
-        await changeLocked(q, recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: attemptNumber, effect } }, {});
-        return toAttempt(rows[0]!);
-      },
-      "record_effect_attempt",
-    );
-  }
-
-  /**
-   * Reserve's declared effects on the record it just accepted, in its
-   * transaction: one PENDING attempt each, as RecordEffectAttempt registers
-   * one (the same downstream key, an EFFECT_RECORDED event each). A re-run
-   * after a lost COMMIT finds its attempts by their registration ids.
-   */
-  private async registerDeclared(
-    q: Queryable,
-    record: StoredRecord,
-    declared: readonly DeclaredEffect[],
-    actor: Actor,
-  ): Promise<{ record: StoredRecord; attempts: StoredAttempt[] }> {
-    if (declared.length === 0) return { record, attempts: [] };
-    const ref = { tenant: record.tenant, operationId: record.operationId };
-    const existing = (await attemptStatements.loadAttempts.run(q, ref)).rows.map(toAttempt);
-    const mine = declared.map((d) => existing.find((a) => a.registrationId === d.registrationId));
-    if (mine.every((a) => a !== undefined)) return { record, attempts: mine };
-    for (const { effect } of declared) checkRecordEffect(record, existing, record.generation, effect);
-    const first = (existing.at(-1)?.attemptNumber ?? 0) + 1;
-    // All pipelined: the attempts, then the record's flag with an EFFECT_RECORDED event for each.
-    const inserts = declared.map(({ effect, provider, registrationId }, i) =>
-      attemptStatements.insertAttempt.run(q, {
-        ...ref,
-        attemptNumber: first + i,
-        effect,
-        provider,
-        downstreamKey: downstreamKey(ref.tenant, ref.operationId, effect),
-        generation: record.generation,
-        registrationId,
-      }),
-    );
-    const marks = declared.map(({ effect }, i) => lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: first + i, effect } }, {}));
-    const results = await pipelined([...inserts, ...marks.map((mark) => mark.send(q))]);
-    const attempts = results.slice(0, inserts.length).map(({ rows }) => toAttempt(rows[0]!));
-    return { record: marks.at(-1)!.changed(results.at(-1)!), attempts };
-  }
-
-  /** Records what a downstream call did. */
-  async resolveEffectAttempt(db: Db, { ref, generation, attemptNumber, status, providerHandle }: ResolveEffectInput, actor: Actor): Promise<StoredAttempt> {
-    validateRef(ref);
-    if (status === "PENDING") refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
-    if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
-    return db.transaction(
-      ref.tenant,
-      async (q) => {
-        const { record, attempts } = await lockWithAttempts(q, ref, actor);
-        const attempt = attempts.find((a) => a.attemptNumber === attemptNumber);
-        if (planResolve(record, attempt, generation, status, providerHandle) === "unchanged") return attempt!;
-        const { rows } = await attemptStatements.resolveAttempt.run(q, { ...ref, attemptNumber, status, providerHandle });
-        const resolved = toAttempt(rows[0]!);
-        const after = attempts.map((a) => (a.attemptNumber === attemptNumber ? resolved : a));
-        await changeLocked(
-          q,
-          recordStatements.setEffectPossible,
-          record,
-          { caller: actor.caller, detail: { attempt: attemptNumber, status } },
-          {
-            effectPossible: effectFlags(after).possible,
-          },
-        );
-        return resolved;
-      },
-      "resolve_effect_attempt",
-    );
-  }
-
-  /** Finishes the operation and stores the snapshot to replay; an identical repeat succeeds again. */
-  async complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
-    validateRef(input.ref);
-    requireTenant(actor, input.ref.tenant);
-    const resolutions = input.resolutions ?? [];
-    validateResolutions(resolutions);
-    const alone = () =>
-      db.transaction(
-        input.ref.tenant,
-        async (q, commitWith) => {
-          const locked = await lockWithAttempts(q, input.ref, actor);
-          // The resolutions as ResolveEffectAttempt would make them, then the finish judged on what they leave.
-          const resolving = planResolutions(locked.record, locked.attempts, input.generation, resolutions);
-          const last = resolving.changes.at(-1);
-          const record = last ? { ...locked.record, effectPossible: last.effectPossible } : locked.record;
-          const columns = await this.finishColumns(record, resolving.attempts, input);
-          if (!columns) return opened(this.context, locked.record);
-          await this.context.hooks.reached("registry.complete.before-commit");
-          // The resolutions and the terminal state go out with COMMIT: two round trips in all.
-          const made = resolutionSends(locked.record, resolving.changes, actor.caller);
-          const finish = lockedChange(recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
-          const written = await commitWith([...made, finish.send]);
-          for (const result of written.slice(0, -1)) {
-            if (result.rows.length !== 1) throw new Error(`a resolution of ${record.operationId} changed ${result.rows.length} rows`);
-          }
-          return opened(this.context, finish.changed(written.at(-1)!));
-        },
-        "complete",
-      );
-    // A Complete with resolutions writes more than a batch's finish: it is decided alone.
-    const completed =
-      this.context.completes && db.coalescible === true && resolutions.length === 0
-        ? await this.context.completes.submit(laneOf(db, input.ref.tenant, actor.caller), { db, input, actor, alone })
-        : await alone();
-    await this.context.hooks.reached("registry.complete.after-commit");
-    return completed;
-  }
-
-  /**
-   * What Complete stores for a record read under its lock: its terminal
-   * state and snapshot columns, or undefined for an identical repeat (already
-   * done); refuses as the rules say.
-   */
-  private async finishColumns(record: StoredRecord, attempts: readonly StoredAttempt[], input: CompleteInput): Promise<recordStatements.SnapshotColumns | undefined> {
-    const policy = await policyOf(this.context, record);
-    const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
-    const digest = snapshotDigest(snapshot);
-    if (planComplete(record, attempts, input.generation, input.outcome, digest) === "repeat") return undefined;
-    return { outcome: input.outcome, keepMs: policy.retention.keepMs, ...snapshotColumns(this.context, record, snapshot, digest) };
-  }
-
   /**
    * Completes of one tenant and caller in one transaction: their records
    * locked (in one order) with their attempts in one round trip, each decided
@@ -672,7 +429,7 @@ export class Registry {
           batch.map(async ({ input }) => {
             const record = records.get(input.ref.operationId);
             if (!record || !actor.mayOperate(record.operation)) refuseNotFound();
-            return { record, columns: await this.finishColumns(record, attempts.get(record.operationId) ?? [], input), outcome: input.outcome };
+            return { record, columns: await finishColumns(this.context, record, attempts.get(record.operationId) ?? [], input), outcome: input.outcome };
           }),
         );
         const finishing = plans.flatMap((plan) => (plan.status === "fulfilled" && plan.value.columns ? [{ ...plan.value, columns: plan.value.columns }] : []));
@@ -706,141 +463,43 @@ export class Registry {
     );
   }
 
-  /** Hands the reservation back without effect: RESERVED, no lease, fingerprint kept. */
-  async release(db: Db, { ref, generation }: HolderInput, actor: Actor): Promise<StoredRecord> {
-    validateRef(ref);
-    return db.transaction(
-      ref.tenant,
-      async (q) => {
-        const record = await lockRecord(q, ref, actor);
-        if (planRelease(record, generation) === "repeat") return record;
-        return changeLocked(q, recordStatements.release, record, { caller: actor.caller }, {});
-      },
-      "release",
-    );
+  /** Takes ownership for execution (OWNER, TAKEOVER or RECOVER): commands/claim.ts. */
+  claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
+    return claim(this.context, db, input, actor);
   }
 
-  /**
-   * The owner stops now: released when nothing can have happened, otherwise
-   * UNKNOWN at once with its lease ended, so that recovery starts without
-   * waiting for the lease. Fenced by the generation like every write.
-   */
-  async abandon(db: Db, { ref, generation }: HolderInput, actor: Actor): Promise<StoredRecord> {
-    validateRef(ref);
-    return db.transaction(
-      ref.tenant,
-      async (q) => {
-        const record = await lockRecord(q, ref, actor);
-        const by = { caller: actor.caller, detail: { abandoned: true } };
-        switch (planAbandon(record, generation)) {
-          case "repeat":
-            return record;
-          case "release":
-            return changeLocked(q, recordStatements.release, record, by, {});
-          case "unknown":
-            return changeLocked(q, recordStatements.handToRecovery, record, by, {});
-        }
-      },
-      "abandon",
-    );
+  /** Extends the lease of the generation the caller holds: commands/claim.ts. */
+  renewLease(db: Db, input: RenewLeaseInput, actor: Actor): Promise<StoredRecord> {
+    return renewLease(this.context, db, input, actor);
   }
 
-  /**
-   * An operator settles an UNKNOWN record with evidence from outside (the
-   * provider's dashboard, a bank statement): it becomes SUCCEEDED or
-   * FAILED_FINAL with the snapshot to replay, at the next generation so that a
-   * late owner is fenced out. Or, when the evidence shows that nothing
-   * happened downstream (`reopen`), it goes back to RESERVED, its open
-   * attempts resolved NO_EFFECT, so that the next identical retry runs it
-   * afresh: the only way a record that has been UNKNOWN runs again. Refused
-   * from any other state, never REJECTED (an effect may have happened), and
-   * never reopened once an attempt is CONFIRMED.
-   */
-  async reconcile(db: Db, input: ReconcileInput, actor: Actor): Promise<StoredRecord> {
-    validateRef(input.ref);
-    validateText(input.evidence, "evidence", 4096);
-    validateText(input.operatorName, "operator", 256);
-    if (!input.reopen && input.outcome !== "SUCCEEDED" && input.outcome !== "FAILED_FINAL") {
-      refuse("INVALID_REQUEST", "outcome must be SUCCEEDED or FAILED_FINAL: an UNKNOWN record may have had an effect, so it is never REJECTED");
-    }
-    // Minted once, outside the retried work: a re-run after a lost COMMIT recognizes its own reconciliation.
-    const acquisitionId = randomUUID();
-    return db.transaction(
-      input.ref.tenant,
-      async (q) => {
-        const { record, attempts } = await lockWithAttempts(q, input.ref, actor);
-        if (record.acquisitionId === acquisitionId) return record;
-        if (record.state !== "UNKNOWN") {
-          refuse("INVALID_TRANSITION", `only UNKNOWN records are reconciled; this one is ${record.state}${record.recovering ? " (a recovery worker holds it)" : ""}`, {
-            state: record.state,
-          });
-        }
-        const by = { caller: actor.caller, detail: { evidence: input.evidence, operator: input.operatorName } };
-        if (input.reopen) {
-          const confirmed = attempts.find((a) => a.status === "CONFIRMED");
-          if (confirmed) {
-            refuse(
-              "EFFECT_POSSIBLE",
-              `attempt ${confirmed.attemptNumber} (${confirmed.effect}) is CONFIRMED: the effect happened, so the operation cannot run again; reconcile it as SUCCEEDED or FAILED_FINAL`,
-            );
-          }
-          const resolved = await attemptStatements.resolveOpenAttempts.run(q, input.ref);
-          const detail = { ...by.detail, reopened: true, resolvedNoEffect: resolved.rows.map((row) => toAttempt(row).attemptNumber) };
-          return changeLocked(q, recordStatements.reopen, record, { ...by, detail }, { acquisitionId });
-        }
-        const policy = await policyOf(this.context, record);
-        const snapshot = storedSnapshot(input.snapshot, policy.snapshot);
-        return changeLocked(
-          q,
-          recordStatements.reconcile,
-          record,
-          { ...by, detail: { ...by.detail, outcome: input.outcome } },
-          { outcome: input.outcome, keepMs: policy.retention.keepMs, ...snapshotColumns(this.context, record, snapshot), acquisitionId },
-        );
-      },
-      "reconcile",
-    );
+  /** Finishes the operation and stores the snapshot to replay: commands/complete.ts. */
+  complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
+    return complete(this.context, db, input, actor);
   }
 
-  /**
-   * Whether the record a waiting Reserve's decision read has moved on since
-   * (see statements ownerMoved): only then is deciding again worth a locked
-   * decision. A record no longer there has moved.
-   */
-  async ownerMoved(db: Db, record: StoredRecord): Promise<boolean> {
-    const { rows } = await db.transaction(
-      record.tenant,
-      (q) => recordStatements.ownerMoved.run(q, { tenant: record.tenant, operationId: record.operationId, state: record.state, generation: record.generation }),
-      "recheck",
-    );
-    return rows[0]?.moved ?? true;
+  /** An operator settles or reopens an UNKNOWN record: commands/reconcile.ts. */
+  reconcile(db: Db, input: ReconcileInput, actor: Actor): Promise<StoredRecord> {
+    return reconcile(this.context, db, input, actor);
   }
 
-  /**
-   * Reads a record by id. Without the operator role, the subject must be the
-   * record's: another principal's record is NOT_FOUND, exactly like a missing
-   * one, so that lookups are no existence oracle.
-   */
-  async lookupById(db: Db, { ref, principal }: LookupByIdInput, actor: Actor): Promise<RecordView> {
-    validateRef(ref);
-    requireTenant(actor, ref.tenant);
-    const view = await db.transaction(ref.tenant, (q) => firstView(viewStatements.viewById, q, ref), "lookup");
-    return opened(this.context, visibleTo(view, principal, actor));
+  /** Reads a record by id: commands/lookup.ts. */
+  lookupById(db: Db, input: LookupByIdInput, actor: Actor): Promise<RecordView> {
+    return lookupById(this.context, db, input, actor);
   }
 
-  /** Reads the record a request with this scope would meet. */
-  async lookupByScope(db: Db, input: ScopeInput, actor: Actor): Promise<RecordView> {
-    const subject = validateSubject(input.subject);
-    validateOperationName(input.operation);
-    validateApiRevision(input.apiRevision);
-    requireTenant(actor, subject.tenant);
-    const view = await db.transaction(
-      subject.tenant,
-      (q) => firstView(viewStatements.viewByScope, q, { tenant: subject.tenant, scope: Buffer.from(scopeDigest(input)) }),
-      "lookup",
-    );
-    return opened(this.context, visibleTo(view, subject.principal, actor));
+  /** Reads the record a request with this scope would meet: commands/lookup.ts. */
+  lookupByScope(db: Db, input: ScopeInput, actor: Actor): Promise<RecordView> {
+    return lookupByScope(this.context, db, input, actor);
   }
+
+  // The commands that need none of the context: effect attempts (commands/effects.ts), Release and
+  // Abandon (commands/release.ts), and a waiting Reserve's recheck (commands/lookup.ts).
+  readonly recordEffectAttempt = recordEffectAttempt;
+  readonly resolveEffectAttempt = resolveEffectAttempt;
+  readonly release = release;
+  readonly abandon = abandon;
+  readonly ownerMoved = ownerMoved;
 
   // The reads of recovery workers, operators and the console (views.ts): they decide nothing and need no context.
   readonly listRecoverable = views.listRecoverable;
@@ -961,56 +620,6 @@ async function findByScope(q: Queryable, tenant: string, scope: Uint8Array): Pro
   return record ? { record, inserted: false } : undefined;
 }
 
-/**
- * The statements of Complete's resolutions (planResolutions' changes), for a
- * record this transaction has locked: each attempt's new status, and the
- * record's effect flag with its EFFECT_RESOLVED event, as
- * ResolveEffectAttempt writes them.
- */
-function resolutionSends(record: StoredRecord, changes: ReadonlyArray<EffectResolution & { effectPossible: boolean }>, caller: string): Send[] {
-  return changes.flatMap(({ attemptNumber, status, providerHandle, effectPossible }): Send[] => [
-    (q) => attemptStatements.resolveAttempt.run(q, { tenant: record.tenant, operationId: record.operationId, attemptNumber, status, providerHandle }),
-    lockedChange(recordStatements.setEffectPossible, record, { caller, detail: { attempt: attemptNumber, status } }, { effectPossible }).send,
-  ]);
-}
-
-/** An effect declared with Reserve, with the registration id of its attempt (minted once, outside retried work). */
-interface DeclaredEffect {
-  effect: string;
-  provider: string;
-  registrationId: string;
-}
-
-/** Reserve's declared effects, checked: with `claim`, at most MAX_DECLARED_EFFECTS, each name valid and once. */
-function declaredEffects(input: ReserveInput): DeclaredEffect[] {
-  const effects = input.effects ?? [];
-  if (effects.length === 0) return [];
-  if (!input.claim) refuse("INVALID_REQUEST", "effects are declared with claim: true (attempts are registered on an executing record)");
-  if (effects.length > MAX_DECLARED_EFFECTS) refuse("INVALID_REQUEST", `a Reserve declares at most ${MAX_DECLARED_EFFECTS} effects, this one ${effects.length}`);
-  const seen = new Set<string>();
-  return effects.map(({ effect, provider }) => {
-    validateEffectName(effect);
-    if (provider.length > 0) validateText(provider, "provider", 128);
-    if (seen.has(effect)) refuse("INVALID_REQUEST", `effect ${effect} is declared twice`);
-    seen.add(effect);
-    return { effect, provider, registrationId: randomUUID() };
-  });
-}
-
-/** Complete's resolutions are well formed: CONFIRMED or NO_EFFECT, each attempt once, at most MAX_RESOLUTIONS. */
-function validateResolutions(resolutions: readonly EffectResolution[]): void {
-  if (resolutions.length > MAX_RESOLUTIONS) refuse("INVALID_REQUEST", `a Complete resolves at most ${MAX_RESOLUTIONS} attempts, this one ${resolutions.length}`);
-  const seen = new Set<number>();
-  for (const { attemptNumber, status, providerHandle } of resolutions) {
-    if (status !== "CONFIRMED" && status !== "NO_EFFECT") {
-      refuse("INVALID_REQUEST", "a resolution sent with Complete is CONFIRMED or NO_EFFECT: resolve an INDETERMINATE attempt with ResolveEffectAttempt");
-    }
-    if (seen.has(attemptNumber)) refuse("INVALID_REQUEST", `attempt ${attemptNumber} is resolved twice in one Complete`);
-    seen.add(attemptNumber);
-    if (providerHandle.length > 0) validateText(providerHandle, "provider_handle", 512);
-  }
-}
-
 /** A Reserve waiting for a batch: what its new record would be, and how to answer from a row. */
 export interface ReserveItem {
   db: Db;
@@ -1025,14 +634,6 @@ export interface ReserveItem {
   decideFound: (record: StoredRecord) => ReserveResult | undefined;
   /** The request decided on its own, in its own transaction. */
   alone: () => Promise<ReserveResult>;
-}
-
-/** A Complete waiting for a batch. */
-export interface CompleteItem {
-  db: Db;
-  input: CompleteInput;
-  actor: Actor;
-  alone: () => Promise<StoredRecord>;
 }
 
 /** A failure that decided nothing for any request of a batch (the registry busy or unreachable): each gets it, to retry. */
