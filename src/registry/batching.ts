@@ -1,8 +1,9 @@
 import { IdempotencyError } from "../contract/errors.js";
 import { finishColumns, type CompleteItem } from "./commands/complete.js";
-import type { ReserveItem } from "./commands/reserve.js";
+import { admitCommitted, type Admission } from "./admission.js";
 import { opened, type RegistryContext } from "./context.js";
-import { commitTogether, isLockWaitEnded } from "./db.js";
+import { isLockWaitEnded, type Db } from "./db.js";
+import type { ScopeRead } from "./state-machine.js";
 import { toAttempt, toRecord } from "./rows.js";
 import { refuseNotFound } from "./shared.js";
 import { pipelined } from "./statement.js";
@@ -18,6 +19,18 @@ import type { ReserveResult, StoredRecord } from "./types.js";
 
 /** The default longest wait of a batch's shared transaction for a row lock before its requests are decided alone. */
 export const DEFAULT_BATCH_LOCK_WAIT_MS = 50;
+
+/** A Reserve waiting for a batch: the record it would make, and how it answers from what its scope holds. */
+export interface ReserveItem {
+  db: Db;
+  tenant: string;
+  caller: string;
+  admission: Admission;
+  /** Its answer from what the batch read of its scope, or undefined to decide it alone. */
+  answer: (read: ScopeRead) => ReserveResult | undefined;
+  /** The request decided on its own, in its own transaction. */
+  alone: () => Promise<ReserveResult>;
+}
 
 /**
  * Reserves of one tenant and caller in one transaction: one guarded insert
@@ -35,26 +48,15 @@ export const DEFAULT_BATCH_LOCK_WAIT_MS = 50;
  */
 export function reserveBatch(context: RegistryContext, items: ReserveItem[]): Array<Promise<ReserveResult>> {
   const { db, tenant, caller } = items[0]!;
-  const [batch] = partitionDistinct(items, (item) => item.record.scope.toString("hex"));
-  const made = { tenant, scopes: batch.map((i) => i.record.scope), acquisitionIds: batch.map((i) => i.record.acquisitionId), quotas: batch.map((i) => i.quota) };
+  const [batch] = partitionDistinct(items, (item) => item.admission.record.scope.toString("hex"));
   // One round trip with the COMMIT: a principal over its quota fails the count, and the batch rolls back.
-  const shared = commitTogether(
+  const shared = admitCommitted(
     db,
     tenant,
-    [(q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(batch.map((i) => i.record)) }), (q) => batchStatements.countActiveMany.run(q, made)],
-    // Named as a lone Reserve's: a reservation transaction, whatever it carries (metrics, the launch gate's latency line).
-    "reserve",
+    caller,
+    batch.map((item) => item.admission),
     context.batchTransaction,
-  ).then(([inserted]) => {
-    const found = new Map(inserted!.rows.map((row) => [(row.scope as Buffer).toString("hex"), { record: toRecord(row), inserted: row.inserted === true }]));
-    const decided = new Map<ReserveItem, ReserveResult | undefined>();
-    for (const item of batch) {
-      const hit = found.get(item.record.scope.toString("hex"));
-      if (!hit) continue;
-      decided.set(item, hit.inserted || hit.record.acquisitionId === item.record.acquisitionId ? item.accepted(hit.record) : item.decideFound(hit.record));
-    }
-    return decided;
-  });
+  ).then((reads) => new Map(batch.map((item) => [item, item.answer(reads(item.admission))])));
   return items.map((item) => answerFromBatch(shared, item, (decided) => decided.get(item)));
 }
 
@@ -166,23 +168,6 @@ function groupBy<R, V>(rows: readonly R[], key: (row: R) => string, value: (row:
     else groups.set(k, [value(row)]);
   }
   return groups;
-}
-
-/** The batch insert's arrays, one element per new record. */
-function columnsOf(records: ReadonlyArray<batchStatements.NewRecord>): Omit<batchStatements.NewRecords, "tenant" | "caller"> {
-  return {
-    scopes: records.map((r) => r.scope),
-    operationIds: records.map((r) => r.operationId),
-    principals: records.map((r) => r.principal),
-    operations: records.map((r) => r.operation),
-    apiRevisions: records.map((r) => r.apiRevision),
-    schemaRevisions: records.map((r) => r.schemaRevision),
-    fingerprints: records.map((r) => r.fingerprint),
-    states: records.map((r) => r.state),
-    leaseMs: records.map((r) => r.leaseMs),
-    acquisitionIds: records.map((r) => r.acquisitionId),
-    writerEpochs: records.map((r) => r.writerEpoch),
-  };
 }
 
 /** The batch finish's arrays, one element per record to finish. */

@@ -6,7 +6,7 @@ import type { OperationPolicy, PolicySource } from "../policy/operations.js";
 import type { Coalescer } from "./coalescer.js";
 import type { Db, TransactionOptions } from "./db.js";
 import type { CompleteItem } from "./commands/complete.js";
-import type { ReserveItem } from "./commands/reserve.js";
+import type { ReserveItem } from "./batching.js";
 import type { SnapshotColumns } from "./statements/records.js";
 import type { ReserveResult, StoredRecord } from "./types.js";
 

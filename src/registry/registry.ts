@@ -2,7 +2,7 @@ import type { ScopeInput } from "../contract/scope.js";
 import type { SnapshotKeyring } from "../crypto/sealing.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
-import { completeBatch, DEFAULT_BATCH_LOCK_WAIT_MS, reserveBatch } from "./batching.js";
+import { completeBatch, DEFAULT_BATCH_LOCK_WAIT_MS, reserveBatch, type ReserveItem } from "./batching.js";
 import { Coalescer } from "./coalescer.js";
 import { claim, renewLease } from "./commands/claim.js";
 import { complete, type CompleteItem } from "./commands/complete.js";
@@ -10,7 +10,7 @@ import { recordEffectAttempt, resolveEffectAttempt } from "./commands/effects.js
 import { lookupById, lookupByScope, ownerMoved } from "./commands/lookup.js";
 import { reconcile } from "./commands/reconcile.js";
 import { abandon, release } from "./commands/release.js";
-import { reserve, type ReserveItem } from "./commands/reserve.js";
+import { reserve } from "./commands/reserve.js";
 import { currentPolicy, opened, type RegistryContext } from "./context.js";
 import type { Db } from "./db.js";
 import * as jobs from "./jobs.js";

@@ -1,5 +1,4 @@
-import { refuse, type Reason } from "../contract/errors.js";
-import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
+import { refuse } from "../contract/errors.js";
 import { validateText } from "../contract/scope.js";
 import type { OperationPolicy } from "../policy/operations.js";
 import type { Queryable, Send } from "./db.js";
@@ -9,7 +8,7 @@ import { pipelined, type Statement } from "./statement.js";
 import * as attemptStatements from "./statements/attempts.js";
 import * as eventStatements from "./statements/events.js";
 import * as recordStatements from "./statements/records.js";
-import type { Actor, OperationRef, RecordView, RequestIdentity, StoredAttempt, StoredRecord } from "./types.js";
+import type { Actor, OperationRef, RecordView, StoredAttempt, StoredRecord } from "./types.js";
 
 /**
  * What the registry's commands and reads share: the checks of a reference
@@ -46,26 +45,6 @@ export function visibleTo(view: RecordView | undefined, principal: string | unde
 export function grantLease(policy: OperationPolicy, requestedMs: number | undefined): number {
   if (requestedMs === undefined || requestedMs <= 0) return policy.lease.defaultMs;
   return Math.min(Math.max(requestedMs, 1000), policy.lease.maxMs);
-}
-
-/** Refusals of a request under the newest revision that a record of an older revision may overrule (keys: see reserve). */
-export const REJUDGED: ReadonlySet<Reason> = new Set(["INVALID_PAYLOAD", "SCHEMA_REVISION_MISMATCH"]);
-
-/** The fingerprint of a Reserve under a revision: computed from the request parts, or checked as precomputed. */
-export function requestFingerprint(request: RequestIdentity, policy: OperationPolicy): Uint8Array {
-  const rules = policy.fingerprint;
-  if (request.kind === "parts") return fingerprint(request.parts, rules);
-  const { scheme, schemaRevision, digest } = request;
-  if (scheme !== FINGERPRINT_SCHEME) {
-    refuse("UNSUPPORTED_FINGERPRINT_SCHEME", `fingerprint.scheme must be ${FINGERPRINT_SCHEME}`);
-  }
-  if (schemaRevision !== rules.schemaRevision) {
-    refuse("SCHEMA_REVISION_MISMATCH", `fingerprint computed under schema revision ${schemaRevision}; compute it under revision ${rules.schemaRevision}`, {
-      schema_revision: String(rules.schemaRevision),
-    });
-  }
-  if (digest.byteLength !== 32) refuse("INVALID_REQUEST", "fingerprint.digest must be the 32-byte SHA-256 digest");
-  return digest;
 }
 
 /** The one record a statement returns, or undefined. */

@@ -3,26 +3,41 @@ import { IdempotencyError, refuse } from "../../contract/errors.js";
 import { validateKey } from "../../contract/keys.js";
 import { scopeDigest, validateApiRevision, validateOperationName, validateSubject } from "../../contract/scope.js";
 import type { OperationPolicy } from "../../policy/operations.js";
+import { admit, admitCommitted, countUnderGate, type Admission } from "../admission.js";
 import { currentPolicy, laneOf, opened, policyOf, type RegistryContext } from "../context.js";
-import { commitTogether, sqlState, type Db, type Queryable } from "../db.js";
+import { sqlState, type Db, type Queryable } from "../db.js";
 import { uuidv7 } from "../ids.js";
-import { toRecord } from "../rows.js";
-import { appendEvent, firstRecord, grantLease, REJUDGED, requestFingerprint, requireTenant } from "../shared.js";
-import { pipelined } from "../statement.js";
-import * as batchStatements from "../statements/batches.js";
+import { appendEvent, firstRecord, grantLease, requireTenant } from "../shared.js";
 import * as quotaStatements from "../statements/quota.js";
 import * as recordStatements from "../statements/records.js";
-import { reserveVerdict, retryAfterMs } from "../state-machine.js";
-import type { Actor, RequestIdentity, ReserveInput, ReserveResult, StoredRecord } from "../types.js";
-import { declaredEffects, registerDeclared } from "./effects.js";
+import { REJUDGED, requestFingerprint, reserveAction, retryAfterMs, type ReserveAction, type ReserveOutcome, type ReserveRequest, type ScopeRead } from "../state-machine.js";
+import type { Actor, ReserveInput, ReserveResult, StoredRecord } from "../types.js";
+import { declaredEffects, registerDeclared, type DeclaredEffect } from "./effects.js";
 
 /**
- * Reserve: the acceptance point, where a request's scope gets its record or
- * meets the one it has.
+ * Reserve, the acceptance point: the request's scope gets its record, or the
+ * request is answered from the one it has. What to do is decided by the
+ * pure rules of state-machine.ts (reserveAction); this module reads what
+ * they judge and carries out what they decide.
  */
 
 /** How many times Reserve re-reads a record that changed under its compare-and-set before giving up. */
 const RESERVE_ROUNDS = 5;
+
+/** A Reserve once validated and judged under its operation's newest policy: what deciding and answering it takes. */
+interface Judged {
+  tenant: string;
+  actor: Actor;
+  policy: OperationPolicy;
+  request: ReserveRequest;
+  /** The record this request would make (with a zero fingerprint when the newest revision refuses it: then it makes none). */
+  record: recordStatements.NewRecord;
+  /** Its admission, when it may make a new record: not draining, its key and its payload accepted. */
+  admission: Admission | undefined;
+  declared: DeclaredEffect[];
+  /** Its answer, with what the client is shown of `record`. */
+  answer(decision: ReserveResult["decision"], record?: StoredRecord, retryAfterMs?: number): ReserveResult;
+}
 
 /**
  * The acceptance point. One guarded statement inserts the record or, when
@@ -39,6 +54,28 @@ const RESERVE_ROUNDS = 5;
  * the second round trip.
  */
 export async function reserve(context: RegistryContext, db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> {
+  const judged = await judge(context, input, actor);
+  // A batch decides what needs no write beyond the new record's (a new scope,
+  // a replay, an owner at work, an expired record); anything else it leaves
+  // to `alone`, as does every request a batch could not take.
+  const { admission } = judged;
+  const result =
+    context.reserves !== undefined && db.coalescible === true && admission && judged.declared.length === 0
+      ? await context.reserves.submit(laneOf(db, judged.tenant, actor.caller), {
+          db,
+          tenant: judged.tenant,
+          caller: actor.caller,
+          admission,
+          answer: (read) => answerShared(context, judged, read),
+          alone: () => decideAlone(context, db, judged),
+        })
+      : await decideAlone(context, db, judged);
+  if (result.decision === "ACCEPTED") await context.hooks.reached("registry.reserve.after-commit");
+  return result;
+}
+
+/** Validates a Reserve and judges it under its operation's newest policy revision. */
+async function judge(context: RegistryContext, input: ReserveInput, actor: Actor): Promise<Judged> {
   const subject = validateSubject(input.subject);
   validateOperationName(input.operation);
   validateApiRevision(input.apiRevision);
@@ -76,293 +113,185 @@ export async function reserve(context: RegistryContext, db: Db, input: ReserveIn
     if (!(error instanceof IdempotencyError) || !REJUDGED.has(error.reason)) throw error;
     refusal = error;
   }
-  const leaseMs = grantLease(policy, input.leaseMs);
   const enforced = policy.mode !== "SHADOW";
   // Minted once, outside the retried work: a re-run after a lost COMMIT
   // recognizes its own record by these ids (and its declared effects' attempts by theirs).
-  const operationId = uuidv7();
   const acquisitionId = randomUUID();
   const declared = declaredEffects(input);
-  const state = input.claim ? "EXECUTING" : "RESERVED";
-  const answer = (decision: ReserveResult["decision"], record?: StoredRecord, retryAfterMs?: number): ReserveResult => ({
-    decision,
-    ...(record ? { record: opened(context, record) } : {}),
-    ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
-    enforced,
-    schemaRevision: record?.schemaRevision ?? policy.fingerprint.schemaRevision,
-  });
-
-  // The new record this request would make, when it may make one.
-  const insertable = policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined;
-  const newRecord: batchStatements.NewRecord = {
+  const record: recordStatements.NewRecord = {
     scope: Buffer.from(scope),
-    operationId,
+    operationId: uuidv7(),
     principal: subject.principal,
     operation: input.operation,
     apiRevision: input.apiRevision,
     schemaRevision: policy.fingerprint.schemaRevision,
     fingerprint: Buffer.from(fp ?? new Uint8Array(32)),
-    state,
-    leaseMs,
+    state: input.claim ? "EXECUTING" : "RESERVED",
+    leaseMs: grantLease(policy, input.leaseMs),
     acquisitionId,
     writerEpoch: input.writerEpoch,
   };
-  /** The answer from someone else's record when it needs no write (a replay, an owner at work, an expired record), or undefined. */
-  const decideFound = (record: StoredRecord): ReserveResult | undefined => {
-    if (record.tombstonedAt !== null || record.schemaRevision !== policy.fingerprint.schemaRevision) return undefined;
-    const verdict = reserveVerdict(record, fp!);
-    if (verdict.kind === "replay") return answer("REPLAY", record);
-    if (verdict.kind === "expired") return answer("EXPIRED", record);
-    if (verdict.kind === "in_progress") return answer("IN_PROGRESS", record, retryAfterMs(record, context.recoveryCadenceMs));
-    return undefined;
+  const insertable = policy.mode !== "DRAINING" && fp !== undefined && keyRefusal === undefined;
+  return {
+    tenant: subject.tenant,
+    actor,
+    policy,
+    request: {
+      operation: input.operation,
+      identity: input.request,
+      fingerprint: fp,
+      refusal,
+      keyRefusal,
+      schemaRevision: policy.fingerprint.schemaRevision,
+      acquisitionId,
+    },
+    record,
+    admission: insertable ? { record, quota: policy.maxActivePerPrincipal } : undefined,
+    declared,
+    answer: (decision, stored, retryAfterMs) => ({
+      decision,
+      ...(stored ? { record: opened(context, stored) } : {}),
+      ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
+      enforced,
+      schemaRevision: stored?.schemaRevision ?? policy.fingerprint.schemaRevision,
+    }),
   };
-  // The common cases in one round trip with their COMMIT: a new record, or
-  // an existing one that needs no write. Anything else (a conflict to log,
-  // a takeover, a tombstone, a record committed after the insert's
-  // snapshot) is decided in a transaction of its own below.
-  const alone = async (): Promise<ReserveResult> => {
-    // The fast path commits with its insert; declared effects are registered before that commit.
-    if (insertable && declared.length === 0) {
-      const found = await withQuota(policy, insertOrFindCommitted(db, subject.tenant, actor.caller, newRecord, policy.maxActivePerPrincipal));
-      if (found && (found.inserted || found.record.acquisitionId === acquisitionId)) return answer("ACCEPTED", found.record);
-      const answered = found && decideFound(found.record);
-      if (answered) return answered;
-    }
-    return withQuota(policy, decideWithWrites());
-  };
-  const decideWithWrites = () =>
-    db.transaction(
-      subject.tenant,
-      async (q): Promise<ReserveResult> => {
-        /** ACCEPTED, with the declared effects registered on the record (in this transaction). */
-        const accepted = async (record: StoredRecord, takenOver = false): Promise<ReserveResult> => {
-          const registered = await registerDeclared(q, record, declared, actor);
-          return { ...answer("ACCEPTED", registered.record), ...(takenOver ? { takenOver } : {}), ...(declared.length > 0 ? { attempts: registered.attempts } : {}) };
-        };
-        for (let round = 0; round < RESERVE_ROUNDS; round++) {
-          let found: { record: StoredRecord; inserted: boolean } | undefined;
-          if (insertable) {
-            const admitted = await insertOrFind(q, {
-              tenant: subject.tenant,
-              scope,
-              operationId,
-              principal: subject.principal,
-              operation: input.operation,
-              apiRevision: input.apiRevision,
-              schemaRevision: policy.fingerprint.schemaRevision,
-              fingerprint: fp!,
-              state,
-              leaseMs,
-              acquisitionId,
-              writerEpoch: input.writerEpoch,
-              caller: actor.caller,
-              quota: policy.maxActivePerPrincipal,
-            });
-            // Refused before COMMIT: the new record and its event roll back.
-            if (admitted?.inserted && admitted.active > policy.maxActivePerPrincipal) refuseQuota(policy);
-            found = admitted;
-          }
-          // The statement's snapshot predates a record committed concurrently
-          // (the insert waited for it and found the conflict): read it anew.
-          found ??= await findByScope(q, subject.tenant, scope);
-          if (!found) {
-            const pending = keyRefusal ?? refusal;
-            if (pending) throw pending;
-            refuse("OPERATION_DRAINING", `operation ${input.operation} is draining: it accepts no new requests`);
-          }
-          const { record, inserted } = found;
-          if (inserted || record.acquisitionId === acquisitionId) return accepted(record);
-          // What every compare-and-set below is fenced by: the record as it was read.
-          const seen = { tenant: record.tenant, scope: Buffer.from(record.scope), generation: record.generation };
-
-          if (record.tombstonedAt !== null && (await reusable(context, record))) {
-            // The policy says old effects cannot reappear and the horizon passed:
-            // the scope starts afresh, and one racing reservation wins it.
-            const pending = keyRefusal ?? refusal;
-            if (pending) throw pending;
-            const recycled = await firstRecord(recordStatements.recycleByScope, q, {
-              ...seen,
-              operationId,
-              schemaRevision: policy.fingerprint.schemaRevision,
-              fingerprint: Buffer.from(fp!),
-              state,
-              leaseMs,
-              acquisitionId,
-              writerEpoch: input.writerEpoch,
-              previousOperationId: record.operationId,
-              caller: actor.caller,
-            });
-            if (recycled) {
-              // The recycled scope is unfinished again: it counts against the quota like a new record.
-              const active = await countActiveUnderGate(q, {
-                ...subject,
-                operation: input.operation,
-                apiRevision: input.apiRevision,
-                scope,
-                acquisitionId,
-                quota: policy.maxActivePerPrincipal,
-              });
-              if (active > policy.maxActivePerPrincipal) refuseQuota(policy);
-              return accepted(recycled);
-            }
-            continue;
-          }
-          const sameRevision = record.schemaRevision === policy.fingerprint.schemaRevision;
-          if (sameRevision && refusal) throw refusal;
-          const recordFp = sameRevision ? fp! : await fingerprintUnder(context, record, input.request);
-          const verdict = recordFp ? reserveVerdict(record, recordFp) : ({ kind: "conflict" } as const);
-          switch (verdict.kind) {
-            case "conflict":
-              // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
-              await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
-              return answer("PAYLOAD_CONFLICT");
-            case "expired":
-              return answer("EXPIRED", record);
-            case "replay":
-              return answer("REPLAY", record);
-            case "in_progress":
-              return answer("IN_PROGRESS", record, retryAfterMs(record, context.recoveryCadenceMs));
-            case "takeover": {
-              const taken = await firstRecord(recordStatements.takeOverByScope, q, {
-                ...seen,
-                state,
-                leaseMs,
-                acquisitionId,
-                writerEpoch: input.writerEpoch,
-                caller: actor.caller,
-              });
-              if (taken) return accepted(taken, true);
-              break; // someone else moved the record first: re-read and decide again
-            }
-            case "mark_unknown": {
-              const unknown = await firstRecord(recordStatements.markUnknownByScope, q, { ...seen, caller: actor.caller });
-              if (unknown) return answer("IN_PROGRESS", unknown, retryAfterMs(unknown, context.recoveryCadenceMs));
-              break;
-            }
-          }
-        }
-        refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
-      },
-      "reserve",
-    );
-  // A batch decides what needs no write beyond the new record's (a new scope,
-  // a replay, an owner at work, an expired record); anything else it leaves
-  // to `alone`, as does every request a batch could not take.
-  const batchable = context.reserves !== undefined && db.coalescible === true && insertable && declared.length === 0;
-  const result = batchable
-    ? await context.reserves.submit(laneOf(db, subject.tenant, actor.caller), {
-        db,
-        tenant: subject.tenant,
-        caller: actor.caller,
-        record: newRecord,
-        quota: policy.maxActivePerPrincipal,
-        accepted: (record) => answer("ACCEPTED", record),
-        decideFound,
-        alone,
-      })
-    : await alone();
-  if (result.decision === "ACCEPTED") await context.hooks.reached("registry.reserve.after-commit");
-  return result;
-}
-
-/** Whether a tombstone's scope may be reused now: its policy allows it and the horizon passed. */
-async function reusable(context: RegistryContext, record: StoredRecord): Promise<boolean> {
-  const { allowed, horizonMs } = (await policyOf(context, record)).retention.tombstoneReuse;
-  return allowed && record.tombstonedAt!.getTime() + horizonMs <= record.dbNow.getTime();
 }
 
 /**
- * The fingerprint of a request under the older revision its record was made
- * under, or undefined when the request is not valid under that revision (so
- * it cannot be the same request: a conflict).
+ * A Reserve decided on its own. The common cases take one round trip with
+ * their COMMIT, as a batch of one: a new record, or an existing one that
+ * needs no write (the fast path, for a request that may make a record and
+ * declares no effects: those are registered before the COMMIT). Anything
+ * else (a conflict to log, a takeover, a tombstone, a record of another
+ * revision, one committed after the insert's snapshot) is decided in a
+ * transaction of its own, under compare-and-sets.
  */
-async function fingerprintUnder(context: RegistryContext, record: StoredRecord, request: RequestIdentity): Promise<Uint8Array | undefined> {
-  const policy = await policyOf(context, record);
-  try {
-    return requestFingerprint(request, policy);
-  } catch (error) {
-    if (error instanceof IdempotencyError && error.reason === "INVALID_PAYLOAD") return undefined;
-    throw error;
+async function decideAlone(context: RegistryContext, db: Db, judged: Judged): Promise<ReserveResult> {
+  if (judged.admission && judged.declared.length === 0) {
+    const reads = await withQuota(judged.policy, admitCommitted(db, judged.tenant, judged.actor.caller, [judged.admission]));
+    const answered = answerShared(context, judged, reads(judged.admission));
+    if (answered) return answered;
+  }
+  return withQuota(judged.policy, decideWithWrites(context, db, judged));
+}
+
+/**
+ * The answer from what a shared transaction read (the fast path, or a batch:
+ * transactions that write nothing but new records), when the decision needs
+ * no other write and no other revision's rules; undefined: the request is
+ * decided alone.
+ */
+function answerShared(context: RegistryContext, judged: Judged, read: ScopeRead): ReserveResult | undefined {
+  const action = reserveAction(read, judged.request);
+  return action.kind === "accept" ? judged.answer("ACCEPTED", action.record) : answerUnwritten(context, judged, action);
+}
+
+/** The answer of a decision that writes nothing (a replay, an owner at work, an expired record), or undefined. */
+function answerUnwritten(context: RegistryContext, judged: Judged, action: ReserveAction): ReserveResult | undefined {
+  switch (action.kind) {
+    case "replay":
+      return judged.answer("REPLAY", action.record);
+    case "expired":
+      return judged.answer("EXPIRED", action.record);
+    case "in_progress":
+      return judged.answer("IN_PROGRESS", action.record, retryAfterMs(action.record, context.recoveryCadenceMs));
+    default:
+      return undefined;
   }
 }
 
-interface NewRecord {
-  tenant: string;
-  scope: Uint8Array;
-  operationId: string;
-  principal: string;
-  operation: string;
-  apiRevision: number;
-  schemaRevision: number;
-  fingerprint: Uint8Array;
-  state: "RESERVED" | "EXECUTING";
-  leaseMs: number;
-  acquisitionId: string;
-  writerEpoch: number;
-  caller: string;
-  quota: number;
-}
-
 /**
- * The guarded insert (statements/records.ts insertOrFind), and behind it the
- * new record counted against its principal's quota (countActiveUnderGate),
- * in the same round trip: the statements are pipelined and PostgreSQL runs
- * them in order. Returns the new record with the principal's unfinished
- * records counting it, the existing one, or nothing (existing but committed
- * after the insert's snapshot).
+ * The decision in a transaction that may write: the scope read (by the
+ * guarded insert when the request may make a record), decided, and carried
+ * out; a compare-and-set that lost to another writer has the scope read and
+ * decided again, up to RESERVE_ROUNDS times.
  */
-async function insertOrFind(q: Queryable, r: NewRecord): Promise<{ record: StoredRecord; inserted: boolean; active: number } | undefined> {
-  const { quota, ...values } = r;
-  const [{ rows }, active] = await pipelined<[{ rows: Record<string, unknown>[] }, number]>([
-    recordStatements.insertOrFind.run(q, { ...values, scope: Buffer.from(r.scope), fingerprint: Buffer.from(r.fingerprint) }),
-    countActiveUnderGate(q, r),
-  ]);
-  const row = rows[0];
-  return row ? { record: toRecord(row), inserted: row.inserted === true, active } : undefined;
-}
-
-/**
- * How many unfinished records the principal has, this transaction's new one
- * included, as its gate row counts them (0 when this transaction made no
- * record of `scope`); over the quota the statement fails (IDQ01). The
- * statement that made the record counted it and locked the gate row until
- * the transaction ends (migrations/000013), so each reservation counts every
- * record admitted before it: of any number of racing reservations, on any
- * number of coordinators, no more than the quota commit. Only new records of
- * one principal and operation wait for each other; replays and other
- * principals never touch the gate.
- */
-async function countActiveUnderGate(
-  q: Queryable,
-  r: { tenant: string; principal: string; operation: string; apiRevision: number; scope: Uint8Array; acquisitionId: string; quota: number },
-): Promise<number> {
-  const subject = { tenant: r.tenant, principal: r.principal, operation: r.operation, apiRevision: r.apiRevision, scope: Buffer.from(r.scope), acquisitionId: r.acquisitionId };
-  const { rows } = await quotaStatements.countActive.run(q, { ...subject, quota: r.quota });
-  return rows[0]?.active ?? 0;
-}
-
-/**
- * The guarded insert with the quota count behind it, and COMMIT behind
- * them, in one round trip (commitTogether): returns the new record
- * or the existing one (or nothing: see insertOrFind). Over the quota the
- * count fails with IDQ01 and nothing is committed (withQuota refuses).
- */
-async function insertOrFindCommitted(
-  db: Db,
-  tenant: string,
-  caller: string,
-  record: batchStatements.NewRecord,
-  quota: number,
-): Promise<{ record: StoredRecord; inserted: boolean } | undefined> {
-  const subject = { tenant, principal: record.principal, operation: record.operation, apiRevision: record.apiRevision, scope: record.scope, acquisitionId: record.acquisitionId };
-  const [inserted] = await commitTogether(
-    db,
+function decideWithWrites(context: RegistryContext, db: Db, judged: Judged): Promise<ReserveResult> {
+  const { tenant, actor, admission } = judged;
+  return db.transaction(
     tenant,
-    [(q) => recordStatements.insertOrFind.run(q, { ...record, tenant, caller }), (q) => quotaStatements.countActive.run(q, { ...subject, quota })],
+    async (q): Promise<ReserveResult> => {
+      for (let round = 0; round < RESERVE_ROUNDS; round++) {
+        const read = admission ? await admit(q, tenant, actor.caller, admission) : await readScope(q, judged);
+        const answered = await carryOut(context, q, judged, await settle(context, q, judged, read));
+        if (answered) return answered;
+      }
+      refuse("REGISTRY_BUSY", "the record kept changing while deciding; nothing was decided, retry with backoff");
+    },
     "reserve",
   );
-  const row = inserted!.rows[0];
-  return row ? { record: toRecord(row), inserted: row.inserted === true } : undefined;
+}
+
+/** The scope's record as a new statement's snapshot shows it. */
+async function readScope(q: Queryable, { tenant, record }: Judged): Promise<ScopeRead> {
+  const found = await firstRecord(recordStatements.findByScope, q, { tenant, scope: record.scope });
+  return found ? { kind: "found", record: found, inserted: false } : { kind: "absent" };
+}
+
+/**
+ * The decision's outcome, once it has what it asks for: the scope read anew
+ * (the insert's snapshot missed a record), the policy revision the record
+ * lives under. Each is asked for at most once: a read anew finds a record
+ * or none, and a decision given the record's policy decides.
+ */
+async function settle(context: RegistryContext, q: Queryable, judged: Judged, read: ScopeRead): Promise<ReserveOutcome> {
+  for (;;) {
+    const action = reserveAction(read, judged.request);
+    if (action.kind === "read_again") read = await readScope(q, judged);
+    else if (action.kind === "needs_record_policy") read = { kind: "found", record: action.record, inserted: false, recordPolicy: await policyOf(context, action.record) };
+    else return action;
+  }
+}
+
+/** Carries a decision out: its answer, or undefined when its compare-and-set lost (someone else moved the record first). */
+async function carryOut(context: RegistryContext, q: Queryable, judged: Judged, outcome: ReserveOutcome): Promise<ReserveResult | undefined> {
+  const { actor, record: made, declared } = judged;
+  /** ACCEPTED, with the declared effects registered on the record (in this transaction). */
+  const accepted = async (record: StoredRecord, takenOver = false): Promise<ReserveResult> => {
+    const registered = await registerDeclared(q, record, declared, actor);
+    return { ...judged.answer("ACCEPTED", registered.record), ...(takenOver ? { takenOver } : {}), ...(declared.length > 0 ? { attempts: registered.attempts } : {}) };
+  };
+  const { record } = outcome;
+  // What every compare-and-set is fenced by: the record as it was read.
+  const seen = { tenant: record.tenant, scope: Buffer.from(record.scope), generation: record.generation };
+  const ownership = { state: made.state, leaseMs: made.leaseMs, acquisitionId: made.acquisitionId, writerEpoch: made.writerEpoch, caller: actor.caller };
+  switch (outcome.kind) {
+    case "accept":
+      return accepted(record);
+    case "replay":
+    case "expired":
+    case "in_progress":
+      return answerUnwritten(context, judged, outcome);
+    case "conflict":
+      // Logged for operators (a key reused for another request is a client bug or an attack), never with content.
+      await appendEvent(q, record, { kind: "CONFLICT", caller: actor.caller, state: record.state });
+      return judged.answer("PAYLOAD_CONFLICT");
+    case "takeover": {
+      const taken = await firstRecord(recordStatements.takeOverByScope, q, { ...seen, ...ownership });
+      return taken ? accepted(taken, true) : undefined;
+    }
+    case "mark_unknown": {
+      const unknown = await firstRecord(recordStatements.markUnknownByScope, q, { ...seen, caller: actor.caller });
+      return unknown ? judged.answer("IN_PROGRESS", unknown, retryAfterMs(unknown, context.recoveryCadenceMs)) : undefined;
+    }
+    case "recycle": {
+      // The policy says old effects cannot reappear and the horizon passed:
+      // the scope starts afresh, and one racing reservation wins it.
+      const recycled = await firstRecord(recordStatements.recycleByScope, q, {
+        ...seen,
+        ...ownership,
+        operationId: made.operationId,
+        schemaRevision: made.schemaRevision,
+        fingerprint: made.fingerprint,
+        previousOperationId: record.operationId,
+      });
+      if (!recycled) return undefined;
+      // The recycled scope is unfinished again: it counts against the quota like a new record.
+      await countUnderGate(judged.tenant, { record: made, quota: judged.policy.maxActivePerPrincipal })(q);
+      return accepted(recycled);
+    }
+  }
 }
 
 /** Turns the quota count's failure (IDQ01: nothing was committed) into the QUOTA_EXCEEDED refusal. */
@@ -370,34 +299,11 @@ async function withQuota<T>(policy: OperationPolicy, work: Promise<T>): Promise<
   try {
     return await work;
   } catch (error) {
-    if (sqlState(error) === quotaStatements.QUOTA_EXCEEDED_SQLSTATE) refuseQuota(policy);
+    if (sqlState(error) === quotaStatements.QUOTA_EXCEEDED_SQLSTATE) {
+      refuse("QUOTA_EXCEEDED", `this principal already has ${policy.maxActivePerPrincipal} unfinished ${policy.operation} operations; finish some first`, {
+        limit: String(policy.maxActivePerPrincipal),
+      });
+    }
     throw error;
   }
-}
-
-function refuseQuota(policy: OperationPolicy): never {
-  refuse("QUOTA_EXCEEDED", `this principal already has ${policy.maxActivePerPrincipal} unfinished ${policy.operation} operations; finish some first`, {
-    limit: String(policy.maxActivePerPrincipal),
-  });
-}
-
-async function findByScope(q: Queryable, tenant: string, scope: Uint8Array): Promise<{ record: StoredRecord; inserted: false } | undefined> {
-  const record = await firstRecord(recordStatements.findByScope, q, { tenant, scope: Buffer.from(scope) });
-  return record ? { record, inserted: false } : undefined;
-}
-
-/** A Reserve waiting for a batch: what its new record would be, and how to answer from a row. */
-export interface ReserveItem {
-  db: Db;
-  tenant: string;
-  caller: string;
-  record: batchStatements.NewRecord;
-  /** The principal's quota of unfinished records under the request's policy. */
-  quota: number;
-  /** The answer when the row is this request's new record. */
-  accepted: (record: StoredRecord) => ReserveResult;
-  /** The answer from someone else's record when no write is needed, or undefined to decide alone. */
-  decideFound: (record: StoredRecord) => ReserveResult | undefined;
-  /** The request decided on its own, in its own transaction. */
-  alone: () => Promise<ReserveResult>;
 }

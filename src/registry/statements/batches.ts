@@ -3,7 +3,7 @@ import { ATTEMPT_COLUMNS, logChanges, nowPlusMs, RECORD_COLUMNS } from "./parts.
 import { finishAssignments } from "./records.js";
 
 /**
- * The statements of coalesced Reserves and Completes (registry.ts,
+ * The statements of coalesced Reserves and Completes (batching.ts,
  * Coalescer): the same guarded insert, quota gate, lock and fenced finish as
  * their one-record forms in records.ts and quota.ts, for many records of one
  * tenant and one caller in one statement, each row keeping its own values
@@ -16,21 +16,6 @@ import { finishAssignments } from "./records.js";
  * running at once, on any number of coordinators, wait for one another but
  * never deadlock.
  */
-
-/** One new record of a batch. */
-export interface NewRecord {
-  scope: Buffer;
-  operationId: string;
-  principal: string;
-  operation: string;
-  apiRevision: number;
-  schemaRevision: number;
-  fingerprint: Buffer;
-  state: "RESERVED" | "EXECUTING";
-  leaseMs: number;
-  acquisitionId: string;
-  writerEpoch: number;
-}
 
 /** One element per new record; every array has the batch's length. */
 export interface NewRecords {

@@ -36,6 +36,17 @@ export interface Ownership {
   writerEpoch: number;
 }
 
+/** A record Reserve makes: its scope and operation, the fingerprint it answers to, and its first ownership. */
+export interface NewRecord extends Ownership {
+  scope: Buffer;
+  operationId: string;
+  principal: string;
+  operation: string;
+  apiRevision: number;
+  schemaRevision: number;
+  fingerprint: Buffer;
+}
+
 /**
  * Reserve's guarded insert: `INSERT … ON CONFLICT DO NOTHING` decides "new or
  * not" and takes the place in one step (a concurrent insert of the same scope
@@ -43,9 +54,7 @@ export interface Ownership {
  * true) or the one already there, as this statement's snapshot shows it:
  * nothing when that record was committed after the snapshot was taken.
  */
-export const insertOrFind = statement<
-  ScopeRef & Ownership & { operationId: string; principal: string; operation: string; apiRevision: number; schemaRevision: number; fingerprint: Buffer; caller: string }
->(
+export const insertOrFind = statement<NewRecord & { tenant: string; caller: string }>(
   "insertOrFind",
   `WITH inserted AS (
      INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
