@@ -1,6 +1,6 @@
 import { commitTogether, type Db, type Queryable, type Send, type TransactionOptions } from "./db.js";
 import { toRecord } from "./rows.js";
-import { pipelined } from "./statement.js";
+import { keepingResult, pipelined } from "./statement.js";
 import * as batchStatements from "./statements/batches.js";
 import * as quotaStatements from "./statements/quota.js";
 import type { NewRecord } from "./statements/records.js";
@@ -46,13 +46,15 @@ export async function admitCommitted(
 ): Promise<(admission: Admission) => ScopeRead> {
   const { sends, reads } = admission(tenant, caller, admissions);
   // Named as a lone Reserve's, whatever it carries: a reservation transaction (metrics, the launch gate's latency line).
-  return reads(await commitTogether(db, tenant, sends, "reserve", options));
+  await commitTogether(db, tenant, sends, "reserve", options);
+  return reads();
 }
 
 /** One new record inserted (or its scope's record found) and counted, in a transaction that goes on: what its scope holds. */
 export async function admit(q: Queryable, tenant: string, caller: string, one: Admission): Promise<ScopeRead> {
   const { sends, reads } = admission(tenant, caller, [one]);
-  return reads(await pipelined(sends.map((send) => send(q))))(one);
+  await pipelined(sends.map((send) => send(q)));
+  return (await reads())(one);
 }
 
 /**
@@ -71,32 +73,29 @@ export function countUnderGate(tenant: string, { record, quota }: Admission): Se
   return (q) => quotaStatements.countActive.run(q, { tenant, principal, operation, apiRevision, scope, acquisitionId, quota });
 }
 
-/** The statements of an admission, and what each scope holds from their results. */
-function admission(
-  tenant: string,
-  caller: string,
-  admissions: readonly Admission[],
-): { sends: Send[]; reads: (results: Array<{ rows: Record<string, unknown>[] }>) => (one: Admission) => ScopeRead } {
+/** The statements of an admission, and what each scope holds once they have been sent. */
+function admission(tenant: string, caller: string, admissions: readonly Admission[]): { sends: Send[]; reads: () => Promise<(one: Admission) => ScopeRead> } {
   const [only] = admissions;
-  const sends: Send[] =
+  const insert = keepingResult(
     admissions.length === 1
-      ? [(q) => recordStatements.insertOrFind.run(q, { ...only!.record, tenant, caller }), countUnderGate(tenant, only!)]
-      : [
-          (q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(admissions.map((a) => a.record)) }),
-          (q) =>
-            batchStatements.countActiveMany.run(q, {
-              tenant,
-              scopes: admissions.map((a) => a.record.scope),
-              acquisitionIds: admissions.map((a) => a.record.acquisitionId),
-              quotas: admissions.map((a) => a.quota),
-            }),
-        ];
+      ? (q) => recordStatements.insertOrFind.run(q, { ...only!.record, tenant, caller })
+      : (q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(admissions.map((a) => a.record)) }),
+  );
+  const count: Send =
+    admissions.length === 1
+      ? countUnderGate(tenant, only!)
+      : (q) =>
+          batchStatements.countActiveMany.run(q, {
+            tenant,
+            scopes: admissions.map((a) => a.record.scope),
+            acquisitionIds: admissions.map((a) => a.record.acquisitionId),
+            quotas: admissions.map((a) => a.quota),
+          });
   return {
-    sends,
-    reads([inserted]) {
-      const found = new Map(
-        inserted!.rows.map((row): [string, ScopeRead] => [scopeKey(row.scope as Buffer), { kind: "found", record: toRecord(row), inserted: row.inserted === true }]),
-      );
+    sends: [insert.send, count],
+    async reads() {
+      const { rows } = await insert.result();
+      const found = new Map(rows.map((row): [string, ScopeRead] => [scopeKey(row.scope), { kind: "found", record: toRecord(row), inserted: row.inserted }]));
       return (one) => found.get(scopeKey(one.record.scope)) ?? MISSED;
     },
   };

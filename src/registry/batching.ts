@@ -6,7 +6,7 @@ import { isLockWaitEnded, type Db } from "./db.js";
 import type { ScopeRead } from "./state-machine.js";
 import { toAttempt, toRecord } from "./rows.js";
 import { refuseNotFound } from "./shared.js";
-import { pipelined } from "./statement.js";
+import { keepingResult, pipelined } from "./statement.js";
 import * as batchStatements from "./statements/batches.js";
 import type * as recordStatements from "./statements/records.js";
 import type { ReserveResult, StoredRecord } from "./types.js";
@@ -78,12 +78,12 @@ export function completeBatch(context: RegistryContext, items: CompleteItem[]): 
     tenant,
     async (q, commitWith) => {
       const operationIds = batch.map((i) => i.input.ref.operationId);
-      const [locked, attemptRows] = await pipelined<[{ rows: Record<string, unknown>[] }, { rows: Record<string, unknown>[] }]>([
+      const [locked, attemptRows] = await pipelined([
         batchStatements.lockRecords.run(q, { tenant, operationIds }),
         batchStatements.loadAttemptsMany.run(q, { tenant, operationIds }),
-      ]);
-      const records = new Map(locked.rows.map((row) => [row.operation_id as string, toRecord(row)]));
-      const attempts = groupBy(attemptRows.rows, (row) => row.operation_id as string, toAttempt);
+      ] as const);
+      const records = new Map(locked.rows.map((row) => [row.operation_id, toRecord(row)]));
+      const attempts = groupBy(attemptRows.rows, (row) => row.operation_id, toAttempt);
       const plans = await Promise.allSettled(
         batch.map(async ({ input }) => {
           const record = records.get(input.ref.operationId);
@@ -97,8 +97,9 @@ export function completeBatch(context: RegistryContext, items: CompleteItem[]): 
         for (let i = 0; i < finishing.length; i++) await context.hooks.reached("registry.complete.before-commit");
         // The terminal states go out with COMMIT. Under the locks every fenced update matches; were one not to,
         // the requests are decided again alone (a finished record is then an identical repeat).
-        const [written] = await commitWith([(q) => batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) })]);
-        for (const row of written!.rows) finished.set(row.operation_id as string, toRecord(row));
+        const finish = keepingResult((q) => batchStatements.finishMany.run(q, { tenant, caller: actor.caller, ...finishesOf(finishing) }));
+        await commitWith([finish.send]);
+        for (const row of (await finish.result()).rows) finished.set(row.operation_id, toRecord(row));
         if (finished.size !== finishing.length) throw new Error(`finishMany changed ${finished.size} of the ${finishing.length} records it had locked`);
       }
       return new Map(

@@ -65,8 +65,8 @@ export interface TransactionOptions {
   lockTimeoutMs?: number;
 }
 
-/** A row as the driver returns it. */
-type Row = Record<string, unknown>;
+/** A row as the driver returns it: of whichever statement was sent (Statement's Row types each statement's). */
+type Row = pg.QueryResultRow;
 
 /** Sends one statement (synchronously, as Statement.run does) and answers its result. */
 export type Send = (q: Queryable) => Promise<pg.QueryResult<Row>>;

@@ -1,13 +1,16 @@
 import { refuse } from "../contract/errors.js";
 import { validateText } from "../contract/scope.js";
 import type { OperationPolicy } from "../policy/operations.js";
-import type { Queryable, Send } from "./db.js";
+import type pg from "pg";
+import type { Queryable } from "./db.js";
 import { isUuid } from "./ids.js";
 import { toAttempt, toRecord, toView } from "./rows.js";
 import { pipelined, type Statement } from "./statement.js";
 import * as attemptStatements from "./statements/attempts.js";
 import * as eventStatements from "./statements/events.js";
+import type { RecordRow } from "./statements/parts.js";
 import * as recordStatements from "./statements/records.js";
+import type { ViewRow } from "./statements/views.js";
 import type { Actor, OperationRef, RecordView, StoredAttempt, StoredRecord } from "./types.js";
 
 /**
@@ -48,13 +51,13 @@ export function grantLease(policy: OperationPolicy, requestedMs: number | undefi
 }
 
 /** The one record a statement returns, or undefined. */
-export async function firstRecord<Values extends object>(statement: Statement<Values>, q: Queryable, values: Values): Promise<StoredRecord | undefined> {
+export async function firstRecord<Values extends object>(statement: Statement<Values, RecordRow>, q: Queryable, values: Values): Promise<StoredRecord | undefined> {
   const { rows } = await statement.run(q, values);
   return rows[0] ? toRecord(rows[0]) : undefined;
 }
 
 /** The one view a statement returns, or undefined. */
-export async function firstView<Values extends object>(statement: Statement<Values>, q: Queryable, values: Values): Promise<RecordView | undefined> {
+export async function firstView<Values extends object>(statement: Statement<Values, ViewRow>, q: Queryable, values: Values): Promise<RecordView | undefined> {
   const { rows } = await statement.run(q, values);
   return rows[0] ? toView(rows[0]) : undefined;
 }
@@ -94,7 +97,7 @@ export interface ChangeFacts {
  */
 export async function changeLocked<Values extends object>(
   q: Queryable,
-  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values>,
+  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values, RecordRow>,
   record: StoredRecord,
   facts: ChangeFacts,
   values: Values,
@@ -105,11 +108,11 @@ export async function changeLocked<Values extends object>(
 
 /** changeLocked in two steps: the statement to send (alone, or with COMMIT), and the changed record from its result. */
 export function lockedChange<Values extends object>(
-  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values>,
+  statement: Statement<recordStatements.IdRef & recordStatements.ChangedBy & { generation: number } & Values, RecordRow>,
   record: StoredRecord,
   facts: ChangeFacts,
   values: Values,
-): { send: Send; changed: (result: { rows: Record<string, unknown>[] }) => StoredRecord } {
+): { send: (q: Queryable) => Promise<pg.QueryResult<RecordRow>>; changed: (result: pg.QueryResult<RecordRow>) => StoredRecord } {
   return {
     send: (q) =>
       statement.run(q, {

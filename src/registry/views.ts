@@ -77,7 +77,7 @@ export async function listRecords(db: Db, filter: RecordFilter): Promise<Array<R
 export async function census(db: Db, scope: ViewScope = {}): Promise<Census> {
   const { rows } = await db.transaction(bindingFor(scope.tenants), (q) => jobStatements.census.run(q, { tenants: scope.tenants ?? null, operations: scope.operations ?? null }));
   return {
-    byState: new Map(rows.map((r) => [r.state as RecordState, r.n])),
+    byState: new Map(rows.map((r) => [r.state, r.n])),
     oldestUnknownSeconds: Math.max(0, ...rows.map((r) => r.oldest_unknown ?? 0)),
     overdue: rows.reduce((sum, r) => sum + r.overdue, 0),
   };
@@ -94,7 +94,7 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
       limit: filter.limit,
     }),
   );
-  return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text as string, eventId: r.event_id_text as string } }));
+  return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text, eventId: r.event_id_text } }));
 }
 
 /**

@@ -3,6 +3,7 @@ import { validateText } from "../../contract/scope.js";
 import { snapshotDigest, storedSnapshot } from "../../contract/snapshot.js";
 import { laneOf, opened, policyOf, snapshotColumns, type RegistryContext } from "../context.js";
 import type { Db, Send } from "../db.js";
+import { keepingResult } from "../statement.js";
 import { lockedChange, lockWithAttempts, requireTenant, validateRef } from "../shared.js";
 import * as attemptStatements from "../statements/attempts.js";
 import * as recordStatements from "../statements/records.js";
@@ -46,11 +47,12 @@ export async function complete(context: RegistryContext, db: Db, input: Complete
         // The resolutions and the terminal state go out with COMMIT: two round trips in all.
         const made = resolutionSends(locked.record, resolving.changes, actor.caller);
         const finish = lockedChange(recordStatements.finish, record, { caller: actor.caller, detail: { outcome: input.outcome } }, columns);
-        const written = await commitWith([...made, finish.send]);
+        const finishing = keepingResult(finish.send);
+        const written = await commitWith([...made, finishing.send]);
         for (const result of written.slice(0, -1)) {
           if (result.rows.length !== 1) throw new Error(`a resolution of ${record.operationId} changed ${result.rows.length} rows`);
         }
-        return opened(context, finish.changed(written.at(-1)!));
+        return opened(context, finish.changed(await finishing.result()));
       },
       "complete",
     );

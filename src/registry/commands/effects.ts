@@ -135,7 +135,8 @@ export async function registerDeclared(
     }),
   );
   const marks = declared.map(({ effect }, i) => lockedChange(recordStatements.markEffectPossible, record, { caller: actor.caller, detail: { attempt: first + i, effect } }, {}));
-  const results = await pipelined([...inserts, ...marks.map((mark) => mark.send(q))]);
-  const attempts = results.slice(0, inserts.length).map(({ rows }) => toAttempt(rows[0]!));
-  return { record: marks.at(-1)!.changed(results.at(-1)!), attempts };
+  const marked = marks.map((mark) => mark.send(q));
+  await pipelined([...inserts, ...marked]);
+  const attempts = (await Promise.all(inserts)).map(({ rows }) => toAttempt(rows[0]!));
+  return { record: marks.at(-1)!.changed(await marked.at(-1)!), attempts };
 }
