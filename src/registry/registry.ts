@@ -1,4 +1,3 @@
-import type { ScopeInput } from "../contract/scope.js";
 import type { SnapshotKeyring } from "../crypto/sealing.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { OperationPolicy, PolicySource } from "../policy/operations.js";
@@ -12,21 +11,8 @@ import { reconcile } from "./commands/reconcile.js";
 import { abandon, release } from "./commands/release.js";
 import { reserve } from "./commands/reserve.js";
 import { currentPolicy, opened, type RegistryContext } from "./context.js";
-import type { Db } from "./db.js";
 import * as jobs from "./jobs.js";
-import type {
-  Actor,
-  ClaimInput,
-  ClaimResult,
-  CompleteInput,
-  LookupByIdInput,
-  ReconcileInput,
-  RecordView,
-  RenewLeaseInput,
-  ReserveInput,
-  ReserveResult,
-  StoredRecord,
-} from "./types.js";
+import type { ReserveResult, StoredRecord } from "./types.js";
 import * as views from "./views.js";
 
 /**
@@ -96,40 +82,19 @@ export class Registry {
     return currentPolicy(this.context, operation, apiRevision);
   }
 
-  /** The acceptance point: the request's scope gets its record, or is answered from it: commands/reserve.ts. */
-  reserve(db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> {
-    return reserve(this.context, db, input, actor);
+  /** A command of commands/ as the Registry's: its calls get the registry's context first. */
+  private withContext<Args extends unknown[], Result>(command: (context: RegistryContext, ...args: Args) => Result): (...args: Args) => Result {
+    return (...args) => command(this.context, ...args);
   }
 
-  /** Takes ownership for execution (OWNER, TAKEOVER or RECOVER): commands/claim.ts. */
-  claim(db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> {
-    return claim(this.context, db, input, actor);
-  }
-
-  /** Extends the lease of the generation the caller holds: commands/claim.ts. */
-  renewLease(db: Db, input: RenewLeaseInput, actor: Actor): Promise<StoredRecord> {
-    return renewLease(this.context, db, input, actor);
-  }
-
-  /** Finishes the operation and stores the snapshot to replay: commands/complete.ts. */
-  complete(db: Db, input: CompleteInput, actor: Actor): Promise<StoredRecord> {
-    return complete(this.context, db, input, actor);
-  }
-
-  /** An operator settles or reopens an UNKNOWN record: commands/reconcile.ts. */
-  reconcile(db: Db, input: ReconcileInput, actor: Actor): Promise<StoredRecord> {
-    return reconcile(this.context, db, input, actor);
-  }
-
-  /** Reads a record by id: commands/lookup.ts. */
-  lookupById(db: Db, input: LookupByIdInput, actor: Actor): Promise<RecordView> {
-    return lookupById(this.context, db, input, actor);
-  }
-
-  /** Reads the record a request with this scope would meet: commands/lookup.ts. */
-  lookupByScope(db: Db, input: ScopeInput, actor: Actor): Promise<RecordView> {
-    return lookupByScope(this.context, db, input, actor);
-  }
+  // The commands (commands/), each given the context it needs.
+  readonly reserve = this.withContext(reserve);
+  readonly claim = this.withContext(claim);
+  readonly renewLease = this.withContext(renewLease);
+  readonly complete = this.withContext(complete);
+  readonly reconcile = this.withContext(reconcile);
+  readonly lookupById = this.withContext(lookupById);
+  readonly lookupByScope = this.withContext(lookupByScope);
 
   // The commands that need none of the context: effect attempts (commands/effects.ts), Release and
   // Abandon (commands/release.ts), and a waiting Reserve's recheck (commands/lookup.ts).

@@ -35,8 +35,7 @@ export async function listRecoverable(
     async (q) =>
       (
         await viewStatements.recoverableViews.run(q, {
-          tenants: filter.tenants ?? null,
-          operations: filter.operations ?? null,
+          ...scopeValues(filter),
           afterLeaseEnd: filter.after?.leaseEnd ?? null,
           afterTenant: filter.after?.tenant ?? null,
           afterOperationId: filter.after?.operationId ?? null,
@@ -57,9 +56,8 @@ export async function listRecords(db: Db, filter: RecordFilter): Promise<Array<R
   return db.transaction(bindingFor(filter.tenants), async (q) =>
     (
       await viewStatements.listedViews.run(q, {
+        ...scopeValues(filter),
         states: filter.states ?? null,
-        tenants: filter.tenants ?? null,
-        operations: filter.operations ?? null,
         olderThanMs: filter.olderThanMs ?? null,
         afterCreatedAt: filter.after?.createdAt ?? null,
         afterTenant: filter.after?.tenant ?? null,

@@ -231,7 +231,7 @@ describe("reserveAction", () => {
   const small: RequestParts = { method: "POST", path: "/v1/payments", query: "", mediaType: "application/json", headers: [], body: new TextEncoder().encode('{"a":1}') };
   const large: RequestParts = { ...small, body: new Uint8Array(64) };
 
-  /** Revision 1 of the operation, which the records below live under: bodies of at most 16 bytes; `reuse`: tombstones reusable 1 s after they were made. */
+  /** Revision 1 of the operation, which the records below live under: bodies of at most 16 bytes; `reuse`: tombstones reusable 2 days after they were made. */
   const revision1 = (reuse: boolean): OperationPolicy =>
     toOperationPolicy(
       parsePolicyDocument({
@@ -239,18 +239,7 @@ describe("reserveAction", () => {
         apiRevision: 1,
         schemaRevision: 1,
         fingerprint: { maxBodyBytes: 16 },
-        ...(reuse
-          ? {
-              retention: {
-                keep: "1s",
-                clientRetryWindow: "0s",
-                queueBacklogWindow: "0s",
-                reconciliationWindow: "0s",
-                backupRestoreWindow: "0s",
-                tombstoneReuse: { allowed: true, horizon: "1s" },
-              },
-            }
-          : {}),
+        retention: { tombstoneReuse: reuse ? { allowed: true, horizon: "2d" } : { allowed: false } },
       }),
     );
   const REUSABLE = revision1(true);
@@ -289,8 +278,9 @@ describe("reserveAction", () => {
   const other = new Uint8Array(FINGERPRINT);
   other[31] = 0x00;
   const finished = record({ state: "SUCCEEDED" });
-  /** Tombstones, made 2 s (past the horizon of 1 s) or 500 ms before the read. */
-  const oldTombstone = record({ state: "SUCCEEDED", tombstoned: true, tombstonedAt: at(-2_000) });
+  /** Tombstones, made 3 days (past the horizon of 2) or 500 ms before the read. */
+  const DAYS_AGO_3 = at(-3 * 86_400_000);
+  const oldTombstone = record({ state: "SUCCEEDED", tombstoned: true, tombstonedAt: DAYS_AGO_3 });
   const newTombstone = record({ state: "SUCCEEDED", tombstoned: true });
   /** A record of revision 1 met by requests judged under revision 2. */
   const older = (shape: Shape = {}) => record({ state: "SUCCEEDED", fingerprint: SMALL_UNDER_1, ...shape });
@@ -338,9 +328,9 @@ describe("reserveAction", () => {
     ],
     [
       "recycles a reusable tombstone of an older revision",
-      found(older({ tombstoned: true, tombstonedAt: at(-2_000) }), REUSABLE),
+      found(older({ tombstoned: true, tombstonedAt: DAYS_AGO_3 }), REUSABLE),
       underRevision2(),
-      acts("recycle", older({ tombstoned: true, tombstonedAt: at(-2_000) })),
+      acts("recycle", older({ tombstoned: true, tombstonedAt: DAYS_AGO_3 })),
     ],
     ["refuses a key the rules refuse instead of recycling a tombstone", found(oldTombstone, REUSABLE), request({ keyRefusal: keyRefused }), refused("INVALID_KEY")],
     ["refuses a refused payload instead of recycling a tombstone", found(oldTombstone, REUSABLE), request({ refusal: payloadRefused }), refused("INVALID_PAYLOAD")],

@@ -1,35 +1,19 @@
 import { statement, type RowColumns } from "../statement.js";
-import type { EffectStatus } from "../types.js";
-import { IN_SCOPE, RECORD_COLUMNS, RECORD_ROW, type RecordRow, type ScopeValues } from "./parts.js";
+import { ATTEMPT_ROW, IN_SCOPE, RECORD_COLUMNS, RECORD_ROW, type AttemptRow, type RecordRow, type ScopeValues } from "./parts.js";
 import type { IdRef, ScopeRef } from "./records.js";
 
 /**
  * An effect attempt as a view carries it, in JSON: its times as text, its
  * generation a number, and without its registration id.
  */
-export interface ViewedAttempt {
-  attempt_number: number;
-  effect: string;
-  provider: string;
-  downstream_key: string;
-  status: EffectStatus;
-  provider_handle: string;
+export interface ViewedAttempt extends Omit<AttemptRow, "registration_id" | "generation" | "created_at" | "resolved_at"> {
   generation: number;
   created_at: string;
   resolved_at: string | null;
 }
 
-const VIEWED_ATTEMPT: RowColumns<ViewedAttempt> = {
-  attempt_number: true,
-  effect: true,
-  provider: true,
-  downstream_key: true,
-  status: true,
-  provider_handle: true,
-  generation: true,
-  created_at: true,
-  resolved_at: true,
-};
+const { registration_id: _notViewed, ...viewedColumns } = ATTEMPT_ROW;
+const VIEWED_ATTEMPT: RowColumns<ViewedAttempt> = viewedColumns;
 
 /**
  * A row of a view: the record's columns, `db_now`, the lease end and
