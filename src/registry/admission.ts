@@ -3,7 +3,6 @@ import { toRecord } from "./rows.js";
 import { keepingResult, pipelined } from "./statement.js";
 import * as batchStatements from "./statements/batches.js";
 import * as quotaStatements from "./statements/quota.js";
-import type { NewRecord } from "./statements/records.js";
 import * as recordStatements from "./statements/records.js";
 import type { ScopeRead } from "./state-machine.js";
 
@@ -22,7 +21,7 @@ import type { ScopeRead } from "./state-machine.js";
 
 /** A record a Reserve would make, and the quota its principal is held to under the request's policy. */
 export interface Admission {
-  record: NewRecord;
+  record: recordStatements.NewRecord;
   quota: number;
 }
 
@@ -102,7 +101,7 @@ function admission(tenant: string, caller: string, admissions: readonly Admissio
 }
 
 /** The batch insert's arrays, one element per new record. */
-function columnsOf(records: readonly NewRecord[]): Omit<batchStatements.NewRecords, "tenant" | "caller"> {
+function columnsOf(records: readonly recordStatements.NewRecord[]): Omit<batchStatements.NewRecords, "tenant" | "caller"> {
   return {
     scopes: records.map((r) => r.scope),
     operationIds: records.map((r) => r.operationId),

@@ -3,9 +3,9 @@ import { finishColumns, type CompleteItem } from "./commands/complete.js";
 import { admitCommitted, type Admission } from "./admission.js";
 import { opened, type RegistryContext } from "./context.js";
 import { isLockWaitEnded, type Db } from "./db.js";
-import type { ScopeRead } from "./state-machine.js";
 import { toAttempt, toRecord } from "./rows.js";
 import { refuseNotFound } from "./shared.js";
+import type { ScopeRead } from "./state-machine.js";
 import { keepingResult, pipelined } from "./statement.js";
 import * as batchStatements from "./statements/batches.js";
 import type * as recordStatements from "./statements/records.js";
@@ -37,9 +37,10 @@ export interface ReserveItem {
  * for all their scopes, with the quota gates and counts behind it in the
  * same round trip, then one COMMIT. Each request is answered from its own
  * row by the same rules as alone; a request the batch cannot decide
- * without a write of its own (a conflict to log, a takeover, a tombstone,
- * a record committed after the statement's snapshot, a second request of
- * the same scope) is decided alone once the batch has committed. When a
+ * without a write of its own or another revision's rules (a conflict to
+ * log, a takeover, a tombstone, a record of an older revision, a record
+ * committed after the statement's snapshot, a second request of the same
+ * scope) is decided alone once the batch has committed. When a
  * principal's new records would pass its quota, the batch rolls back and
  * every request is decided alone, in the exact order of the gate. So is
  * every request when the batch waited for a row lock past its short lock

@@ -1,7 +1,7 @@
+import type pg from "pg";
 import { refuse } from "../contract/errors.js";
 import { validateText } from "../contract/scope.js";
 import type { OperationPolicy } from "../policy/operations.js";
-import type pg from "pg";
 import type { Queryable } from "./db.js";
 import { isUuid } from "./ids.js";
 import { toAttempt, toRecord, toView } from "./rows.js";
