@@ -1,3 +1,4 @@
+import type { Duplex } from "node:stream";
 import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import { context, SpanKind, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
@@ -65,8 +66,8 @@ export interface TransactionOptions {
   lockTimeoutMs?: number;
 }
 
-/** A row as the driver returns it. */
-type Row = Record<string, unknown>;
+/** A row as the driver returns it: of whichever statement was sent (Statement's Row types each statement's). */
+type Row = pg.QueryResultRow;
 
 /** Sends one statement (synchronously, as Statement.run does) and answers its result. */
 export type Send = (q: Queryable) => Promise<pg.QueryResult<Row>>;
@@ -278,25 +279,36 @@ export interface PoolDbOptions extends DbObserver {
  * system call, and system calls cost more than a short statement.
  */
 function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: string): Queryable {
-  // The driver's socket; not part of its typed interface, hence looked up defensively.
-  const stream = (client as unknown as { connection?: { stream?: { cork?: () => void; uncork?: () => void } } }).connection?.stream;
-  const corkable = typeof stream?.cork === "function" && typeof stream.uncork === "function";
+  const socket = corkableSocket(client);
   let corked = false;
   const uncork = () => {
     corked = false;
-    stream!.uncork!();
+    socket!.uncork();
   };
   return {
     query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
-      if (corkable && !corked) {
+      if (socket && !corked) {
         corked = true;
-        stream.cork!();
+        socket.cork();
         process.nextTick(uncork);
       }
       const name = prepared ? preparedName(text) : undefined;
       return name === undefined ? client.query<R>(text, values) : client.query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
     },
   };
+}
+
+/**
+ * The driver's socket of a pooled client, to cork: node-postgres's
+ * `connection.stream`, which a Client has but a PoolClient's type does not
+ * show, hence looked up defensively. Undefined should the driver no longer
+ * have it: then nothing is corked, each message is a write of its own, and
+ * test/registry/reserve.test.ts (round trips per call) fails.
+ */
+export function corkableSocket(client: pg.PoolClient): Pick<Duplex, "cork" | "uncork"> | undefined {
+  // A PoolClient is a Client at run time.
+  const stream = (client as Partial<pg.Client>).connection?.stream;
+  return typeof stream?.cork === "function" && typeof stream.uncork === "function" ? stream : undefined;
 }
 
 /**

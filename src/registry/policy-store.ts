@@ -1,7 +1,7 @@
 import { refuse } from "../contract/errors.js";
 import { policyDigest, storedPolicyDocument, type PolicyDocument } from "../policy/document.js";
 import type { PolicySnapshot, StoredPolicy } from "../policy/cache.js";
-import { operationKey, type OperationControl, type OperationMode } from "../policy/operations.js";
+import { operationKey, type OperationControl } from "../policy/operations.js";
 import { ALL_TENANTS, type Db } from "./db.js";
 import * as policyStatements from "./statements/policies.js";
 
@@ -115,7 +115,7 @@ export class PolicyStore {
       const raised = change.writerEpoch !== undefined && change.writerEpoch > epoch ? change.writerEpoch : undefined;
       if (raised !== undefined) events.push({ kind: "WRITER_EPOCH_RAISED", detail: { writerEpoch: raised, ...detail } });
       if (events.length === 0) {
-        return { operation, apiRevision, mode: current.mode as OperationMode, writerEpoch: epoch, updatedAt: current.updated_at, updatedBy: current.updated_by, changed: false };
+        return { operation, apiRevision, mode: current.mode, writerEpoch: epoch, updatedAt: current.updated_at, updatedBy: current.updated_by, changed: false };
       }
       const changed = await policyStatements.changeControl.run(q, {
         operation,
@@ -126,7 +126,7 @@ export class PolicyStore {
         events: JSON.stringify(events),
       });
       const row = changed.rows[0]!;
-      return { operation, apiRevision, mode: row.mode as OperationMode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy, changed: true };
+      return { operation, apiRevision, mode: row.mode, writerEpoch: Number(row.writer_epoch), updatedAt: row.updated_at, updatedBy, changed: true };
     });
   }
 
@@ -136,7 +136,7 @@ export class PolicyStore {
     return rows.map((r) => ({
       operation: r.operation,
       apiRevision: r.api_revision,
-      mode: r.mode as OperationMode,
+      mode: r.mode,
       writerEpoch: Number(r.writer_epoch),
       updatedAt: r.updated_at,
       updatedBy: r.updated_by,
@@ -150,13 +150,12 @@ export class PolicyStore {
  * that publishing the same revision again compares equal, and that
  * GetPolicy's digest matches the rules it shows.
  */
-function toStored(row: Record<string, unknown>): StoredPolicy {
-  const stored = row.document as PolicyDocument;
-  const document = storedPolicyDocument(stored);
+function toStored(row: policyStatements.PolicyRow): StoredPolicy {
+  const document = storedPolicyDocument(row.document);
   return {
     document,
-    digest: document === stored ? (row.digest as Buffer) : policyDigest(document),
-    publishedAt: row.published_at as Date,
-    publishedBy: row.published_by as string,
+    digest: document === row.document ? row.digest : policyDigest(document),
+    publishedAt: row.published_at,
+    publishedBy: row.published_by,
   };
 }

@@ -1,95 +1,102 @@
-import type { EffectStatus, LoggedEvent, RecordView, StoredAttempt, StoredRecord } from "./types.js";
+import type { EventRow } from "./statements/events.js";
+import type { AttemptRow, RecordRow } from "./statements/parts.js";
+import type { ViewRow } from "./statements/views.js";
+import type { LoggedEvent, RecordView, StoredAttempt, StoredRecord } from "./types.js";
 
 /** Rows as the registry's statements return them (src/registry/statements), turned into the registry's types. */
 
-type Row = Record<string, unknown>;
-
-export function toRecord(row: Row): StoredRecord {
-  const digest = row.snapshot_digest as Buffer | null;
+export function toRecord(row: RecordRow): StoredRecord {
+  const digest = row.snapshot_digest;
   return {
-    tenant: row.tenant_id as string,
-    scope: row.scope as Buffer,
-    operationId: row.operation_id as string,
-    principal: row.principal as string,
-    operation: row.operation as string,
-    apiRevision: row.api_revision as number,
-    schemaRevision: row.schema_revision as number,
-    fingerprint: row.fingerprint as Buffer,
-    state: row.state as StoredRecord["state"],
+    tenant: row.tenant_id,
+    scope: row.scope,
+    operationId: row.operation_id,
+    principal: row.principal,
+    operation: row.operation,
+    apiRevision: row.api_revision,
+    schemaRevision: row.schema_revision,
+    fingerprint: row.fingerprint,
+    state: row.state,
     generation: Number(row.generation),
-    recovering: row.recovering as boolean,
-    leaseExpiresAt: row.lease_expires_at as Date | null,
-    acquisitionId: row.acquisition_id as string,
+    recovering: row.recovering,
+    leaseExpiresAt: row.lease_expires_at,
+    acquisitionId: row.acquisition_id,
     writerEpoch: Number(row.writer_epoch),
-    effectPossible: row.effect_possible as boolean,
-    wentUnknown: row.went_unknown as boolean,
+    effectPossible: row.effect_possible,
+    wentUnknown: row.went_unknown,
     snapshot:
       digest === null
         ? null
         : {
             // A tombstone keeps the digest (and the outcome), not the snapshot itself.
-            statusCode: (row.snapshot_status as number | null) ?? 0,
-            mediaType: (row.snapshot_media_type as string | null) ?? "",
-            location: (row.snapshot_location as string | null) ?? "",
-            businessVersion: (row.snapshot_business_version as string | null) ?? "",
-            headers: (row.snapshot_headers as Array<[string, string]> | null) ?? [],
-            body: (row.snapshot_body as Buffer | null) ?? new Uint8Array(),
+            statusCode: row.snapshot_status ?? 0,
+            mediaType: row.snapshot_media_type ?? "",
+            location: row.snapshot_location ?? "",
+            businessVersion: row.snapshot_business_version ?? "",
+            headers: row.snapshot_headers ?? [],
+            body: row.snapshot_body ?? new Uint8Array(),
             digest,
-            keyId: row.snapshot_key_id as string | null,
+            keyId: row.snapshot_key_id,
           },
-    createdAt: row.created_at as Date,
-    updatedAt: row.updated_at as Date,
-    completedAt: row.completed_at as Date | null,
-    retainUntil: row.retain_until as Date | null,
-    tombstonedAt: row.tombstoned_at as Date | null,
-    dbNow: row.db_now as Date,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+    completedAt: row.completed_at,
+    retainUntil: row.retain_until,
+    tombstonedAt: row.tombstoned_at,
+    dbNow: row.db_now,
   };
 }
 
-export function toAttempt(row: Row): StoredAttempt {
+export function toAttempt(row: AttemptRow): StoredAttempt {
   return {
-    attemptNumber: row.attempt_number as number,
-    registrationId: (row.registration_id as string | null | undefined) ?? null,
-    effect: row.effect as string,
-    provider: row.provider as string,
-    downstreamKey: row.downstream_key as string,
-    status: row.status as EffectStatus,
-    providerHandle: row.provider_handle as string,
+    attemptNumber: row.attempt_number,
+    registrationId: row.registration_id,
+    effect: row.effect,
+    provider: row.provider,
+    downstreamKey: row.downstream_key,
+    status: row.status,
+    providerHandle: row.provider_handle,
     generation: Number(row.generation),
-    createdAt: row.created_at as Date,
-    resolvedAt: row.resolved_at as Date | null,
+    createdAt: row.created_at,
+    resolvedAt: row.resolved_at,
   };
 }
 
 /**
  * A row of a view statement (statements/views.ts): the record, its attempts
- * (a JSON array), and its lease end and creation time as PostgreSQL prints
- * them, to the microsecond, for cursors.
+ * (a JSON array, without their registration ids), and its lease end and
+ * creation time as PostgreSQL prints them, to the microsecond, for cursors.
  */
-export function toView(row: Row): RecordView & { leaseEndText: string; createdAtText: string } {
+export function toView(row: ViewRow): RecordView & { leaseEndText: string; createdAtText: string } {
   return {
     record: toRecord(row),
-    attempts: (row.attempts as Row[]).map((a) =>
-      toAttempt({ ...a, created_at: new Date(a.created_at as string), resolved_at: a.resolved_at ? new Date(a.resolved_at as string) : null }),
+    attempts: row.attempts.map((attempt) =>
+      toAttempt({
+        ...attempt,
+        generation: String(attempt.generation),
+        created_at: new Date(attempt.created_at),
+        resolved_at: attempt.resolved_at === null ? null : new Date(attempt.resolved_at),
+        registration_id: null,
+      }),
     ),
-    leaseEndText: (row.lease_end_text as string | null) ?? "",
-    createdAtText: row.created_at_text as string,
+    leaseEndText: row.lease_end_text ?? "",
+    createdAtText: row.created_at_text,
   };
 }
 
 /** A row of the event log (statements/events.ts), without its cursor. */
-export function toEvent(row: Row): Omit<LoggedEvent, "cursor"> {
+export function toEvent(row: EventRow): Omit<LoggedEvent, "cursor"> {
   return {
-    eventId: row.event_id_text as string,
-    tenant: row.tenant_id as string,
-    operationId: row.operation_id as string | null,
-    operation: row.operation as string | null,
-    apiRevision: row.api_revision as number | null,
-    kind: row.kind as string,
+    eventId: row.event_id_text,
+    tenant: row.tenant_id,
+    operationId: row.operation_id,
+    operation: row.operation,
+    apiRevision: row.api_revision,
+    kind: row.kind,
     generation: row.generation === null ? null : Number(row.generation),
-    state: row.state as string | null,
-    caller: row.caller as string,
-    detail: row.detail as Record<string, unknown>,
-    at: row.at as Date,
+    state: row.state,
+    caller: row.caller,
+    detail: row.detail,
+    at: row.at,
   };
 }

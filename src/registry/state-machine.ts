@@ -1,5 +1,7 @@
-import { refuse } from "../contract/errors.js";
-import type { ClaimMode, EffectResolution, EffectStatus, Outcome, RecordState, StoredAttempt, StoredRecord } from "./types.js";
+import { IdempotencyError, refuse, type Reason } from "../contract/errors.js";
+import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
+import type { OperationPolicy } from "../policy/operations.js";
+import type { ClaimMode, EffectResolution, EffectStatus, Outcome, RecordState, RequestIdentity, StoredAttempt, StoredRecord } from "./types.js";
 
 /**
  * The rules of the contract's section 3, as pure functions over a record read
@@ -56,6 +58,136 @@ export function reserveVerdict(record: StoredRecord, fingerprint: Uint8Array): R
   // The lease ended. Leases say who may act, never whether an effect happened:
   // with a possible effect, or once it has been UNKNOWN, the record is never executed again.
   return recoveryOnly(record) ? { kind: "mark_unknown" } : { kind: "takeover" };
+}
+
+/** What Reserve's read of its scope found. */
+export type ScopeRead =
+  /**
+   * The scope's record; `inserted` when this request's statement made it.
+   * `recordPolicy`: the policy revision the record lives under, once the
+   * decision asked for it (needs_record_policy).
+   */
+  | { kind: "found"; record: StoredRecord; inserted: boolean; recordPolicy?: OperationPolicy }
+  /** The insert found a record its snapshot does not show: one committed after the snapshot was taken (the insert waited for it). */
+  | { kind: "missed" }
+  /** A read found no record. */
+  | { kind: "absent" };
+
+/** A Reserve as its decision sees it, judged under its operation's newest policy revision. */
+export interface ReserveRequest {
+  operation: string;
+  /** What the request is (its parts, or a precomputed fingerprint): fingerprinted again under an older revision when its record lives under one. */
+  identity: RequestIdentity;
+  /** Its fingerprint under the newest revision; undefined when that revision refuses it (`refusal`). */
+  fingerprint: Uint8Array | undefined;
+  /** Why the newest revision refuses it (REJUDGED): a record made under an older revision may overrule that. */
+  refusal: IdempotencyError | undefined;
+  /** Why the key rules refuse its key: a record made while they were looser overrules that. */
+  keyRefusal: IdempotencyError | undefined;
+  /** The newest revision. */
+  schemaRevision: number;
+  /** The acquisition id it minted: the record that carries it is its own, made by an earlier run whose COMMIT's answer was lost. */
+  acquisitionId: string;
+}
+
+/** What Reserve does once it has judged the scope's record, each named by the record it acts on. */
+export type ReserveOutcome =
+  /** ACCEPTED: the request's own record. */
+  | { kind: "accept"; record: StoredRecord }
+  /** PAYLOAD_CONFLICT, logged on the record for operators (never with content). */
+  | { kind: "conflict"; record: StoredRecord }
+  | { kind: "expired"; record: StoredRecord }
+  | { kind: "replay"; record: StoredRecord }
+  | { kind: "in_progress"; record: StoredRecord }
+  /** The lease ended with nothing possible: the request takes the record over at the next generation (a compare-and-set on the generation read). */
+  | { kind: "takeover"; record: StoredRecord }
+  /** The lease ended with a possible effect: the record becomes UNKNOWN (a compare-and-set), and the answer is IN_PROGRESS. */
+  | { kind: "mark_unknown"; record: StoredRecord }
+  /** A tombstone whose policy allows reuse, past its horizon: a new operation in its place (a compare-and-set). */
+  | { kind: "recycle"; record: StoredRecord };
+
+/** What Reserve does with what it read: an outcome, or first a read the decision needs. */
+export type ReserveAction =
+  | ReserveOutcome
+  /** The insert missed a record committed after its snapshot: read the scope anew, and decide again. */
+  | { kind: "read_again" }
+  /** A tombstone, or a record of another revision: decide again with the policy revision it lives under. */
+  | { kind: "needs_record_policy"; record: StoredRecord };
+
+/**
+ * Reserve's decision on what its scope holds. A record the request made is
+ * accepted; any other is judged under the revision it was made under, so
+ * that publishing new rules never refuses a genuine retry: a request the
+ * newest revision refuses (payload, or key rules) is refused only when no
+ * record overrules it. Refusals are thrown.
+ */
+export function reserveAction(read: ScopeRead, request: ReserveRequest): ReserveAction {
+  if (read.kind === "missed") return { kind: "read_again" };
+  // Nothing there, and nothing may be made: the request was refused, or the operation drains.
+  if (read.kind === "absent") refuseNew(request);
+  const { record, inserted, recordPolicy } = read;
+  if (inserted || record.acquisitionId === request.acquisitionId) return { kind: "accept", record };
+  const sameRevision = record.schemaRevision === request.schemaRevision;
+  if (record.tombstonedAt === null && sameRevision) {
+    if (request.refusal) throw request.refusal;
+    return { ...reserveVerdict(record, request.fingerprint!), record };
+  }
+  if (!recordPolicy) return { kind: "needs_record_policy", record };
+  if (record.tombstonedAt !== null && tombstoneReusable(record, recordPolicy)) {
+    // The scope starts afresh, as a new record would: only for a request that may make one.
+    const pending = request.keyRefusal ?? request.refusal;
+    if (pending) throw pending;
+    return { kind: "recycle", record };
+  }
+  if (sameRevision && request.refusal) throw request.refusal;
+  const underItsRevision = sameRevision ? request.fingerprint : fingerprintUnder(request.identity, recordPolicy);
+  return underItsRevision ? { ...reserveVerdict(record, underItsRevision), record } : { kind: "conflict", record };
+}
+
+function refuseNew(request: ReserveRequest): never {
+  const pending = request.keyRefusal ?? request.refusal;
+  if (pending) throw pending;
+  refuse("OPERATION_DRAINING", `operation ${request.operation} is draining: it accepts no new requests`);
+}
+
+/** Whether a tombstone's scope may be reused now: its policy allows it (old effects cannot reappear) and the horizon passed. */
+function tombstoneReusable(record: StoredRecord, policy: OperationPolicy): boolean {
+  const { allowed, horizonMs } = policy.retention.tombstoneReuse;
+  return allowed && record.tombstonedAt!.getTime() + horizonMs <= record.dbNow.getTime();
+}
+
+/** Refusals of a request under the newest revision that a record of an older revision may overrule (keys: see ReserveRequest). */
+export const REJUDGED: ReadonlySet<Reason> = new Set(["INVALID_PAYLOAD", "SCHEMA_REVISION_MISMATCH"]);
+
+/** The fingerprint of a Reserve under a revision: computed from the request parts, or checked as precomputed. */
+export function requestFingerprint(request: RequestIdentity, policy: OperationPolicy): Uint8Array {
+  const rules = policy.fingerprint;
+  if (request.kind === "parts") return fingerprint(request.parts, rules);
+  const { scheme, schemaRevision, digest } = request;
+  if (scheme !== FINGERPRINT_SCHEME) {
+    refuse("UNSUPPORTED_FINGERPRINT_SCHEME", `fingerprint.scheme must be ${FINGERPRINT_SCHEME}`);
+  }
+  if (schemaRevision !== rules.schemaRevision) {
+    refuse("SCHEMA_REVISION_MISMATCH", `fingerprint computed under schema revision ${schemaRevision}; compute it under revision ${rules.schemaRevision}`, {
+      schema_revision: String(rules.schemaRevision),
+    });
+  }
+  if (digest.byteLength !== 32) refuse("INVALID_REQUEST", "fingerprint.digest must be the 32-byte SHA-256 digest");
+  return digest;
+}
+
+/**
+ * The fingerprint of a request under the older revision its record was made
+ * under, or undefined when the request is not valid under that revision (so
+ * it cannot be the same request: a conflict).
+ */
+function fingerprintUnder(request: RequestIdentity, policy: OperationPolicy): Uint8Array | undefined {
+  try {
+    return requestFingerprint(request, policy);
+  } catch (error) {
+    if (error instanceof IdempotencyError && error.reason === "INVALID_PAYLOAD") return undefined;
+    throw error;
+  }
 }
 
 /**

@@ -4,18 +4,25 @@ import type { Queryable } from "./db.js";
 
 /**
  * One SQL statement of the registry: a name, its text with named parameters
- * (`:tenant`, `:operationId`; a cast `::uuid` is not one), and the one way to
- * run it, with an object of those values. The text PostgreSQL receives has
- * `$1`, `$2`, … in the order of `parameters`, so that no caller ever depends
- * on parameter positions, and a statement reads as what it does.
+ * (`:tenant`, `:operationId`; a cast `::uuid` is not one), the type of the
+ * rows it returns, and the one way to run it, with an object of those
+ * values. The text PostgreSQL receives has `$1`, `$2`, … in the order of
+ * `parameters`, so that no caller ever depends on parameter positions, and a
+ * statement reads as what it does.
  */
-export interface Statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>> {
+export interface Statement<Values extends object, Row extends pg.QueryResultRow = pg.QueryResultRow> {
   /** What it does, for logs and the benchmark. */
   readonly name: string;
   /** The text as PostgreSQL receives it, with positional parameters. */
   readonly text: string;
   /** The named parameters, in the order of `$1`, `$2`, … of `text`. */
   readonly parameters: readonly string[];
+  /**
+   * The columns of its rows, as its Row type names them (none for a
+   * statement that returns no rows). test/registry/rows.test.ts checks them
+   * against the columns PostgreSQL says the text returns.
+   */
+  readonly columns: readonly string[];
   /** Runs the statement; every named parameter must have a value (null included), never undefined. */
   run(q: Queryable, values: Values): Promise<pg.QueryResult<Row>>;
 }
@@ -35,8 +42,19 @@ export function preparedName(text: string): string | undefined {
   return preparedNames.get(text);
 }
 
-/** Defines a statement from text with named parameters (see Statement). */
-export function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(name: string, namedText: string): Statement<Values, Row> {
+/**
+ * The columns of a row type, each named once: an object with one key per
+ * property of Row (its values mean nothing), so that TypeScript holds the
+ * list and the type to each other, both ways.
+ */
+export type RowColumns<Row> = { readonly [Column in keyof Row]-?: true };
+
+/** The columns of a statement that returns no rows. */
+export type NoRow = Record<string, never>;
+export const NO_ROWS: RowColumns<NoRow> = {};
+
+/** Defines a statement from text with named parameters and the columns of its rows (see Statement). */
+export function statement<Values extends object, Row extends pg.QueryResultRow>(name: string, namedText: string, columns: RowColumns<Row>): Statement<Values, Row> {
   const parameters: string[] = [];
   const text = namedText.replace(NAMED, (_, parameter: string) => {
     let position = parameters.indexOf(parameter);
@@ -48,6 +66,7 @@ export function statement<Values extends object, Row extends pg.QueryResultRow =
     name,
     text,
     parameters,
+    columns: Object.keys(columns),
     run(q, values) {
       const record = values as Record<string, unknown>;
       const ordered = parameters.map((parameter) => {
@@ -73,4 +92,20 @@ export async function pipelined<T extends readonly unknown[]>(sent: { [K in keyo
   const settled = await Promise.allSettled(sent);
   for (const outcome of settled) if (outcome.status === "rejected") throw outcome.reason;
   return settled.map((outcome) => (outcome as PromiseFulfilledResult<unknown>).value) as unknown as T;
+}
+
+/**
+ * A statement for another part of the code to send (commitWith sends a
+ * transaction's last statements with its COMMIT and answers their results
+ * without their rows' types): `send` for it to call, and the result as the
+ * statement types it, once it has been sent.
+ */
+export function keepingResult<Row extends pg.QueryResultRow>(
+  run: (q: Queryable) => Promise<pg.QueryResult<Row>>,
+): { send: (q: Queryable) => Promise<pg.QueryResult<Row>>; result: () => Promise<pg.QueryResult<Row>> } {
+  let sent: Promise<pg.QueryResult<Row>> | undefined;
+  return {
+    send: (q) => (sent = run(q)),
+    result: () => sent ?? Promise.reject(new Error("the result of a statement that was never sent")),
+  };
 }

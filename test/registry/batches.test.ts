@@ -1,4 +1,5 @@
-import { describe, expect, it } from "vitest";
+import type pg from "pg";
+import { afterEach, describe, expect, it } from "vitest";
 import { poolDb, type Db } from "../../src/registry/db.js";
 import { Registry } from "../../src/registry/registry.js";
 import type { CompleteInput, StoredRecord } from "../../src/registry/types.js";
@@ -11,13 +12,24 @@ import { countRows, expectRefusal } from "../support/registry-helpers.js";
 const t = useTestDatabase();
 const gateway = actor();
 
+/** The pools a test opens, closed once it ends: each test's pools take up to twenty connections, which would otherwise stay open until the last test. */
+const testPools: pg.Pool[] = [];
+function openTestPool(settings: Parameters<typeof t.openPool>[0]): pg.Pool {
+  const pool = t.openPool(settings);
+  testPools.push(pool);
+  return pool;
+}
+afterEach(async () => {
+  await Promise.all(testPools.splice(0).map((pool) => pool.end()));
+});
+
 const policies = [testPolicy(), testPolicy({ operation: "holds.create", maxActivePerPrincipal: 3 })];
 
 /** A coalescing registry (one transaction in flight per lane, so that concurrent requests batch) over a Db that counts its transactions by name. */
 function coalescing(hooks?: FaultHooks): { registry: Registry; db: Db; committed: Map<string, number> } {
   const committed = new Map<string, number>();
-  const db = poolDb(t.openPool({ role: SERVER_ROLE }), silentLogger, {
-    crossTenantPool: t.openPool({ role: CROSS_TENANT_ROLE, max: 2 }),
+  const db = poolDb(openTestPool({ role: SERVER_ROLE }), silentLogger, {
+    crossTenantPool: openTestPool({ role: CROSS_TENANT_ROLE, max: 2 }),
     committed: (name) => committed.set(name, (committed.get(name) ?? 0) + 1),
   });
   const registry = new Registry({ policies: new StaticPolicies(policies), coalesce: { maxBatch: 64, maxInFlight: 1 }, ...(hooks ? { hooks } : {}) });
@@ -114,7 +126,7 @@ describe("coalesced Reserves", () => {
       let armed = false;
       let died = false;
       // The batch's quota count arms the fault; the COMMIT sent behind it (the batch's: one transaction in flight) meets it.
-      const dying = interceptedPool(t.openPool({ role: SERVER_ROLE }), async (text, _values, send) => {
+      const dying = interceptedPool(openTestPool({ role: SERVER_ROLE }), async (text, _values, send) => {
         if (text.includes("made.quota")) armed = !died;
         if (text !== "COMMIT" || !armed) return send();
         armed = false;

@@ -1,6 +1,6 @@
 import type pg from "pg";
 import { describe, expect, it } from "vitest";
-import { ALL_TENANTS, poolDb, type Db } from "../../src/registry/db.js";
+import { ALL_TENANTS, corkableSocket, poolDb, type Db } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
 import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
@@ -312,6 +312,29 @@ describe("round trips per call", () => {
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
     expect(c.writes()).toBe(3);
+  });
+
+  it("corks the socket of every pooled connection: node-postgres still has the one it writes to (connection.stream), with cork and uncork", async () => {
+    const pool = t.openPool({ max: 1 });
+    const client = await pool.connect();
+    try {
+      const socket = corkableSocket(client);
+      // Without it the registry still works, but sends each message in a write of its own.
+      expect(socket, "the driver's client has no connection.stream with cork() and uncork(): registryConnection (src/registry/db.ts) corks nothing").toBeDefined();
+      // The socket itself, which the driver writes every message to.
+      let written = 0;
+      const write = socket as unknown as { write: (...a: unknown[]) => boolean };
+      const original = write.write.bind(socket);
+      write.write = (...a) => {
+        written++;
+        return original(...a);
+      };
+      await client.query("SELECT 1");
+      expect(written).toBeGreaterThan(0);
+    } finally {
+      client.release();
+      await pool.end();
+    }
   });
 
   it("prepares the statements layer's statements once per connection by name, and sends none by name when told not to (poolers in transaction mode)", async () => {

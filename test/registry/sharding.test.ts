@@ -1,7 +1,7 @@
-import { readdir } from "node:fs/promises";
 import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { useTestDatabase } from "../support/database.js";
+import { everyStatement, type MadeStatement } from "../support/statements.js";
 
 /**
  * The registry's readiness for sharding by tenant (docs/scaling.md, "Sharding
@@ -12,21 +12,9 @@ import { useTestDatabase } from "../support/database.js";
  * here.
  */
 
-/**
- * Every statement the statements layer makes, exported or not: statement()
- * records each one as its module defines it, so that a statement kept in a
- * module's own constant is classified like any other.
- */
-const made = vi.hoisted(() => [] as Array<{ name: string; text: string; parameters: readonly string[] }>);
-vi.mock("../../src/registry/statement.js", async (importOriginal) => {
-  const original = await importOriginal<typeof import("../../src/registry/statement.js")>();
-  function statement<Values extends object, Row extends pg.QueryResultRow = Record<string, unknown>>(name: string, text: string) {
-    const defined = original.statement<Values, Row>(name, text);
-    made.push(defined);
-    return defined;
-  }
-  return { ...original, statement };
-});
+/** Every statement the statements layer makes, exported or not (support/statements.ts). */
+const made = vi.hoisted(() => [] as MadeStatement[]);
+vi.mock("../../src/registry/statement.js", async (importOriginal) => (await import("../support/statements.js")).recordingStatements(await importOriginal(), made));
 
 const t = useTestDatabase();
 
@@ -57,8 +45,9 @@ const REFERENCE: Record<string, string> = {
 /**
  * The request path: the statements of Reserve, Claim, RenewLease,
  * RecordEffectAttempt, ResolveEffectAttempt, Complete, Release, Abandon and
- * Lookup, alone or coalesced into batches (src/registry/registry.ts). Each
- * must reach one tenant's rows only, named by its `tenant` parameter.
+ * Lookup, alone or coalesced into batches (src/registry/commands/,
+ * batching.ts). Each must reach one tenant's rows only, named by its
+ * `tenant` parameter.
  */
 const REQUEST_PATH: Record<string, string> = {
   insertOrFind: "Reserve: the guarded insert and its ACCEPTED event",
@@ -440,14 +429,7 @@ describe("the statements layer", () => {
   const reached = new Map<string, { reach: Reach; pin?: string; accesses: TenantAccess[] }>();
 
   beforeAll(async () => {
-    // Every module of the statements layer, including one added later.
-    const dir = new URL("../../src/registry/statements/", import.meta.url);
-    for (const file of (await readdir(dir)).filter((f) => f.endsWith(".ts")).sort()) await import(`../../src/registry/statements/${file.slice(0, -3)}.ts`);
-    for (const s of made) {
-      // Two statements of one name would be one in logs, in the benchmark and in the lists below.
-      if (statements.has(s.name) && statements.get(s.name)!.text !== s.text) throw new Error(`two statements are named ${s.name}`);
-      statements.set(s.name, { text: s.text, parameters: s.parameters });
-    }
+    for (const [name, s] of await everyStatement(made)) statements.set(name, s);
 
     const { rows } = await t.pool.query<{ table: string; position: number }>(
       `SELECT c.relname AS table,

@@ -1,5 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { IdempotencyError, type Reason } from "../../src/contract/errors.js";
+import { FINGERPRINT_SCHEME, fingerprint, type RequestParts } from "../../src/contract/fingerprint.js";
+import { parsePolicyDocument } from "../../src/policy/document.js";
+import { toOperationPolicy, type OperationPolicy } from "../../src/policy/operations.js";
 import {
   checkRecordEffect,
   checkRenew,
@@ -12,9 +15,13 @@ import {
   planRelease,
   planResolve,
   requireGeneration,
+  reserveAction,
   reserveVerdict,
   retryAfterMs,
+  type ReserveAction,
+  type ReserveRequest,
   type ReserveVerdict,
+  type ScopeRead,
 } from "../../src/registry/state-machine.js";
 import type { ClaimMode, EffectStatus, Outcome, RecordState, StoredAttempt, StoredRecord } from "../../src/registry/types.js";
 import { expectReason } from "../support/refusals.js";
@@ -215,6 +222,159 @@ describe("reserveVerdict", () => {
     ["mark_unknown for a record that went UNKNOWN before, whose lease ended", record({ lease: "ended", wentUnknown: true }), "mark_unknown"],
   ] as const)("answers the same request with %s", (_name, stored, kind) => {
     expect(reserveVerdict(stored, new Uint8Array(FINGERPRINT))).toStrictEqual(verdict(kind));
+  });
+});
+
+describe("reserveAction", () => {
+  /** The request's own acquisition id: a record carrying it is its own. */
+  const MINE = "0b7e9d54-1c2f-4a3b-8d4e-5f60718293a4";
+  const small: RequestParts = { method: "POST", path: "/v1/payments", query: "", mediaType: "application/json", headers: [], body: new TextEncoder().encode('{"a":1}') };
+  const large: RequestParts = { ...small, body: new Uint8Array(64) };
+
+  /** Revision 1 of the operation, which the records below live under: bodies of at most 16 bytes; `reuse`: tombstones reusable 2 days after they were made. */
+  const revision1 = (reuse: boolean): OperationPolicy =>
+    toOperationPolicy(
+      parsePolicyDocument({
+        operation: "payments.create",
+        apiRevision: 1,
+        schemaRevision: 1,
+        fingerprint: { maxBodyBytes: 16 },
+        retention: { tombstoneReuse: reuse ? { allowed: true, horizon: "2d" } : { allowed: false } },
+      }),
+    );
+  const REUSABLE = revision1(true);
+  const KEPT = revision1(false);
+  /** The small request's fingerprint under revision 1. */
+  const SMALL_UNDER_1 = fingerprint(small, KEPT.fingerprint);
+
+  const keyRefused = new IdempotencyError("INVALID_KEY", "the key is too short");
+  const payloadRefused = new IdempotencyError("INVALID_PAYLOAD", "the body is too large");
+
+  /** A request judged under revision `schemaRevision` (default 1, the records' own), fingerprinted FINGERPRINT unless refused. */
+  function request(overrides: Partial<ReserveRequest> = {}): ReserveRequest {
+    return {
+      operation: "payments.create",
+      identity: { kind: "fingerprint", scheme: FINGERPRINT_SCHEME, schemaRevision: overrides.schemaRevision ?? 1, digest: FINGERPRINT },
+      fingerprint: overrides.refusal ? undefined : FINGERPRINT,
+      refusal: undefined,
+      keyRefusal: undefined,
+      schemaRevision: 1,
+      acquisitionId: MINE,
+      ...overrides,
+    };
+  }
+  /** The same small request, as the newest revision 2 judges it: its parts, and what that revision makes of them. */
+  const underRevision2 = (overrides: Partial<ReserveRequest> = {}): ReserveRequest =>
+    request({ schemaRevision: 2, identity: { kind: "parts", parts: small }, fingerprint: new Uint8Array(32).fill(0x77), ...overrides });
+
+  const found = (stored: StoredRecord, recordPolicy?: OperationPolicy): ScopeRead => ({
+    kind: "found",
+    record: stored,
+    inserted: false,
+    ...(recordPolicy ? { recordPolicy } : {}),
+  });
+  const acts = (kind: Exclude<ReserveAction["kind"], "read_again">, stored: StoredRecord): Decided<ReserveAction> => plan({ kind, record: stored });
+
+  const other = new Uint8Array(FINGERPRINT);
+  other[31] = 0x00;
+  const finished = record({ state: "SUCCEEDED" });
+  /** Tombstones, made 3 days (past the horizon of 2) or 500 ms before the read. */
+  const DAYS_AGO_3 = at(-3 * 86_400_000);
+  const oldTombstone = record({ state: "SUCCEEDED", tombstoned: true, tombstonedAt: DAYS_AGO_3 });
+  const newTombstone = record({ state: "SUCCEEDED", tombstoned: true });
+  /** A record of revision 1 met by requests judged under revision 2. */
+  const older = (shape: Shape = {}) => record({ state: "SUCCEEDED", fingerprint: SMALL_UNDER_1, ...shape });
+
+  const rows: Array<[string, ScopeRead, ReserveRequest, Decided<ReserveAction>]> = [
+    // Nothing in the scope.
+    ["reads again when the insert's snapshot missed a record committed after it", { kind: "missed" }, request(), plan({ kind: "read_again" })],
+    ["refuses a request that may make no record, where none is, as its operation drains", { kind: "absent" }, request(), refused("OPERATION_DRAINING")],
+    ["refuses a key the rules refuse, where no record overrules them", { kind: "absent" }, request({ keyRefusal: keyRefused }), refused("INVALID_KEY")],
+    ["refuses a payload the newest revision refuses, where no record overrules it", { kind: "absent" }, request({ refusal: payloadRefused }), refused("INVALID_PAYLOAD")],
+    ["refuses the key before the payload", { kind: "absent" }, request({ keyRefusal: keyRefused, refusal: payloadRefused }), refused("INVALID_KEY")],
+
+    // The request's own record.
+    ["accepts the record its insert made", { kind: "found", record: record({ state: "RESERVED" }), inserted: true }, request(), acts("accept", record({ state: "RESERVED" }))],
+    [
+      "accepts the record an earlier run made before its COMMIT's answer was lost (its acquisition id)",
+      found(record({ acquisitionId: MINE })),
+      request(),
+      acts("accept", record({ acquisitionId: MINE })),
+    ],
+
+    // Someone else's record, of the request's revision: the verdict.
+    ["answers a conflict to a different fingerprint", found(finished), request({ fingerprint: other }), acts("conflict", finished)],
+    ["replays a finished record", found(finished), request(), acts("replay", finished)],
+    ["answers in progress for an owner at work", found(record()), request(), acts("in_progress", record())],
+    ["takes over a record whose lease ended with nothing possible", found(record({ lease: "ended" })), request(), acts("takeover", record({ lease: "ended" }))],
+    [
+      "marks a record whose lease ended with a possible effect UNKNOWN",
+      found(record({ lease: "ended", effectPossible: true })),
+      request(),
+      acts("mark_unknown", record({ lease: "ended", effectPossible: true })),
+    ],
+    ["judges a key the rules now refuse against the record made while they were looser", found(finished), request({ keyRefusal: keyRefused }), acts("replay", finished)],
+    ["refuses a payload the record's own revision refuses", found(finished), request({ refusal: payloadRefused }), refused("INVALID_PAYLOAD")],
+
+    // A tombstone, or a record of another revision: judged under the policy revision it lives under.
+    ["asks for the policy of a tombstone", found(oldTombstone), request(), plan({ kind: "needs_record_policy", record: oldTombstone })],
+    ["asks for the policy of a record of an older revision", found(older()), underRevision2(), plan({ kind: "needs_record_policy", record: older() })],
+    ["recycles a tombstone past its reuse horizon", found(oldTombstone, REUSABLE), request(), acts("recycle", oldTombstone)],
+    [
+      "recycles a reusable tombstone for another payload too: the scope starts afresh",
+      found(oldTombstone, REUSABLE),
+      request({ fingerprint: other }),
+      acts("recycle", oldTombstone),
+    ],
+    [
+      "recycles a reusable tombstone of an older revision",
+      found(older({ tombstoned: true, tombstonedAt: DAYS_AGO_3 }), REUSABLE),
+      underRevision2(),
+      acts("recycle", older({ tombstoned: true, tombstonedAt: DAYS_AGO_3 })),
+    ],
+    ["refuses a key the rules refuse instead of recycling a tombstone", found(oldTombstone, REUSABLE), request({ keyRefusal: keyRefused }), refused("INVALID_KEY")],
+    ["refuses a refused payload instead of recycling a tombstone", found(oldTombstone, REUSABLE), request({ refusal: payloadRefused }), refused("INVALID_PAYLOAD")],
+    ["answers expired for a tombstone within its reuse horizon", found(newTombstone, REUSABLE), request(), acts("expired", newTombstone)],
+    ["answers expired for a tombstone its policy never reuses", found(oldTombstone, KEPT), request(), acts("expired", oldTombstone)],
+    ["answers a conflict to another payload for a tombstone kept", found(oldTombstone, KEPT), request({ fingerprint: other }), acts("conflict", oldTombstone)],
+    ["replays a record of an older revision to the same request fingerprinted under that revision", found(older(), KEPT), underRevision2(), acts("replay", older())],
+    [
+      "replays a record of an older revision to a request the newest revision refuses",
+      found(older(), KEPT),
+      underRevision2({ fingerprint: undefined, refusal: payloadRefused }),
+      acts("replay", older()),
+    ],
+    [
+      "answers a conflict to a request that is another one under the record's revision",
+      found(older({ fingerprint: other }), KEPT),
+      underRevision2(),
+      acts("conflict", older({ fingerprint: other })),
+    ],
+    [
+      "answers a conflict to a request the record's revision refuses: it cannot be the same request",
+      found(older(), KEPT),
+      underRevision2({ identity: { kind: "parts", parts: large } }),
+      acts("conflict", older()),
+    ],
+    [
+      "refuses a fingerprint precomputed under the newest revision for a record of an older one",
+      found(older(), KEPT),
+      underRevision2({ identity: { kind: "fingerprint", scheme: FINGERPRINT_SCHEME, schemaRevision: 2, digest: FINGERPRINT } }),
+      refused("SCHEMA_REVISION_MISMATCH", { schema_revision: "1" }),
+    ],
+  ];
+
+  it.each(rows)("%s", (_name, read, asked, expected) => {
+    expect(decide(() => reserveAction(read, asked))).toStrictEqual(expected);
+  });
+
+  it("never asks twice: given the record's policy, every found record is decided", () => {
+    for (const stored of [oldTombstone, newTombstone, older(), older({ tombstoned: true }), finished]) {
+      for (const policy of [REUSABLE, KEPT]) {
+        const action = decide(() => reserveAction(found(stored, policy), underRevision2()));
+        expect("plan" in action ? action.plan.kind : action.refused).not.toBe("needs_record_policy");
+      }
+    }
   });
 });
 

@@ -1,9 +1,9 @@
-import { statement } from "../statement.js";
-import { ATTEMPT_COLUMNS, logChanges, nowPlusMs, RECORD_COLUMNS } from "./parts.js";
+import { statement, type RowColumns } from "../statement.js";
+import { ATTEMPT_COLUMNS, ATTEMPT_ROW, INSERTED_ROW, logChanges, nowPlusMs, RECORD_COLUMNS, RECORD_ROW, type AttemptRow, type InsertedRow, type RecordRow } from "./parts.js";
 import { finishAssignments } from "./records.js";
 
 /**
- * The statements of coalesced Reserves and Completes (registry.ts,
+ * The statements of coalesced Reserves and Completes (batching.ts,
  * Coalescer): the same guarded insert, quota gate, lock and fenced finish as
  * their one-record forms in records.ts and quota.ts, for many records of one
  * tenant and one caller in one statement, each row keeping its own values
@@ -16,21 +16,6 @@ import { finishAssignments } from "./records.js";
  * running at once, on any number of coordinators, wait for one another but
  * never deadlock.
  */
-
-/** One new record of a batch. */
-export interface NewRecord {
-  scope: Buffer;
-  operationId: string;
-  principal: string;
-  operation: string;
-  apiRevision: number;
-  schemaRevision: number;
-  fingerprint: Buffer;
-  state: "RESERVED" | "EXECUTING";
-  leaseMs: number;
-  acquisitionId: string;
-  writerEpoch: number;
-}
 
 /** One element per new record; every array has the batch's length. */
 export interface NewRecords {
@@ -56,7 +41,7 @@ export interface NewRecords {
  * statement's snapshot shows it. A scope whose record was committed after the
  * snapshot comes back in neither part: its request is decided again alone.
  */
-export const insertOrFindMany = statement<NewRecords>(
+export const insertOrFindMany = statement<NewRecords, InsertedRow>(
   "insertOrFindMany",
   `WITH input AS (
      SELECT * FROM unnest(:scopes::bytea[], :operationIds::uuid[], :principals::text[], :operations::text[], :apiRevisions::int[],
@@ -76,6 +61,7 @@ export const insertOrFindMany = statement<NewRecords>(
    SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
    UNION ALL
    SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = ANY(:scopes::bytea[])`,
+  INSERTED_ROW,
 );
 
 /**
@@ -106,6 +92,7 @@ export const countActiveMany = statement<MadeRecords, { principal: string; opera
      FROM idem_quota_gate g
      JOIN (SELECT DISTINCT principal, operation, api_revision, quota FROM (${MADE}) m) made USING (principal, operation, api_revision)
     WHERE g.tenant_id = :tenant`,
+  { principal: true, operation: true, api_revision: true, active: true },
 );
 
 /** Records by operation id. */
@@ -115,19 +102,28 @@ export interface IdRefs {
 }
 
 /** Locks a batch's records (records.ts lockRecord) in operation id order, for the rest of the transaction. */
-export const lockRecords = statement<IdRefs>(
+export const lockRecords = statement<IdRefs, RecordRow>(
   "lockRecords",
   `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record
     WHERE tenant_id = :tenant AND operation_id = ANY(:operationIds::uuid[])
     ORDER BY operation_id FOR UPDATE`,
+  RECORD_ROW,
 );
 
+/** An attempt of one of a batch's records. */
+export interface BatchAttemptRow extends AttemptRow {
+  operation_id: string;
+}
+
+const BATCH_ATTEMPT_ROW: RowColumns<BatchAttemptRow> = { operation_id: true, ...ATTEMPT_ROW };
+
 /** The attempts of a batch's records (attempts.ts loadAttempts), read once their locks are held. */
-export const loadAttemptsMany = statement<IdRefs>(
+export const loadAttemptsMany = statement<IdRefs, BatchAttemptRow>(
   "loadAttemptsMany",
   `SELECT operation_id, ${ATTEMPT_COLUMNS} FROM idem_effect_attempt
     WHERE tenant_id = :tenant AND operation_id = ANY(:operationIds::uuid[])
     ORDER BY operation_id, attempt_number`,
+  BATCH_ATTEMPT_ROW,
 );
 
 /** One element per record to finish. */
@@ -154,7 +150,7 @@ export interface Finishes {
  * locked, each fenced by the generation it was read at, each with its
  * COMPLETED event.
  */
-export const finishMany = statement<Finishes>(
+export const finishMany = statement<Finishes, RecordRow>(
   "finishMany",
   `WITH input AS (
      SELECT * FROM unnest(:operationIds::uuid[], :generations::bigint[], :outcomes::text[], :keepMs::bigint[], :snapshotStatuses::int[],
@@ -180,4 +176,5 @@ export const finishMany = statement<Finishes>(
       RETURNING ${RECORD_COLUMNS}, f_event_detail
    ), ${logChanges("updated", "'COMPLETED'", "f_event_detail::jsonb")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+  RECORD_ROW,
 );

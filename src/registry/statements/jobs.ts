@@ -1,4 +1,5 @@
-import { statement } from "../statement.js";
+import { NO_ROWS, statement, type NoRow } from "../statement.js";
+import type { RecordState } from "../types.js";
 import { logChanges } from "./parts.js";
 
 /**
@@ -13,7 +14,7 @@ import { logChanges } from "./parts.js";
  * because nobody else held a live one. A row, not an advisory lock, so that
  * it also works on distributed PostgreSQL.
  */
-export const holdJobLease = statement<{ job: string; holder: string; ttlMs: number }>(
+export const holdJobLease = statement<{ job: string; holder: string; ttlMs: number }, { holder: string }>(
   "holdJobLease",
   `INSERT INTO idem_job_lease (job, holder, expires_at)
    VALUES (:job, :holder, now() + make_interval(secs => :ttlMs::double precision / 1000))
@@ -21,10 +22,11 @@ export const holdJobLease = statement<{ job: string; holder: string; ttlMs: numb
       SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
     WHERE idem_job_lease.holder = EXCLUDED.holder OR idem_job_lease.expires_at <= now()
    RETURNING holder`,
+  { holder: true },
 );
 
 /** Gives a job's lease up (on shutdown), so that another replica takes over without waiting. */
-export const releaseJobLease = statement<{ job: string; holder: string }>("releaseJobLease", "DELETE FROM idem_job_lease WHERE job = :job AND holder = :holder");
+export const releaseJobLease = statement<{ job: string; holder: string }, NoRow>("releaseJobLease", "DELETE FROM idem_job_lease WHERE job = :job AND holder = :holder", NO_ROWS);
 
 /**
  * One batch of the recoverer over unfinished records whose lease ended: with
@@ -52,6 +54,7 @@ export const recoverExpiredLeases = statement<{ batchSize: number; caller: strin
      RETURNING r.tenant_id, r.operation_id, r.operation, r.api_revision, r.generation, r.state
    ), ${logChanges("changed", "CASE WHEN state = 'UNKNOWN' THEN 'UNKNOWN' ELSE 'LEASE_EXPIRED' END")}
    SELECT state, count(*)::int AS n FROM changed GROUP BY state`,
+  { state: true, n: true },
 );
 
 /**
@@ -79,6 +82,7 @@ export const tombstoneBatch = statement<{ batchSize: number; caller: string }, {
      RETURNING r.tenant_id, r.operation_id, r.operation, r.api_revision, r.generation, r.state
    ), ${logChanges("swept", "'TOMBSTONED'")}
    SELECT count(*)::int AS n FROM swept`,
+  { n: true },
 );
 
 /**
@@ -93,7 +97,7 @@ export const tombstoneBatch = statement<{ batchSize: number; caller: string }, {
  */
 export const census = statement<
   { tenants: readonly string[] | null; operations: readonly string[] | null },
-  { state: string; n: number; oldest_unknown: number | null; overdue: number }
+  { state: RecordState; n: number; oldest_unknown: number | null; overdue: number }
 >(
   "census",
   `SELECT state, count(*)::int AS n,
@@ -107,4 +111,5 @@ export const census = statement<
             WHERE tombstoned_at IS NULL AND state IN ('SUCCEEDED', 'FAILED_FINAL', 'REJECTED')) live
     WHERE (:tenants::text[] IS NULL OR tenant_id = ANY(:tenants)) AND (:operations::text[] IS NULL OR operation = ANY(:operations))
     GROUP BY state`,
+  { state: true, n: true, oldest_unknown: true, overdue: true },
 );

@@ -30,6 +30,7 @@ export const countActive = statement<QuotaSubject & { quota: number }, { active:
   `SELECT idem_within_quota(g.active, :quota) AS active FROM idem_quota_gate g
     WHERE g.tenant_id = :tenant AND g.principal = :principal AND g.operation = :operation AND g.api_revision = :apiRevision
       AND EXISTS (SELECT 1 FROM idem_record WHERE tenant_id = :tenant AND scope = :scope AND acquisition_id = :acquisitionId)`,
+  { active: true },
 );
 
 /** The SQLSTATE of a count over its quota (idem_within_quota). */

@@ -1,5 +1,5 @@
 import { statement } from "../statement.js";
-import { logChanges, nowPlusMs, RECORD_COLUMNS } from "./parts.js";
+import { INSERTED_ROW, logChanges, nowPlusMs, RECORD_COLUMNS, RECORD_ROW, type InsertedRow, type RecordRow } from "./parts.js";
 
 /**
  * The statements that decide and change one record (idem_record), each with
@@ -36,6 +36,17 @@ export interface Ownership {
   writerEpoch: number;
 }
 
+/** A record Reserve makes: its scope and operation, the fingerprint it answers to, and its first ownership. */
+export interface NewRecord extends Ownership {
+  scope: Buffer;
+  operationId: string;
+  principal: string;
+  operation: string;
+  apiRevision: number;
+  schemaRevision: number;
+  fingerprint: Buffer;
+}
+
 /**
  * Reserve's guarded insert: `INSERT … ON CONFLICT DO NOTHING` decides "new or
  * not" and takes the place in one step (a concurrent insert of the same scope
@@ -43,9 +54,7 @@ export interface Ownership {
  * true) or the one already there, as this statement's snapshot shows it:
  * nothing when that record was committed after the snapshot was taken.
  */
-export const insertOrFind = statement<
-  ScopeRef & Ownership & { operationId: string; principal: string; operation: string; apiRevision: number; schemaRevision: number; fingerprint: Buffer; caller: string }
->(
+export const insertOrFind = statement<NewRecord & { tenant: string; caller: string }, InsertedRow>(
   "insertOrFind",
   `WITH inserted AS (
      INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
@@ -58,19 +67,25 @@ export const insertOrFind = statement<
    SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
    UNION ALL
    SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`,
+  INSERTED_ROW,
 );
 
 /** The record of a scope, as a new statement's snapshot shows it. */
-export const findByScope = statement<ScopeRef>("findByScope", `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`);
+export const findByScope = statement<ScopeRef, RecordRow>(
+  "findByScope",
+  `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`,
+  RECORD_ROW,
+);
 
 /**
  * Locks one record for the rest of the transaction. FOR UPDATE serializes
  * every write to one record; the connection's lock_timeout bounds the wait, so
  * that a stuck writer turns into REGISTRY_BUSY instead of a pile-up.
  */
-export const lockRecord = statement<IdRef>(
+export const lockRecord = statement<IdRef, RecordRow>(
   "lockRecord",
   `SELECT ${RECORD_COLUMNS}, now() AS db_now FROM idem_record WHERE tenant_id = :tenant AND operation_id = :operationId FOR UPDATE`,
+  RECORD_ROW,
 );
 
 /**
@@ -82,6 +97,7 @@ export const ownerMoved = statement<IdRef & { state: string; generation: number 
   "ownerMoved",
   `SELECT (state <> :state OR generation <> :generation OR lease_expires_at IS NULL OR lease_expires_at <= now()) AS moved
      FROM idem_record WHERE tenant_id = :tenant AND operation_id = :operationId`,
+  { moved: true },
 );
 
 /**
@@ -89,7 +105,7 @@ export const ownerMoved = statement<IdRef & { state: string; generation: number 
  * was read, only with the lease ended, no possible effect, and never on a
  * record that has been UNKNOWN.
  */
-export const takeOverByScope = statement<ScopeRef & Ownership & { generation: number; caller: string }>(
+export const takeOverByScope = statement<ScopeRef & Ownership & { generation: number; caller: string }, RecordRow>(
   "takeOverByScope",
   `WITH taken AS (
      UPDATE idem_record
@@ -101,6 +117,7 @@ export const takeOverByScope = statement<ScopeRef & Ownership & { generation: nu
       RETURNING ${RECORD_COLUMNS}
    ), ${logChanges("taken", "'TAKEOVER'")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM taken`,
+  RECORD_ROW,
 );
 
 /**
@@ -109,7 +126,8 @@ export const takeOverByScope = statement<ScopeRef & Ownership & { generation: nu
  * takeover on the generation that was read: of racing reservations, one wins.
  */
 export const recycleByScope = statement<
-  ScopeRef & Ownership & { generation: number; operationId: string; schemaRevision: number; fingerprint: Buffer; previousOperationId: string; caller: string }
+  ScopeRef & Ownership & { generation: number; operationId: string; schemaRevision: number; fingerprint: Buffer; previousOperationId: string; caller: string },
+  RecordRow
 >(
   "recycleByScope",
   `WITH recycled AS (
@@ -124,6 +142,7 @@ export const recycleByScope = statement<
       RETURNING ${RECORD_COLUMNS}
    ), ${logChanges("recycled", "'RECYCLED'", "json_build_object('previous_operation_id', :previousOperationId::text)")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM recycled`,
+  RECORD_ROW,
 );
 
 /**
@@ -131,7 +150,7 @@ export const recycleByScope = statement<
  * UNKNOWN before, held by recovery): UNKNOWN at the same generation (the
  * owner may still complete), never executed again.
  */
-export const markUnknownByScope = statement<ScopeRef & { generation: number; caller: string }>(
+export const markUnknownByScope = statement<ScopeRef & { generation: number; caller: string }, RecordRow>(
   "markUnknownByScope",
   `WITH marked AS (
      UPDATE idem_record SET state = 'UNKNOWN', recovering = false, went_unknown = true, updated_at = now()
@@ -140,6 +159,7 @@ export const markUnknownByScope = statement<ScopeRef & { generation: number; cal
       RETURNING ${RECORD_COLUMNS}
    ), ${logChanges("marked", "'UNKNOWN'")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM marked`,
+  RECORD_ROW,
 );
 
 /**
@@ -148,7 +168,7 @@ export const markUnknownByScope = statement<ScopeRef & { generation: number; cal
  * parameters of its own), `kind` the event's kind.
  */
 function fencedUpdate<Values extends object>(name: string, kind: string, set: string) {
-  return statement<IdRef & ChangedBy & { generation: number } & Values>(
+  return statement<IdRef & ChangedBy & { generation: number } & Values, RecordRow>(
     name,
     `WITH updated AS (
        UPDATE idem_record SET ${set}, updated_at = now()
@@ -156,6 +176,7 @@ function fencedUpdate<Values extends object>(name: string, kind: string, set: st
         RETURNING ${RECORD_COLUMNS}
      ), ${logChanges("updated", `'${kind}'`, ":eventDetail::jsonb")}
      SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+    RECORD_ROW,
   );
 }
 
