@@ -1,4 +1,4 @@
-import { GateAborted } from "../gate.js";
+import { GateAborted } from "../gate/gate.js";
 import { missingEngines, startHaRegistry, type ENGINE_BINARIES, type LocalHaRegistry } from "./engines.js";
 
 /** The engines a highly available registry runs on (npm run ha, npm run soak). */

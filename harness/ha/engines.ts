@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
-import { freePort } from "../../../src/net.js";
+import { freePort } from "../../src/net.js";
 
 /**
  * The engines a highly available registry runs on, started locally from
@@ -15,7 +15,7 @@ import { freePort } from "../../../src/net.js";
  * run as root: as root, they run as the `postgres` user.
  */
 
-const DEPLOY = fileURLToPath(new URL("../../../deploy/ha/", import.meta.url));
+const DEPLOY = fileURLToPath(new URL("../../deploy/ha/", import.meta.url));
 
 /** What `apt-get install` brings each engine with, and where it lands. */
 export const ENGINE_BINARIES = {

@@ -4,8 +4,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import pino from "pino";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../../src/dev/embedded-postgres.js";
-import { freePort } from "../../../src/net.js";
+import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
+import { freePort } from "../../src/net.js";
 
 /**
  * The gate's PostgreSQL: a fresh schema in DATABASE_URL's database, or an

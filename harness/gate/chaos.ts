@@ -1,4 +1,4 @@
-import type { Cluster, Member } from "../cluster.js";
+import type { Cluster, Member } from "../lib/cluster.js";
 import { sleep } from "./util.js";
 
 /**

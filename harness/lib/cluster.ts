@@ -1,8 +1,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
-import type { Charge, ProviderFaults } from "./provider.js";
-import { paymentsPolicy } from "./policy.js";
+import type { Charge, ProviderFaults } from "../../examples/payments/provider.js";
+import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { freePort } from "../../src/net.js";
 

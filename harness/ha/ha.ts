@@ -22,14 +22,14 @@
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { runGate, type GateInput } from "./gate.js";
-import type { RegistryFault } from "./gate/chaos.js";
-import type { Criterion } from "./gate/measure.js";
-import { formatDuration } from "./gate/util.js";
-import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "./ha/cli.js";
-import type { LocalHaRegistry } from "./ha/engines.js";
-import { runHaFault, type HaFault } from "./ha/faults.js";
-import { WriteProbe } from "./ha/probe.js";
+import { runGate, type GateInput } from "../gate/gate.js";
+import type { RegistryFault } from "../gate/chaos.js";
+import type { Criterion } from "../gate/measure.js";
+import { formatDuration } from "../gate/util.js";
+import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "./cli.js";
+import type { LocalHaRegistry } from "./engines.js";
+import { runHaFault, type HaFault } from "./faults.js";
+import { WriteProbe } from "./probe.js";
 
 const FAULTS = ["switchover", "primary kill", "commit in flight"] as const satisfies readonly HaFault[];
 type FaultKind = (typeof FAULTS)[number];

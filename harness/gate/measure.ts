@@ -1,7 +1,7 @@
 import type pg from "pg";
-import { scopeDigest } from "../../../src/contract/scope.js";
-import { PAYMENTS_OPERATION } from "../policy.js";
-import type { Charge } from "../provider.js";
+import { scopeDigest } from "../../src/contract/scope.js";
+import { PAYMENTS_OPERATION } from "../../examples/payments/policy.js";
+import type { Charge } from "../../examples/payments/provider.js";
 import { promQuantile, type PromHistogram } from "./histogram.js";
 import type { LogicalRequest, LoadStats } from "./load.js";
 import type { GateOptions } from "./options.js";

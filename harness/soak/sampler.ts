@@ -2,7 +2,7 @@ import { readdir, readFile, readlink } from "node:fs/promises";
 import { cpus } from "node:os";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import type pg from "pg";
-import type { Cluster, Member } from "../cluster.js";
+import type { Cluster, Member } from "../lib/cluster.js";
 import { promGauge, promTotalsBy, type PromTotals } from "../gate/histogram.js";
 import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../gate/machine.js";
 import { sleep } from "../gate/util.js";

@@ -1,10 +1,10 @@
 import { parseArgs } from "node:util";
 import type pg from "pg";
-import type { Cluster } from "../cluster.js";
+import type { Cluster } from "../lib/cluster.js";
 import type { LoadStats } from "./load.js";
 import type { ChaosEvent, RegistryFault } from "./chaos.js";
 import type { Criterion } from "./measure.js";
-import { parseDuration as durationOf } from "../../../src/policy/document.js";
+import { parseDuration as durationOf } from "../../src/policy/document.js";
 import { defaultWriter } from "./progress.js";
 
 /**
