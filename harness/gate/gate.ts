@@ -18,14 +18,14 @@
  * passes, 1 when one fails, 2 on bad usage. `--help` lists the options;
  * docs/launch-gate.md explains each line and how it is measured.
  *
- * `runGate(options)` is the programmatic entry (the CLI below wraps it).
+ * `runGate(options)` is the programmatic entry; cli.ts wraps it.
  */
 import { execFileSync } from "node:child_process";
 import { setMaxListeners } from "node:events";
 import { readFileSync, rmSync } from "node:fs";
 import { cpus, freemem, loadavg, release, totalmem } from "node:os";
 import { join, resolve } from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { fileURLToPath } from "node:url";
 import { startCluster, type Cluster } from "../lib/cluster.js";
 import { chaosMonkey, planChaos, providerFaults, type ChaosMonkey } from "./chaos.js";
 import { openGateDatabase, type GateDatabase } from "./database.js";
@@ -33,7 +33,7 @@ import { CLIENT_BOUNDS_MS } from "./histogram.js";
 import { LoadGenerator, OUTCOME_CLASSES } from "./load.js";
 import { cpuUsage, sampleCpu } from "./machine.js";
 import { measure, unsettledCounts } from "./measure.js";
-import { parseCli, resolveOptions, USAGE, UsageError, type GateInput, type GateOptions } from "./options.js";
+import { resolveOptions, type GateInput, type GateOptions } from "./options.js";
 import { Progress } from "./progress.js";
 import { renderTable, writeReports, type GateReport } from "./report.js";
 import { MetricsScraper, ReserveTracker } from "./reserve.js";
@@ -61,6 +61,11 @@ const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
 /** Synchronous last-resort cleanups of the runs in progress (a second Ctrl-C, an exit with work pending). */
 const emergencyStops = new Set<() => void>();
+
+/** Kills the processes of every run in progress and removes their embedded databases, at once and synchronously. */
+export function stopRunsNow(): void {
+  for (const stop of emergencyStops) stop();
+}
 
 /**
  * Runs the gate: starts PostgreSQL (or a schema in `databaseUrl`) and the
@@ -386,63 +391,4 @@ function redact(url: string): string {
   } catch {
     return "(set)";
   }
-}
-
-// --- CLI ---------------------------------------------------------------------------
-
-async function main(): Promise<void> {
-  let parsed: ReturnType<typeof parseCli>;
-  try {
-    parsed = parseCli(process.argv.slice(2));
-    if (!parsed.help) resolveOptions(parsed.input);
-  } catch (error) {
-    if (error instanceof UsageError) {
-      process.stderr.write(`${error.message}\n(npm run gate -- --help lists the options)\n`);
-      process.exitCode = 2;
-      return;
-    }
-    throw error;
-  }
-  if (parsed.help) {
-    process.stdout.write(`${USAGE}\n`);
-    return;
-  }
-  const controller = new AbortController();
-  let interrupts = 0;
-  const onSignal = (name: string) => {
-    interrupts++;
-    if (interrupts === 1) {
-      process.stderr.write(`\n${name}: stopping the run, killing its processes and removing its database (again to force)…\n`);
-      controller.abort();
-      return;
-    }
-    for (const stop of emergencyStops) stop();
-    process.exit(130);
-  };
-  process.on("SIGINT", () => onSignal("SIGINT"));
-  process.on("SIGTERM", () => onSignal("SIGTERM"));
-  process.on("exit", () => {
-    for (const stop of emergencyStops) stop();
-  });
-  try {
-    const result = await runGate({ ...parsed.input, signal: controller.signal });
-    process.stdout.write(`\n${result.table}`);
-    process.stderr.write(`report: ${result.files.json}\n        ${result.files.html}\n`);
-    process.exitCode = result.passed ? 0 : 1;
-  } catch (error) {
-    if (error instanceof GateAborted) {
-      process.stderr.write("the run was stopped; nothing was measured\n");
-      process.exitCode = 130;
-      return;
-    }
-    process.stderr.write(`the gate could not complete its run: ${(error as Error).stack ?? String(error)}\n`);
-    process.exitCode = 1;
-  }
-}
-
-const invokedDirectly = process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href;
-if (invokedDirectly) {
-  await main();
-  // Keep-alive sockets or timers of a crashed child must not keep the gate alive.
-  process.exit(process.exitCode ?? 0);
 }

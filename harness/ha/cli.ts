@@ -1,71 +1,54 @@
-import { GateAborted } from "../gate/gate.js";
-import { missingEngines, startHaRegistry, type ENGINE_BINARIES, type LocalHaRegistry } from "./engines.js";
-
-/** The engines a highly available registry runs on (npm run ha, npm run soak). */
-export const HA_ENGINES = ["etcd", "patroni", "patronictl", "haproxy"] as const satisfies ReadonlyArray<keyof typeof ENGINE_BINARIES>;
-
-/** The options both runs take; each adds its own. */
-export const COMMON_OPTIONS = {
-  quick: { type: "boolean" },
-  replicas: { type: "string" },
-  out: { type: "string" },
-  verbose: { type: "boolean" },
-  help: { type: "boolean", short: "h" },
-} as const;
-
-/** What both runs are told: their own options beside these. */
-export interface CommonOptions {
-  quick: boolean;
-  replicas: number;
-  outDir: string;
-  verbose: boolean;
-}
-
 /**
- * What the runs on a local Patroni registry (`npm run ha`, `npm run soak`)
- * share around their work: their options read (exit 2 on a bad one, with a
- * hint), `--help`, Debian's engines checked, Ctrl-C, the registry started
- * and stopped, and the exit code: 0 when the run passed, 1 when it failed or
- * could not complete, 130 when it was stopped.
+ * `npm run ha`: the failover scenario's command line (scenario.ts): its
+ * options, then the scenario on a local Patroni registry (on-registry.ts).
  */
-export async function runOnHaRegistry<T>(
-  cli: { npmScript: string; usage: string; parse: (argv: string[]) => T | "help" },
-  run: (options: T, context: { ha: LocalHaRegistry; log: (line: string) => void; signal: AbortSignal }) => Promise<boolean>,
-): Promise<void> {
-  let options: T | "help";
-  try {
-    options = cli.parse(process.argv.slice(2));
-  } catch (error) {
-    process.stderr.write(`${(error as Error).message}\n(${cli.npmScript} -- --help lists the options)\n`);
-    process.exitCode = 2;
-    return;
-  }
-  if (options === "help") {
-    process.stdout.write(`${cli.usage}\n`);
-    return;
-  }
-  const missing = missingEngines(HA_ENGINES);
-  if (missing.length > 0) {
-    process.stderr.write(`not installed: ${missing.join(", ")}. Install with: apt-get install -y --no-install-recommends ${missing.join(" ")}\n`);
-    process.exitCode = 2;
-    return;
-  }
-  const log = (line: string) => process.stderr.write(`${line}\n`);
-  const controller = new AbortController();
-  process.on("SIGINT", () => controller.abort());
-  process.on("SIGTERM", () => controller.abort());
-  const ha = await startHaRegistry({ log });
-  try {
-    process.exitCode = (await run(options, { ha, log, signal: controller.signal })) ? 0 : 1;
-  } catch (error) {
-    if (error instanceof GateAborted) {
-      process.stderr.write("the run was stopped; nothing was measured\n");
-      process.exitCode = 130;
-    } else {
-      process.stderr.write(`${cli.npmScript} could not complete its run: ${(error as Error).stack ?? String(error)}\n${ha.output()}\n`);
-      process.exitCode = 1;
-    }
-  } finally {
-    await ha.stop();
-  }
+import { parseArgs } from "node:util";
+import { COMMON_OPTIONS, runOnHaRegistry } from "./on-registry.js";
+import { runFailoverScenario, type HaOptions } from "./scenario.js";
+
+const USAGE = `usage: npm run ha -- [options]
+
+Starts etcd, a two-node Patroni cluster (primary + synchronous standby) and HAProxy from
+Debian's packages (apt-get install -y --no-install-recommends patroni etcd-server etcd-client
+haproxy), then runs the launch gate's load through three coordinator replicas on it while the
+primary is switched over, killed, and killed with commits in flight, ROUNDS times each. Prints
+the gate's table with this scenario's lines, titled as the failover scenario's report; exit
+code 0 when every line passes, 1 when one fails, 2 on bad usage.
+Needs root or the postgres user (PostgreSQL refuses to run as root: as root, the engines run as
+postgres).
+
+  --quick          the CI variant: one round, the gate's quick load
+  --rounds N       rounds of the three faults (3; quick 1)
+  --requests N     HTTP requests of the load (4,000 per round; quick 3,000)
+  --replicas N     coordinator replicas (3)
+  --out DIR        where report.json and report.html go (ha-report)
+  --verbose        print the processes' output
+  --help           this text`;
+
+function parse(argv: string[]): HaOptions | "help" {
+  const { values } = parseArgs({
+    args: argv,
+    options: { ...COMMON_OPTIONS, rounds: { type: "string" }, requests: { type: "string" } },
+    strict: true,
+    allowPositionals: false,
+  });
+  if (values.help) return "help";
+  const int = (text: string | undefined, flag: string, min: number) => {
+    if (text === undefined) return undefined;
+    const n = Number(text);
+    if (!Number.isInteger(n) || n < min) throw new Error(`${flag}: a whole number of at least ${min}, not ${text}`);
+    return n;
+  };
+  const quick = values.quick ?? false;
+  return {
+    quick,
+    rounds: int(values.rounds, "--rounds", 1) ?? (quick ? 1 : 3),
+    requests: int(values.requests, "--requests", 100),
+    replicas: int(values.replicas, "--replicas", 1) ?? 3,
+    outDir: values.out ?? "ha-report",
+    verbose: values.verbose ?? false,
+  };
 }
+
+await runOnHaRegistry({ npmScript: "npm run ha", usage: USAGE, parse }, runFailoverScenario);
+process.exit(process.exitCode ?? 0);

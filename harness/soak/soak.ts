@@ -22,28 +22,22 @@
  * series as charts) and soak.json; exit code 0 when every line passes, 1
  * when one fails, 2 on bad usage.
  */
-import { readdirSync, readFileSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
-import { parseArgs } from "node:util";
+import { join } from "node:path";
 import pg from "pg";
 import { runGate } from "../gate/gate.js";
 import type { ChaosEvent, RegistryFault } from "../gate/chaos.js";
 import { Samples } from "../gate/histogram.js";
 import type { LoadStats } from "../gate/load.js";
 import type { Criterion } from "../gate/measure.js";
-import { parseDuration, UsageError, type RunObserver, type RunView } from "../gate/options.js";
+import { parseDuration, type RunObserver, type RunView } from "../gate/options.js";
 import { formatDuration } from "../gate/util.js";
-import { COMMON_OPTIONS, runOnHaRegistry, type CommonOptions } from "../ha/cli.js";
-import type { LocalHaRegistry } from "../ha/engines.js";
+import type { CommonOptions, RegistryRun } from "../ha/on-registry.js";
 import { runHaFault, type HaFault } from "../ha/faults.js";
 import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { compareWindows } from "./compare.js";
 import { judgeConnectionsAtRest, judgeFlat, judgeP99Drift, judgeRetention, latencyBetween, type Outage, type Spans } from "./judge.js";
 import { writeSoakReport, type SoakReport } from "./report.js";
 import { Sampler } from "./sampler.js";
-
-const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
 /** Short enough that the sweep turns records into tombstones during the run; every window retention must cover fits in it. */
 const RETENTION = { keep: "2m", clientRetryWindow: "1m", queueBacklogWindow: "30s", reconciliationWindow: "2m", backupRestoreWindow: "0s" };
@@ -75,73 +69,11 @@ const REGISTRY_FAULTS: Array<{ kind: HaFault; at: number }> = [
   { kind: "primary kill", at: 0.65 },
 ];
 
-const USAGE = `usage: idemctl soak [options]        (or: npm run soak -- [options])
-
-Runs the launch gate's load (replays, conflicts, card-provider faults) through the payments example
-and three coordinator replicas on a two-node Patroni registry (etcd, HAProxy: apt-get install -y
-patroni etcd-server haproxy), paced at half of its peak (--rate below), while a registry
-backend is terminated every 5 s, a replica (not replica 0) is killed and restarted every minute, the
-service is killed now and then, and the registry is switched over, its standby paused and its
-primary killed once each. Samples every process and the registry every 5 s; judges the gate's
-lines and its own (P99 drift, memory and handles flat, connections at rest, retention). Prints the
-table, writes soak.html and soak.json; exit code 0 when every line passes, 1 when one fails, 2 on
-bad usage. Needs root or the postgres user (as root, the engines run as postgres).
-
-  --quick          the CI variant: 4 minutes
-  --duration D     how long the load runs, e.g. 30m, 1h (30m; quick 4m)
-  --rate N         requests per second (default: the lower of half the newest bench/results/*.json's
-                   service-level new keys per second under synchronous_commit=on, and half of this
-                   stack's peak, measured by a closed-loop calibration run of a minute first)
-  --replicas N     coordinator replicas, at least 2 (3)
-  --out DIR        where soak.html, soak.json and the gate's report go (soak-report)
-  --verbose        print the processes' output
-  --help           this text`;
-
-interface SoakOptions extends CommonOptions {
+export interface SoakOptions extends CommonOptions {
   durationMs: number;
   rate: number | undefined;
   /** The rate to run at: --rate, or half of the benchmark's peak (lowered by the calibration run when that is lower). */
   target: { rate: number; source: string };
-}
-
-function parse(argv: string[]): SoakOptions | "help" {
-  const { values } = parseArgs({
-    args: argv,
-    options: { ...COMMON_OPTIONS, duration: { type: "string" }, rate: { type: "string" } },
-    strict: true,
-    allowPositionals: false,
-  });
-  if (values.help) return "help";
-  const quick = values.quick ?? false;
-  const durationMs = values.duration === undefined ? (quick ? 4 : 30) * 60_000 : durationOf(values.duration);
-  const rate = values.rate === undefined ? undefined : Number(values.rate);
-  if (rate !== undefined && !(rate > 0)) throw new UsageError(`--rate: a positive number of requests per second, not ${values.rate}`);
-  const replicas = values.replicas === undefined ? 3 : Number(values.replicas);
-  if (!Number.isInteger(replicas) || replicas < 2) throw new UsageError(`--replicas: a whole number of at least 2 (replica 0 is never killed), not ${values.replicas}`);
-  const target = rate ? { rate, source: "--rate" } : halfOfBenchPeak();
-  return { quick, durationMs, rate, target, replicas, outDir: values.out ?? "soak-report", verbose: values.verbose ?? false };
-}
-
-function durationOf(text: string): number {
-  const ms = parseDuration(text, "--duration");
-  if (ms < 2 * 60_000) throw new UsageError(`--duration: at least 2m (the P99 line compares the first and the last minute at least), not ${text}`);
-  return ms;
-}
-
-/** Half of the newest benchmark's service-level peak (new keys per second, synchronous_commit=on), and which file said so. */
-export function halfOfBenchPeak(dir = join(ROOT, "bench/results")): { rate: number; source: string } {
-  type Bench = { startedAt?: string; commits?: Array<{ synchronousCommit: string; service?: { newKeys?: { opsPerSec: number } } }> };
-  const runs = readdirSync(dir)
-    .filter((file) => file.endsWith(".json"))
-    .map((file) => ({ file, bench: JSON.parse(readFileSync(join(dir, file), "utf8")) as Bench }))
-    .flatMap(({ file, bench }) => {
-      const peak = bench.commits?.find((c) => c.synchronousCommit === "on")?.service?.newKeys?.opsPerSec;
-      return peak ? [{ file, startedAt: bench.startedAt ?? "", peak }] : [];
-    })
-    .sort((a, b) => a.startedAt.localeCompare(b.startedAt));
-  const newest = runs.at(-1);
-  if (!newest) throw new UsageError(`no benchmark with a service level under synchronous_commit=on in ${dir}: run npm run bench first, or give --rate`);
-  return { rate: Math.max(1, Math.round(newest.peak / 2)), source: `half of ${newest.peak.toFixed(0)} new keys/s (bench/results/${newest.file}, ${newest.startedAt})` };
 }
 
 /**
@@ -239,12 +171,8 @@ function outagesOf(events: readonly ChaosEvent[], loadFinishedAt: number): Outag
     });
 }
 
-async function main(): Promise<void> {
-  await runOnHaRegistry({ npmScript: "npm run soak", usage: USAGE, parse }, soak);
-}
-
 /** The soak on a started registry: resolves with whether every line passed. */
-async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegistry; log: (line: string) => void; signal: AbortSignal }): Promise<boolean> {
+export async function soak(options: SoakOptions, { ha, log, signal }: RegistryRun): Promise<boolean> {
   const minutes = options.durationMs / 60_000;
   // The P99 line compares five minutes (a quarter of a shorter run) at each end, kept in windows of
   // a minute (of 30 s in a short run); lives are judged after their own warm-up.
@@ -396,10 +324,4 @@ async function soak(options: SoakOptions, { ha, log, signal }: { ha: LocalHaRegi
     await killer?.stop().catch(() => 0);
     await sampler?.stop();
   }
-}
-
-const invokedDirectly = process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href;
-if (invokedDirectly) {
-  await main();
-  process.exit(process.exitCode ?? 0);
 }
