@@ -36,7 +36,8 @@ import {
 } from "./report.js";
 import { CountingProxy } from "./roundtrips.js";
 import { ROOT, startServer, type BenchServer } from "./server.js";
-import { callsPerRequest, coordinatorCalls, openServiceClients, prepareServiceTable, startService } from "./service-level.js";
+import { openServiceClients, prepareServiceTable, startService } from "./service-level.js";
+import { callsPerRequest, coordinatorCalls, handlerMean, handlerTimes } from "./metrics.js";
 import { pgbenchScript, type OperationValues } from "./sql.js";
 
 const HELP = `npm run bench [-- options]
@@ -358,29 +359,6 @@ function operationValues(): OperationValues {
       body: new TextEncoder().encode(JSON.stringify({ id: "pay_000000000001", amount: 10, currency: "EUR", status: "succeeded" })),
     },
   };
-}
-
-/** Sum and count of the coordinator's own RPC timer (idem_rpc_duration_seconds on /metrics), by method. */
-async function handlerTimes(adminUrl: string): Promise<Map<string, { sum: number; count: number }>> {
-  const times = new Map<string, { sum: number; count: number }>();
-  const text = await fetch(`${adminUrl}/metrics`).then(
-    (r) => r.text(),
-    () => "",
-  );
-  for (const m of text.matchAll(/^idem_rpc_duration_seconds_(sum|count)\{[^}]*method="(\w+)"[^}]*code="ok"[^}]*\} (\S+)$/gm)) {
-    const entry = times.get(m[2]!) ?? { sum: 0, count: 0 };
-    entry[m[1] as "sum" | "count"] += Number(m[3]);
-    times.set(m[2]!, entry);
-  }
-  return times;
-}
-
-/** Mean server-side time of a method between two scrapes, in ms (undefined without /metrics). */
-function handlerMean(before: Map<string, { sum: number; count: number }>, after: Map<string, { sum: number; count: number }>, method: string): number | undefined {
-  const a = after.get(method);
-  const b = before.get(method) ?? { sum: 0, count: 0 };
-  if (!a || a.count <= b.count) return undefined;
-  return ((a.sum - b.sum) / (a.count - b.count)) * 1000;
 }
 
 /** pg_stat_statements rows as statements per call, in the order a transaction sends them. */

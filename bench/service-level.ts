@@ -210,36 +210,3 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
     close: () => agent.destroy(),
   };
 }
-
-/**
- * Calls the coordinator answered, by method, from /metrics
- * (idem_rpc_duration_seconds_count of its CoordinatorService, every code).
- * A Batch RPC counts as itself and each call it carries under that call's
- * method; undefined without /metrics.
- */
-export async function coordinatorCalls(adminUrl: string): Promise<Map<string, number> | undefined> {
-  const text = await fetch(`${adminUrl}/metrics`).then(
-    (r) => (r.ok ? r.text() : ""),
-    () => "",
-  );
-  if (!text.includes("idem_rpc_duration_seconds_count")) return undefined;
-  const calls = new Map<string, number>();
-  for (const m of text.matchAll(/^idem_rpc_duration_seconds_count\{([^}]*)\} (\S+)$/gm)) {
-    const labels = m[1]!;
-    if (!/service="[^"]*CoordinatorService"/.test(labels)) continue;
-    const method = /method="(\w+)"/.exec(labels)?.[1] ?? "?";
-    calls.set(method, (calls.get(method) ?? 0) + Number(m[2]));
-  }
-  return calls;
-}
-
-/** Calls per request by method between two scrapes (methods with none left out). */
-export function callsPerRequest(before: Map<string, number> | undefined, after: Map<string, number> | undefined, requests: number): Record<string, number> | undefined {
-  if (!before || !after || requests <= 0) return undefined;
-  const per: Record<string, number> = {};
-  for (const [method, count] of after) {
-    const made = count - (before.get(method) ?? 0);
-    if (made > 0) per[method] = made / requests;
-  }
-  return per;
-}

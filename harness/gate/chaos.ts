@@ -1,5 +1,6 @@
 import type { Cluster, Member } from "../lib/cluster.js";
-import { sleep } from "./util.js";
+import { setTimeout as sleep } from "node:timers/promises";
+import { pause } from "../lib/timers.js";
 
 /**
  * The faults of a run: SIGKILLs of the payments service and of coordinator
@@ -164,7 +165,7 @@ export function chaosMonkey(options: {
           continue;
         }
         await watch();
-        await sleep(100, options.signal);
+        await pause(100, options.signal);
       }
     },
   };

@@ -29,15 +29,16 @@ import { fileURLToPath } from "node:url";
 import { startCluster, type Cluster } from "../lib/cluster.js";
 import { chaosMonkey, planChaos, providerFaults, type ChaosMonkey } from "./chaos.js";
 import { openGateDatabase, type GateDatabase } from "./database.js";
-import { CLIENT_BOUNDS_MS } from "./histogram.js";
+import { CLIENT_BOUNDS_MS } from "../lib/histogram.js";
 import { LoadGenerator, OUTCOME_CLASSES } from "./load.js";
-import { cpuUsage, sampleCpu } from "./machine.js";
+import { cpuUsage, sampleCpu } from "../lib/machine.js";
 import { measure, unsettledCounts } from "./measure.js";
 import { resolveOptions, type GateInput, type GateOptions } from "./options.js";
 import { Progress } from "./progress.js";
 import { renderTable, writeReports, type GateReport } from "./report.js";
 import { MetricsScraper, ReserveTracker } from "./reserve.js";
-import { formatDuration, sleep } from "./util.js";
+import { formatDuration } from "../lib/format.js";
+import { pause } from "../lib/timers.js";
 
 export type { GateInput, GateOptions } from "./options.js";
 export type { GateReport } from "./report.js";
@@ -232,7 +233,7 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
           `settling: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased (${remaining.recovering} recovering); waited ${formatDuration(Date.now() - settleStarted)} of at most ${formatDuration(options.settleTimeoutMs)}`,
         );
       }
-      await sleep(1000, signal);
+      await pause(1000, signal);
       remaining = await unsettledCounts(db.pool);
     }
     if (signal.aborted) throw new GateAborted("aborted");

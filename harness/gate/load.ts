@@ -1,8 +1,10 @@
 import { createHash, randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
-import { Samples } from "./histogram.js";
+import { Samples } from "../lib/histogram.js";
+import { Random } from "../lib/random.js";
+import { pause } from "../lib/timers.js";
 import type { GateOptions } from "./options.js";
-import { HttpClient, Random, Semaphore, sleep, type HttpAnswer } from "./util.js";
+import { HttpClient, Semaphore, type HttpAnswer } from "./client.js";
 
 /**
  * The client population. Each logical request is one Idempotency-Key with
@@ -278,20 +280,20 @@ export class LoadGenerator {
               key.conflictResult = "skipped";
               return;
             }
-            await sleep(this.rng.int(0, 200), signal);
+            await pause(this.rng.int(0, 200), signal);
             await this.chain(key, "conflict", "conflicting", onAccepted);
           })
         : Promise.resolve();
       const copies: Array<Promise<void>> = [];
       for (let i = 0; i < key.copies; i++) {
         const delay = i === 0 ? 0 : this.rng.int(0, 20);
-        copies.push(sleep(delay, signal).then(() => this.chain(key, "burst", "identical", onAccepted)));
+        copies.push(pause(delay, signal).then(() => this.chain(key, "burst", "identical", onAccepted)));
       }
       await Promise.all(copies);
       markAccepted(key.acceptedSeen);
       // Late replays are skipped once the run has sent its requests (the copies above had to finish).
       for (let i = 0; i < key.lateReplays && !signal?.aborted && this.stats.sent < this.options.requests; i++) {
-        await sleep(this.rng.int(0, this.options.lateDelayMs), signal);
+        await pause(this.rng.int(0, this.options.lateDelayMs), signal);
         const variant = this.rng.pick(["identical", "identical", "reordered", "reworded"] as const);
         await this.chain(key, "late", variant, onAccepted);
       }
@@ -348,7 +350,7 @@ export class LoadGenerator {
         this.stats.refused++;
         this.stats.connectionErrors.ECONNREFUSED = (this.stats.connectionErrors.ECONNREFUSED ?? 0) + 1;
         if (key.sent === 0) this.unsentKeys++;
-        await sleep(jitter(backoffMs), signal);
+        await pause(jitter(backoffMs), signal);
         backoffMs = Math.min(backoffMs * 2, this.options.backoffCapMs);
         continue;
       }
@@ -364,7 +366,7 @@ export class LoadGenerator {
         const code = failure?.code ?? failure?.message ?? "error";
         this.stats.connectionErrors[code] = (this.stats.connectionErrors[code] ?? 0) + 1;
         // The service is down or restarting: exponential backoff with jitter.
-        await sleep(jitter(backoffMs), signal);
+        await pause(jitter(backoffMs), signal);
         backoffMs = Math.min(backoffMs * 2, this.options.backoffCapMs);
         continue;
       }
@@ -380,9 +382,9 @@ export class LoadGenerator {
       const retryAfter = Number(answer.headers["retry-after"]);
       const honored = Number.isFinite(retryAfter) && retryAfter >= 0 ? Math.min(retryAfter * 1000, this.options.retryAfterCapMs) : 0;
       if (answer.status === 409) {
-        await sleep(jitter(honored || backoffMs), signal);
+        await pause(jitter(honored || backoffMs), signal);
       } else {
-        await sleep(jitter(Math.max(honored, backoffMs)), signal);
+        await pause(jitter(Math.max(honored, backoffMs)), signal);
         backoffMs = Math.min(backoffMs * 2, this.options.backoffCapMs);
       }
     }
@@ -461,7 +463,7 @@ export class LoadGenerator {
     const now = performance.now();
     const slot = Math.max(now, this.nextSendAt);
     this.nextSendAt = slot + 1000 / this.options.rate;
-    if (slot > now) await sleep(slot - now, signal);
+    if (slot > now) await pause(slot - now, signal);
   }
 
   private windowOf(at: number): Samples {

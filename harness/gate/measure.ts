@@ -2,10 +2,11 @@ import type pg from "pg";
 import { scopeDigest } from "../../src/contract/scope.js";
 import { PAYMENTS_OPERATION } from "../../examples/payments/policy.js";
 import type { Charge } from "../../examples/payments/provider.js";
-import { promQuantile, type PromHistogram } from "./histogram.js";
+import { promQuantile, type PromHistogram } from "../lib/prometheus.js";
 import type { LogicalRequest, LoadStats } from "./load.js";
 import type { GateOptions } from "./options.js";
-import { formatDuration, formatInt, formatPercent } from "./util.js";
+import { formatDuration, formatInt, formatPercent } from "../lib/format.js";
+import { ascending, percentile } from "../lib/histogram.js";
 
 /**
  * After the run: reads the registry, the payments tables and the card
@@ -298,6 +299,8 @@ export async function measure(input: {
       sample("unknownBeyondSlo", { operationId, unknownForMs: Math.round(longest), stillUnknown: open, state: recordByOperation.get(operationId)?.state });
     }
   }
+  const unknownSorted = ascending(unknownDurations);
+  const unknownAt = (q: number) => (unknownSorted.length === 0 ? 0 : percentile(unknownSorted, q));
   const byState: Record<string, number> = {};
   for (const r of records.rows) byState[r.state] = (byState[r.state] ?? 0) + 1;
   const stillUnknown = byState.UNKNOWN ?? 0;
@@ -480,8 +483,8 @@ export async function measure(input: {
         stillUnknown,
         recoveringNow,
         longestUnknownMs: Math.round(longestUnknownMs),
-        p50UnknownMs: Math.round(percentile(unknownDurations, 0.5)),
-        p99UnknownMs: Math.round(percentile(unknownDurations, 0.99)),
+        p50UnknownMs: Math.round(unknownAt(0.5)),
+        p99UnknownMs: Math.round(unknownAt(0.99)),
         recoverySloMs: options.recoverySloMs,
       },
     },
@@ -629,10 +632,4 @@ function groupBy<T, K>(items: readonly T[], keyOf: (item: T) => K): Map<K, T[]> 
     else map.set(k, [item]);
   }
   return map;
-}
-
-function percentile(values: number[], q: number): number {
-  if (values.length === 0) return 0;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
 }

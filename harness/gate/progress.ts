@@ -1,4 +1,4 @@
-import { formatDuration, formatInt } from "./util.js";
+import { formatDuration, formatInt } from "../lib/format.js";
 
 export interface ProgressSnapshot {
   sent: number;

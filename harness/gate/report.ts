@@ -1,11 +1,12 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
-import type { Distribution } from "./histogram.js";
+import type { Distribution } from "../lib/histogram.js";
+import { esc, reportStyle } from "../lib/html.js";
 import type { ChaosEvent } from "./chaos.js";
 import type { OutcomeClass } from "./load.js";
 import type { Criterion, HistogramSummary } from "./measure.js";
 import type { ReserveInterval } from "./reserve.js";
-import { formatDuration } from "./util.js";
+import { formatDuration } from "../lib/format.js";
 
 /** Everything a run found, as written to report.json. */
 export interface GateReport {
@@ -135,10 +136,6 @@ const OUTCOME_LABELS: Record<OutcomeClass, string> = {
   "client-error": "other 4xx",
   "connection-error": "connection error or client timeout",
 };
-
-export function esc(text: unknown): string {
-  return String(text).replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;").replaceAll('"', "&quot;");
-}
 
 function fmtMs(ms: number): string {
   if (!Number.isFinite(ms)) return "–";
@@ -271,17 +268,6 @@ function svgReserveSeries(series: readonly ReserveInterval[], kills: Array<{ sec
   parts.push(...killMarks(f, x, kills));
   parts.push("</svg>");
   return parts.join("");
-}
-
-/** The style the gate's and the soak's reports share: the page, the verdict, the table of lines, the charts. */
-export function reportStyle(passed: boolean): string {
-  return `body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1180px;color:#222;padding:0 12px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.verdict{display:inline-block;padding:2px 10px;border-radius:4px;color:#fff;background:${passed ? "#2e7d32" : "#c62828"}}
-table{border-collapse:collapse;margin:6px 0}td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
-tr.pass td.r{color:#2e7d32;font-weight:600}tr.fail td.r{color:#c62828;font-weight:700}tr.fail{background:#fff3f3}
-.figs{display:flex;flex-wrap:wrap;gap:8px 18px}figure{margin:0}.muted{color:#666}
-svg .t{font-size:12px;font-weight:600}svg .ax{font-size:10px;fill:#555}svg .grid{stroke:#eee}`;
 }
 
 export function renderHtml(report: GateReport): string {

@@ -1,4 +1,4 @@
-import { mergePromHistograms, parsePromHistogram, promQuantile, type PromHistogram } from "./histogram.js";
+import { mergePromHistograms, parsePromHistogram, promQuantile, type PromHistogram } from "../lib/prometheus.js";
 
 /**
  * Follows one of the coordinators' histograms (the Reserve transaction's,

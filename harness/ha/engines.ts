@@ -2,6 +2,7 @@ import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { chown, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
@@ -115,7 +116,7 @@ export async function waitFor(what: string, probe: () => Promise<boolean>, timeo
       last = (error as Error).message;
     }
     if (Date.now() > deadline) throw new Error(`${what} not ready within ${timeoutMs} ms${last ? `: ${last}` : ""}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    await sleep(100);
   }
 }
 

@@ -1,4 +1,5 @@
-import { formatDuration, sleep } from "../gate/util.js";
+import { setTimeout as sleep } from "node:timers/promises";
+import { formatDuration } from "../lib/format.js";
 import type { LocalHaRegistry } from "./engines.js";
 
 /**

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 
 /**
@@ -76,7 +77,7 @@ export class WriteProbe {
         await this.client?.end().catch(() => undefined);
         this.client = undefined;
       }
-      await new Promise((resolve) => setTimeout(resolve, this.intervalMs));
+      await sleep(this.intervalMs);
     }
   }
 }

@@ -22,7 +22,8 @@
 import { runGate, type GateInput } from "../gate/gate.js";
 import type { RegistryFault } from "../gate/chaos.js";
 import type { Criterion } from "../gate/measure.js";
-import { formatDuration } from "../gate/util.js";
+import { formatDuration } from "../lib/format.js";
+import { percentile } from "../lib/histogram.js";
 import type { CommonOptions, RegistryRun } from "./on-registry.js";
 import type { LocalHaRegistry } from "./engines.js";
 import { runHaFault, type HaFault } from "./faults.js";
@@ -82,11 +83,6 @@ export function failoverGateInput(
   };
 }
 
-function quantile(sorted: number[], q: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!;
-}
-
 /** The scenario on a started registry: resolves with whether every line passed. */
 export async function runFailoverScenario(options: HaOptions, { ha, log, signal }: RegistryRun): Promise<boolean> {
   const probe = new WriteProbe(ha.url);
@@ -119,7 +115,7 @@ export async function runFailoverScenario(options: HaOptions, { ha, log, signal 
           id: `pause-${kind.replaceAll(" ", "-")}`,
           name: `write pause, ${kind} (${pauses.length} of ${options.rounds} run)`,
           value: worst,
-          measured: pauses.length ? `P50 ${formatDuration(quantile(pauses, 0.5))}, P99 ${formatDuration(quantile(pauses, 0.99))}` : "n/a (did not run)",
+          measured: pauses.length ? `P50 ${formatDuration(percentile(pauses, 0.5))}, P99 ${formatDuration(percentile(pauses, 0.99))}` : "n/a (did not run)",
           threshold: `<= ${formatDuration(PAUSE_LIMIT_MS)}`,
           pass: pauses.length === options.rounds && worst <= PAUSE_LIMIT_MS,
           source: "supplementary",

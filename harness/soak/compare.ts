@@ -1,4 +1,5 @@
-import { Samples, type PromTotals } from "../gate/histogram.js";
+import { Samples } from "../lib/histogram.js";
+import type { PromTotals } from "../lib/prometheus.js";
 import { latencyBetween } from "./judge.js";
 import type { GeneratorSample, MachineSample, SampledLife, StatementsSample } from "./sampler.js";
 

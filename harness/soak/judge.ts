@@ -1,6 +1,7 @@
-import { Samples } from "../gate/histogram.js";
+import { rankIndex, Samples } from "../lib/histogram.js";
 import type { Criterion } from "../gate/measure.js";
-import { formatDuration, Random } from "../gate/util.js";
+import { formatDuration } from "../lib/format.js";
+import { Random } from "../lib/random.js";
 
 /**
  * The soak's own lines, judged from its samples (pure functions, so that a
@@ -278,7 +279,7 @@ function redrawn(seconds: ReadonlyArray<readonly number[]>, random: Random): Flo
 /** The P99 as `Samples.summary` takes it (the smallest value with 99 % of them at or below it); reorders `values`. */
 function p99Of(values: Float64Array): number {
   if (values.length === 0) return Number.NaN;
-  return select(values, Math.min(values.length - 1, Math.ceil(0.99 * values.length) - 1));
+  return select(values, rankIndex(values.length, 0.99));
 }
 
 /** The k-th smallest of `values` (from 0), by Hoare's selection: linear on average, where a sort of a five-minute window a thousand times takes seconds. */

@@ -1,8 +1,8 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Criterion } from "../gate/measure.js";
-import { esc, reportStyle } from "../gate/report.js";
-import { formatDuration } from "../gate/util.js";
+import { esc, reportStyle } from "../lib/html.js";
+import { formatDuration } from "../lib/format.js";
 import type { Point } from "./judge.js";
 import type { StatementRate, WindowComparison } from "./compare.js";
 import type { GeneratorSample, MachineSample, RegistrySample, SampledLife } from "./sampler.js";

@@ -1,11 +1,12 @@
 import { readdir, readFile, readlink } from "node:fs/promises";
+import { setTimeout as sleep } from "node:timers/promises";
 import { cpus } from "node:os";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import type pg from "pg";
 import type { Cluster, Member } from "../lib/cluster.js";
-import { promGauge, promTotalsBy, type PromTotals } from "../gate/histogram.js";
-import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../gate/machine.js";
-import { sleep } from "../gate/util.js";
+import { promGauge, promTotalsBy, type PromTotals } from "../lib/prometheus.js";
+import { cpuUsage, sampleCpu, statFields, type CpuSample } from "../lib/machine.js";
+
 import type { Life, Point } from "./judge.js";
 
 /**

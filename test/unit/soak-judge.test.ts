@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { Samples } from "../../harness/gate/histogram.js";
-import { Random } from "../../harness/gate/util.js";
+import { Samples } from "../../harness/lib/histogram.js";
+import { Random } from "../../harness/lib/random.js";
 import {
   BOUNDS,
   floors,

@@ -1,7 +1,8 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { promGauge, promTotalsBy, Samples } from "../../harness/gate/histogram.js";
-import { cpuUsage, sampleCpu } from "../../harness/gate/machine.js";
+import { Samples } from "../../harness/lib/histogram.js";
+import { cpuUsage, sampleCpu } from "../../harness/lib/machine.js";
+import { promGauge, promTotalsBy } from "../../harness/lib/prometheus.js";
 import { compareWindows } from "../../harness/soak/compare.js";
 import { cpuSecondsOf, type SampledLife, type StatementsSample } from "../../harness/soak/sampler.js";
 

@@ -1,70 +1,11 @@
 /**
- * Latency distributions: the client's end-to-end samples (kept raw, so
- * their percentiles are exact, and bucketed for the charts) and the
- * coordinator's Prometheus histogram of Reserve (cumulative buckets, merged
- * over the coordinator's lives, percentiles by interpolation).
+ * Prometheus text exposition as the coordinator's /metrics serves it, read
+ * by one parser: samples by metric name and labels, in whatever order the
+ * labels come. The coordinator's histograms (cumulative buckets, summed over
+ * its replicas and their lives, percentiles by interpolation as Prometheus'
+ * histogram_quantile), its counters and gauges, and the running count and
+ * sum of a histogram by one label.
  */
-
-/** Upper bounds (ms) of the client histogram: 10 per decade from 0.1 ms to 100 s. */
-export const CLIENT_BOUNDS_MS: readonly number[] = Array.from({ length: 61 }, (_, i) => Number((0.1 * 10 ** (i / 10)).toPrecision(3)));
-
-export interface Distribution {
-  count: number;
-  minMs: number;
-  p50Ms: number;
-  p90Ms: number;
-  p99Ms: number;
-  p999Ms: number;
-  maxMs: number;
-  meanMs: number;
-  /** Counts per CLIENT_BOUNDS_MS bucket (value <= bound), the last one also holding everything above. */
-  buckets: number[];
-}
-
-/** Raw samples, in ms. */
-export class Samples {
-  private values: number[] = [];
-  add(ms: number): void {
-    this.values.push(ms);
-  }
-  get count(): number {
-    return this.values.length;
-  }
-  /** Every sample, in the order added. */
-  all(): readonly number[] {
-    return this.values;
-  }
-  /** The samples of all of `parts` together. */
-  static merge(parts: readonly Samples[]): Samples {
-    const merged = new Samples();
-    for (const part of parts) for (const value of part.values) merged.values.push(value);
-    return merged;
-  }
-  summary(): Distribution {
-    const sorted = Float64Array.from(this.values).sort();
-    const n = sorted.length;
-    const at = (q: number) => (n === 0 ? 0 : sorted[Math.min(n - 1, Math.max(0, Math.ceil(q * n) - 1))]!);
-    const buckets = new Array<number>(CLIENT_BOUNDS_MS.length).fill(0);
-    let b = 0;
-    let sum = 0;
-    for (const v of sorted) {
-      sum += v;
-      while (b < CLIENT_BOUNDS_MS.length - 1 && v > CLIENT_BOUNDS_MS[b]!) b++;
-      buckets[b]!++;
-    }
-    return {
-      count: n,
-      minMs: n ? sorted[0]! : 0,
-      p50Ms: at(0.5),
-      p90Ms: at(0.9),
-      p99Ms: at(0.99),
-      p999Ms: at(0.999),
-      maxMs: n ? sorted[n - 1]! : 0,
-      meanMs: n ? sum / n : 0,
-      buckets,
-    };
-  }
-}
 
 /** One cumulative bucket of a Prometheus histogram: count of observations <= le (seconds). */
 export interface PromBucket {
@@ -108,12 +49,15 @@ export function parsePromHistogram(text: string, name: string, match: Record<str
 /** A histogram's running count and sum of seconds, by the value of one label. */
 export type PromTotals = Record<string, { count: number; seconds: number }>;
 
-/** The histogram `name`'s _count and _sum from a Prometheus text exposition, added up by the value of `label` (e.g. by method, over every code). */
-export function promTotalsBy(text: string, name: string, label: string): PromTotals {
+/**
+ * The histogram `name`'s _count and _sum from a Prometheus text exposition, added up by the value
+ * of `label` (e.g. by method, over every code), over the series whose labels match `match`.
+ */
+export function promTotalsBy(text: string, name: string, label: string, match: Record<string, string> = {}): PromTotals {
   const out: PromTotals = {};
   for (const { metric, labels, value } of promSamples(text, new Set([`${name}_count`, `${name}_sum`]))) {
     const key = labels[label];
-    if (key === undefined) continue;
+    if (key === undefined || !labelsMatch(labels, match)) continue;
     const entry = (out[key] ??= { count: 0, seconds: 0 });
     if (metric === `${name}_count`) entry.count += value;
     else entry.seconds += value;
@@ -187,22 +131,4 @@ export function promQuantile(h: PromHistogram, q: number): { seconds: number; be
     prevCount = b.count;
   }
   return { seconds: prevLe, beyond: true };
-}
-
-/** The share of observations at or below `seconds`, interpolated the same way. */
-export function promShareBelow(h: PromHistogram, seconds: number): number {
-  const total = h.buckets.at(-1)?.count ?? 0;
-  if (total === 0) return Number.NaN;
-  let prevLe = 0;
-  let prevCount = 0;
-  for (const b of h.buckets) {
-    if (seconds <= b.le) {
-      if (!Number.isFinite(b.le)) return prevCount / total;
-      const fraction = (seconds - prevLe) / (b.le - prevLe);
-      return (prevCount + (b.count - prevCount) * fraction) / total;
-    }
-    prevLe = b.le;
-    prevCount = b.count;
-  }
-  return 1;
 }

@@ -1,31 +1,5 @@
 import http from "node:http";
 
-/** A small seeded PRNG (mulberry32): the plan of a run is reproducible from its seed. */
-export class Random {
-  private state: number;
-  constructor(seed: number) {
-    this.state = seed >>> 0;
-  }
-  /** In [0, 1). */
-  next(): number {
-    this.state = (this.state + 0x6d2b79f5) >>> 0;
-    let t = this.state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  }
-  /** An integer in [min, max]. */
-  int(min: number, max: number): number {
-    return min + Math.floor(this.next() * (max - min + 1));
-  }
-  chance(p: number): boolean {
-    return this.next() < p;
-  }
-  pick<T>(items: readonly T[]): T {
-    return items[Math.floor(this.next() * items.length)]!;
-  }
-}
-
 /** At most `limit` holders at once; waiters are served first come, first served. */
 export class Semaphore {
   private held = 0;
@@ -49,20 +23,6 @@ export class Semaphore {
     if (next) next();
     else this.held--;
   }
-}
-
-/** Resolves after `ms`, or at once when `signal` aborts. */
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  if (ms <= 0 || signal?.aborted) return Promise.resolve();
-  return new Promise((resolve) => {
-    const timer = setTimeout(done, ms);
-    function done() {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    }
-    signal?.addEventListener("abort", done, { once: true });
-  });
 }
 
 export interface HttpAnswer {
@@ -114,21 +74,4 @@ export class HttpClient {
   close(): void {
     this.agent.destroy();
   }
-}
-
-export function formatDuration(ms: number): string {
-  if (!Number.isFinite(ms)) return "–";
-  if (ms < 1000) return `${Math.round(ms)} ms`;
-  const s = ms / 1000;
-  if (s < 60) return `${s.toFixed(1)} s`;
-  const m = Math.floor(s / 60);
-  return `${m}m${String(Math.round(s - m * 60)).padStart(2, "0")}s`;
-}
-
-export function formatInt(n: number): string {
-  return n.toLocaleString("en-US");
-}
-
-export function formatPercent(share: number, digits = 2): string {
-  return `${(share * 100).toFixed(digits)} %`;
 }
