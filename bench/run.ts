@@ -4,7 +4,7 @@
  * server, on one machine and one database in one run. docs/benchmark.md
  * explains what is measured and how to read it; `--help` lists the options.
  */
-import type { ChildProcess } from "node:child_process";
+import type { Child } from "../harness/lib/process.js";
 import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
@@ -287,7 +287,7 @@ const progress = (line: string) => process.stdout.write(`[${((performance.now() 
 /** Run last-in first-out on any exit. */
 const cleanups: Array<{ name: string; run: () => Promise<void> }> = [];
 /** The running pgbench, if any (the coordinators and the database are stopped by their cleanups). */
-const children = new Set<ChildProcess>();
+const children = new Set<Child>();
 const abort = new AbortController();
 let firstSignalAt: number | undefined;
 /**
@@ -309,7 +309,7 @@ function onSignal(signal: NodeJS.Signals): void {
     progress(`${signal}: stopping the run; cleaning up (pgbench, coordinator, database)…`);
     abort.abort();
     closeClients();
-    for (const child of children) child.kill("SIGINT");
+    for (const child of children) child.process.kill("SIGINT");
   } else if (Date.now() - firstSignalAt > 1000) {
     progress("still cleaning up: the coordinator and the database are being stopped");
   }
@@ -322,11 +322,11 @@ async function cleanup(): Promise<void> {
     await run().catch((error: unknown) => progress(`cleanup of ${name} failed: ${(error as Error).message}`));
   }
   // Whatever is left (a pgbench interrupted mid-run): gone for good.
-  for (const child of children) child.kill("SIGKILL");
+  for (const child of children) child.process.kill("SIGKILL");
 }
 
-function trackChild(): (child: ChildProcess | undefined) => void {
-  let current: ChildProcess | undefined;
+function trackChild(): (child: Child | undefined) => void {
+  let current: Child | undefined;
   return (child) => {
     if (current) children.delete(current);
     if (child) children.add(child);
@@ -561,7 +561,7 @@ interface PgbenchState {
   skipped?: string;
   checked: boolean;
   command?: string;
-  onChild: (child: ChildProcess | undefined) => void;
+  onChild: (child: Child | undefined) => void;
   logRun: number;
   workDir: string;
 }

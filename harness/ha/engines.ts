@@ -1,12 +1,12 @@
-import { spawn, execFileSync, type ChildProcess } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { chown, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { setTimeout as sleep } from "node:timers/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
 import { freePort } from "../../src/net.js";
+import { startChild, waitFor, type Child } from "../lib/process.js";
 
 /**
  * The engines a highly available registry runs on, started locally from
@@ -68,56 +68,20 @@ export async function workDir(prefix: string): Promise<string> {
   return dir;
 }
 
-/** A child process of an engine, with what it printed. */
-export interface EngineProcess {
-  readonly child: ChildProcess;
-  output(): string;
-  /** Sends `signal` (default SIGTERM) and waits for the exit. */
-  stop(signal?: NodeJS.Signals): Promise<void>;
-}
-
 /**
  * Starts an engine in the foreground as the service user when root, with a
  * clean environment: an inherited PGPASSWORD or PGOPTIONS would override
  * what the engine's own configuration says.
  */
-export function startEngine(command: string, args: string[], env: Record<string, string> = {}): EngineProcess {
+function startEngine(command: string, args: string[], env: Record<string, string> = {}): Child {
   const user = serviceUser();
-  const child = spawn(command, args, {
+  return startChild({
+    command,
+    args,
     env: { PATH: "/usr/bin:/bin:/usr/sbin:/sbin", HOME: tmpdir(), LANG: "C.UTF-8", ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-    ...(user ? { uid: user.uid, gid: user.gid } : {}),
+    ...(user ? { user } : {}),
+    keep: 20_000,
   });
-  let output = "";
-  const keep = (chunk: Buffer) => {
-    output = (output + chunk.toString()).slice(-20_000);
-  };
-  child.stdout?.on("data", keep);
-  child.stderr?.on("data", keep);
-  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
-  return {
-    child,
-    output: () => output,
-    async stop(signal = "SIGTERM") {
-      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
-      await exited;
-    },
-  };
-}
-
-/** Waits until `probe` resolves true, or throws after `timeoutMs` with `what` and the last failure. */
-export async function waitFor(what: string, probe: () => Promise<boolean>, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  let last = "";
-  for (;;) {
-    try {
-      if (await probe()) return;
-    } catch (error) {
-      last = (error as Error).message;
-    }
-    if (Date.now() > deadline) throw new Error(`${what} not ready within ${timeoutMs} ms${last ? `: ${last}` : ""}`);
-    await sleep(100);
-  }
 }
 
 /** PgBouncer in transaction mode in front of one PostgreSQL server. */
@@ -236,7 +200,7 @@ export async function startHaRegistry(options: { log?: (line: string) => void } 
   const dir = await workDir("idem-ha-");
   const scope = `idem-${process.pid}`;
   const [etcdClient, etcdPeer, primaryPort, replicaPort] = await Promise.all([freePort(), freePort(), freePort(), freePort()]);
-  const engines: Array<{ name: string; engine: EngineProcess }> = [];
+  const engines: Array<{ name: string; engine: Child }> = [];
   const stopAll = async () => {
     for (const { engine } of [...engines].reverse()) await engine.stop("SIGTERM").catch(() => undefined);
   };

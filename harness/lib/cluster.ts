@@ -1,10 +1,10 @@
-import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import type { Charge, ProviderFaults } from "../../examples/payments/provider.js";
 import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { freePort } from "../../src/net.js";
+import { startChild, type Child } from "./process.js";
 
 /**
  * The coordinator (one or several replicas on one registry), the card
@@ -140,39 +140,25 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
 
 /** A process started with `node --import tsx`, ready once it prints its ready line. */
 async function member(args: string[], env: Record<string, string>, url: string, verbose = false): Promise<Member> {
-  let child: ChildProcess | undefined;
-  let output = "";
+  let child: Child | undefined;
   const start = async (extra: Record<string, string> = {}) => {
-    const started = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: ROOT, env: { ...process.env, ...env, ...extra }, stdio: ["ignore", "pipe", "pipe"] });
-    child = started;
-    const ready = new Promise<void>((resolve, reject) => {
-      const onData = (chunk: Buffer) => {
-        output += chunk.toString();
-        if (verbose) process.stderr.write(chunk);
-        if (/^(ready |idempotency coordinator serving)/m.test(output.slice(-4096))) resolve();
-      };
-      started.stdout.on("data", onData);
-      started.stderr.on("data", onData);
-      started.once("exit", (code, signal) => reject(new Error(`${args.join(" ")} exited (${code ?? signal}) before it was ready:\n${output.slice(-3000)}`)));
+    child = startChild({
+      command: process.execPath,
+      args: ["--import", "tsx", ...args],
+      cwd: ROOT,
+      env: { ...process.env, ...env, ...extra },
+      ...(verbose ? { onOutput: (chunk: Buffer) => process.stderr.write(chunk) } : {}),
     });
-    // Only the output since this start decides readiness.
-    output = "";
-    await ready;
+    await child.printed(/^(ready |idempotency coordinator serving)/m, args.join(" "));
   };
   await start();
   return {
     url,
-    alive: () => child !== undefined && child.exitCode === null && child.signalCode === null,
-    pid: () => (child && child.exitCode === null && child.signalCode === null ? child.pid : undefined),
-    output: () => output,
-    async kill(signal = "SIGKILL") {
-      const running = child;
-      if (!running || running.exitCode !== null || running.signalCode !== null) return;
-      await new Promise<void>((resolve) => {
-        running.once("exit", () => resolve());
-        running.kill(signal);
-      });
-    },
+    alive: () => child?.running() ?? false,
+    pid: () => (child?.running() ? child.pid : undefined),
+    // Only the output of its current life.
+    output: () => child?.output() ?? "",
+    kill: async (signal = "SIGKILL") => child?.stop(signal),
     restart: (extra) => start(extra),
   };
 }
