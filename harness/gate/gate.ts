@@ -31,8 +31,9 @@ import { chaosMonkey, planChaos, providerFaults, type ChaosMonkey } from "./chao
 import { openGateDatabase, type GateDatabase } from "./database.js";
 import { CLIENT_BOUNDS_MS } from "../lib/histogram.js";
 import { LoadGenerator, OUTCOME_CLASSES } from "./load.js";
-import { cpuUsage, sampleCpu } from "../lib/machine.js";
-import { measure, unsettledCounts } from "./measure.js";
+import { cpuUsage, sampleCpu, type CpuUsage } from "../lib/machine.js";
+import { unsettledCounts } from "./facts.js";
+import { measure, type Measurement } from "./measure.js";
 import { resolveOptions, type GateInput, type GateOptions } from "./options.js";
 import { Progress } from "./progress.js";
 import { renderTable, writeReports, type GateReport } from "./report.js";
@@ -42,8 +43,6 @@ import { pause } from "../lib/timers.js";
 
 export type { GateInput, GateOptions } from "./options.js";
 export type { GateReport } from "./report.js";
-export type { Criterion } from "./measure.js";
-export { UsageError } from "./options.js";
 
 export interface GateResult {
   passed: boolean;
@@ -68,6 +67,12 @@ export function stopRunsNow(): void {
   for (const stop of emergencyStops) stop();
 }
 
+/** What a run has started so far, for its cleanup (and a second Ctrl-C's). */
+interface Started {
+  db?: GateDatabase;
+  cluster?: Cluster;
+}
+
 /**
  * Runs the gate: starts PostgreSQL (or a schema in `databaseUrl`) and the
  * cluster, sends the load with chaos, waits for UNKNOWN records to settle,
@@ -86,245 +91,60 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
   const onAbort = () => internal.abort();
   options.signal?.addEventListener("abort", onAbort, { once: true });
   if (options.signal?.aborted) internal.abort();
-
-  const environment: Record<string, unknown> = {
-    node: process.version,
-    platform: `${process.platform} ${release()} ${process.arch}`,
-    cpus: cpus().length,
-    cpuModel: cpus()[0]?.model ?? "unknown",
-    memoryGiB: Number((totalmem() / 2 ** 30).toFixed(1)),
-    freeMemoryGiBAtStart: Number((freemem() / 2 ** 30).toFixed(1)),
-    loadAverageAtStart: loadavg().map((n) => Number(n.toFixed(2))),
-    code: codeVersion(),
+  const checkpoint = () => {
+    if (signal.aborted) throw new GateAborted("aborted");
   };
-  const plan = planChaos(options.serviceKills, options.coordinatorKills, options.registryFaults, options.killSpan);
+
+  const environment = machineEnvironment();
   log(
     `launch gate: ${options.requests.toLocaleString("en-US")} requests, ${options.concurrency} in flight, ` +
       `${options.replicas} coordinator replica(s), ${options.serviceKills} service and ${options.coordinatorKills} coordinator kill(s), seed ${options.seed}; ` +
       `database: ${options.databaseUrl ? "DATABASE_URL (a fresh schema)" : `embedded PostgreSQL${options.durable ? " (durable)" : " (fsync off)"}`}`,
   );
 
-  let db: GateDatabase | undefined;
-  let cluster: Cluster | undefined;
-  let chaos: ChaosMonkey | undefined;
-  let progress: Progress | undefined;
-  const emergency = () => {
-    for (const member of cluster ? [cluster.service, cluster.provider, ...cluster.coordinators] : []) void member.kill("SIGKILL");
-    if (db?.kind === "embedded" && db.dataDir) {
-      try {
-        const pid = Number(readFileSync(join(db.dataDir, "postmaster.pid"), "utf8").split("\n")[0]);
-        if (pid > 0) process.kill(pid, "SIGQUIT");
-        if (!options.keep) rmSync(resolve(db.dataDir, ".."), { recursive: true, force: true });
-      } catch {
-        // best effort
-      }
-    }
-  };
+  const started: Started = {};
+  const emergency = () => emergencyStop(started, options.keep);
   emergencyStops.add(emergency);
   const phases = { startupSeconds: 0, loadSeconds: 0, settleSeconds: 0, measureSeconds: 0 };
   let aborted = false;
   try {
-    // --- start ------------------------------------------------------------------
-    db = await openGateDatabase({ databaseUrl: options.databaseUrl, durable: options.durable, keep: options.keep });
+    const { db, cluster } = await start(options, started, checkpoint);
     environment.database = {
       kind: db.kind,
       version: db.version,
       settings: db.kind === "embedded" ? db.settings : "the server's own",
       schema: db.schema ?? "public (a fresh database)",
     };
-    if (signal.aborted) throw new GateAborted("aborted");
-    log(`starting ${options.replicas} coordinator replica(s), the card provider and the payments service (${db.schema ? `schema ${db.schema}` : "a fresh database"})…`);
-    cluster = await startCluster({
-      databaseUrl: db.url,
-      ...(db.schema ? { schema: db.schema } : {}),
-      verbose: options.verbose,
-      replicas: options.replicas,
-      coordinatorEnv: {
-        IDEM_UNKNOWN_SLO_SECONDS: String(Math.max(1, Math.ceil(options.recoverySloMs / 1000))),
-        IDEM_RECOVERER_INTERVAL_MS: "1000",
-        ...options.coordinatorEnv,
-      },
-    });
-    const scrapes = cluster.coordinators.map((replica) => async () => {
-      const res = await fetch(`${replica.adminUrl}/metrics`, { signal: AbortSignal.timeout(5000) });
-      if (!res.ok) throw new Error(`GET /metrics: ${res.status}`);
-      return res.text();
-    });
     phases.startupSeconds = (Date.now() - startedAt) / 1000;
-    if (signal.aborted) throw new GateAborted("aborted");
+    checkpoint();
 
-    // --- load and chaos -----------------------------------------------------------
-    const faults = providerFaults({ cluster, declineShare: options.declineShare, ambiguousShare: options.ambiguousShare, log });
-    const load = new LoadGenerator(options, cluster.service.url, { onKeyStarted: (n) => faults.onKeyStarted(n), signal });
-    const loadStarted = Date.now();
-    // The line is the reservation transaction's; the whole RPC (pool wait and queueing included) is reported beside it.
-    const reserveTracker = new ReserveTracker(() => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } });
-    const reserveRpcTracker = new ReserveTracker(() => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } });
-    // Registry work run again after a transient failure: lost connections (kills, failovers), COMMITs whose answer was lost among them.
-    const rerunTracker = new ReserveTracker(() => loadStarted, { name: "idem_db_retries_total", labels: {} });
-    const scraper = new MetricsScraper(scrapes, [reserveTracker, reserveRpcTracker, rerunTracker]);
-    const cpuAtStart = await sampleCpu();
-    const generatorCpuAtStart = process.cpuUsage();
-    progress = new Progress(
-      () => ({
-        sent: load.stats.sent,
-        planned: options.requests,
-        inFlight: load.inFlight,
-        activeKeys: load.activeKeys,
-        keys: load.keys.length,
-        kills: {
-          service: chaos?.killsDone("service") ?? 0,
-          serviceTotal: options.serviceKills,
-          coordinator: chaos?.killsDone("coordinator") ?? 0,
-          coordinatorTotal: options.coordinatorKills,
-        },
-        errors: load.stats.byClass["connection-error"] + load.stats.byClass.unavailable + load.stats.byClass["server-error"],
-      }),
-      options.progress,
-      log,
-    );
-    const note = (line: string) => (progress ? progress.note(line) : log(line));
-    chaos = chaosMonkey({
-      cluster,
-      plan,
-      downtimeMs: options.downtimeMs,
-      progress: () => ({ sent: load.stats.sent, planned: options.requests }),
-      beforeCoordinatorKill: (replica) => scraper.endLife(replica),
-      registryFaults: options.registryFaults,
-      spareFirstReplica: options.spareFirstReplica,
-      log: note,
-      signal,
-    });
-    const observer = options.observe?.({ cluster, pool: db.pool, database: { url: db.url, schema: db.schema }, stats: load.stats, chaos: chaos.events, note, signal });
-    let chaosFailure: Error | undefined;
-    const chaosRun = chaos.run().catch((error: unknown) => {
-      chaosFailure = error as Error;
-      load.stop();
-    });
-    progress.start();
-    const sampler = setInterval(() => void scraper.sample(), 5000);
-    try {
-      await load.run();
-    } finally {
-      clearInterval(sampler);
-      chaos.stop();
-      await chaosRun;
-      await observer?.stop();
-      progress.stop();
-    }
-    phases.loadSeconds = (Date.now() - loadStarted) / 1000;
-    const cpu = cpuUsage(cpuAtStart, await sampleCpu(), cpus().length);
-    const generatorCpu = process.cpuUsage(generatorCpuAtStart);
-    // The load generator's own process (this one): its share of the machine while it ran.
-    const generatorShare = (generatorCpu.user + generatorCpu.system) / 1e6 / Math.max(0.001, phases.loadSeconds) / cpus().length;
-    environment.cpuDuringLoad = cpu ? { ...cpu, generatorShare: Number(generatorShare.toFixed(3)) } : "unknown (no /proc)";
-    if (signal.aborted) throw new GateAborted("aborted");
-    if (chaosFailure) throw new Error(`a killed process could not be restarted: ${chaosFailure.message}`);
-    await faults.settled();
+    const load = await runLoad(options, db, cluster, signal);
+    phases.loadSeconds = load.seconds;
+    environment.cpuDuringLoad = load.cpu ? { ...load.cpu, generatorShare: Number(load.generatorShare.toFixed(3)) } : "unknown (no /proc)";
+    checkpoint();
+    if (load.chaosFailure) throw new Error(`a killed process could not be restarted: ${load.chaosFailure.message}`);
+    await load.faults.settled();
 
-    // --- settle -------------------------------------------------------------------
-    const settleStarted = Date.now();
-    let remaining = await unsettledCounts(db.pool);
-    let lastNote = 0;
-    while (remaining.unknown + remaining.leased > 0 && Date.now() - settleStarted < options.settleTimeoutMs && !signal.aborted) {
-      if (Date.now() - lastNote >= 5000) {
-        lastNote = Date.now();
-        log(
-          `settling: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased (${remaining.recovering} recovering); waited ${formatDuration(Date.now() - settleStarted)} of at most ${formatDuration(options.settleTimeoutMs)}`,
-        );
-      }
-      await pause(1000, signal);
-      remaining = await unsettledCounts(db.pool);
-    }
-    if (signal.aborted) throw new GateAborted("aborted");
-    phases.settleSeconds = (Date.now() - settleStarted) / 1000;
-    const settled = remaining.unknown + remaining.leased === 0;
-    log(
-      settled
-        ? `settled after ${formatDuration(Date.now() - settleStarted)}`
-        : `not settled within ${formatDuration(options.settleTimeoutMs)}: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased`,
-    );
+    const settlement = await settle(db, options, signal);
+    checkpoint();
+    phases.settleSeconds = settlement.seconds;
 
-    // --- measure ------------------------------------------------------------------
     const measureStarted = Date.now();
-    await scraper.endAllLives();
-    const reserve = reserveTracker.total();
-    const providerState = await cluster.providerState();
-    const measurement = await measure({ pool: db.pool, keys: load.keys, stats: load.stats, provider: providerState, reserve, reserveRpc: reserveRpcTracker.total(), options });
+    await load.scraper.endAllLives();
+    const measurement = await measure({
+      pool: db.pool,
+      keys: load.generator.keys,
+      stats: load.generator.stats,
+      provider: await cluster.providerState(),
+      reserve: load.trackers.reserve.total(),
+      reserveRpc: load.trackers.reserveRpc.total(),
+      options,
+    });
     if (options.moreCriteria) measurement.criteria.push(...(await options.moreCriteria()));
     phases.measureSeconds = (Date.now() - measureStarted) / 1000;
 
     environment.loadAverageAtEnd = loadavg().map((n) => Number(n.toFixed(2)));
-    const finishedAt = Date.now();
-    const loadSeconds = Math.max(0.001, (load.stats.finishedAt - load.stats.startedAt) / 1000);
-    const report: GateReport = {
-      gate: "payments launch gate",
-      title: options.title,
-      contract: "http.idempotency.v1, section 9",
-      passed: measurement.criteria.every((c) => c.pass),
-      startedAt: new Date(startedAt).toISOString(),
-      finishedAt: new Date(finishedAt).toISOString(),
-      durationSeconds: (finishedAt - startedAt) / 1000,
-      phases,
-      options: publicOptions(options),
-      environment,
-      criteria: measurement.criteria,
-      facts: [
-        ...measurement.facts,
-        { name: "throughput", value: `${(load.stats.sent / loadSeconds).toFixed(0)} requests/s over ${formatDuration(loadSeconds * 1000)} of load` },
-        {
-          name: "registry work re-run after a transient failure",
-          value: `${rerunTracker.total().count.toLocaleString("en-US")} (lost connections, COMMITs whose answer was lost, deadlocks: idem_db_retries_total of every replica)`,
-        },
-        ...(cpu
-          ? [
-              {
-                name: "machine during the load",
-                value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}, taken by the hypervisor ${Math.round(cpu.stolenShare * 100)} %`,
-              },
-            ]
-          : []),
-        ...(chaos.unexpectedExits.length ? [{ name: "unexpected process exits", value: chaos.unexpectedExits.map((e) => `${e.target} at ${e.at}`).join(", ") }] : []),
-        ...(settled
-          ? []
-          : [{ name: "not settled", value: `${remaining.unknown} UNKNOWN and ${remaining.leased} leased records after ${formatDuration(options.settleTimeoutMs)}` }]),
-      ],
-      load: {
-        httpRequests: load.stats.sent,
-        logicalRequests: load.keys.length,
-        requestsPerSecond: load.stats.sent / loadSeconds,
-        byStatus: load.stats.byStatus,
-        byOutcome: load.stats.byClass,
-        byVariant: load.stats.byVariant,
-        byKind: load.stats.byKind,
-        replayedAnswers: load.stats.replayedAnswers,
-        refusedConnections: load.stats.refused,
-        connectionErrors: load.stats.connectionErrors,
-        providerFaultsRequested: faults.injected,
-        timeline: load.stats.timeline,
-      },
-      chaos: { events: chaos.events, unexpectedExits: chaos.unexpectedExits, scrapeErrors: scraper.errors },
-      settle: { waitedSeconds: phases.settleSeconds, settled, remaining },
-      registry: { ...measurement.registry, business: measurement.business, provider: measurement.provider },
-      latency: {
-        clientBoundsMs: CLIENT_BOUNDS_MS,
-        client: Object.fromEntries(OUTCOME_CLASSES.map((c) => [c, load.stats.latency[c].summary()])),
-        reserve: {
-          histogram: reserve.buckets.map((b) => ({ le: Number.isFinite(b.le) ? b.le : ("+Inf" as const), count: b.count })),
-          count: measurement.reserve.count,
-          sumSeconds: reserve.sumSeconds,
-          scrapes: reserveTracker.livesSeen,
-          series: reserveTracker.series,
-          p50Ms: measurement.reserve.p50Ms,
-          p90Ms: measurement.reserve.p90Ms,
-          p99Ms: measurement.reserve.p99Ms,
-          p999Ms: measurement.reserve.p999Ms,
-          limitMs: options.latencyBudgetMs * options.reserveBudgetShare,
-        },
-        reserveRpc: measurement.reserveRpc,
-      },
-      samples: measurement.samples,
-    };
+    const report = gateReport({ options, startedAt, finishedAt: Date.now(), phases, environment, db, load, settlement, measurement });
     const files = await writeReports(report, options.outDir);
     return { passed: report.passed, report, table: renderTable(report), files };
   } catch (error) {
@@ -334,15 +154,288 @@ export async function runGate(input: GateInput = {}): Promise<GateResult> {
     }
     throw error;
   } finally {
-    progress?.stop();
     options.signal?.removeEventListener("abort", onAbort);
-    if (cluster) await stopCluster(cluster, aborted);
+    if (started.cluster) await stopCluster(started.cluster, aborted);
+    const db = started.db;
     if (db) {
       await db.close(options.keep).catch((error: unknown) => log(`database cleanup failed: ${(error as Error).message}`));
       if (options.keep) log(db.kind === "embedded" ? `kept the embedded cluster's files in ${db.dataDir}` : `kept schema ${db.schema ?? "public"}`);
     }
     emergencyStops.delete(emergency);
   }
+}
+
+/** The machine the run starts on, for the report. */
+function machineEnvironment(): Record<string, unknown> {
+  return {
+    node: process.version,
+    platform: `${process.platform} ${release()} ${process.arch}`,
+    cpus: cpus().length,
+    cpuModel: cpus()[0]?.model ?? "unknown",
+    memoryGiB: Number((totalmem() / 2 ** 30).toFixed(1)),
+    freeMemoryGiBAtStart: Number((freemem() / 2 ** 30).toFixed(1)),
+    loadAverageAtStart: loadavg().map((n) => Number(n.toFixed(2))),
+    code: codeVersion(),
+  };
+}
+
+/** Kills a run's processes and its embedded PostgreSQL at once, synchronously, and removes the PostgreSQL's files unless `keep`. */
+function emergencyStop(started: Started, keep: boolean): void {
+  const { cluster, db } = started;
+  for (const member of cluster ? [cluster.service, cluster.provider, ...cluster.coordinators] : []) void member.kill("SIGKILL");
+  if (db?.kind === "embedded" && db.dataDir) {
+    try {
+      const pid = Number(readFileSync(join(db.dataDir, "postmaster.pid"), "utf8").split("\n")[0]);
+      if (pid > 0) process.kill(pid, "SIGQUIT");
+      if (!keep) rmSync(resolve(db.dataDir, ".."), { recursive: true, force: true });
+    } catch {
+      // best effort
+    }
+  }
+}
+
+/** The run's PostgreSQL, then the coordinator replicas, the card provider and the payments service on it. */
+async function start(options: GateOptions, started: Started, checkpoint: () => void): Promise<{ db: GateDatabase; cluster: Cluster }> {
+  const db = await openGateDatabase({ databaseUrl: options.databaseUrl, durable: options.durable, keep: options.keep });
+  started.db = db;
+  checkpoint();
+  options.log(`starting ${options.replicas} coordinator replica(s), the card provider and the payments service (${db.schema ? `schema ${db.schema}` : "a fresh database"})…`);
+  const cluster = await startCluster({
+    databaseUrl: db.url,
+    ...(db.schema ? { schema: db.schema } : {}),
+    verbose: options.verbose,
+    replicas: options.replicas,
+    coordinatorEnv: {
+      IDEM_UNKNOWN_SLO_SECONDS: String(Math.max(1, Math.ceil(options.recoverySloMs / 1000))),
+      IDEM_RECOVERER_INTERVAL_MS: "1000",
+      ...options.coordinatorEnv,
+    },
+  });
+  started.cluster = cluster;
+  return { db, cluster };
+}
+
+/** The coordinators' histograms followed through the run. */
+interface Trackers {
+  /** The reservation transaction's, which the line judges. */
+  reserve: ReserveTracker;
+  /** The whole Reserve RPC's (pool wait and queueing included), reported beside it. */
+  reserveRpc: ReserveTracker;
+  /** Registry work run again after a transient failure: lost connections (kills, failovers), COMMITs whose answer was lost among them. */
+  reruns: ReserveTracker;
+}
+
+interface LoadOutcome {
+  generator: LoadGenerator;
+  faults: ReturnType<typeof providerFaults>;
+  chaos: ChaosMonkey;
+  scraper: MetricsScraper;
+  trackers: Trackers;
+  seconds: number;
+  /** The machine while the load ran (undefined without /proc), and the load generator's own share of it. */
+  cpu: CpuUsage | undefined;
+  generatorShare: number;
+  /** Why the chaos stopped the load: a killed process that could not be restarted. */
+  chaosFailure: Error | undefined;
+}
+
+/** The load with its chaos and provider faults, the coordinators' metrics scraped every 5 s and before each kill, progress on stderr. */
+async function runLoad(options: GateOptions, db: GateDatabase, cluster: Cluster, signal: AbortSignal): Promise<LoadOutcome> {
+  const log = options.log;
+  const faults = providerFaults({ cluster, declineShare: options.declineShare, ambiguousShare: options.ambiguousShare, log });
+  const generator = new LoadGenerator(options, cluster.service.url, { onKeyStarted: (n) => faults.onKeyStarted(n), signal });
+  const loadStarted = Date.now();
+  const trackers: Trackers = {
+    reserve: new ReserveTracker(() => loadStarted, { name: "idem_registry_transaction_seconds", labels: { transaction: "reserve" } }),
+    reserveRpc: new ReserveTracker(() => loadStarted, { name: "idem_rpc_duration_seconds", labels: { method: "Reserve" } }),
+    reruns: new ReserveTracker(() => loadStarted, { name: "idem_db_retries_total", labels: {} }),
+  };
+  const scrapes = cluster.coordinators.map((replica) => async () => {
+    const res = await fetch(`${replica.adminUrl}/metrics`, { signal: AbortSignal.timeout(5000) });
+    if (!res.ok) throw new Error(`GET /metrics: ${res.status}`);
+    return res.text();
+  });
+  const scraper = new MetricsScraper(scrapes, [trackers.reserve, trackers.reserveRpc, trackers.reruns]);
+  const cpuAtStart = await sampleCpu();
+  const generatorCpuAtStart = process.cpuUsage();
+  let chaos: ChaosMonkey | undefined;
+  const progress = new Progress(
+    () => ({
+      sent: generator.stats.sent,
+      planned: options.requests,
+      inFlight: generator.inFlight,
+      activeKeys: generator.activeKeys,
+      keys: generator.keys.length,
+      kills: {
+        service: chaos?.killsDone("service") ?? 0,
+        serviceTotal: options.serviceKills,
+        coordinator: chaos?.killsDone("coordinator") ?? 0,
+        coordinatorTotal: options.coordinatorKills,
+      },
+      errors: generator.stats.byClass["connection-error"] + generator.stats.byClass.unavailable + generator.stats.byClass["server-error"],
+    }),
+    options.progress,
+    log,
+  );
+  const note = (line: string) => progress.note(line);
+  chaos = chaosMonkey({
+    cluster,
+    plan: planChaos(options.serviceKills, options.coordinatorKills, options.registryFaults, options.killSpan),
+    downtimeMs: options.downtimeMs,
+    progress: () => ({ sent: generator.stats.sent, planned: options.requests }),
+    beforeCoordinatorKill: (replica) => scraper.endLife(replica),
+    registryFaults: options.registryFaults,
+    spareFirstReplica: options.spareFirstReplica,
+    log: note,
+    signal,
+  });
+  const observer = options.observe?.({ cluster, pool: db.pool, database: { url: db.url, schema: db.schema }, stats: generator.stats, chaos: chaos.events, note, signal });
+  let chaosFailure: Error | undefined;
+  const chaosRun = chaos.run().catch((error: unknown) => {
+    chaosFailure = error as Error;
+    generator.stop();
+  });
+  progress.start();
+  const sampler = setInterval(() => void scraper.sample(), 5000);
+  try {
+    await generator.run();
+  } finally {
+    clearInterval(sampler);
+    chaos.stop();
+    await chaosRun;
+    await observer?.stop();
+    progress.stop();
+  }
+  const seconds = (Date.now() - loadStarted) / 1000;
+  const cpu = cpuUsage(cpuAtStart, await sampleCpu(), cpus().length);
+  const generatorCpu = process.cpuUsage(generatorCpuAtStart);
+  // The load generator's own process (this one): its share of the machine while it ran.
+  const generatorShare = (generatorCpu.user + generatorCpu.system) / 1e6 / Math.max(0.001, seconds) / cpus().length;
+  return { generator, faults, chaos, scraper, trackers, seconds, cpu, generatorShare, chaosFailure };
+}
+
+interface Settlement {
+  seconds: number;
+  settled: boolean;
+  remaining: { unknown: number; leased: number; recovering: number };
+}
+
+/** Waits, up to the settle timeout, until no record is UNKNOWN or leased: recovery has done its work. */
+async function settle(db: GateDatabase, options: GateOptions, signal: AbortSignal): Promise<Settlement> {
+  const settleStarted = Date.now();
+  let remaining = await unsettledCounts(db.pool);
+  let lastNote = 0;
+  while (remaining.unknown + remaining.leased > 0 && Date.now() - settleStarted < options.settleTimeoutMs && !signal.aborted) {
+    if (Date.now() - lastNote >= 5000) {
+      lastNote = Date.now();
+      options.log(
+        `settling: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased (${remaining.recovering} recovering); waited ${formatDuration(Date.now() - settleStarted)} of at most ${formatDuration(options.settleTimeoutMs)}`,
+      );
+    }
+    await pause(1000, signal);
+    remaining = await unsettledCounts(db.pool);
+  }
+  const settled = remaining.unknown + remaining.leased === 0;
+  if (!signal.aborted) {
+    options.log(
+      settled
+        ? `settled after ${formatDuration(Date.now() - settleStarted)}`
+        : `not settled within ${formatDuration(options.settleTimeoutMs)}: ${remaining.unknown} UNKNOWN, ${remaining.leased} leased`,
+    );
+  }
+  return { seconds: (Date.now() - settleStarted) / 1000, settled, remaining };
+}
+
+/** report.json: the verdict, the lines, the facts under them, and everything the page draws. */
+function gateReport(run: {
+  options: GateOptions;
+  startedAt: number;
+  finishedAt: number;
+  phases: GateReport["phases"];
+  environment: Record<string, unknown>;
+  db: GateDatabase;
+  load: LoadOutcome;
+  settlement: Settlement;
+  measurement: Measurement;
+}): GateReport {
+  const { options, load, measurement, settlement } = run;
+  const { stats, keys } = load.generator;
+  const { cpu, generatorShare, chaos } = load;
+  const loadSeconds = Math.max(0.001, (stats.finishedAt - stats.startedAt) / 1000);
+  const reserve = load.trackers.reserve.total();
+  return {
+    gate: "payments launch gate",
+    title: options.title,
+    contract: "http.idempotency.v1, section 9",
+    passed: measurement.criteria.every((c) => c.pass),
+    startedAt: new Date(run.startedAt).toISOString(),
+    finishedAt: new Date(run.finishedAt).toISOString(),
+    durationSeconds: (run.finishedAt - run.startedAt) / 1000,
+    phases: run.phases,
+    options: publicOptions(options),
+    environment: run.environment,
+    criteria: measurement.criteria,
+    facts: [
+      ...measurement.facts,
+      { name: "throughput", value: `${(stats.sent / loadSeconds).toFixed(0)} requests/s over ${formatDuration(loadSeconds * 1000)} of load` },
+      {
+        name: "registry work re-run after a transient failure",
+        value: `${load.trackers.reruns.total().count.toLocaleString("en-US")} (lost connections, COMMITs whose answer was lost, deadlocks: idem_db_retries_total of every replica)`,
+      },
+      ...(cpu
+        ? [
+            {
+              name: "machine during the load",
+              value: `${cpu.cores} cores ${Math.round(cpu.hostBusyShare * 100)} % busy: the gate's processes ${Math.round(cpu.gateShare * 100)} % (the load generator ${Math.round(generatorShare * 100)} %), other processes ${Math.round(cpu.otherShare * 100)} %${run.db.kind === "external" ? " (a PostgreSQL server on this machine counts there)" : ""}, taken by the hypervisor ${Math.round(cpu.stolenShare * 100)} %`,
+            },
+          ]
+        : []),
+      ...(chaos.unexpectedExits.length ? [{ name: "unexpected process exits", value: chaos.unexpectedExits.map((e) => `${e.target} at ${e.at}`).join(", ") }] : []),
+      ...(settlement.settled
+        ? []
+        : [
+            {
+              name: "not settled",
+              value: `${settlement.remaining.unknown} UNKNOWN and ${settlement.remaining.leased} leased records after ${formatDuration(options.settleTimeoutMs)}`,
+            },
+          ]),
+    ],
+    load: {
+      httpRequests: stats.sent,
+      logicalRequests: keys.length,
+      requestsPerSecond: stats.sent / loadSeconds,
+      byStatus: stats.byStatus,
+      byOutcome: stats.byClass,
+      byVariant: stats.byVariant,
+      byKind: stats.byKind,
+      replayedAnswers: stats.replayedAnswers,
+      refusedConnections: stats.refused,
+      connectionErrors: stats.connectionErrors,
+      providerFaultsRequested: load.faults.injected,
+      timeline: stats.timeline,
+    },
+    chaos: { events: chaos.events, unexpectedExits: chaos.unexpectedExits, scrapeErrors: load.scraper.errors },
+    settle: { waitedSeconds: settlement.seconds, settled: settlement.settled, remaining: settlement.remaining },
+    registry: { ...measurement.registry, business: measurement.business, provider: measurement.provider },
+    latency: {
+      clientBoundsMs: CLIENT_BOUNDS_MS,
+      client: Object.fromEntries(OUTCOME_CLASSES.map((c) => [c, stats.latency[c].summary()])),
+      reserve: {
+        histogram: reserve.buckets.map((b) => ({ le: Number.isFinite(b.le) ? b.le : ("+Inf" as const), count: b.count })),
+        count: measurement.reserve.count,
+        sumSeconds: reserve.sumSeconds,
+        scrapes: load.trackers.reserve.livesSeen,
+        series: load.trackers.reserve.series,
+        p50Ms: measurement.reserve.p50Ms,
+        p90Ms: measurement.reserve.p90Ms,
+        p99Ms: measurement.reserve.p99Ms,
+        p999Ms: measurement.reserve.p999Ms,
+        limitMs: options.latencyBudgetMs * options.reserveBudgetShare,
+      },
+      reserveRpc: measurement.reserveRpc,
+    },
+    samples: measurement.samples,
+  };
 }
 
 /** Stops the cluster: SIGTERM (graceful), SIGKILL after 15 s or at once when aborting. */

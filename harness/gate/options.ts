@@ -3,7 +3,7 @@ import type pg from "pg";
 import type { Cluster } from "../lib/cluster.js";
 import type { LoadStats } from "./load.js";
 import type { ChaosEvent, RegistryFault } from "./chaos.js";
-import type { Criterion } from "./measure.js";
+import type { Criterion } from "../lib/criterion.js";
 import { parseDuration as durationOf } from "../../src/policy/document.js";
 import { defaultWriter } from "./progress.js";
 

@@ -4,7 +4,8 @@ import type { Distribution } from "../lib/histogram.js";
 import { esc, reportStyle } from "../lib/html.js";
 import type { ChaosEvent } from "./chaos.js";
 import type { OutcomeClass } from "./load.js";
-import type { Criterion, HistogramSummary } from "./measure.js";
+import type { Criterion } from "../lib/criterion.js";
+import type { HistogramSummary } from "../lib/prometheus.js";
 import type { ReserveInterval } from "./reserve.js";
 import { formatDuration } from "../lib/format.js";
 

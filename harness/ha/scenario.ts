@@ -21,7 +21,7 @@
  */
 import { runGate, type GateInput } from "../gate/gate.js";
 import type { RegistryFault } from "../gate/chaos.js";
-import type { Criterion } from "../gate/measure.js";
+import type { Criterion } from "../lib/criterion.js";
 import { formatDuration } from "../lib/format.js";
 import { percentile } from "../lib/histogram.js";
 import type { CommonOptions, RegistryRun } from "./on-registry.js";

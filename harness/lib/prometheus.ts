@@ -132,3 +132,29 @@ export function promQuantile(h: PromHistogram, q: number): { seconds: number; be
   }
   return { seconds: prevLe, beyond: true };
 }
+
+export interface HistogramSummary {
+  count: number;
+  p50Ms: number;
+  p90Ms: number;
+  p99Ms: number;
+  p999Ms: number;
+  /** The P99 lies beyond the last finite bucket. */
+  beyond: boolean;
+  meanMs: number;
+}
+
+/** Count, interpolated quantiles and mean of a merged Prometheus histogram. */
+export function promSummary(h: PromHistogram): HistogramSummary {
+  const q = (p: number) => promQuantile(h, p);
+  const p99 = q(0.99);
+  return {
+    count: h.buckets.at(-1)?.count ?? 0,
+    p50Ms: q(0.5).seconds * 1000,
+    p90Ms: q(0.9).seconds * 1000,
+    p99Ms: p99.seconds * 1000,
+    p999Ms: q(0.999).seconds * 1000,
+    beyond: p99.beyond,
+    meanMs: h.count > 0 ? (h.sumSeconds / h.count) * 1000 : Number.NaN,
+  };
+}

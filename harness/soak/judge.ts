@@ -1,5 +1,5 @@
 import { rankIndex, Samples } from "../lib/histogram.js";
-import type { Criterion } from "../gate/measure.js";
+import type { Criterion } from "../lib/criterion.js";
 import { formatDuration } from "../lib/format.js";
 import { Random } from "../lib/random.js";
 

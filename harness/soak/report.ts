@@ -1,6 +1,6 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Criterion } from "../gate/measure.js";
+import type { Criterion } from "../lib/criterion.js";
 import { esc, reportStyle } from "../lib/html.js";
 import { formatDuration } from "../lib/format.js";
 import type { Point } from "./judge.js";

@@ -28,7 +28,7 @@ import { runGate } from "../gate/gate.js";
 import type { ChaosEvent, RegistryFault } from "../gate/chaos.js";
 import { Samples } from "../lib/histogram.js";
 import type { LoadStats } from "../gate/load.js";
-import type { Criterion } from "../gate/measure.js";
+import type { Criterion } from "../lib/criterion.js";
 import { parseDuration, type RunObserver, type RunView } from "../gate/options.js";
 import { formatDuration } from "../lib/format.js";
 import type { CommonOptions, RegistryRun } from "../ha/on-registry.js";
