@@ -30,7 +30,7 @@ import { runHaFault, type HaFault } from "./faults.js";
 import { WriteProbe } from "./probe.js";
 
 const FAULTS = ["switchover", "primary kill", "commit in flight"] as const satisfies readonly HaFault[];
-type FaultKind = (typeof FAULTS)[number];
+export type FaultKind = (typeof FAULTS)[number];
 
 /** The title of this scenario's table and reports (report.json, report.html), which are not the launch gate's. */
 export const FAILOVER_TITLE = "Failover scenario on Patroni";
@@ -93,36 +93,16 @@ export async function runFailoverScenario(options: HaOptions, { ha, log, signal 
     const moreCriteria = async (): Promise<Criterion[]> => {
       await probe.stop();
       const lost = await probe.lost();
-      const lines: Criterion[] = [
-        {
-          id: "probe-writes-lost",
-          name: "acknowledged probe writes lost",
-          value: lost.length,
-          measured: `${lost.length} of ${probe.acknowledged.length}`,
-          threshold: "= 0",
-          pass: lost.length === 0 && probe.acknowledged.length > 0,
-          source: "supplementary",
-          detail: { lost: lost.slice(0, 20), acknowledged: probe.acknowledged.length, failedWrites: probe.failures },
-        },
+      return [
+        judgeProbeWrites({ lost, acknowledged: probe.acknowledged.length, failedWrites: probe.failures }),
+        ...FAULTS.map((kind) =>
+          judgeWritePause(
+            kind,
+            [...windows.values()].filter((w) => w.kind === kind).map((w) => probe.pauseMs(w.from, w.to)),
+            options.rounds,
+          ),
+        ),
       ];
-      for (const kind of FAULTS) {
-        const pauses = [...windows.values()]
-          .filter((w) => w.kind === kind)
-          .map((w) => probe.pauseMs(w.from, w.to))
-          .sort((a, b) => a - b);
-        const worst = pauses.at(-1) ?? Number.NaN;
-        lines.push({
-          id: `pause-${kind.replaceAll(" ", "-")}`,
-          name: `write pause, ${kind} (${pauses.length} of ${options.rounds} run)`,
-          value: worst,
-          measured: pauses.length ? `P50 ${formatDuration(percentile(pauses, 0.5))}, P99 ${formatDuration(percentile(pauses, 0.99))}` : "n/a (did not run)",
-          threshold: `<= ${formatDuration(PAUSE_LIMIT_MS)}`,
-          pass: pauses.length === options.rounds && worst <= PAUSE_LIMIT_MS,
-          source: "supplementary",
-          detail: { pausesMs: pauses },
-        });
-      }
-      return lines;
     };
     const result = await runGate(failoverGateInput(options, { databaseUrl: ha.url, faults, moreCriteria, signal }));
     process.stdout.write(`\n${result.table}`);
@@ -131,4 +111,34 @@ export async function runFailoverScenario(options: HaOptions, { ha, log, signal 
   } finally {
     await probe.stop().catch(() => undefined);
   }
+}
+
+/** Every write the probe was told was committed is still there after the failovers. */
+export function judgeProbeWrites(probe: { lost: readonly number[]; acknowledged: number; failedWrites: number }): Criterion {
+  return {
+    id: "probe-writes-lost",
+    name: "acknowledged probe writes lost",
+    value: probe.lost.length,
+    measured: `${probe.lost.length} of ${probe.acknowledged}`,
+    threshold: "= 0",
+    pass: probe.lost.length === 0 && probe.acknowledged > 0,
+    source: "supplementary",
+    detail: { lost: probe.lost.slice(0, 20), acknowledged: probe.acknowledged, failedWrites: probe.failedWrites },
+  };
+}
+
+/** The longest time without an acknowledged write around each fault of one kind, every round's within Patroni's ttl. */
+export function judgeWritePause(kind: FaultKind, pausesMs: readonly number[], rounds: number): Criterion {
+  const pauses = [...pausesMs].sort((a, b) => a - b);
+  const worst = pauses.at(-1) ?? Number.NaN;
+  return {
+    id: `pause-${kind.replaceAll(" ", "-")}`,
+    name: `write pause, ${kind} (${pauses.length} of ${rounds} run)`,
+    value: worst,
+    measured: pauses.length ? `P50 ${formatDuration(percentile(pauses, 0.5))}, P99 ${formatDuration(percentile(pauses, 0.99))}` : "n/a (did not run)",
+    threshold: `<= ${formatDuration(PAUSE_LIMIT_MS)}`,
+    pass: pauses.length === rounds && worst <= PAUSE_LIMIT_MS,
+    source: "supplementary",
+    detail: { pausesMs: pauses },
+  };
 }
