@@ -233,7 +233,7 @@ function validate(o: GateOptions): void {
   if (problems.length > 0) throw new UsageError(problems.join("\n"));
 }
 
-export const USAGE = `usage: idemctl gate [options]        (or: npm run gate -- [options])
+export const USAGE = `usage: npm run gate -- [options]
 
 The launch gate (docs/contract.md, "Launch gate"): drives HTTP requests with concurrent and late
 replays and conflicting payloads through the payments example and the coordinator's replicas,

@@ -12,7 +12,7 @@ import { soak, type SoakOptions } from "./soak.js";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
-const USAGE = `usage: idemctl soak [options]        (or: npm run soak -- [options])
+const USAGE = `usage: npm run soak -- [options]
 
 Runs the launch gate's load (replays, conflicts, card-provider faults) through the payments example
 and three coordinator replicas on a two-node Patroni registry (etcd, HAProxy: apt-get install -y
