@@ -11,7 +11,7 @@ import { loadConfig } from "../src/config.js";
 import { startCoordinator } from "../src/server/app.js";
 import { tokenHash } from "../src/server/callers.js";
 import { freePort } from "../src/net.js";
-import { startChild, waitUntilServing } from "../harness/lib/process.js";
+import { startChild, waitUntilServing, type Child } from "../harness/lib/process.js";
 
 export const ROOT = fileURLToPath(new URL("..", import.meta.url));
 
@@ -94,20 +94,27 @@ export async function startServer(options: ServerOptions): Promise<BenchServer> 
   }
 
   // Inherit nothing that would change the coordinator's behaviour (tracing, another database).
-  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/.test(name))) as Record<
-    string,
-    string
-  >;
-  const child = startChild({
-    command: process.execPath,
-    args: [...(options.cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${options.cpuProfileDir}`] : []), "--import", "tsx", "src/main.ts"],
-    cwd: ROOT,
-    env: { ...inherited, ...environment },
-    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
-    detached: true,
-    keep: 8000,
-  });
+  const child = startBenchProcess("src/main.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/, options.cpuProfileDir);
   const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
   await waitUntilServing(child, "the coordinator", `${adminUrl}/readyz`, 90_000, 150);
   return { mode: "process", baseUrl, adminUrl, pid: child.pid!, environment: redacted(environment), ...databaseRole, stop };
+}
+
+/**
+ * A process of the benchmark's own (the coordinator, the Express service):
+ * `node --import tsx SCRIPT` in its own process group (Ctrl-C is handled by
+ * the benchmark, which stops it), with `environment` over this process's less
+ * the variables `notInherited` names, and a V8 CPU profile into
+ * `cpuProfileDir` when given.
+ */
+export function startBenchProcess(script: string, environment: Record<string, string>, notInherited: RegExp, cpuProfileDir: string | undefined): Child {
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !notInherited.test(name)));
+  return startChild({
+    command: process.execPath,
+    args: [...(cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${cpuProfileDir}`] : []), "--import", "tsx", script],
+    cwd: ROOT,
+    env: { ...inherited, ...environment },
+    detached: true,
+    keep: 8000,
+  });
 }

@@ -12,9 +12,9 @@ import { Agent, request } from "node:http";
 import { randomUUID } from "node:crypto";
 import { withClient } from "./database.js";
 import type { Operation } from "./load.js";
-import { ROOT } from "./server.js";
+import { startBenchProcess } from "./server.js";
 import { freePort } from "../src/net.js";
-import { startChild, waitUntilServing } from "../harness/lib/process.js";
+import { waitUntilServing } from "../harness/lib/process.js";
 
 /** The service's table: what its handler writes, one row per request. */
 export async function prepareServiceTable(databaseUrl: string): Promise<void> {
@@ -60,16 +60,7 @@ export async function startService(options: ServiceOptions): Promise<BenchServic
     BENCH_COORDINATOR_URL: options.coordinatorUrl,
     BENCH_COORDINATOR_TOKEN: options.token,
   };
-  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/.test(name))) as Record<string, string>;
-  const child = startChild({
-    command: process.execPath,
-    args: [...(options.cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${options.cpuProfileDir}`] : []), "--import", "tsx", "bench/express-service.ts"],
-    cwd: ROOT,
-    env: { ...inherited, ...environment },
-    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
-    detached: true,
-    keep: 8000,
-  });
+  const child = startBenchProcess("bench/express-service.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/, options.cpuProfileDir);
   const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
   const baseUrl = `http://127.0.0.1:${port}`;
   await waitUntilServing(child, "the Express service", `${baseUrl}/healthz`, 60_000, 150);

@@ -88,15 +88,18 @@ export interface UnknownEpisode {
 
 export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED_FINAL", "REJECTED"]);
 
-/** What the run left in its schema, the provider and the clients, read and joined. */
-export async function gatherFacts(input: {
+/** Where a run's facts come from: its schema, what its clients saw, the provider's ledger, the coordinators' histograms. */
+export interface FactSources {
   pool: pg.Pool;
   keys: readonly LogicalRequest[];
   stats: LoadStats;
   provider: { charges: Charge[]; chargeRequests: string[] };
   reserve: PromHistogram;
   reserveRpc: PromHistogram;
-}): Promise<RunFacts> {
+}
+
+/** What the run left in its schema, the provider and the clients, read and joined. */
+export async function gatherFacts(input: FactSources): Promise<RunFacts> {
   const { pool } = input;
   const [records, payments, outbox, attempts, episodes, now] = await Promise.all([
     pool.query<RecordRow>(

@@ -1,11 +1,8 @@
-import type pg from "pg";
-import type { Charge } from "../../examples/payments/provider.js";
 import type { Criterion } from "../lib/criterion.js";
 import { formatDuration, formatInt, formatPercent } from "../lib/format.js";
-import { promSummary, type HistogramSummary, type PromHistogram } from "../lib/prometheus.js";
-import { gatherFacts, longestUnknownMs, outboxRows, paymentsByStatus, recordsByState, TERMINAL, type RunFacts } from "./facts.js";
+import { promSummary, type HistogramSummary } from "../lib/prometheus.js";
+import { gatherFacts, longestUnknownMs, outboxRows, paymentsByStatus, recordsByState, TERMINAL, type FactSources, type RunFacts } from "./facts.js";
 import { judgeRun } from "./judges.js";
-import type { LogicalRequest, LoadStats } from "./load.js";
 import type { GateOptions } from "./options.js";
 
 /**
@@ -29,15 +26,7 @@ export interface Measurement {
   samples: Record<string, unknown[]>;
 }
 
-export async function measure(input: {
-  pool: pg.Pool;
-  keys: readonly LogicalRequest[];
-  stats: LoadStats;
-  provider: { charges: Charge[]; chargeRequests: string[] };
-  reserve: PromHistogram;
-  reserveRpc: PromHistogram;
-  options: GateOptions;
-}): Promise<Measurement> {
+export async function measure(input: FactSources & { options: GateOptions }): Promise<Measurement> {
   const facts = await gatherFacts(input);
   const { criteria, samples } = judgeRun(facts, input.options);
   const byState = recordsByState(facts);
