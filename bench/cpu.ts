@@ -8,6 +8,8 @@
  */
 import { execFileSync } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+import { statFields } from "../harness/lib/machine.js";
 
 let ticksPerSecond: number | undefined;
 function clockTicks(): number {
@@ -32,9 +34,7 @@ interface Stat {
 
 function stat(pid: number | "self"): Stat | undefined {
   try {
-    const text = readFileSync(`/proc/${pid}/stat`, "utf8");
-    // The command name may contain spaces: fields are counted after its closing parenthesis.
-    const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
+    const fields = statFields(readFileSync(`/proc/${pid}/stat`, "utf8"));
     const ms = (i: number) => (Number(fields[i]) * 1000) / clockTicks();
     // After the name: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
     return { state: fields[0]!, ppid: Number(fields[1]), own: ms(11) + ms(12), children: ms(13) + ms(14) };
@@ -133,7 +133,7 @@ export class CpuMeter {
     for (let waited = 0; ; waited += 25) {
       const now = this.snapshot();
       if (!now || !now.postgresZombies || waited >= 1000) return now ? { ...now, at: endedAt } : undefined;
-      await new Promise((r) => setTimeout(r, 25));
+      await sleep(25);
     }
   }
 

@@ -7,6 +7,7 @@
  */
 import { performance } from "node:perf_hooks";
 import { setTimeout as sleep } from "node:timers/promises";
+import { ascending, percentile } from "../harness/lib/histogram.js";
 import type { CpuUse } from "./cpu.js";
 
 /** One operation; resolves to the duration of its first part (Reserve alone) when it has one, in ms. */
@@ -40,27 +41,20 @@ export interface Summary {
   cpu?: CpuUse;
 }
 
-/** Nearest-rank percentile of sorted values. */
-export function percentile(sorted: Float64Array, p: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  const rank = Math.ceil((p / 100) * sorted.length);
-  return sorted[Math.min(sorted.length, Math.max(1, rank)) - 1]!;
-}
-
 export function summarize(sample: Sample): Summary {
-  const sorted = Float64Array.from(sample.latencies).sort();
-  const parts = Float64Array.from(sample.parts).sort();
+  const sorted = ascending(sample.latencies);
+  const parts = ascending(sample.parts);
   const sum = sorted.reduce((a, b) => a + b, 0);
   return {
     opsPerSec: sample.windowMs > 0 ? sorted.length / (sample.windowMs / 1000) : 0,
-    p50Ms: percentile(sorted, 50),
-    p99Ms: percentile(sorted, 99),
+    p50Ms: percentile(sorted, 0.5),
+    p99Ms: percentile(sorted, 0.99),
     meanMs: sorted.length ? sum / sorted.length : Number.NaN,
     maxMs: sorted.length ? sorted[sorted.length - 1]! : Number.NaN,
     count: sorted.length,
     errors: sample.errors,
     ...(sample.firstError ? { firstError: sample.firstError } : {}),
-    ...(parts.length ? { reserveP50Ms: percentile(parts, 50), reserveP99Ms: percentile(parts, 99) } : {}),
+    ...(parts.length ? { reserveP50Ms: percentile(parts, 0.5), reserveP99Ms: percentile(parts, 0.99) } : {}),
   };
 }
 

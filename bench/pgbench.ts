@@ -4,12 +4,13 @@
  * read back and counted exactly like the coordinator's operations
  * (bench/load.ts).
  */
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { execFile } from "node:child_process";
 import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import type { Sample } from "./load.js";
 import { runVariables } from "./sql.js";
+import { runChild, type Child } from "../harness/lib/process.js";
 
 const execFileAsync = promisify(execFile);
 
@@ -81,7 +82,7 @@ export interface PgbenchRun extends PgbenchTarget {
   logDir: string;
   logPrefix: string;
   /** Told about the child so that Ctrl-C can stop it. */
-  onChild?: (child: ChildProcess | undefined) => void;
+  onChild?: (child: Child | undefined) => void;
 }
 
 export interface PgbenchResult extends Sample {
@@ -123,23 +124,16 @@ export async function runPgbench(run: PgbenchRun): Promise<PgbenchResult> {
   const command = ["pgbench", ...shown.map((a) => (a === run.scriptFile ? "reserve-complete.sql" : a.startsWith("--log-prefix") ? "--log-prefix=…" : a)), "-D name=value…"].join(
     " ",
   );
-  const { code, output } = await new Promise<{ code: number | null; output: string }>((resolve, reject) => {
-    const child = spawn(run.bin, args, {
-      env: environmentFor(run),
-      stdio: ["ignore", "pipe", "pipe"],
-      // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
-      detached: true,
-    });
-    run.onChild?.(child);
-    let output = "";
-    child.stdout.on("data", (chunk: Buffer) => (output = (output + chunk.toString()).slice(-20_000)));
-    child.stderr.on("data", (chunk: Buffer) => (output = (output + chunk.toString()).slice(-20_000)));
-    child.on("error", reject);
-    child.on("close", (exitCode) => {
-      run.onChild?.(undefined);
-      resolve({ code: exitCode, output });
-    });
+  const { code, output } = await runChild({
+    command: run.bin,
+    args,
+    env: environmentFor(run),
+    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
+    detached: true,
+    keep: 20_000,
+    ...(run.onChild ? { onStart: run.onChild } : {}),
   });
+  run.onChild?.(undefined);
   const sample = await readLogs(run.logDir, run.logPrefix, run.warmupMs, run.measureMs);
   const summary = output
     .split("\n")
@@ -197,7 +191,7 @@ export async function runPgbenchTransactions(
   scriptFile: string,
   variables: Record<string, string>,
   transactions: number,
-  onChild?: (child: ChildProcess | undefined) => void,
+  onChild?: (child: Child | undefined) => void,
 ): Promise<{ ok: boolean; output: string }> {
   const args = [
     "-n",
@@ -213,17 +207,13 @@ export async function runPgbenchTransactions(
     scriptFile,
     ...Object.entries(runVariables(variables)).flatMap(([name, value]) => ["-D", `${name}=${value}`]),
   ];
-  return new Promise((resolve) => {
-    const child = spawn(target.bin, args, { env: environmentFor(target), stdio: ["ignore", "pipe", "pipe"], detached: true });
-    onChild?.(child);
-    let output = "";
-    child.stdout.on("data", (chunk: Buffer) => (output = (output + chunk.toString()).slice(-20_000)));
-    child.stderr.on("data", (chunk: Buffer) => (output = (output + chunk.toString()).slice(-20_000)));
-    child.on("error", (error) => resolve({ ok: false, output: error.message }));
-    child.on("close", (code) => {
-      onChild?.(undefined);
-      // A failed statement aborts the client, and pgbench then exits with 2.
-      resolve({ ok: code === 0 && !/aborted|error/i.test(output), output });
-    });
-  });
+  try {
+    const { code, output } = await runChild({ command: target.bin, args, env: environmentFor(target), detached: true, keep: 20_000, ...(onChild ? { onStart: onChild } : {}) });
+    // A failed statement aborts the client, and pgbench then exits with 2.
+    return { ok: code === 0 && !/aborted|error/i.test(output), output };
+  } catch (error) {
+    return { ok: false, output: (error as Error).message };
+  } finally {
+    onChild?.(undefined);
+  }
 }

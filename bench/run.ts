@@ -4,21 +4,23 @@
  * server, on one machine and one database in one run. docs/benchmark.md
  * explains what is measured and how to read it; `--help` lists the options.
  */
-import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
-import { join, relative, resolve } from "node:path";
+import { join, relative } from "node:path";
 import { performance } from "node:perf_hooks";
 import pg from "pg";
 import pino from "pino";
-import { parseDuration, parsePolicyDocument } from "../src/policy/document.js";
+import { parsePolicyDocument } from "../src/policy/document.js";
 import { toOperationPolicy } from "../src/policy/operations.js";
 import { migrate } from "../src/registry/migrate.js";
-import { openClients, type BenchClients, type ClientKind, type Reserved } from "./client.js";
+import { openClients, type BenchClients, type Reserved } from "./client.js";
+import type { Child } from "../harness/lib/process.js";
 import { CpuMeter } from "./cpu.js";
+import { Aborted, RunLifetime } from "./lifetime.js";
 import { databaseFacts, enableStatements, readStatements, resetStatements, settle, startDatabase, synchronousCommit, type BenchDatabase, type StatementCount } from "./database.js";
 import { closedLoop, openLoop, summarize, type Operation, type Phase, type Sample, type Summary } from "./load.js";
+import { HELP, parseBenchArgs, UsageError, type Options } from "./options.js";
 import { findPgbench, runPgbench, runPgbenchTransactions, type Pgbench } from "./pgbench.js";
 import {
   goalLines,
@@ -36,304 +38,9 @@ import {
 } from "./report.js";
 import { CountingProxy } from "./roundtrips.js";
 import { ROOT, startServer, type BenchServer } from "./server.js";
-import { callsPerRequest, coordinatorCalls, openServiceClients, prepareServiceTable, startService } from "./service-level.js";
+import { openServiceClients, prepareServiceTable, startService } from "./service-level.js";
+import { callsPerRequest, coordinatorCalls, handlerMean, handlerTimes } from "./metrics.js";
 import { pgbenchScript, type OperationValues } from "./sql.js";
-
-const HELP = `npm run bench [-- options]
-
-Two levels, each measured side by side with its baseline, under each
-synchronous_commit setting asked for (durable "on", then "off"):
-
-coordinator level: Reserve(claim) + Complete through the coordinator (gRPC
-  over HTTP/2, the coordinator in its own process) beside the same SQL driven
-  by pgbench -M prepared, and a no-op RPC (grpc.health.v1.Health/Check) on the
-  same server: closed loop at several concurrencies, then open model (Poisson
-  arrivals) at fractions of the best closed-loop throughput. Counts database
-  round trips per RPC (on the wire, through a counting proxy) and statements
-  (pg_stat_statements), once per run.
-service level: a minimal Express service (its own process) writing one row
-  per POST at synchronous_commit=on, driven by 16 HTTP clients: the handler
-  alone, then behind the gateway SDK with new keys, then with replays.
-
-Prints the tables with the goals as PASS/FAIL lines (the exit status does not
-depend on them) and writes JSON.
-
-  --quick                 under 2 minutes: commit on only, concurrency 16,64,
-                          open at 50%; 1 s warm-up, 2 s measured per phase
-  --level L               coordinator, service or all (default all)
-  --commit LIST           synchronous_commit settings, each a part of the run
-                          (default on,off; quick on)
-  --durable               the same as --commit on
-  --concurrency LIST      closed-loop concurrencies (default 1,16,64)
-  --duration D            measured time per phase (default 4s; quick 2s); D is a duration
-                          as everywhere in this project (4s, 2m), or whole seconds
-  --warmup D              unmeasured time before each phase (default 2s; quick 1s)
-  --open LIST|none        open-model rates as fractions of the best closed-loop
-                          coordinator throughput (default 0.5,0.8; quick 0.5)
-  --service-clients N     concurrent HTTP clients of the service level (default 16)
-  --database-url URL      use this PostgreSQL instead of a dedicated embedded one
-                          (a scratch database: records are written, and
-                          synchronous_commit is set for that database during the
-                          run, reset after it; statements per RPC need
-                          pg_stat_statements preloaded there, round trips are
-                          counted on the wire regardless)
-  --pool-max N            the coordinator's registry pool (default 20, its default)
-  --connections N         HTTP/2 connections of the load generator (default 2)
-  --protocol grpc|connect gRPC, as the gateway SDK calls (default), or the Connect
-                          protocol (binary) over the same HTTP/2 connections
-  --client sdk|unary      coordinator level: Reserve and Complete through the
-                          gateway SDK's CoordinatorClient, which carries concurrent
-                          calls in Batch RPCs (default), or one unary RPC each, as a
-                          client generated from the proto calls (gRPC only with sdk)
-  --in-process            run the coordinator in the benchmark's process
-  --setting NAME=VALUE    a setting of the coordinator under test (README,
-                          "Configuration"), e.g. IDEM_BATCH_IN_FLIGHT=8; repeatable
-  --cpu-prof DIR          the coordinator process (and the service level's Express
-                          service) writes a V8 CPU profile of the whole run into
-                          DIR (open it in Chrome DevTools)
-  --round-trip-ops N      calls of each RPC counted for round trips (default 200; quick 50)
-  --out FILE              JSON output (default bench/results/latest.json)
-  --render FILE           print a saved JSON result again (add --markdown for Markdown)
-  --pgbench-script        print the generated pgbench script and exit
-  -h, --help              this text
-
-The default run takes about 7 minutes, --quick about 1.5. pgbench is looked up
-in $PGBENCH, PATH and /usr/lib/postgresql/*/bin; without it the pgbench
-baseline is skipped.
-`;
-
-type Level = "coordinator" | "service" | "all";
-type Commit = "on" | "off";
-
-interface Options {
-  quick: boolean;
-  level: Level;
-  commit: Commit[];
-  concurrency: number[];
-  warmupSec: number;
-  measureSec: number;
-  open: number[];
-  serviceClients: number;
-  databaseUrl?: string;
-  poolMax: number;
-  connections: number;
-  protocol: "grpc" | "connect";
-  client: ClientKind;
-  inProcess: boolean;
-  cpuProfileDir?: string;
-  /** Settings of the coordinator under test, as its environment. */
-  settings: Record<string, string>;
-  roundTripOps: number;
-  out: string;
-}
-
-class UsageError extends Error {}
-
-function parseArgs(argv: string[]): Options | { render: string; markdown: boolean } | "help" | "script" {
-  const quick = argv.includes("--quick");
-  const options: Options = {
-    quick,
-    level: "all",
-    commit: quick ? ["on"] : ["on", "off"],
-    concurrency: quick ? [16, 64] : [1, 16, 64],
-    warmupSec: quick ? 1 : 2,
-    measureSec: quick ? 2 : 4,
-    open: quick ? [0.5] : [0.5, 0.8],
-    serviceClients: 16,
-    poolMax: 20,
-    connections: 2,
-    protocol: "grpc",
-    client: "sdk",
-    settings: {},
-    inProcess: false,
-    roundTripOps: quick ? 50 : 200,
-    out: join(ROOT, "bench", "results", "latest.json"),
-  };
-  let render: string | undefined;
-  let markdown = false;
-  // The project's durations (4s, 2m, as in policies, idemctl and the gate), or a whole number of seconds.
-  const seconds = (flag: string, raw: string | undefined, min: number, max: number) => {
-    const ms = parseDuration(raw ?? "") ?? (/^\d+$/.test(raw ?? "") ? Number(raw) * 1000 : undefined);
-    if (ms === undefined || ms % 1000 !== 0 || ms / 1000 < min || ms / 1000 > max) {
-      throw new UsageError(`${flag} needs a duration of whole seconds from ${min}s to ${max}s (e.g. 4s, 2m, or 4), got '${raw ?? ""}'`);
-    }
-    return ms / 1000;
-  };
-  const positive = (flag: string, raw: string | undefined, max: number) => {
-    const n = Number(raw);
-    if (!Number.isInteger(n) || n < 1 || n > max) throw new UsageError(`${flag} needs a whole number from 1 to ${max}, got '${raw ?? ""}'`);
-    return n;
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    const value = () => {
-      const v = argv[++i];
-      if (v === undefined || v.startsWith("--")) throw new UsageError(`${arg} needs a value`);
-      return v;
-    };
-    switch (arg) {
-      case "-h":
-      case "--help":
-        return "help";
-      case "--pgbench-script":
-        return "script";
-      case "--quick":
-        break;
-      case "--concurrency":
-        options.concurrency = value()
-          .split(",")
-          .map((c) => positive("--concurrency", c, 1000));
-        break;
-      case "--duration":
-        options.measureSec = seconds("--duration", value(), 1, 3600);
-        break;
-      case "--warmup":
-        options.warmupSec = seconds("--warmup", value(), 0, 600);
-        break;
-      case "--open": {
-        const raw = value();
-        options.open =
-          raw === "none"
-            ? []
-            : raw.split(",").map((f) => {
-                const n = Number(f);
-                if (!(n > 0 && n <= 2)) throw new UsageError(`--open takes fractions above 0 (e.g. 0.5,0.8), got '${f}'`);
-                return n;
-              });
-        break;
-      }
-      case "--durable":
-        options.commit = ["on"];
-        break;
-      case "--commit": {
-        const settings = value().split(",");
-        for (const c of settings) if (c !== "on" && c !== "off") throw new UsageError(`--commit takes on and/or off (e.g. on,off), got '${c}'`);
-        options.commit = [...new Set(settings as Commit[])];
-        break;
-      }
-      case "--level": {
-        const level = value();
-        if (level !== "coordinator" && level !== "service" && level !== "all") throw new UsageError(`--level is coordinator, service or all, got '${level}'`);
-        options.level = level;
-        break;
-      }
-      case "--service-clients":
-        options.serviceClients = positive("--service-clients", value(), 1000);
-        break;
-      case "--database-url": {
-        const url = value();
-        if (!/^postgres(ql)?:\/\//.test(url)) throw new UsageError("--database-url must be a postgres:// connection string");
-        options.databaseUrl = url;
-        break;
-      }
-      case "--pool-max":
-        options.poolMax = positive("--pool-max", value(), 1000);
-        break;
-      case "--connections":
-        options.connections = positive("--connections", value(), 64);
-        break;
-      case "--client": {
-        const client = value();
-        if (client !== "sdk" && client !== "unary") throw new UsageError(`--client is sdk or unary, got '${client}'`);
-        options.client = client;
-        break;
-      }
-      case "--protocol": {
-        const protocol = value();
-        if (protocol !== "grpc" && protocol !== "connect") throw new UsageError(`--protocol is grpc or connect, got '${protocol}'`);
-        options.protocol = protocol;
-        break;
-      }
-      case "--in-process":
-        options.inProcess = true;
-        break;
-      case "--setting": {
-        const setting = value();
-        const match = /^(IDEM_[A-Z0-9_]+)=(.*)$/.exec(setting);
-        if (!match) throw new UsageError(`--setting is NAME=VALUE with an IDEM_ name, got '${setting}'`);
-        options.settings[match[1]!] = match[2]!;
-        break;
-      }
-      case "--cpu-prof":
-        options.cpuProfileDir = resolve(value());
-        break;
-      case "--round-trip-ops":
-        options.roundTripOps = positive("--round-trip-ops", value(), 100_000);
-        break;
-      case "--out":
-        options.out = value();
-        break;
-      case "--render":
-        render = value();
-        break;
-      case "--markdown":
-        markdown = true;
-        break;
-      default:
-        throw new UsageError(`unknown option '${arg}' (see --help)`);
-    }
-  }
-  if (render) return { render, markdown };
-  if (options.client === "sdk" && options.protocol !== "grpc") throw new UsageError("--protocol connect needs --client unary: the gateway SDK calls over gRPC");
-  return options;
-}
-
-// ---------------------------------------------------------------------------
-// Process lifetime: every child and the database are stopped on any exit.
-
-const started = performance.now();
-const progress = (line: string) => process.stdout.write(`[${((performance.now() - started) / 1000).toFixed(0).padStart(4)}s] ${line}\n`);
-/** Run last-in first-out on any exit. */
-const cleanups: Array<{ name: string; run: () => Promise<void> }> = [];
-/** The running pgbench, if any (the coordinators and the database are stopped by their cleanups). */
-const children = new Set<ChildProcess>();
-const abort = new AbortController();
-let firstSignalAt: number | undefined;
-/**
- * The load generator's HTTP/2 sessions, closed first on any stop: a session
- * still open when a coordinator says GOAWAY fails with an error nobody
- * listens for.
- */
-const clientSets = new Set<BenchClients>();
-const closeClients = () => clientSets.forEach((c) => c.close());
-
-class Aborted extends Error {}
-const checkpoint = () => {
-  if (abort.signal.aborted) throw new Aborted("interrupted");
-};
-
-function onSignal(signal: NodeJS.Signals): void {
-  if (firstSignalAt === undefined) {
-    firstSignalAt = Date.now();
-    progress(`${signal}: stopping the run; cleaning up (pgbench, coordinator, database)…`);
-    abort.abort();
-    closeClients();
-    for (const child of children) child.kill("SIGINT");
-  } else if (Date.now() - firstSignalAt > 1000) {
-    progress("still cleaning up: the coordinator and the database are being stopped");
-  }
-}
-
-async function cleanup(): Promise<void> {
-  closeClients();
-  while (cleanups.length > 0) {
-    const { name, run } = cleanups.pop()!;
-    await run().catch((error: unknown) => progress(`cleanup of ${name} failed: ${(error as Error).message}`));
-  }
-  // Whatever is left (a pgbench interrupted mid-run): gone for good.
-  for (const child of children) child.kill("SIGKILL");
-}
-
-function trackChild(): (child: ChildProcess | undefined) => void {
-  let current: ChildProcess | undefined;
-  return (child) => {
-    if (current) children.delete(current);
-    if (child) children.add(child);
-    current = child;
-  };
-}
-
-// ---------------------------------------------------------------------------
 
 const TENANT = "bench";
 const OPERATION = "payments.create";
@@ -358,29 +65,6 @@ function operationValues(): OperationValues {
       body: new TextEncoder().encode(JSON.stringify({ id: "pay_000000000001", amount: 10, currency: "EUR", status: "succeeded" })),
     },
   };
-}
-
-/** Sum and count of the coordinator's own RPC timer (idem_rpc_duration_seconds on /metrics), by method. */
-async function handlerTimes(adminUrl: string): Promise<Map<string, { sum: number; count: number }>> {
-  const times = new Map<string, { sum: number; count: number }>();
-  const text = await fetch(`${adminUrl}/metrics`).then(
-    (r) => r.text(),
-    () => "",
-  );
-  for (const m of text.matchAll(/^idem_rpc_duration_seconds_(sum|count)\{[^}]*method="(\w+)"[^}]*code="ok"[^}]*\} (\S+)$/gm)) {
-    const entry = times.get(m[2]!) ?? { sum: 0, count: 0 };
-    entry[m[1] as "sum" | "count"] += Number(m[3]);
-    times.set(m[2]!, entry);
-  }
-  return times;
-}
-
-/** Mean server-side time of a method between two scrapes, in ms (undefined without /metrics). */
-function handlerMean(before: Map<string, { sum: number; count: number }>, after: Map<string, { sum: number; count: number }>, method: string): number | undefined {
-  const a = after.get(method);
-  const b = before.get(method) ?? { sum: 0, count: 0 };
-  if (!a || a.count <= b.count) return undefined;
-  return ((a.sum - b.sum) / (a.count - b.count)) * 1000;
 }
 
 /** pg_stat_statements rows as statements per call, in the order a transaction sends them. */
@@ -416,6 +100,7 @@ function line(label: string, s: Summary | null): string {
 
 interface Context {
   options: Options;
+  life: RunLifetime;
   database: BenchDatabase;
   statements: { available: true } | { available: false; reason: string };
   values: OperationValues;
@@ -456,13 +141,13 @@ async function coordinator(
     client: ctx.options.client,
     values: ctx.values,
   });
-  clientSets.add(clients);
+  const release = ctx.life.holdClients(clients);
   const stop = async () => {
     clients.close();
-    clientSets.delete(clients);
+    release();
     await server.stop();
   };
-  cleanups.push({ name: label, run: stop });
+  ctx.life.onExit(label, stop);
   return { server, clients, stop };
 }
 
@@ -473,10 +158,11 @@ async function coordinator(
  * background jobs are parked, so that everything counted is the RPCs'.
  */
 async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<RoundTrips> {
+  const { checkpoint } = ctx.life;
   const k = ctx.options.roundTripOps;
   const target = new URL(ctx.database.url);
   const proxy = await CountingProxy.start({ host: target.hostname, port: Number(target.port || 5432) });
-  cleanups.push({ name: "the counting proxy", run: () => proxy.close() });
+  ctx.life.onExit("the counting proxy", () => proxy.close());
   const counting = await coordinator(ctx, "the counting coordinator", proxy.url(ctx.database.url), {
     IDEM_RECOVERER_INTERVAL_MS: "3600000",
     IDEM_SWEEP_INTERVAL_MS: "86400000",
@@ -537,7 +223,7 @@ async function countRoundTrips(ctx: Context, usePgbench: boolean): Promise<Round
         ctx.scriptFile,
         ctx.variables,
         k,
-        trackChild(),
+        ctx.life.trackChild(),
       ),
     );
     if (pgb.result.ok) {
@@ -583,7 +269,7 @@ interface PgbenchState {
   skipped?: string;
   checked: boolean;
   command?: string;
-  onChild: (child: ChildProcess | undefined) => void;
+  onChild: (child: Child | undefined) => void;
   logRun: number;
   workDir: string;
 }
@@ -592,6 +278,7 @@ interface PgbenchState {
 type Timed = <T extends Summary>(label: string, work: () => Promise<Sample | Summary | null>, extend?: (summary: Summary) => Promise<T> | T) => Promise<T | null>;
 
 function timer(ctx: Context, cpu: CpuMeter): Timed {
+  const { progress, checkpoint } = ctx.life;
   return async (label, work, extend) => {
     // A quick run's tables stay small: it skips the vacuum and checkpoint between phases.
     if (!ctx.options.quick) await settle(ctx.database.url);
@@ -608,16 +295,17 @@ function timer(ctx: Context, cpu: CpuMeter): Timed {
   };
 }
 
-const phaseOf = (options: Options): Phase => ({ warmupMs: options.warmupSec * 1000, measureMs: options.measureSec * 1000, signal: abort.signal });
+const phaseOf = ({ options, life }: Context): Phase => ({ warmupMs: options.warmupSec * 1000, measureMs: options.measureSec * 1000, signal: life.signal });
 
 /** The coordinator level under one commit setting: closed loop at each concurrency, then the open model, each beside pgbench and the no-op. */
 async function coordinatorLevel(ctx: Context, main: Awaited<ReturnType<typeof coordinator>>, pgb: PgbenchState, tag: string): Promise<Row[]> {
+  const { progress, checkpoint } = ctx.life;
   const { options } = ctx;
   const { server, clients } = main;
   // Every path warmed up once (JIT, connection pools, caches) before anything is measured.
   const warmSec = options.quick ? 1 : 2;
   progress(`${tag}warming up: ${warmSec} s of coordinator and no-op calls${pgb.use ? ", 100 pgbench transactions" : ""} (not measured)`);
-  const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };
+  const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: ctx.life.signal };
   await closedLoop(4, warm, clients.operation);
   await closedLoop(4, warm, clients.noop);
   if (pgb.use) await runPgbenchTransactions(pgb.target!, ctx.scriptFile, ctx.variables, 100, pgb.onChild);
@@ -651,9 +339,9 @@ async function coordinatorLevel(ctx: Context, main: Awaited<ReturnType<typeof co
 
   const rows: Row[] = [];
   for (const concurrency of options.concurrency) {
-    const coord = (await timed(`${tag}closed c=${concurrency} coordinator`, () => closedLoop(concurrency, phaseOf(options), clients.operation)))!;
+    const coord = (await timed(`${tag}closed c=${concurrency} coordinator`, () => closedLoop(concurrency, phaseOf(ctx), clients.operation)))!;
     const pgbench = await timed(`${tag}closed c=${concurrency} pgbench`, () => pgbenchPhase(concurrency));
-    const noop = (await timed(`${tag}closed c=${concurrency} no-op`, () => closedLoop(concurrency, phaseOf(options), clients.noop)))!;
+    const noop = (await timed(`${tag}closed c=${concurrency} no-op`, () => closedLoop(concurrency, phaseOf(ctx), clients.noop)))!;
     rows.push({ mode: "closed", concurrency, coordinator: coord, pgbench, noop, ratios: ratios(coord, pgbench, noop) });
   }
   const best = Math.max(...rows.map((r) => r.coordinator.opsPerSec));
@@ -661,9 +349,9 @@ async function coordinatorLevel(ctx: Context, main: Awaited<ReturnType<typeof co
   for (const fraction of options.open) {
     const rate = Math.max(1, fraction * best);
     const label = `${tag}open ${Math.round(fraction * 100)}% (${rate.toFixed(0)}/s, ≤${callers})`;
-    const coord = (await timed(`${label} coordinator`, () => openLoop(callers, rate, phaseOf(options), clients.operation)))!;
+    const coord = (await timed(`${label} coordinator`, () => openLoop(callers, rate, phaseOf(ctx), clients.operation)))!;
     const pgbench = await timed(`${label} pgbench`, () => pgbenchPhase(callers, rate));
-    const noop = (await timed(`${label} no-op`, () => openLoop(callers, rate, phaseOf(options), clients.noop)))!;
+    const noop = (await timed(`${label} no-op`, () => openLoop(callers, rate, phaseOf(ctx), clients.noop)))!;
     rows.push({ mode: "open", concurrency: callers, offeredPerSec: rate, fraction, coordinator: coord, pgbench, noop, ratios: ratios(coord, pgbench, noop) });
   }
   return rows;
@@ -675,6 +363,7 @@ async function coordinatorLevel(ctx: Context, main: Awaited<ReturnType<typeof co
  * process; the handler alone, then the SDK with new keys, then replays.
  */
 async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordinator>>, tag: string): Promise<ServiceLevel> {
+  const { progress, checkpoint } = ctx.life;
   const { options } = ctx;
   const workers = options.serviceClients;
   const service = await startService({
@@ -687,7 +376,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     poolMax: workers,
     ...(options.cpuProfileDir ? { cpuProfileDir: options.cpuProfileDir } : {}),
   });
-  cleanups.push({ name: "the Express service", run: () => service.stop() });
+  ctx.life.onExit("the Express service", () => service.stop());
   progress(`${tag}Express service on ${service.baseUrl} (separate process, pid ${service.pid}, ${workers} database connections), ${workers} HTTP clients, one user each`);
   const clients = openServiceClients(service.baseUrl, workers);
   try {
@@ -695,7 +384,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     await settle(ctx.database.url);
     const warmSec = options.quick ? 1 : 2;
     progress(`${tag}warming up the service: ${warmSec} s of each workload (not measured)`);
-    const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: abort.signal };
+    const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: ctx.life.signal };
     for (const op of [clients.plain, clients.newKey, clients.replay]) await closedLoop(workers, warm, op);
     checkpoint();
 
@@ -708,7 +397,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
         async () => {
           callsBefore = await coordinatorCalls(main.server.adminUrl);
           answeredBefore = clients.answered();
-          return closedLoop(workers, phaseOf(options), op);
+          return closedLoop(workers, phaseOf(ctx), op);
         },
         async (summary) => {
           const requests = clients.answered() - answeredBefore;
@@ -750,7 +439,8 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
   }
 }
 
-async function run(options: Options, argv: string[]): Promise<BenchResult> {
+async function run(options: Options, argv: string[], life: RunLifetime): Promise<BenchResult> {
+  const { progress, checkpoint } = life;
   const startedAt = new Date();
   const loadBefore = os.loadavg();
   const runCoordinatorLevel = options.level !== "service";
@@ -770,22 +460,22 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
   const pgb: PgbenchState = {
     use: false,
     checked: false,
-    onChild: trackChild(),
+    onChild: life.trackChild(),
     logRun: 0,
     workDir: await mkdtemp(join(os.tmpdir(), "idem-bench-pgbench-")),
     ...(runCoordinatorLevel && !pgbench
       ? { skipped: "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)" }
       : {}),
   };
-  cleanups.push({ name: "pgbench's files", run: () => rm(pgb.workDir, { recursive: true, force: true }) });
+  life.onExit("pgbench's files", () => rm(pgb.workDir, { recursive: true, force: true }));
   if (runCoordinatorLevel) progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgb.skipped}; the pgbench baseline is skipped`);
 
   progress(options.databaseUrl ? "database: --database-url" : "starting a dedicated embedded PostgreSQL (fsync=on, pg_stat_statements)");
   const database = await startDatabase({ ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}), logger });
-  cleanups.push({ name: "the database", run: () => database.stop() });
+  life.onExit("the database", () => database.stop());
   if (!database.embedded) {
     // Someone else's server: the database gets its own default back.
-    cleanups.push({ name: "the database's synchronous_commit", run: () => synchronousCommit(database.url, undefined).then(() => undefined) });
+    life.onExit("the database's synchronous_commit", () => synchronousCommit(database.url, undefined).then(() => undefined));
   }
   checkpoint();
   {
@@ -809,7 +499,7 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
   const { script, variables } = pgbenchScript(values);
   const scriptFile = join(pgb.workDir, "reserve-complete.sql");
   await writeFile(scriptFile, script);
-  const ctx: Context = { options, database, statements, values, token: `bench_${randomBytes(24).toString("hex")}`, pgbench, scriptFile, variables };
+  const ctx: Context = { options, life, database, statements, values, token: `bench_${randomBytes(24).toString("hex")}`, pgbench, scriptFile, variables };
 
   const commits: CommitRun[] = [];
   let serverInfo: BenchResult["server"] | undefined;
@@ -921,9 +611,9 @@ async function run(options: Options, argv: string[]): Promise<BenchResult> {
 
 async function main(): Promise<void> {
   const argv = process.argv.slice(2);
-  let parsed: ReturnType<typeof parseArgs>;
+  let parsed: ReturnType<typeof parseBenchArgs>;
   try {
-    parsed = parseArgs(argv);
+    parsed = parseBenchArgs(argv);
   } catch (error) {
     if (!(error instanceof UsageError)) throw error;
     process.stderr.write(`${error.message}\n\n${HELP}`);
@@ -943,30 +633,31 @@ async function main(): Promise<void> {
     return;
   }
   const options = parsed;
-  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, onSignal);
+  const life = new RunLifetime();
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, life.onSignal);
   // Nothing may leave a coordinator or the database running: an unexpected error still cleans up.
   process.on("uncaughtException", (error) => {
     process.stderr.write(`benchmark failed: ${error.stack ?? error.message}\n`);
-    abort.abort();
-    void cleanup().finally(() => process.exit(1));
+    life.stop();
+    void life.cleanup().finally(() => process.exit(1));
   });
   let exitCode = 0;
   try {
-    const result = await run(options, argv);
+    const result = await run(options, argv, life);
     await mkdir(join(options.out, ".."), { recursive: true });
     await writeFile(options.out, `${JSON.stringify(result, null, 2)}\n`);
     const shown = relative(process.cwd(), options.out);
     process.stdout.write(`\n${renderText(result)}\n\nJSON: ${shown.startsWith("..") ? options.out : shown}\n`);
   } catch (error) {
-    if (error instanceof Aborted || abort.signal.aborted) {
+    if (error instanceof Aborted || life.signal.aborted) {
       exitCode = 130;
     } else {
       process.stderr.write(`benchmark failed: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
       exitCode = 1;
     }
   } finally {
-    progress(`cleaning up: ${options.databaseUrl ? "" : "the embedded PostgreSQL, "}temporary files`);
-    await cleanup();
+    life.progress(`cleaning up: ${options.databaseUrl ? "" : "the embedded PostgreSQL, "}temporary files`);
+    await life.cleanup();
   }
   process.exit(exitCode);
 }

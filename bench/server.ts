@@ -4,7 +4,6 @@
  * production) so that the load generator does not share its event loop;
  * `--in-process` runs startCoordinator in the benchmark's own process.
  */
-import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
 import pino from "pino";
@@ -12,6 +11,7 @@ import { loadConfig } from "../src/config.js";
 import { startCoordinator } from "../src/server/app.js";
 import { tokenHash } from "../src/server/callers.js";
 import { freePort } from "../src/net.js";
+import { startChild, waitUntilServing, type Child } from "../harness/lib/process.js";
 
 export const ROOT = fileURLToPath(new URL("..", import.meta.url));
 
@@ -94,51 +94,27 @@ export async function startServer(options: ServerOptions): Promise<BenchServer> 
   }
 
   // Inherit nothing that would change the coordinator's behaviour (tracing, another database).
-  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/.test(name))) as Record<
-    string,
-    string
-  >;
-  const child = spawn(process.execPath, [...(options.cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${options.cpuProfileDir}`] : []), "--import", "tsx", "src/main.ts"], {
+  const child = startBenchProcess("src/main.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/, options.cpuProfileDir);
+  const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
+  await waitUntilServing(child, "the coordinator", `${adminUrl}/readyz`, 90_000, 150);
+  return { mode: "process", baseUrl, adminUrl, pid: child.pid!, environment: redacted(environment), ...databaseRole, stop };
+}
+
+/**
+ * A process of the benchmark's own (the coordinator, the Express service):
+ * `node --import tsx SCRIPT` in its own process group (Ctrl-C is handled by
+ * the benchmark, which stops it), with `environment` over this process's less
+ * the variables `notInherited` names, and a V8 CPU profile into
+ * `cpuProfileDir` when given.
+ */
+export function startBenchProcess(script: string, environment: Record<string, string>, notInherited: RegExp, cpuProfileDir: string | undefined): Child {
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !notInherited.test(name)));
+  return startChild({
+    command: process.execPath,
+    args: [...(cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${cpuProfileDir}`] : []), "--import", "tsx", script],
     cwd: ROOT,
     env: { ...inherited, ...environment },
-    stdio: ["ignore", "pipe", "pipe"],
-    // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
     detached: true,
+    keep: 8000,
   });
-  let output = "";
-  const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-8000));
-  child.stdout.on("data", keep);
-  child.stderr.on("data", keep);
-  let exited = false;
-  child.on("exit", () => {
-    exited = true;
-  });
-
-  const stop = async () => {
-    if (exited) return;
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
-      child.once("exit", () => {
-        clearTimeout(timer);
-        resolve();
-      });
-      child.kill("SIGTERM");
-    });
-  };
-
-  const deadline = Date.now() + 90_000;
-  for (;;) {
-    if (exited) throw new Error(`the coordinator exited before it was ready:\n${output.trim()}`);
-    if (Date.now() > deadline) {
-      await stop();
-      throw new Error(`the coordinator was not ready within 90 s:\n${output.trim()}`);
-    }
-    const ready = await fetch(`${adminUrl}/readyz`, { signal: AbortSignal.timeout(1000) }).then(
-      (r) => r.ok,
-      () => false,
-    );
-    if (ready) break;
-    await new Promise((r) => setTimeout(r, 150));
-  }
-  return { mode: "process", baseUrl, adminUrl, pid: child.pid!, environment: redacted(environment), ...databaseRole, stop };
 }

@@ -8,13 +8,13 @@
  * keys completed earlier with the same body (Reserve answers from the stored
  * snapshot; the handler does not run).
  */
-import { spawn } from "node:child_process";
 import { Agent, request } from "node:http";
 import { randomUUID } from "node:crypto";
 import { withClient } from "./database.js";
 import type { Operation } from "./load.js";
-import { ROOT } from "./server.js";
+import { startBenchProcess } from "./server.js";
 import { freePort } from "../src/net.js";
+import { waitUntilServing } from "../harness/lib/process.js";
 
 /** The service's table: what its handler writes, one row per request. */
 export async function prepareServiceTable(databaseUrl: string): Promise<void> {
@@ -60,52 +60,10 @@ export async function startService(options: ServiceOptions): Promise<BenchServic
     BENCH_COORDINATOR_URL: options.coordinatorUrl,
     BENCH_COORDINATOR_TOKEN: options.token,
   };
-  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => !/^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/.test(name))) as Record<string, string>;
-  const child = spawn(
-    process.execPath,
-    [...(options.cpuProfileDir ? ["--cpu-prof", `--cpu-prof-dir=${options.cpuProfileDir}`] : []), "--import", "tsx", "bench/express-service.ts"],
-    {
-      cwd: ROOT,
-      env: { ...inherited, ...environment },
-      stdio: ["ignore", "pipe", "pipe"],
-      // Its own process group: Ctrl-C is handled by the benchmark, which stops it.
-      detached: true,
-    },
-  );
-  let output = "";
-  const keep = (chunk: Buffer) => (output = (output + chunk.toString()).slice(-8000));
-  child.stdout.on("data", keep);
-  child.stderr.on("data", keep);
-  let exited = false;
-  child.on("exit", () => {
-    exited = true;
-  });
-  const stop = async () => {
-    if (exited) return;
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
-      child.once("exit", () => {
-        clearTimeout(timer);
-        resolve();
-      });
-      child.kill("SIGTERM");
-    });
-  };
+  const child = startBenchProcess("bench/express-service.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/, options.cpuProfileDir);
+  const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
   const baseUrl = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    if (exited) throw new Error(`the Express service exited before it was ready:\n${output.trim()}`);
-    if (Date.now() > deadline) {
-      await stop();
-      throw new Error(`the Express service was not ready within 60 s:\n${output.trim()}`);
-    }
-    const ready = await fetch(`${baseUrl}/healthz`, { signal: AbortSignal.timeout(1000) }).then(
-      (r) => r.ok,
-      () => false,
-    );
-    if (ready) break;
-    await new Promise((r) => setTimeout(r, 150));
-  }
+  await waitUntilServing(child, "the Express service", `${baseUrl}/healthz`, 60_000, 150);
   const { BENCH_SERVICE_DATABASE_URL, BENCH_COORDINATOR_TOKEN, ...shown } = environment;
   void BENCH_SERVICE_DATABASE_URL;
   void BENCH_COORDINATOR_TOKEN;
@@ -209,37 +167,4 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
     answered: () => answered,
     close: () => agent.destroy(),
   };
-}
-
-/**
- * Calls the coordinator answered, by method, from /metrics
- * (idem_rpc_duration_seconds_count of its CoordinatorService, every code).
- * A Batch RPC counts as itself and each call it carries under that call's
- * method; undefined without /metrics.
- */
-export async function coordinatorCalls(adminUrl: string): Promise<Map<string, number> | undefined> {
-  const text = await fetch(`${adminUrl}/metrics`).then(
-    (r) => (r.ok ? r.text() : ""),
-    () => "",
-  );
-  if (!text.includes("idem_rpc_duration_seconds_count")) return undefined;
-  const calls = new Map<string, number>();
-  for (const m of text.matchAll(/^idem_rpc_duration_seconds_count\{([^}]*)\} (\S+)$/gm)) {
-    const labels = m[1]!;
-    if (!/service="[^"]*CoordinatorService"/.test(labels)) continue;
-    const method = /method="(\w+)"/.exec(labels)?.[1] ?? "?";
-    calls.set(method, (calls.get(method) ?? 0) + Number(m[2]));
-  }
-  return calls;
-}
-
-/** Calls per request by method between two scrapes (methods with none left out). */
-export function callsPerRequest(before: Map<string, number> | undefined, after: Map<string, number> | undefined, requests: number): Record<string, number> | undefined {
-  if (!before || !after || requests <= 0) return undefined;
-  const per: Record<string, number> = {};
-  for (const [method, count] of after) {
-    const made = count - (before.get(method) ?? 0);
-    if (made > 0) per[method] = made / requests;
-  }
-  return per;
 }

@@ -11,6 +11,7 @@
  */
 import { randomBytes, randomUUID } from "node:crypto";
 import { performance } from "node:perf_hooks";
+import { parseArgs } from "node:util";
 import type pg from "pg";
 import pino from "pino";
 import type { Snapshot } from "../src/contract/snapshot.js";
@@ -59,51 +60,41 @@ interface Options {
 class UsageError extends Error {}
 class Interrupted extends Error {}
 
-function parseArgs(argv: string[]): Options | "help" {
-  const options: Options = { records: 100_000, concurrency: 16, tenants: 10, effects: 1, bodyBytes: 200 };
-  const whole = (flag: string, raw: string | undefined, min: number, max: number) => {
+function parseStorageArgs(argv: string[]): Options | "help" {
+  let values: ReturnType<typeof parseArgs<{ options: typeof CLI_OPTIONS; strict: true; allowPositionals: false }>>["values"];
+  try {
+    ({ values } = parseArgs({ args: argv, options: CLI_OPTIONS, strict: true, allowPositionals: false }));
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  if (values.help) return "help";
+  const whole = (flag: string, raw: string | undefined, min: number, max: number, otherwise: number) => {
+    if (raw === undefined) return otherwise;
     const n = Number(raw);
-    if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`${flag} needs a whole number from ${min} to ${max}, got '${raw ?? ""}'`);
+    if (!Number.isInteger(n) || n < min || n > max) throw new UsageError(`${flag} needs a whole number from ${min} to ${max}, got '${raw}'`);
     return n;
   };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    const value = () => {
-      const v = argv[++i];
-      if (v === undefined || v.startsWith("--")) throw new UsageError(`${arg} needs a value`);
-      return v;
-    };
-    switch (arg) {
-      case "-h":
-      case "--help":
-        return "help";
-      case "--records":
-        options.records = whole(arg, value(), 1, 100_000_000);
-        break;
-      case "--concurrency":
-        options.concurrency = whole(arg, value(), 1, 256);
-        break;
-      case "--tenants":
-        options.tenants = whole(arg, value(), 1, 1_000_000);
-        break;
-      case "--effects":
-        options.effects = whole(arg, value(), 0, 16);
-        break;
-      case "--body-bytes":
-        options.bodyBytes = whole(arg, value(), 2, 1_000_000);
-        break;
-      case "--database-url": {
-        const url = value();
-        if (!/^postgres(ql)?:\/\//.test(url)) throw new UsageError("--database-url must be a postgres:// connection string");
-        options.databaseUrl = url;
-        break;
-      }
-      default:
-        throw new UsageError(`unknown option ${arg} (see --help)`);
-    }
-  }
-  return options;
+  const url = values["database-url"];
+  if (url !== undefined && !/^postgres(ql)?:\/\//.test(url)) throw new UsageError("--database-url must be a postgres:// connection string");
+  return {
+    records: whole("--records", values.records, 1, 100_000_000, 100_000),
+    concurrency: whole("--concurrency", values.concurrency, 1, 256, 16),
+    tenants: whole("--tenants", values.tenants, 1, 1_000_000, 10),
+    effects: whole("--effects", values.effects, 0, 16, 1),
+    bodyBytes: whole("--body-bytes", values["body-bytes"], 2, 1_000_000, 200),
+    ...(url !== undefined ? { databaseUrl: url } : {}),
+  };
 }
+
+const CLI_OPTIONS = {
+  records: { type: "string" },
+  concurrency: { type: "string" },
+  tenants: { type: "string" },
+  effects: { type: "string" },
+  "body-bytes": { type: "string" },
+  "database-url": { type: "string" },
+  help: { type: "boolean", short: "h" },
+} as const;
 
 /** The registry's tables with rows per record (tenant tables) and their size, each with indexes and TOAST. */
 interface Sizes {
@@ -380,7 +371,7 @@ async function run(options: Options): Promise<void> {
 
 const argv = process.argv.slice(2);
 try {
-  const parsed = parseArgs(argv);
+  const parsed = parseStorageArgs(argv);
   if (parsed === "help") {
     process.stdout.write(HELP);
   } else {

@@ -1,9 +1,6 @@
 #!/usr/bin/env node
-import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { ConnectError } from "@connectrpc/connect";
 import pino from "pino";
@@ -24,8 +21,6 @@ interface Command {
   summary: string;
   usage: string;
   help: string;
-  /** `--help` goes to the command itself instead of printing `help`. */
-  ownHelp?: boolean;
   /** Returns (or resolves with) the exit code when it is not 0. */
   run(args: string[]): void | number | Promise<void | number>;
 }
@@ -360,20 +355,6 @@ alone, as JSON.`,
       print(`key ring entry (keep it secret; add it to IDEM_SNAPSHOT_KEYS and make it "active" to seal new bodies with it):\n  ${JSON.stringify({ [values.id]: key })}`);
     },
   },
-  gate: {
-    summary: "run the launch gate: 100,000 requests with replays, conflicts and kills (what `npm run gate` does)",
-    usage: "idemctl gate [--quick] [--concurrency N] [--out DIR] [options]      idemctl gate --help",
-    help: "",
-    ownHelp: true,
-    run: (args) => runFromCheckout("examples/payments/gate.ts", "npm run gate", args),
-  },
-  soak: {
-    summary: "run the soak: 30 minutes at half of peak on three replicas and Patroni while things keep dying (what `npm run soak` does)",
-    usage: "idemctl soak [--quick] [--duration D] [--rate N] [--out DIR]      idemctl soak --help",
-    help: "",
-    ownHelp: true,
-    run: (args) => runFromCheckout("examples/payments/soak.ts", "npm run soak", args),
-  },
   token: {
     summary: "mint a caller token and print the caller entry to configure",
     usage: "idemctl token --name NAME [--tenants a,b|*] [--operations x,y|*] [--roles gateway,worker,operator] [--json]",
@@ -416,23 +397,6 @@ const print = (text: string): void => void process.stdout.write(`${text}\n`);
 /** Progress of a command printing JSON: on stderr, so that stdout holds the JSON alone. */
 const progress = (text: string): void => void process.stderr.write(`${text}\n`);
 
-/**
- * Runs a script of the source checkout (the launch gate, the soak: they
- * drive the payments example, which the package does not ship), found from
- * src/cli/ and from dist/cli/ alike; resolves with its exit code.
- */
-function runFromCheckout(script: string, npmScript: string, args: string[]): Promise<number> {
-  const file = fileURLToPath(new URL(`../../${script}`, import.meta.url));
-  if (!existsSync(file)) throw new Error(`${script} drives the payments example, which lives in a source checkout: run it there with ${npmScript}`);
-  const child = spawn(process.execPath, ["--import", "tsx", file, ...args], { stdio: "inherit", cwd: fileURLToPath(new URL("../../", import.meta.url)) });
-  // Ctrl-C reaches the child through the terminal; it cleans up and reports 130.
-  process.on("SIGINT", () => undefined);
-  return new Promise<number>((resolve, reject) => {
-    child.on("error", reject);
-    child.on("exit", (code, signal) => resolve(code ?? (signal ? 128 + 9 : 1)));
-  });
-}
-
 function wholeNumber(text: string, option: string): number {
   const n = Number(text);
   if (!Number.isInteger(n) || n < 0) throw new UsageError(`${option} must be a whole number`);
@@ -451,6 +415,8 @@ function overview(): string {
     "",
     'Configuration comes from the environment; see README.md, "Configuration".',
     "Digests print in base64, as the RPCs carry them in JSON; times in ISO 8601 UTC, to the millisecond.",
+    "The launch gate and the soak run from a source checkout, with npm: npm run gate, npm run soak",
+    "(docs/launch-gate.md, docs/soak.md).",
     "",
   ].join("\n");
 }
@@ -466,7 +432,7 @@ async function main(argv: string[]): Promise<number> {
     process.stderr.write(`idemctl: unknown command '${name}'\n\n${overview()}`);
     return 2;
   }
-  if (!command.ownHelp && (args.includes("--help") || args.includes("-h"))) {
+  if (args.includes("--help") || args.includes("-h")) {
     process.stdout.write(`usage: ${command.usage}\n\n${command.help}\n`);
     return 0;
   }

@@ -3,7 +3,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, inject, it } from "vitest";
-import { runGate, type GateReport, type GateResult } from "../../examples/payments/gate.js";
+import { runGate, type GateReport, type GateResult } from "../../harness/gate/gate.js";
 
 /**
  * The launch gate's programmatic entry in a very small configuration: a few

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { missingEngines, startPgBouncer, type LocalPgBouncer } from "../../examples/payments/ha/engines.js";
+import { missingEngines, startPgBouncer, type LocalPgBouncer } from "../../harness/ha/engines.js";
 import { loadConfig, type Config } from "../../src/config.js";
 import { CoordinatorClient } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { startCluster, type Cluster, type Member } from "../../examples/payments/cluster.js";
+import { startCluster, type Cluster, type Member } from "../../harness/lib/cluster.js";
 import type { HookPoint } from "../../src/fault-hooks.js";
 import { useTestDatabase } from "../support/database.js";
 

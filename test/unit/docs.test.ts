@@ -1,8 +1,8 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { HA_ENGINES } from "../../examples/payments/ha/cli.js";
-import { ENGINE_PACKAGES } from "../../examples/payments/ha/engines.js";
+import { HA_ENGINES } from "../../harness/ha/on-registry.js";
+import { ENGINE_PACKAGES } from "../../harness/ha/engines.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 

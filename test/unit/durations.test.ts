@@ -1,7 +1,7 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
-import { parseDuration as gateDuration } from "../../examples/payments/gate/options.js";
+import { parseDuration as gateDuration } from "../../harness/gate/options.js";
 import { parseDuration } from "../../src/policy/document.js";
 
 /** One duration syntax across the project's commands: policies and idemctl, the gate, the benchmark. */

@@ -2,9 +2,9 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { GATE_TITLE, resolveOptions } from "../../examples/payments/gate/options.js";
-import { renderTable, writeReports, type GateReport } from "../../examples/payments/gate/report.js";
-import { FAILOVER_TITLE, failoverGateInput } from "../../examples/payments/ha.js";
+import { GATE_TITLE, resolveOptions } from "../../harness/gate/options.js";
+import { renderTable, writeReports, type GateReport } from "../../harness/gate/report.js";
+import { FAILOVER_TITLE, failoverGateInput } from "../../harness/ha/scenario.js";
 
 // The failover scenario (npm run ha) runs on the launch gate's machinery, and its table and
 // reports are its own: titled as the failover scenario's, while the gate's keep the gate's title.

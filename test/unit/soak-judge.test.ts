@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { Samples } from "../../examples/payments/gate/histogram.js";
-import { Random } from "../../examples/payments/gate/util.js";
+import { Samples } from "../../harness/lib/histogram.js";
+import { Random } from "../../harness/lib/random.js";
 import {
   BOUNDS,
   floors,
@@ -14,7 +14,7 @@ import {
   type SpanLatency,
   type Point,
   type Spans,
-} from "../../examples/payments/soak/judge.js";
+} from "../../harness/soak/judge.js";
 
 // The soak's judge on series shaped like what it samples: a healthy process,
 // and the drifts it is there to catch (a listener added per request and

@@ -1,9 +1,10 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { promGauge, promTotalsBy, Samples } from "../../examples/payments/gate/histogram.js";
-import { cpuUsage, sampleCpu } from "../../examples/payments/gate/machine.js";
-import { compareWindows } from "../../examples/payments/soak/compare.js";
-import { cpuSecondsOf, type SampledLife, type StatementsSample } from "../../examples/payments/soak/sampler.js";
+import { Samples } from "../../harness/lib/histogram.js";
+import { cpuUsage, sampleCpu } from "../../harness/lib/machine.js";
+import { promGauge, promTotalsBy } from "../../harness/lib/prometheus.js";
+import { compareWindows } from "../../harness/soak/compare.js";
+import { cpuSecondsOf, type SampledLife, type StatementsSample } from "../../harness/soak/sampler.js";
 
 // The soak's CPU time per process, read from /proc/<pid>/stat.
 
