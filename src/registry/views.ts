@@ -1,4 +1,5 @@
 import { refuse } from "../contract/errors.js";
+import { pageSize } from "../contract/page-size.js";
 import { ALL_TENANTS, bindingFor, type Db } from "./db.js";
 import { isUuid } from "./ids.js";
 import { toEvent, toView } from "./rows.js";
@@ -27,9 +28,7 @@ export async function listRecoverable(
   filter: { tenants?: readonly string[]; operations?: readonly string[]; pageSize: number; after?: RecoverableCursor },
   actor: Actor,
 ): Promise<{ views: RecordView[]; next?: RecoverableCursor }> {
-  if (!Number.isInteger(filter.pageSize) || filter.pageSize < 1 || filter.pageSize > 500) {
-    refuse("INVALID_REQUEST", "page_size must be from 1 to 500");
-  }
+  const size = pageSize(filter.pageSize);
   const views = await db.transaction(
     bindingFor(filter.tenants),
     async (q) =>
@@ -39,7 +38,7 @@ export async function listRecoverable(
           afterLeaseEnd: filter.after?.leaseEnd ?? null,
           afterTenant: filter.after?.tenant ?? null,
           afterOperationId: filter.after?.operationId ?? null,
-          pageSize: filter.pageSize,
+          pageSize: size,
         })
       ).rows.map(toView),
     "list_recoverable",
@@ -47,7 +46,7 @@ export async function listRecoverable(
   const last = views.at(-1);
   return {
     views: views.filter((v) => actor.mayUseTenant(v.record.tenant) && actor.mayOperate(v.record.operation)),
-    ...(last && views.length === filter.pageSize ? { next: { leaseEnd: last.leaseEndText, tenant: last.record.tenant, operationId: last.record.operationId } } : {}),
+    ...(last && views.length === size ? { next: { leaseEnd: last.leaseEndText, tenant: last.record.tenant, operationId: last.record.operationId } } : {}),
   };
 }
 

@@ -304,7 +304,7 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
         {
           tenants: req.tenant ? [req.tenant] : caller.tenants === "*" ? undefined : [...caller.tenants],
           operations: req.operations.length > 0 ? req.operations : caller.operations === "*" ? undefined : [...caller.operations],
-          pageSize: req.pageSize || 100,
+          pageSize: req.pageSize,
           after: resumeAfter(req.pageToken),
         },
         caller,

@@ -56,6 +56,7 @@ describe("listing records to recover", () => {
       after = page.next;
     }
     expect(seen.sort()).toEqual(refs.map((r) => r.operationId).sort());
-    await expectRefusal(registry.listRecoverable(t.db, { pageSize: 0 }, gateway), "INVALID_REQUEST");
+    // 0 asks for the default page size (as the RPC sends it when unset); past the largest one is refused.
+    await expectRefusal(registry.listRecoverable(t.db, { pageSize: 501 }, gateway), "INVALID_REQUEST");
   });
 });
