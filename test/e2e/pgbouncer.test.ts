@@ -105,15 +105,24 @@ describe.skipIf(missing.length > 0)("the coordinator behind PgBouncer in transac
   it("would be caught sending named statements: they stay prepared on the shared server connections", async () => {
     // The check above is only worth something if it sees named statements when they are sent.
     const url = bouncer.through(t.url);
-    const named = await startTestServer(t, { databaseUrl: url, config: pooledConfig(url, true), replicaOf: servers[0] });
-    servers.push(named);
-    const client = new CoordinatorClient({ baseUrl: named.baseUrl, token: named.tokens.gateway, retry: { attempts: 1 } });
+    let named: TestServer | undefined;
     try {
-      await Promise.allSettled(Array.from({ length: 20 }, () => operation(client, randomUUID(), 1)));
-      const prepared = await preparedOnServerConnections(bouncer, t.url);
-      expect(prepared.filter((name) => name.startsWith("idem_")).length).toBeGreaterThan(0);
-    } finally {
-      client.close();
+      named = await startTestServer(t, { databaseUrl: url, config: pooledConfig(url, true), replicaOf: servers[0] });
+    } catch (error) {
+      // Its start may already fail of it: a second client connection handed the server connection
+      // where the first prepared a statement finds that statement there.
+      expect((error as Error).message).toMatch(/prepared statement "idem_\w+" already exists/);
     }
+    if (named) {
+      servers.push(named);
+      const client = new CoordinatorClient({ baseUrl: named.baseUrl, token: named.tokens.gateway, retry: { attempts: 1 } });
+      try {
+        await Promise.allSettled(Array.from({ length: 20 }, () => operation(client, randomUUID(), 1)));
+      } finally {
+        client.close();
+      }
+    }
+    const prepared = await preparedOnServerConnections(bouncer, t.url);
+    expect(prepared.filter((name) => name.startsWith("idem_")).length).toBeGreaterThan(0);
   });
 });
