@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { HA_ENGINES } from "../../harness/ha/on-registry.js";
@@ -7,8 +7,9 @@ import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 
 // What README.md and docs/*.md say about the code, checked against the code: the RPCs (the
-// generated service descriptors), the Debian packages (what .ci/run installs) and the launch
-// gate's running time (the full runs docs/launch-gate.md records).
+// generated service descriptors), the Debian packages (what .ci/run installs), the launch gate's
+// running time (the full run docs/launch-gate.md records), and every relative link (a file of the
+// repository, and a heading of it when the link names one).
 
 const read = (path: string) => readFileSync(fileURLToPath(new URL(`../../${path}`, import.meta.url)), "utf8");
 
@@ -130,5 +131,69 @@ describe("the launch gate's running time", () => {
     const evidence = section(read("README.md"), "## Evidence", "README.md");
     const launchGate = evidence.slice(evidence.indexOf("**Launch gate** (`npm run gate`"), evidence.indexOf("**Benchmark**"));
     expect(fullRuns.map((run) => run.text).filter((text) => !launchGate.includes(text))).toEqual([]);
+  });
+});
+
+describe("the links of README.md and docs/*.md", () => {
+  const documents = [
+    "README.md",
+    ...readdirSync(fileURLToPath(new URL("../../docs", import.meta.url)))
+      .filter((name) => name.endsWith(".md"))
+      .map((name) => `docs/${name}`),
+  ];
+
+  /** A markdown text without its fenced code blocks. */
+  const withoutCodeBlocks = (markdown: string) => markdown.replace(/^(```|~~~)[^\n]*\n[\s\S]*?^\1[^\n]*$/gm, "");
+
+  /** A markdown text without its fenced code blocks, and with each code span replaced by a word. */
+  const prose = (markdown: string) => withoutCodeBlocks(markdown).replace(/`+[^`\n]*`+/g, "code");
+
+  /** The targets of a markdown text's inline links and images, outside code blocks and code spans. */
+  const linkTargets = (markdown: string) => [...prose(markdown).matchAll(/\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/g)].map((m) => m[1]!);
+
+  /** The anchors GitHub gives a markdown text's headings: lower case, punctuation dropped, spaces as hyphens, repeats numbered. */
+  function anchors(markdown: string): Set<string> {
+    const seen = new Map<string, number>();
+    const slugs = new Set<string>();
+    for (const m of withoutCodeBlocks(markdown).matchAll(/^#{1,6}\s+(.+?)\s*#*\s*$/gm)) {
+      const slug = m[1]!
+        .toLowerCase()
+        .replace(/[^\p{L}\p{N}\s_-]/gu, "")
+        .replace(/\s/g, "-");
+      const repeat = seen.get(slug) ?? 0;
+      seen.set(slug, repeat + 1);
+      slugs.add(repeat === 0 ? slug : `${slug}-${repeat}`);
+    }
+    return slugs;
+  }
+
+  /** What is wrong with a link of a document: its file or folder is missing, or its anchor is no heading of a markdown file. */
+  function broken(document: string, target: string): string | undefined {
+    if (/^[a-z][a-z0-9+.-]*:/i.test(target)) return undefined; // a URL: outside the repository
+    const [pathPart, anchor] = target.split("#") as [string, string | undefined];
+    const path = fileURLToPath(new URL(decodeURIComponent(pathPart || document.split("/").at(-1)!), new URL(`../../${document}`, import.meta.url)));
+    if (!existsSync(path)) return `${target}: no such file`;
+    if (anchor !== undefined && path.endsWith(".md") && !anchors(readFileSync(path, "utf8")).has(anchor)) return `${target}: no such heading`;
+    return undefined;
+  }
+
+  it("reads links and headings as GitHub renders them", () => {
+    expect(documents).toEqual(expect.arrayContaining(["README.md", "docs/soak.md", "docs/benchmark.md"]));
+    expect(linkTargets("a [`x`](../x.ts) and `[no](link)`, [y](y.md#z)\n```\n[no](block)\n```\n")).toEqual(["../x.ts", "y.md#z"]);
+    expect([...anchors("# The `Batch` RPC\n## Reads from a standby\n## Notes\n## Notes\n```\n# not a heading\n```\n")]).toEqual([
+      "the-batch-rpc",
+      "reads-from-a-standby",
+      "notes",
+      "notes-1",
+    ]);
+    expect(broken("docs/runbook.md", "../README.md#no-such-heading")).toBe("../README.md#no-such-heading: no such heading");
+    expect(broken("docs/runbook.md", "missing.md")).toBe("missing.md: no such file");
+    expect(broken("docs/runbook.md", "#idempotencyreserveslow")).toBeUndefined();
+    expect(broken("README.md", "#no-such-heading")).toBe("#no-such-heading: no such heading");
+  });
+
+  it.each(documents)("every relative link of %s points at a file of the repository, and at a heading of it", (document) => {
+    const problems = linkTargets(read(document)).flatMap((target) => broken(document, target) ?? []);
+    expect(problems, `${document} links to what does not exist`).toEqual([]);
   });
 });
