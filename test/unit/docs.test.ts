@@ -5,12 +5,13 @@ import { HA_ENGINES } from "../../harness/ha/on-registry.js";
 import { ENGINE_PACKAGES } from "../../harness/ha/engines.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { SETTINGS } from "../../src/settings.js";
 
 // What README.md and docs/*.md say about the code, checked against the code: the RPCs (the
 // generated service descriptors), the Debian packages (what .ci/run installs), the launch gate's
 // running time (the full run docs/launch-gate.md records), README's Evidence (each proof with its
-// command and the page of its figures), and every relative link (a file of the repository, and a
-// heading of it when the link names one).
+// command and the page of its figures), CHANGELOG.md (its version, migrations and settings), and
+// every relative link (a file of the repository, and a heading of it when the link names one).
 
 const read = (path: string) => readFileSync(fileURLToPath(new URL(`../../${path}`, import.meta.url)), "utf8");
 
@@ -155,9 +156,33 @@ describe("README.md's Evidence", () => {
   });
 });
 
-describe("the links of README.md and docs/*.md", () => {
+describe("CHANGELOG.md", () => {
+  const changelog = read("CHANGELOG.md");
+
+  it("opens with the version package.json has", () => {
+    const version = (JSON.parse(read("package.json")) as { version: string }).version;
+    expect(/^## (\S+)/m.exec(changelog)?.[1]).toBe(version);
+  });
+
+  it("has a row in its migrations table for every migration, and none other", () => {
+    const table = section(changelog, "### Migrations", "CHANGELOG.md");
+    const rows = [...table.matchAll(/^\| (\d+) \|/gm)].map((m) => Number(m[1]));
+    const files = readdirSync(fileURLToPath(new URL("../../migrations", import.meta.url)))
+      .filter((name) => name.endsWith(".sql"))
+      .map((name) => Number(/^(\d+)_/.exec(name)![1]));
+    expect(rows.sort((a, b) => a - b)).toEqual(files.sort((a, b) => a - b));
+  });
+
+  it("names only settings the coordinator has", () => {
+    const named = new Set([...changelog.matchAll(/`((?:IDEM|OTEL)_[A-Z_]+)`/g)].map((m) => m[1]!));
+    expect([...named].filter((name) => !(name in SETTINGS))).toEqual([]);
+  });
+});
+
+describe("the links of README.md, CHANGELOG.md and docs/*.md", () => {
   const documents = [
     "README.md",
+    "CHANGELOG.md",
     ...readdirSync(fileURLToPath(new URL("../../docs", import.meta.url)))
       .filter((name) => name.endsWith(".md"))
       .map((name) => `docs/${name}`),
