@@ -1,6 +1,6 @@
 import { refuse } from "./errors.js";
 import { encodeList, fieldBytes, framedDigest } from "./frame.js";
-import { canonicalJson } from "./json.js";
+import { canonicalJson } from "./json-canonical.js";
 import type { JsonRules } from "./json-schema.js";
 
 /** The fingerprint algorithm's name, as a precomputed fingerprint must declare it. */

@@ -1,5 +1,5 @@
 import { IdempotencyError } from "../contract/errors.js";
-import { parseStrictJson } from "../contract/json.js";
+import { parseStrictJson } from "../contract/json-parse.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import { check, handlerResponse } from "./arguments.js";
 import { MalformedJsonBody } from "./errors.js";

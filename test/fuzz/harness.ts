@@ -6,7 +6,7 @@ import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { parsePolicyDocument } from "../../src/policy/document.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
-import { parseStrictJson } from "../../src/contract/json.js";
+import { parseStrictJson } from "../../src/contract/json-parse.js";
 
 /**
  * Hostile input over the real wire: every unary RPC of both services gets

@@ -1,7 +1,8 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { IdempotencyError } from "../../src/contract/errors.js";
-import { canonicalJson, JsonPath, parseStrictJson, type JsonValue } from "../../src/contract/json.js";
+import { canonicalJson } from "../../src/contract/json-canonical.js";
+import { JsonPath, parseStrictJson, type JsonValue } from "../../src/contract/json-parse.js";
 import type { FieldSchema, JsonRules } from "../../src/contract/json-schema.js";
 
 // --- A model of documents that keeps number text as written. ---

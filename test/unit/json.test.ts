@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { IdempotencyError } from "../../src/contract/errors.js";
-import { canonicalJson, canonicalString, JsonPath, parseStrictJson, plainDecimal, type JsonValue } from "../../src/contract/json.js";
+import { canonicalJson, plainDecimal } from "../../src/contract/json-canonical.js";
+import { canonicalString, JsonPath, parseStrictJson, type JsonValue } from "../../src/contract/json-parse.js";
 import type { FieldSchema, JsonRules } from "../../src/contract/json-schema.js";
 import { expectReason } from "../support/refusals.js";
 
