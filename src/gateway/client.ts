@@ -5,16 +5,15 @@ import { Code, ConnectError, createClient, type Client, type Interceptor, type T
 import { getAbortSignalReason } from "@connectrpc/connect/protocol";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
+import { CLAIM_MODES, DECISIONS, EFFECT_STATUSES, OUTCOMES, RECORD_STATES, type UnknownValue, type Vocabulary } from "../contract/words.js";
 import {
   AbandonRequestSchema,
   type BatchCall,
   BatchCallSchema,
   type BatchResult,
-  ClaimMode as ProtoClaimMode,
   ClaimRequestSchema,
   CompleteRequestSchema,
   CoordinatorService,
-  Decision as ProtoDecision,
   LookupRequestSchema,
   RecordEffectAttemptRequestSchema,
   ReleaseRequestSchema,
@@ -23,10 +22,7 @@ import {
   ResolveEffectAttemptRequestSchema,
 } from "../gen/idempotency/v1/coordinator_pb.js";
 import {
-  EffectStatus as ProtoEffectStatus,
   HttpRequestPartsSchema,
-  Outcome as ProtoOutcome,
-  RecordState as ProtoRecordState,
   type EffectAttempt as ProtoEffectAttempt,
   type OperationRecord as ProtoOperationRecord,
   type ResponseSnapshot as ProtoResponseSnapshot,
@@ -39,6 +35,7 @@ import {
   bytes,
   checkInput,
   checkOptions,
+  claimMode,
   either,
   func,
   isObject,
@@ -64,23 +61,18 @@ import { CoordinatorError, errorOfStatus, toCoordinatorError } from "./errors.js
 import {
   loggerOf,
   type ClaimInput,
-  type ClaimMode,
   type ClaimResult,
   type CompleteInput,
   type CompleteResult,
-  type Decision,
   type EffectAttempt,
-  type EffectStatus,
   type GatewayLogger,
   type HandOverResult,
   type ListRecoverableInput,
   type ListRecoverableResult,
   type LookupInput,
   type OperationRecord,
-  type Outcome,
   type OwnedRef,
   type RecordEffectAttemptInput,
-  type RecordState,
   type RenewLeaseInput,
   type ReserveInput,
   type ResolveEffectAttemptInput,
@@ -353,9 +345,9 @@ export class CoordinatorClient {
       ? this.call("reserve", request, { ...call, timeoutMs: (call?.timeoutMs ?? this.timeoutMs) + waitMs }, { alone: true })
       : this.call("reserve", request, call));
     return {
-      decision: fromDecision(res.decision),
+      decision: answered(DECISIONS, res.decision),
       operationId: res.operationId,
-      ...(res.state ? { state: fromState(res.state) } : {}),
+      ...(res.state ? { state: answered(RECORD_STATES, res.state) } : {}),
       generation: Number(res.generation),
       ...dateField("leaseExpiresAt", res.leaseExpiresAt),
       ...(res.retryAfter ? { retryAfterMs: durationMs(res.retryAfter) } : {}),
@@ -369,10 +361,10 @@ export class CoordinatorClient {
 
   /** Takes ownership for execution: OWNER, TAKEOVER or RECOVER. */
   async claim(input: ClaimInput, call?: CallOptions): Promise<ClaimResult> {
-    checkInput(FORMS.claim, input, { ref: operationRef, mode: oneOf("OWNER", "TAKEOVER", "RECOVER"), generation, leaseMs, writerEpoch }, { value: call });
+    checkInput(FORMS.claim, input, { ref: operationRef, mode: claimMode, generation, leaseMs, writerEpoch }, { value: call });
     const request = create(ClaimRequestSchema, {
       ref: input.ref,
-      mode: toClaimMode(input.mode),
+      mode: CLAIM_MODES.number(input.mode),
       generation: BigInt(input.generation),
       lease: leaseOf(input.leaseMs),
       writerEpoch: BigInt(input.writerEpoch ?? 0),
@@ -380,7 +372,7 @@ export class CoordinatorClient {
     const res = await this.call("claim", request, call);
     return {
       generation: Number(res.generation),
-      state: fromState(res.state),
+      state: answered(RECORD_STATES, res.state),
       ...dateField("leaseExpiresAt", res.leaseExpiresAt),
       recovering: res.recovering,
       effectAttempts: res.effectAttempts.map(fromAttempt),
@@ -411,7 +403,7 @@ export class CoordinatorClient {
       ref: input.ref,
       generation: BigInt(input.generation),
       attemptNumber: input.attemptNumber,
-      status: toEffectStatus(input.status),
+      status: EFFECT_STATUSES.number(input.status),
       providerHandle: input.providerHandle ?? "",
     });
     const res = await this.call("resolveEffectAttempt", request, call);
@@ -426,7 +418,7 @@ export class CoordinatorClient {
     const request = create(CompleteRequestSchema, {
       ref: input.ref,
       generation: BigInt(input.generation),
-      outcome: toOutcome(input.outcome),
+      outcome: OUTCOMES.number(input.outcome),
       snapshot: {
         statusCode: snapshot.statusCode,
         mediaType: snapshot.mediaType,
@@ -435,17 +427,17 @@ export class CoordinatorClient {
         headers: snapshot.headers.map(([name, value]) => ({ name, value })),
         body: snapshot.body,
       },
-      resolutions: (input.resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: toEffectStatus(r.status), providerHandle: r.providerHandle ?? "" })),
+      resolutions: (input.resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: EFFECT_STATUSES.number(r.status), providerHandle: r.providerHandle ?? "" })),
     });
     const res = await this.call("complete", request, call);
-    return { state: fromState(res.state), snapshotDigest: res.snapshotDigest, ...dateField("completedAt", res.completedAt) };
+    return { state: answered(RECORD_STATES, res.state), snapshotDigest: res.snapshotDigest, ...dateField("completedAt", res.completedAt) };
   }
 
   /** Hands a reservation back without any effect: the next identical retry takes it over. */
   async release(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
     checkInput(FORMS.release, input, owned, { value: call });
     const res = await this.call("release", create(ReleaseRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
-    return { state: fromState(res.state), generation: Number(res.generation) };
+    return { state: answered(RECORD_STATES, res.state), generation: Number(res.generation) };
   }
 
   /**
@@ -456,7 +448,7 @@ export class CoordinatorClient {
   async abandon(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
     checkInput(FORMS.abandon, input, owned, { value: call });
     const res = await this.call("abandon", create(AbandonRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
-    return { state: fromState(res.state), generation: Number(res.generation) };
+    return { state: answered(RECORD_STATES, res.state), generation: Number(res.generation) };
   }
 
   /** Reads an operation by id (with the asking subject) or by scope. */
@@ -494,7 +486,7 @@ export class CoordinatorClient {
       ),
     );
     return {
-      records: res.records.map((r) => ({ record: fromRecord(r.record!), claimMode: fromClaimMode(r.claimMode) })),
+      records: res.records.map((r) => ({ record: fromRecord(r.record!), claimMode: answered(CLAIM_MODES, r.claimMode) })),
       nextPageToken: res.nextPageToken,
     };
   }
@@ -775,46 +767,22 @@ function dateField<K extends string>(key: K, ts: Timestamp | undefined): { [P in
   return (ts ? { [key]: timestampDate(ts) } : {}) as { [P in K]?: Date };
 }
 
-const DECISIONS: Record<number, Decision> = {
-  [ProtoDecision.ACCEPTED]: "ACCEPTED",
-  [ProtoDecision.REPLAY]: "REPLAY",
-  [ProtoDecision.IN_PROGRESS]: "IN_PROGRESS",
-  [ProtoDecision.PAYLOAD_CONFLICT]: "PAYLOAD_CONFLICT",
-  [ProtoDecision.EXPIRED]: "EXPIRED",
-};
-
-function fromDecision(decision: ProtoDecision): Decision {
-  const known = DECISIONS[decision];
-  if (!known) throw new CoordinatorError(`the coordinator answered an unknown decision ${decision}`, Code.Internal, "INTERNAL");
-  return known;
+/**
+ * The word of an enum field of the coordinator's answer. A number that is no
+ * word of this SDK (a value of a newer contract, or UNSPECIFIED where the
+ * contract always sets one) is never taken for another word: the call fails,
+ * saying so.
+ */
+function answered<Word extends string>(vocabulary: Vocabulary<Word, number>, value: number): Word {
+  return vocabulary.word(value, unknownAnswer);
 }
 
-const STATES: Record<number, RecordState> = {
-  [ProtoRecordState.RESERVED]: "RESERVED",
-  [ProtoRecordState.EXECUTING]: "EXECUTING",
-  [ProtoRecordState.SUCCEEDED]: "SUCCEEDED",
-  [ProtoRecordState.FAILED_FINAL]: "FAILED_FINAL",
-  [ProtoRecordState.REJECTED]: "REJECTED",
-  [ProtoRecordState.UNKNOWN]: "UNKNOWN",
-};
-
-function fromState(state: ProtoRecordState): RecordState {
-  return STATES[state] ?? "UNKNOWN";
-}
-
-const EFFECT_STATUSES: Record<number, EffectStatus> = {
-  [ProtoEffectStatus.PENDING]: "PENDING",
-  [ProtoEffectStatus.CONFIRMED]: "CONFIRMED",
-  [ProtoEffectStatus.NO_EFFECT]: "NO_EFFECT",
-  [ProtoEffectStatus.INDETERMINATE]: "INDETERMINATE",
-};
-
-const toEffectStatus = (status: EffectStatus): ProtoEffectStatus => ProtoEffectStatus[status];
-const toOutcome = (outcome: Outcome): ProtoOutcome => ProtoOutcome[outcome];
-const toClaimMode = (mode: ClaimMode): ProtoClaimMode => ProtoClaimMode[mode];
-
-function fromClaimMode(mode: ProtoClaimMode): ClaimMode {
-  return mode === ProtoClaimMode.TAKEOVER ? "TAKEOVER" : mode === ProtoClaimMode.OWNER ? "OWNER" : "RECOVER";
+function unknownAnswer(unknown: UnknownValue): never {
+  throw new CoordinatorError(
+    `the coordinator answered ${unknown.described}, a value this version of the gateway SDK does not know: upgrade idempotency-gateway`,
+    Code.Internal,
+    "INTERNAL",
+  );
 }
 
 function fromAttempt(a: ProtoEffectAttempt): EffectAttempt {
@@ -823,8 +791,7 @@ function fromAttempt(a: ProtoEffectAttempt): EffectAttempt {
     effect: a.effect,
     provider: a.provider,
     downstreamKey: a.downstreamKey,
-    // PENDING when unset: an unknown status is never taken as resolved.
-    status: EFFECT_STATUSES[a.status] ?? "PENDING",
+    status: answered(EFFECT_STATUSES, a.status),
     providerHandle: a.providerHandle,
     generation: Number(a.generation),
     ...dateField("createdAt", a.createdAt),
@@ -851,7 +818,7 @@ function fromRecord(r: ProtoOperationRecord): OperationRecord {
     operation: r.operation,
     apiRevision: r.apiRevision,
     schemaRevision: r.schemaRevision,
-    state: fromState(r.state),
+    state: answered(RECORD_STATES, r.state),
     generation: Number(r.generation),
     recovering: r.recovering,
     ...dateField("leaseExpiresAt", r.leaseExpiresAt),

@@ -19,7 +19,8 @@ import {
 import { isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import { LeaseKeeper, type LeaseClock } from "./lease.js";
-import type { BusinessTransaction, ColocatedCompletion, EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+import type { EffectStatus, Outcome } from "../contract/words.js";
+import type { BusinessTransaction, ColocatedCompletion, EffectAttempt, GatewayLogger, HandlerResponse, OperationRef, ResponseSnapshot } from "./types.js";
 
 /** How `effect()` learns what a call's result and failures mean. */
 export interface EffectOptions<T> {

@@ -8,7 +8,8 @@ import { pipelined } from "./statement.js";
 import * as eventStatements from "./statements/events.js";
 import * as jobStatements from "./statements/jobs.js";
 import * as viewStatements from "./statements/views.js";
-import type { Actor, Census, EventCursor, LoggedEvent, OperationRef, RecordFilter, RecordState, RecordView, RecoverableCursor, ViewScope } from "./types.js";
+import type { RecordState } from "../contract/words.js";
+import type { Actor, Census, EventCursor, LoggedEvent, OperationRef, RecordFilter, RecordView, RecoverableCursor, ViewScope } from "./types.js";
 
 /**
  * The registry's reads for recovery workers, operators and the operators'

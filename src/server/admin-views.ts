@@ -3,6 +3,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { IdempotencyError, refuse } from "../contract/errors.js";
 import { pageSize } from "../contract/page-size.js";
+import { RECORD_STATES } from "../contract/words.js";
 import { bodyLength } from "../crypto/sealing.js";
 import {
   type AdminService,
@@ -19,14 +20,13 @@ import {
 import type { Db } from "../registry/db.js";
 import type { PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
-import type { LoggedEvent, RecordState, RecordView, StoredAttempt, StoredRecord, ViewScope } from "../registry/types.js";
+import type { LoggedEvent, RecordView, StoredAttempt, StoredRecord, ViewScope } from "../registry/types.js";
 import { requireRole, type Caller } from "./callers.js";
 import { fromProtoRef, fromProtoState, toProtoAttempt, toProtoDuration, toProtoState, toTimestamp } from "./convert.js";
 import { CHART_WINDOWS, eventLogCharts, type ChartSeries, type DecisionSampler } from "./event-series.js";
 import { callerOf } from "./interceptors.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
-const STATES: readonly RecordState[] = ["RESERVED", "EXECUTING", "SUCCEEDED", "FAILED_FINAL", "REJECTED", "UNKNOWN"];
 /** Most events a record's timeline holds: its newest. */
 const TIMELINE_LIMIT = 500;
 
@@ -54,7 +54,7 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
       const caller = operatorOf(ctx.values);
       const census = await registry.census(reads, grantedScope(caller));
       return create(GetRecordCensusResponseSchema, {
-        states: STATES.map((state) => ({ state: toProtoState(state), records: BigInt(census.byState.get(state) ?? 0) })),
+        states: RECORD_STATES.words.map((state) => ({ state: toProtoState(state), records: BigInt(census.byState.get(state) ?? 0) })),
         oldestUnknown: toProtoDuration(Math.round(census.oldestUnknownSeconds) * 1000),
       });
     },

@@ -4,6 +4,7 @@ import type { Tracer } from "@opentelemetry/api";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
 import { refuse } from "../contract/errors.js";
 import { CONTRACT_VERSION } from "../contract/scope.js";
+import { CLAIM_MODES } from "../contract/words.js";
 import {
   AbandonResponseSchema,
   type BatchCall,
@@ -12,7 +13,6 @@ import {
   ClaimResponseSchema,
   CompleteResponseSchema,
   CoordinatorService,
-  ClaimMode,
   ListRecoverableResponseSchema,
   LookupResponseSchema,
   RecordEffectAttemptResponseSchema,
@@ -312,7 +312,7 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
       return create(ListRecoverableResponseSchema, {
         records: views.map((view) => ({
           record: toProtoRecord(view),
-          claimMode: view.record.state === "UNKNOWN" || recoveryOnly(view.record) ? ClaimMode.RECOVER : ClaimMode.TAKEOVER,
+          claimMode: CLAIM_MODES.number(view.record.state === "UNKNOWN" || recoveryOnly(view.record) ? "RECOVER" : "TAKEOVER"),
         })),
         nextPageToken: next ? encodePageToken([next.leaseEnd, next.tenant, next.operationId]) : "",
       });
