@@ -27,7 +27,7 @@ import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent, ReconcileInput } from "../registry/types.js";
 import { Outcome } from "../gen/idempotency/v1/types_pb.js";
 import { adminViews, eventFields, grantedScope } from "./admin-views.js";
-import { requireAllTenants, requireRole, type Caller } from "./callers.js";
+import { requireAllTenants, type Caller } from "./callers.js";
 import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import type { DecisionSampler } from "./event-series.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
@@ -54,7 +54,7 @@ export interface AdminDeps {
   decisions?: DecisionSampler;
 }
 
-/** AdminService: operator actions, and the reads of the operator console (admin-views.ts), each refused without the operator role. */
+/** AdminService: operator actions, and the reads of the operator console (admin-views.ts); only operators call them (authorization.ts). */
 export function adminService({ db, registry, store, reads = db, readStore = store, policies, policyRefreshMs, decisions }: AdminDeps): ServiceImpl<typeof AdminService> {
   /**
    * Sets switches and logs the change in one transaction, and applies it here
@@ -79,7 +79,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async publishPolicy(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       // A policy decides for every tenant's requests of the operation.
       requireAllTenants(caller, "publishing a policy");
       const document = policyFromProto(req.policy);
@@ -89,8 +88,7 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
       return create(PublishPolicyResponseSchema, { published: publishedToProto(stored), created });
     },
 
-    async getPolicy(req, ctx) {
-      requireRole(callerOf(ctx.values), "operator");
+    async getPolicy(req) {
       validateOperationName(req.operation);
       validateApiRevision(req.apiRevision);
       const revisions = (await readStore.list(req.operation)).filter((p) => p.document.apiRevision === req.apiRevision);
@@ -101,8 +99,7 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
       return create(GetPolicyResponseSchema, { published: publishedToProto(found) });
     },
 
-    async listPolicies(req, ctx) {
-      requireRole(callerOf(ctx.values), "operator");
+    async listPolicies(req) {
       if (req.operation) validateOperationName(req.operation);
       const all = await readStore.list(req.operation || undefined);
       // Without an operation: only the newest revision of each operation.
@@ -117,14 +114,12 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async setOperationMode(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const mode = MODES.find(([wire]) => wire === req.mode)?.[1] ?? refuse("INVALID_REQUEST", "mode must be ENFORCE, SHADOW or DRAINING");
       return create(SetOperationModeResponseSchema, { control: await changeControl(caller, req.operation, req.apiRevision, { mode }, "setting an operation's mode") });
     },
 
     async raiseWriterEpoch(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const writerEpoch = fromUint64(req.writerEpoch, "writer_epoch");
       return create(RaiseWriterEpochResponseSchema, {
         control: await changeControl(caller, req.operation, req.apiRevision, { writerEpoch }, "raising a writer epoch"),
@@ -133,14 +128,12 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async listOperationControls(_req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const controls = (await readStore.listControls()).filter((c) => caller.mayOperate(c.operation));
       return create(ListOperationControlsResponseSchema, { controls: controls.map(toProtoControl) });
     },
 
     async listRecords(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const size = pageSize(req.pageSize);
       const scope = grantedScope(caller, req.tenant, req.operations);
       const key = decodePageToken(req.pageToken, 3);
@@ -160,7 +153,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async reconcile(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const ref = fromProtoRef(req.ref);
       const common = { ref, evidence: req.evidence, operatorName: req.operator };
       if (req.reopen && (req.outcome !== Outcome.UNSPECIFIED || req.snapshot)) {
@@ -174,7 +166,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async *streamEvents(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
       const key = decodePageToken(req.after, 2);
       let after: EventCursor | undefined = key && { txid: key[0]!, eventId: key[1]! };
@@ -199,7 +190,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async runRetentionSweep(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       // The sweep runs over every tenant's records (and reports how many it tombstoned).
       requireAllTenants(caller, "the retention sweep");
       const batchSize = req.batchSize || 500;

@@ -21,7 +21,7 @@ import type { Db } from "../registry/db.js";
 import type { PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { LoggedEvent, RecordView, StoredAttempt, StoredRecord, ViewScope } from "../registry/types.js";
-import { requireRole, type Caller } from "./callers.js";
+import type { Caller } from "./callers.js";
 import { fromProtoRef, fromProtoState, toProtoAttempt, toProtoDuration, toProtoState, toTimestamp } from "./convert.js";
 import { CHART_WINDOWS, eventLogCharts, type ChartSeries, type DecisionSampler } from "./event-series.js";
 import { callerOf } from "./interceptors.js";
@@ -51,7 +51,7 @@ type ViewMethods = "getRecordCensus" | "listNewestRecords" | "findRecords" | "li
 export function adminViews({ registry, reads, readStore, decisions }: AdminViewDeps): Pick<ServiceImpl<typeof AdminService>, ViewMethods> {
   return {
     async getRecordCensus(_req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       const census = await registry.census(reads, grantedScope(caller));
       return create(GetRecordCensusResponseSchema, {
         states: RECORD_STATES.words.map((state) => ({ state: toProtoState(state), records: BigInt(census.byState.get(state) ?? 0) })),
@@ -60,7 +60,7 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
     },
 
     async listNewestRecords(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       const size = pageSize(req.pageSize);
       const before = decodePageToken(req.pageToken, 3);
       const views = await registry.newestRecords(reads, {
@@ -77,7 +77,7 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
     },
 
     async findRecords(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       if (req.by.case === "operationId") {
         return create(FindRecordsResponseSchema, { records: summaries(caller, await registry.recordsById(reads, req.by.value, grantedScope(caller).tenants)) });
       }
@@ -103,7 +103,7 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
     },
 
     async listUnknownRecords(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       const views = await registry.unknownQueue(reads, { ...grantedScope(caller), limit: pageSize(req.pageSize) });
       return create(ListUnknownRecordsResponseSchema, {
         records: views
@@ -113,19 +113,19 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
     },
 
     async getRecordHistory(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       return create(GetRecordHistoryResponseSchema, history(await registry.recordHistory(reads, fromProtoRef(req.ref), caller, TIMELINE_LIMIT)));
     },
 
     async listRecentEvents(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       if (req.kinds.length === 0) refuse("INVALID_REQUEST", "kinds must name at least one event kind, e.g. CONFLICT");
       const events = await registry.recentEvents(reads, { ...grantedScope(caller), kinds: req.kinds, limit: pageSize(req.pageSize) });
       return create(ListRecentEventsResponseSchema, { events: events.filter((e) => visible(caller, e.tenant, e.operation)).map(toProtoEvent) });
     },
 
     async getEventSeries(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       const minutes = req.minutes || 10;
       if (!CHART_WINDOWS.includes(minutes)) refuse("INVALID_REQUEST", `minutes must be one of ${CHART_WINDOWS.join(", ")}`);
       const { grid, now, series } = await eventLogCharts(registry, reads, grantedScope(caller), minutes);
@@ -142,12 +142,6 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
       });
     },
   };
-}
-
-function operatorOf(values: Parameters<typeof callerOf>[0]): Caller {
-  const caller = callerOf(values);
-  requireRole(caller, "operator");
-  return caller;
 }
 
 /** The tenants and operations a read covers: what was asked (default: everything), within what the caller is granted. */

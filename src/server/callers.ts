@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { refuse } from "../contract/errors.js";
 import type { Actor } from "../registry/types.js";
 
-/** What a caller may do: the roles the RPCs check. */
+/** What a caller may do: the roles each RPC needs (authorization.ts). */
 export type Role = "gateway" | "worker" | "operator";
 const ROLES: readonly Role[] = ["gateway", "worker", "operator"];
 
@@ -180,13 +180,6 @@ function toCaller(grant: CallerGrant): Caller {
     mayUseTenant: (tenant) => allTenants || tenants.has(tenant),
     mayOperate: (operation) => allOperations || operations.has(operation),
   };
-}
-
-/** Refuses a caller that has none of `roles`. */
-export function requireRole(caller: Caller, ...roles: Role[]): void {
-  if (!roles.some((role) => caller.roles.has(role))) {
-    refuse("PERMISSION_DENIED", `this RPC needs the ${roles.join(" or ")} role; caller ${caller.caller} has ${[...caller.roles].join(", ")}`);
-  }
 }
 
 /**
