@@ -196,7 +196,14 @@ export interface RecordFilter extends ViewScope {
   olderThanMs?: number;
   pageSize: number;
   /** Resume after this record (the last one of the previous page). */
-  after?: { createdAt: string; tenant: string; operationId: string };
+  after?: RecordCursor;
+}
+
+/** Where a listing of records by creation resumes: a record's creation time as PostgreSQL prints it (microseconds kept), tenant and id. */
+export interface RecordCursor {
+  createdAt: string;
+  tenant: string;
+  operationId: string;
 }
 
 /** One entry of the event log. */

@@ -26,8 +26,8 @@ import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent, ReconcileInput } from "../registry/types.js";
 import { Outcome } from "../gen/idempotency/v1/types_pb.js";
-import { adminViews, eventFields, grantedScope } from "./admin-views.js";
-import { requireAllTenants, type Caller } from "./callers.js";
+import { adminViews, eventFields } from "./admin-views.js";
+import { requireAllTenants, scopeOf, type Caller } from "./callers.js";
 import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import type { DecisionSampler } from "./event-series.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
@@ -135,15 +135,18 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
     async listRecords(req, ctx) {
       const caller = callerOf(ctx.values);
       const size = pageSize(req.pageSize);
-      const scope = grantedScope(caller, req.tenant, req.operations);
       const key = decodePageToken(req.pageToken, 3);
-      const views = await registry.listRecords(reads, {
-        ...scope,
-        states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
-        olderThanMs: fromProtoDuration(req.olderThan, "older_than"),
-        pageSize: size,
-        after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
-      });
+      const views = await registry.listRecords(
+        reads,
+        {
+          ...scopeOf(caller, req.tenant, req.operations),
+          states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
+          olderThanMs: fromProtoDuration(req.olderThan, "older_than"),
+          pageSize: size,
+          after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
+        },
+        caller,
+      );
       const last = views.at(-1);
       return create(ListRecordsResponseSchema, {
         records: views.map((view) => toProtoRecord(registry.opened(view))),
@@ -166,23 +169,23 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async *streamEvents(req, ctx) {
       const caller = callerOf(ctx.values);
-      if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
       const key = decodePageToken(req.after, 2);
       let after: EventCursor | undefined = key && { txid: key[0]!, eventId: key[1]! };
       for (;;) {
-        const events = await registry.readEvents(db, {
-          ...(after ? { after } : {}),
-          limit: 500,
-          ...(req.tenant ? { tenant: req.tenant } : {}),
-          ...(req.operation ? { operation: req.operation } : {}),
-        });
-        for (const event of events) {
-          after = event.cursor;
-          // Operation-level events (tenant "") concern every tenant of the operation.
-          if ((event.tenant !== "" && !caller.mayUseTenant(event.tenant)) || (event.operation && !caller.mayOperate(event.operation))) continue;
-          yield toProtoEvent(event);
-        }
-        if (events.length === 500) continue;
+        // The caller's events (operation-level ones, of tenant "", concern every tenant of the operation), and where to resume.
+        const { events, next, full } = await registry.readEvents(
+          db,
+          {
+            ...(after ? { after } : {}),
+            limit: 500,
+            ...(req.tenant ? { tenant: req.tenant } : {}),
+            ...(req.operation ? { operation: req.operation } : {}),
+          },
+          caller,
+        );
+        for (const event of events) yield toProtoEvent(event);
+        after = next ?? after;
+        if (full) continue;
         if (!req.follow) return;
         await sleep(EVENT_POLL_MS, ctx.signal);
       }

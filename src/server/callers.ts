@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { refuse } from "../contract/errors.js";
-import type { Actor } from "../registry/types.js";
+import type { Actor, ViewScope } from "../registry/types.js";
 
 /** What a caller may do: the roles each RPC needs (authorization.ts). */
 export type Role = "gateway" | "worker" | "operator";
@@ -191,4 +191,15 @@ export function requireAllTenants(caller: Caller, action: string): void {
   if (caller.tenants !== "*") {
     refuse("PERMISSION_DENIED", `${action} affects every tenant: it needs a grant of all tenants ("*"); caller ${caller.caller} is granted ${[...caller.tenants].join(", ")}`);
   }
+}
+
+/**
+ * The tenants and operations a read covers: what was asked, or else all the
+ * caller is granted (undefined: all). The registry refuses what was asked
+ * and is not granted.
+ */
+export function scopeOf(caller: Caller, tenant = "", operations: readonly string[] = []): ViewScope {
+  const tenants = tenant ? [tenant] : caller.tenants === "*" ? undefined : [...caller.tenants];
+  const granted = operations.length > 0 ? [...operations] : caller.operations === "*" ? undefined : [...caller.operations];
+  return { ...(tenants ? { tenants } : {}), ...(granted ? { operations: granted } : {}) };
 }

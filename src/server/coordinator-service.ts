@@ -27,6 +27,7 @@ import type { Registry } from "../registry/registry.js";
 import { recoveryOnly } from "../registry/state-machine.js";
 import type { HolderInput, RecoverableCursor, RequestIdentity, StoredRecord } from "../registry/types.js";
 import { authorize } from "./authorization.js";
+import { scopeOf } from "./callers.js";
 import {
   fromProtoClaimMode,
   fromProtoEffectStatus,
@@ -286,18 +287,9 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async listRecoverable(req, ctx) {
       const caller = callerOf(ctx.values);
-      if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
-      for (const operation of req.operations) {
-        if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
-      }
       const { views, next } = await registry.listRecoverable(
         reads,
-        {
-          tenants: req.tenant ? [req.tenant] : caller.tenants === "*" ? undefined : [...caller.tenants],
-          operations: req.operations.length > 0 ? req.operations : caller.operations === "*" ? undefined : [...caller.operations],
-          pageSize: req.pageSize,
-          after: resumeAfter(req.pageToken),
-        },
+        { ...scopeOf(caller, req.tenant, req.operations), pageSize: req.pageSize, after: resumeAfter(req.pageToken) },
         caller,
       );
       return create(ListRecoverableResponseSchema, {
