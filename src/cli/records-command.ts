@@ -1,11 +1,12 @@
 import { readFile } from "node:fs/promises";
 import { create, toJson } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
-import { OperationMode, type OperationControl } from "../gen/idempotency/v1/admin_pb.js";
+import type { OperationControl } from "../gen/idempotency/v1/admin_pb.js";
 import { OperationRefSchema } from "../gen/idempotency/v1/coordinator_pb.js";
 import { type OperationRecord, OperationRecordSchema } from "../gen/idempotency/v1/types_pb.js";
 import { choice, EFFECT_STATUSES, OUTCOMES, RECORD_STATES, type Outcome, type UnknownValue, type Vocabulary } from "../contract/words.js";
 import { parseDuration } from "../policy/document.js";
+import { OPERATION_MODES } from "../policy/operations.js";
 import { base64, clientsOf, isoTime, table, UsageError, type Connection } from "./connection.js";
 
 /**
@@ -127,8 +128,6 @@ export async function sweepCommand(batchSize: number, maxBatches: number, json: 
   out(json ? JSON.stringify({ tombstoned: Number(tombstoned), batches: Number(batches) }) : `tombstoned ${tombstoned} record(s) in ${batches} batch(es)`);
 }
 
-const MODES: Record<string, OperationMode> = { ENFORCE: OperationMode.ENFORCE, SHADOW: OperationMode.SHADOW, DRAINING: OperationMode.DRAINING };
-
 /** `idemctl mode [OPERATION MODE]`: sets a mode, or lists every operation's switches. */
 export async function modeCommand(operation: string | undefined, mode: string | undefined, apiRevision: number, json: boolean, connection: Connection, out: Out): Promise<void> {
   const { admin, call } = clientsOf(connection);
@@ -136,9 +135,9 @@ export async function modeCommand(operation: string | undefined, mode: string | 
     const { controls } = await admin.listOperationControls({}, call);
     return out(renderControls(controls, json));
   }
-  const wanted = MODES[(mode ?? "").toUpperCase()];
-  if (wanted === undefined) throw new UsageError("the mode must be ENFORCE, SHADOW or DRAINING");
-  const { control } = await admin.setOperationMode({ operation, apiRevision, mode: wanted }, call);
+  const wanted = (mode ?? "").toUpperCase();
+  if (!OPERATION_MODES.has(wanted)) throw new UsageError(`the mode must be ${choice(OPERATION_MODES.words)}`);
+  const { control } = await admin.setOperationMode({ operation, apiRevision, mode: OPERATION_MODES.number(wanted) }, call);
   out(renderControls([control!], json));
 }
 
@@ -191,7 +190,7 @@ function renderControls(controls: OperationControl[], json: boolean): string {
   const rows = controls.map((c) => ({
     operation: c.operation,
     apiRevision: c.apiRevision,
-    mode: OperationMode[c.mode],
+    mode: wordOf(OPERATION_MODES, c.mode),
     writerEpoch: String(c.writerEpoch),
     updatedBy: c.updatedBy,
   }));

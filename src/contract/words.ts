@@ -22,7 +22,7 @@ import {
 } from "../gen/idempotency/v1/types_pb.js";
 
 /** The words of a generated enum: its members' names, without UNSPECIFIED. */
-type WordsOf<Enum extends Record<string, string | number>> = Exclude<Extract<keyof Enum, string>, "UNSPECIFIED">;
+export type WordsOf<Enum extends Record<string, string | number>> = Exclude<Extract<keyof Enum, string>, "UNSPECIFIED">;
 
 /** What Reserve decided: ACCEPTED, REPLAY, IN_PROGRESS, PAYLOAD_CONFLICT or EXPIRED. */
 export type Decision = WordsOf<typeof ProtoDecision>;
@@ -69,7 +69,7 @@ export interface UnknownValue {
 }
 
 /** The vocabulary of a generated enum, from its descriptor. */
-function vocabulary<Word extends string, Proto extends number>(schema: GenEnum<Proto>): Vocabulary<Word, Proto> {
+export function vocabulary<Word extends string, Proto extends number>(schema: GenEnum<Proto>): Vocabulary<Word, Proto> {
   const known = schema.values.filter((value) => value.number !== 0);
   const byNumber = new Map(known.map((value) => [value.number, value.localName as Word]));
   const byWord = new Map(known.map((value) => [value.localName, value]));

@@ -4,6 +4,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { refuse } from "../contract/errors.js";
 import { pageSize } from "../contract/page-size.js";
 import { validateApiRevision, validateOperationName } from "../contract/scope.js";
+import { choice } from "../contract/words.js";
 import {
   AdminService,
   GetPolicyResponseSchema,
@@ -11,7 +12,6 @@ import {
   ListPoliciesResponseSchema,
   ListRecordsResponseSchema,
   OperationControlSchema,
-  OperationMode,
   PublishPolicyResponseSchema,
   RaiseWriterEpochResponseSchema,
   ReconcileResponseSchema,
@@ -20,7 +20,7 @@ import {
   StreamEventsResponseSchema,
 } from "../gen/idempotency/v1/admin_pb.js";
 import type { PolicyCache } from "../policy/cache.js";
-import type { OperationControl } from "../policy/operations.js";
+import { OPERATION_MODES, type OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
 import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
@@ -114,7 +114,7 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async setOperationMode(req, ctx) {
       const caller = callerOf(ctx.values);
-      const mode = MODES.find(([wire]) => wire === req.mode)?.[1] ?? refuse("INVALID_REQUEST", "mode must be ENFORCE, SHADOW or DRAINING");
+      const mode = OPERATION_MODES.word(req.mode, () => refuse("INVALID_REQUEST", `mode must be ${choice(OPERATION_MODES.words)}`));
       return create(SetOperationModeResponseSchema, { control: await changeControl(caller, req.operation, req.apiRevision, { mode }, "setting an operation's mode") });
     },
 
@@ -206,17 +206,11 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 /** How often a followed event stream looks for new events. */
 const EVENT_POLL_MS = 500;
 
-const MODES: Array<[OperationMode, OperationControl["mode"]]> = [
-  [OperationMode.ENFORCE, "ENFORCE"],
-  [OperationMode.SHADOW, "SHADOW"],
-  [OperationMode.DRAINING, "DRAINING"],
-];
-
 function toProtoControl(control: ControlRow) {
   return create(OperationControlSchema, {
     operation: control.operation,
     apiRevision: control.apiRevision,
-    mode: MODES.find(([, mode]) => mode === control.mode)![0],
+    mode: OPERATION_MODES.number(control.mode),
     writerEpoch: BigInt(control.writerEpoch),
     updatedAt: timestampFromDate(control.updatedAt),
     updatedBy: control.updatedBy,

@@ -17,6 +17,11 @@ import {
   ReserveResponseSchema,
 } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, EffectStatusSchema, Outcome, OutcomeSchema, RecordState, RecordStateSchema } from "../../src/gen/idempotency/v1/types_pb.js";
+import { OperationMode, OperationModeSchema } from "../../src/gen/idempotency/v1/admin_pb.js";
+import { FieldType, FingerprintMode } from "../../src/gen/idempotency/v1/policy_pb.js";
+import { parsePolicyDocument } from "../../src/policy/document.js";
+import { OPERATION_MODES } from "../../src/policy/operations.js";
+import { policyFromProto, policyToProto } from "../../src/server/policy-convert.js";
 import { fromProtoClaimMode, fromProtoEffectStatus, fromProtoOutcome, fromProtoState, toProtoDecision, toProtoEffectStatus, toProtoState } from "../../src/server/convert.js";
 
 /**
@@ -31,6 +36,7 @@ const ENUMS = [
   { vocabulary: OUTCOMES, generated: Outcome, schema: OutcomeSchema },
   { vocabulary: EFFECT_STATUSES, generated: EffectStatus, schema: EffectStatusSchema },
   { vocabulary: CLAIM_MODES, generated: ClaimMode, schema: ClaimModeSchema },
+  { vocabulary: OPERATION_MODES, generated: OperationMode, schema: OperationModeSchema },
 ] as Array<{ vocabulary: Vocabulary<string, number>; generated: Record<string, string | number>; schema: typeof DecisionSchema }>;
 
 /** A number past every value of every enum: what a newer contract could send. */
@@ -177,5 +183,59 @@ describe("the SDK's translation of answers", () => {
     expect(error).toMatchObject({ code: Code.Internal, reason: "INTERNAL" });
     expect((error as CoordinatorError).retryable).toBe(false);
     expect((error as CoordinatorError).message).toBe(`the coordinator answered ${described}, a value this version of the gateway SDK does not know: upgrade idempotency-gateway`);
+  });
+});
+
+describe("the server's translation of policies", () => {
+  /** A policy of json mode whose body has one member of every field type. */
+  const document = parsePolicyDocument({
+    operation: "payments.create",
+    apiRevision: 1,
+    fingerprint: {
+      mode: "json",
+      schema: {
+        type: "object",
+        properties: {
+          text: { type: "string" },
+          flag: { type: "boolean" },
+          count: { type: "integer" },
+          amount: { type: "decimal", scale: "normalized" },
+          price: { type: "decimal" },
+          ratio: { type: "number" },
+          tags: { type: "array", items: { type: "string" } },
+        },
+      },
+    },
+  });
+
+  it("translates every fingerprint mode, field type and decimal scale both ways", () => {
+    expect(policyFromProto(policyToProto(document))).toEqual(document);
+    expect(policyFromProto(policyToProto(parsePolicyDocument({ operation: "payments.create", apiRevision: 1 }))).fingerprint.mode).toBe("raw");
+  });
+
+  it.each([
+    [
+      "a fingerprint mode",
+      (wire: ReturnType<typeof policyToProto>) => (wire.fingerprint!.mode = NEWER as FingerprintMode),
+      "policy.fingerprint.mode",
+      `idempotency.v1.FingerprintMode ${NEWER}`,
+    ],
+    [
+      "a field type",
+      (wire: ReturnType<typeof policyToProto>) => (wire.fingerprint!.schema!.properties.amount!.type = NEWER as FieldType),
+      "policy.fingerprint.schema.properties.amount.type",
+      `idempotency.v1.FieldType ${NEWER}`,
+    ],
+  ] as const)("refuses %s this coordinator does not know with INVALID_POLICY, naming the field", (_name, change, path, described) => {
+    const wire = policyToProto(document);
+    change(wire);
+    let refused: unknown;
+    try {
+      policyFromProto(wire);
+    } catch (error) {
+      refused = error;
+    }
+    expect(refused).toBeInstanceOf(IdempotencyError);
+    expect(refused).toMatchObject({ reason: "INVALID_POLICY", metadata: { path }, message: `${path} is ${described}, which this coordinator does not know` });
   });
 });
