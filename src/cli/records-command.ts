@@ -4,7 +4,7 @@ import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
 import type { OperationControl } from "../gen/idempotency/v1/admin_pb.js";
 import { OperationRefSchema } from "../gen/idempotency/v1/coordinator_pb.js";
 import { type OperationRecord, OperationRecordSchema } from "../gen/idempotency/v1/types_pb.js";
-import { choice, EFFECT_STATUSES, OUTCOMES, RECORD_STATES, type Outcome, type UnknownValue, type Vocabulary } from "../contract/words.js";
+import { choice, EFFECT_STATUSES, OUTCOMES, RECORD_STATES, type Outcome, type Vocabulary } from "../contract/words.js";
 import { parseDuration } from "../policy/document.js";
 import { OPERATION_MODES } from "../policy/operations.js";
 import { base64, clientsOf, isoTime, table, UsageError, type Connection } from "./connection.js";
@@ -19,8 +19,8 @@ type Out = (text: string) => void;
 
 /** The word of an enum field of an answer; a number this idemctl does not know is an error saying so, never another word. */
 function wordOf<Word extends string>(vocabulary: Vocabulary<Word, number>, value: number): Word {
-  return vocabulary.word(value, (unknown: UnknownValue) => {
-    throw new Error(`the coordinator answered ${unknown.described}, a value this idemctl does not know: upgrade idempotency-coordinator`);
+  return vocabulary.word(value, (described) => {
+    throw new Error(`the coordinator answered ${described}, a value this idemctl does not know: upgrade idempotency-coordinator`);
   });
 }
 

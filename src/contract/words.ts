@@ -36,8 +36,7 @@ export type EffectStatus = WordsOf<typeof ProtoEffectStatus>;
 export type ClaimMode = WordsOf<typeof ProtoClaimMode>;
 
 /**
- * One enum of the contract: its words, and each word's number and full name
- * on the wire. A number that is no word (UNSPECIFIED, or a value of a newer
+ * One enum of the contract: its words, and each word's number on the wire. A number that is no word (UNSPECIFIED, or a value of a newer
  * contract than this build's) has no translation: `word` hands it to the
  * caller's `unknown`, which says what it means where it was met (a refused
  * request on the server, a coordinator newer than the SDK in a client).
@@ -49,23 +48,14 @@ export interface Vocabulary<Word extends string, Proto extends number> {
   readonly words: readonly Word[];
   /** The number on the wire of a word. */
   readonly number: (word: Word) => Proto;
-  /** The word of a number on the wire; `unknown` decides what a number that is no word is (it throws). */
-  readonly word: (value: number, unknown: (value: UnknownValue) => never) => Word;
+  /**
+   * The word of a number on the wire. A number that is no word goes to
+   * `unknown`, which throws, given the number as a message says it:
+   * `idempotency.v1.RecordState 9`, or `RECORD_STATE_UNSPECIFIED`.
+   */
+  readonly word: (value: number, unknown: (described: string) => never) => Word;
   /** Whether a string is one of the words (a word as a person or a JSON document writes it). */
   readonly has: (text: string) => text is Word;
-  /** The full name on the wire, e.g. `RECORD_STATE_UNKNOWN`. */
-  readonly wireName: (word: Word) => string;
-}
-
-/** A number on the wire that is no word of its enum, as `Vocabulary.word` hands it to its `unknown`. */
-export interface UnknownValue {
-  /** The enum's full name. */
-  typeName: string;
-  value: number;
-  /** The value's name on the wire when this build knows it (UNSPECIFIED), else undefined. */
-  wireName: string | undefined;
-  /** Says it for a message: `idempotency.v1.RecordState 9` or `RECORD_STATE_UNSPECIFIED`. */
-  described: string;
 }
 
 /** The vocabulary of a generated enum, from its descriptor. */
@@ -81,11 +71,9 @@ export function vocabulary<Word extends string, Proto extends number>(schema: Ge
     word: (value, unknown) => {
       const word = byNumber.get(value);
       if (word !== undefined) return word;
-      const wireName = schema.values.find((described) => described.number === value)?.name;
-      return unknown({ typeName: schema.typeName, value, wireName, described: wireName ?? `${schema.typeName} ${value}` });
+      return unknown(schema.values.find((described) => described.number === value)?.name ?? `${schema.typeName} ${value}`);
     },
     has: (text): text is Word => byWord.has(text),
-    wireName: (word) => byWord.get(word)!.name,
   };
 }
 

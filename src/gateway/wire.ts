@@ -1,6 +1,6 @@
 import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { Code } from "@connectrpc/connect";
-import { EFFECT_STATUSES, RECORD_STATES, type UnknownValue, type Vocabulary } from "../contract/words.js";
+import { EFFECT_STATUSES, RECORD_STATES, type Vocabulary } from "../contract/words.js";
 import type { EffectAttempt as ProtoEffectAttempt, OperationRecord as ProtoOperationRecord, ResponseSnapshot as ProtoResponseSnapshot } from "../gen/idempotency/v1/types_pb.js";
 import { CoordinatorError } from "./errors.js";
 import type { EffectAttempt, OperationRecord, ResponseSnapshot } from "./types.js";
@@ -25,9 +25,9 @@ export function answered<Word extends string>(vocabulary: Vocabulary<Word, numbe
   return vocabulary.word(value, unknownAnswer);
 }
 
-function unknownAnswer(unknown: UnknownValue): never {
+function unknownAnswer(described: string): never {
   throw new CoordinatorError(
-    `the coordinator answered ${unknown.described}, a value this version of the gateway SDK does not know: upgrade idempotency-gateway`,
+    `the coordinator answered ${described}, a value this version of the gateway SDK does not know: upgrade idempotency-gateway`,
     Code.Internal,
     "INTERNAL",
   );

@@ -128,7 +128,7 @@ const DECIMAL_SCALES = vocabulary<WordsOf<typeof DecimalScale>, DecimalScale>(De
  */
 function documentWord<Word extends string>(words: Vocabulary<Word, number>, value: number, path: string): string | undefined {
   if (value === 0) return undefined;
-  return words.word(value, (unknown) => refuse("INVALID_POLICY", `${path} is ${unknown.described}, which this coordinator does not know`, { path })).toLowerCase();
+  return words.word(value, (described) => refuse("INVALID_POLICY", `${path} is ${described}, which this coordinator does not know`, { path })).toLowerCase();
 }
 
 /** The number on the wire of a document's word. */
