@@ -5,8 +5,8 @@
  * clock they move by hand (test/support/clock.ts), so that what happens "after
  * an interval" happens when they say so.
  *
- * The same shape as the gateway SDK's LeaseClock, so that one clock can drive
- * both in a process that runs both.
+ * The gateway SDK's lease keeper reads the same clock, so that one clock
+ * drives both in a process that runs both.
  */
 export interface Clock {
   /** Milliseconds since the epoch, like `Date.now()`. */

@@ -1,10 +1,12 @@
 import { readFile } from "node:fs/promises";
 import { create, toJson } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema } from "@bufbuild/protobuf/wkt";
-import { OperationMode, type OperationControl } from "../gen/idempotency/v1/admin_pb.js";
+import type { OperationControl } from "../gen/idempotency/v1/admin_pb.js";
 import { OperationRefSchema } from "../gen/idempotency/v1/coordinator_pb.js";
-import { EffectStatus, type OperationRecord, OperationRecordSchema, Outcome, RecordState } from "../gen/idempotency/v1/types_pb.js";
+import { type OperationRecord, OperationRecordSchema } from "../gen/idempotency/v1/types_pb.js";
+import { choice, EFFECT_STATUSES, OUTCOMES, RECORD_STATES, type Outcome, type Vocabulary } from "../contract/words.js";
 import { parseDuration } from "../policy/document.js";
+import { OPERATION_MODES } from "../policy/operations.js";
 import { base64, clientsOf, isoTime, table, UsageError, type Connection } from "./connection.js";
 
 /**
@@ -15,7 +17,17 @@ import { base64, clientsOf, isoTime, table, UsageError, type Connection } from "
 
 type Out = (text: string) => void;
 
-const stateName = (state: RecordState) => RecordState[state] ?? String(state);
+/** The word of an enum field of an answer; a number this idemctl does not know is an error saying so, never another word. */
+function wordOf<Word extends string>(vocabulary: Vocabulary<Word, number>, value: number): Word {
+  return vocabulary.word(value, (described) => {
+    throw new Error(`the coordinator answered ${described}, a value this idemctl does not know: upgrade idempotency-coordinator`);
+  });
+}
+
+const stateName = (state: number) => wordOf(RECORD_STATES, state);
+
+/** The outcomes an operator settles a record with. */
+const RECONCILED: readonly Outcome[] = ["SUCCEEDED", "FAILED_FINAL"];
 
 /** `idemctl lookup`: one record, by tenant and operation id. */
 export async function lookupCommand(tenant: string, operationId: string, json: boolean, connection: Connection, out: Out): Promise<void> {
@@ -34,10 +46,9 @@ export async function listCommand(
 ): Promise<void> {
   const { admin, call } = clientsOf(connection);
   const states = filter.states.map((name) => {
-    const state = RecordState[name.toUpperCase() as keyof typeof RecordState];
-    if (typeof state !== "number" || state === RecordState.UNSPECIFIED)
-      throw new UsageError(`--state ${name}: use RESERVED, EXECUTING, SUCCEEDED, FAILED_FINAL, REJECTED or UNKNOWN`);
-    return state;
+    const word = name.toUpperCase();
+    if (!RECORD_STATES.has(word)) throw new UsageError(`--state ${name}: use ${choice(RECORD_STATES.words)}`);
+    return RECORD_STATES.number(word);
   });
   const records: OperationRecord[] = [];
   let pageToken = "";
@@ -98,8 +109,9 @@ export async function reconcileCommand(
     if (json) return out(JSON.stringify(toJson(OperationRecordSchema, record!), null, 2));
     return out(`reopened: ${input.operationId} is ${stateName(record!.state)} at generation ${record!.generation}; the client's next retry runs it again`);
   }
-  const outcome = input.outcome.toUpperCase() === "SUCCEEDED" ? Outcome.SUCCEEDED : input.outcome.toUpperCase() === "FAILED_FINAL" ? Outcome.FAILED_FINAL : undefined;
-  if (outcome === undefined) throw new UsageError("--outcome must be SUCCEEDED or FAILED_FINAL");
+  const word = input.outcome.toUpperCase();
+  if (!OUTCOMES.has(word) || !RECONCILED.includes(word)) throw new UsageError(`--outcome must be ${choice(RECONCILED)}`);
+  const outcome = OUTCOMES.number(word);
   const { record } = await admin.reconcile(
     { ref, outcome, snapshot: { statusCode: input.status, mediaType: input.mediaType, body: input.body }, evidence: input.evidence, operator: input.operator },
     call,
@@ -116,8 +128,6 @@ export async function sweepCommand(batchSize: number, maxBatches: number, json: 
   out(json ? JSON.stringify({ tombstoned: Number(tombstoned), batches: Number(batches) }) : `tombstoned ${tombstoned} record(s) in ${batches} batch(es)`);
 }
 
-const MODES: Record<string, OperationMode> = { ENFORCE: OperationMode.ENFORCE, SHADOW: OperationMode.SHADOW, DRAINING: OperationMode.DRAINING };
-
 /** `idemctl mode [OPERATION MODE]`: sets a mode, or lists every operation's switches. */
 export async function modeCommand(operation: string | undefined, mode: string | undefined, apiRevision: number, json: boolean, connection: Connection, out: Out): Promise<void> {
   const { admin, call } = clientsOf(connection);
@@ -125,9 +135,9 @@ export async function modeCommand(operation: string | undefined, mode: string | 
     const { controls } = await admin.listOperationControls({}, call);
     return out(renderControls(controls, json));
   }
-  const wanted = MODES[(mode ?? "").toUpperCase()];
-  if (wanted === undefined) throw new UsageError("the mode must be ENFORCE, SHADOW or DRAINING");
-  const { control } = await admin.setOperationMode({ operation, apiRevision, mode: wanted }, call);
+  const wanted = (mode ?? "").toUpperCase();
+  if (!OPERATION_MODES.has(wanted)) throw new UsageError(`the mode must be ${choice(OPERATION_MODES.words)}`);
+  const { control } = await admin.setOperationMode({ operation, apiRevision, mode: OPERATION_MODES.number(wanted) }, call);
   out(renderControls([control!], json));
 }
 
@@ -180,7 +190,7 @@ function renderControls(controls: OperationControl[], json: boolean): string {
   const rows = controls.map((c) => ({
     operation: c.operation,
     apiRevision: c.apiRevision,
-    mode: OperationMode[c.mode],
+    mode: wordOf(OPERATION_MODES, c.mode),
     writerEpoch: String(c.writerEpoch),
     updatedBy: c.updatedBy,
   }));
@@ -200,7 +210,7 @@ function describeRecord(r: OperationRecord): string {
     ...(r.snapshot ? [`  snapshot    status ${r.snapshot.statusCode}, ${r.snapshot.body.length} bytes, digest ${base64(r.snapshot.digest)}`] : []),
     ...r.effectAttempts.map(
       (a) =>
-        `  attempt ${a.attemptNumber}   ${a.effect} via ${a.provider || "-"}: ${EffectStatus[a.status]}, key ${a.downstreamKey}` +
+        `  attempt ${a.attemptNumber}   ${a.effect} via ${a.provider || "-"}: ${wordOf(EFFECT_STATUSES, a.status)}, key ${a.downstreamKey}` +
         (a.providerHandle ? `, handle ${a.providerHandle}` : ""),
     ),
   ];

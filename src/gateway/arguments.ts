@@ -8,6 +8,8 @@
  * once took positional arguments, that those are the earlier form.
  */
 
+import { CLAIM_MODES, OUTCOMES } from "../contract/words.js";
+
 /** One public call: its name, what it takes, and the positional form it had before idempotency-gateway 0.1.0, if any. */
 export interface CallForm {
   /** As the caller writes it: `resolve`, `CoordinatorClient.release`, `new IdempotencyGateway`. */
@@ -148,7 +150,8 @@ export const operationRef = shape({ tenant: nonEmptyString, operationId: nonEmpt
 export const subject = shape({ tenant: nonEmptyString, principal: nonEmptyString });
 export const logger = withMethods("an object with warn(obj, msg) and error(obj, msg) methods (console, a pino logger)", "warn", "error");
 export const effectStatus = oneOf("CONFIRMED", "NO_EFFECT", "INDETERMINATE");
-export const outcome = oneOf("SUCCEEDED", "FAILED_FINAL", "REJECTED");
+export const outcome = oneOf(...OUTCOMES.words);
+export const claimMode = oneOf(...CLAIM_MODES.words);
 const statusCode = rule("an HTTP status code (a whole number from 100 to 599)", (v) => Number.isSafeInteger(v) && (v as number) >= 100 && (v as number) <= 599);
 const headerPair = rule("a [name, value] pair of strings", (v) => Array.isArray(v) && v.length === 2 && typeof v[0] === "string" && typeof v[1] === "string");
 /** A handler's response description (HandlerResponse). */

@@ -1,20 +1,17 @@
 import { context, propagation } from "@opentelemetry/api";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { durationFromMs, durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
-import { getAbortSignalReason } from "@connectrpc/connect/protocol";
+import { durationFromMs, durationMs, timestampDate, type Duration } from "@bufbuild/protobuf/wkt";
+import { Code, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
+import { CLAIM_MODES, DECISIONS, EFFECT_STATUSES, OUTCOMES, RECORD_STATES } from "../contract/words.js";
 import {
   AbandonRequestSchema,
   type BatchCall,
-  BatchCallSchema,
   type BatchResult,
-  ClaimMode as ProtoClaimMode,
   ClaimRequestSchema,
   CompleteRequestSchema,
   CoordinatorService,
-  Decision as ProtoDecision,
   LookupRequestSchema,
   RecordEffectAttemptRequestSchema,
   ReleaseRequestSchema,
@@ -22,16 +19,7 @@ import {
   ReserveRequestSchema,
   ResolveEffectAttemptRequestSchema,
 } from "../gen/idempotency/v1/coordinator_pb.js";
-import {
-  EffectStatus as ProtoEffectStatus,
-  HttpRequestPartsSchema,
-  Outcome as ProtoOutcome,
-  RecordState as ProtoRecordState,
-  type EffectAttempt as ProtoEffectAttempt,
-  type OperationRecord as ProtoOperationRecord,
-  type ResponseSnapshot as ProtoResponseSnapshot,
-} from "../gen/idempotency/v1/types_pb.js";
-import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
+import { HttpRequestPartsSchema } from "../gen/idempotency/v1/types_pb.js";
 import {
   argumentError,
   arrayOf,
@@ -39,6 +27,7 @@ import {
   bytes,
   checkInput,
   checkOptions,
+  claimMode,
   either,
   func,
   isObject,
@@ -60,32 +49,28 @@ import {
   type CallForm,
   type Rule,
 } from "./arguments.js";
-import { CoordinatorError, errorOfStatus, toCoordinatorError } from "./errors.js";
+import { Batcher, type AttemptOptions } from "./batcher.js";
+import { CoordinatorError, toCoordinatorError } from "./errors.js";
+import { answered, dateField, fromAttempt, fromRecord, fromSnapshot } from "./wire.js";
 import {
   loggerOf,
   type ClaimInput,
-  type ClaimMode,
   type ClaimResult,
   type CompleteInput,
   type CompleteResult,
-  type Decision,
   type EffectAttempt,
-  type EffectStatus,
   type GatewayLogger,
   type HandOverResult,
   type ListRecoverableInput,
   type ListRecoverableResult,
   type LookupInput,
   type OperationRecord,
-  type Outcome,
   type OwnedRef,
   type RecordEffectAttemptInput,
-  type RecordState,
   type RenewLeaseInput,
   type ReserveInput,
   type ResolveEffectAttemptInput,
   type ReserveResult,
-  type ResponseSnapshot,
   type SdkLogger,
 } from "./types.js";
 
@@ -353,9 +338,9 @@ export class CoordinatorClient {
       ? this.call("reserve", request, { ...call, timeoutMs: (call?.timeoutMs ?? this.timeoutMs) + waitMs }, { alone: true })
       : this.call("reserve", request, call));
     return {
-      decision: fromDecision(res.decision),
+      decision: answered(DECISIONS, res.decision),
       operationId: res.operationId,
-      ...(res.state ? { state: fromState(res.state) } : {}),
+      ...(res.state ? { state: answered(RECORD_STATES, res.state) } : {}),
       generation: Number(res.generation),
       ...dateField("leaseExpiresAt", res.leaseExpiresAt),
       ...(res.retryAfter ? { retryAfterMs: durationMs(res.retryAfter) } : {}),
@@ -369,10 +354,10 @@ export class CoordinatorClient {
 
   /** Takes ownership for execution: OWNER, TAKEOVER or RECOVER. */
   async claim(input: ClaimInput, call?: CallOptions): Promise<ClaimResult> {
-    checkInput(FORMS.claim, input, { ref: operationRef, mode: oneOf("OWNER", "TAKEOVER", "RECOVER"), generation, leaseMs, writerEpoch }, { value: call });
+    checkInput(FORMS.claim, input, { ref: operationRef, mode: claimMode, generation, leaseMs, writerEpoch }, { value: call });
     const request = create(ClaimRequestSchema, {
       ref: input.ref,
-      mode: toClaimMode(input.mode),
+      mode: CLAIM_MODES.number(input.mode),
       generation: BigInt(input.generation),
       lease: leaseOf(input.leaseMs),
       writerEpoch: BigInt(input.writerEpoch ?? 0),
@@ -380,7 +365,7 @@ export class CoordinatorClient {
     const res = await this.call("claim", request, call);
     return {
       generation: Number(res.generation),
-      state: fromState(res.state),
+      state: answered(RECORD_STATES, res.state),
       ...dateField("leaseExpiresAt", res.leaseExpiresAt),
       recovering: res.recovering,
       effectAttempts: res.effectAttempts.map(fromAttempt),
@@ -411,7 +396,7 @@ export class CoordinatorClient {
       ref: input.ref,
       generation: BigInt(input.generation),
       attemptNumber: input.attemptNumber,
-      status: toEffectStatus(input.status),
+      status: EFFECT_STATUSES.number(input.status),
       providerHandle: input.providerHandle ?? "",
     });
     const res = await this.call("resolveEffectAttempt", request, call);
@@ -426,7 +411,7 @@ export class CoordinatorClient {
     const request = create(CompleteRequestSchema, {
       ref: input.ref,
       generation: BigInt(input.generation),
-      outcome: toOutcome(input.outcome),
+      outcome: OUTCOMES.number(input.outcome),
       snapshot: {
         statusCode: snapshot.statusCode,
         mediaType: snapshot.mediaType,
@@ -435,17 +420,17 @@ export class CoordinatorClient {
         headers: snapshot.headers.map(([name, value]) => ({ name, value })),
         body: snapshot.body,
       },
-      resolutions: (input.resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: toEffectStatus(r.status), providerHandle: r.providerHandle ?? "" })),
+      resolutions: (input.resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: EFFECT_STATUSES.number(r.status), providerHandle: r.providerHandle ?? "" })),
     });
     const res = await this.call("complete", request, call);
-    return { state: fromState(res.state), snapshotDigest: res.snapshotDigest, ...dateField("completedAt", res.completedAt) };
+    return { state: answered(RECORD_STATES, res.state), snapshotDigest: res.snapshotDigest, ...dateField("completedAt", res.completedAt) };
   }
 
   /** Hands a reservation back without any effect: the next identical retry takes it over. */
   async release(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
     checkInput(FORMS.release, input, owned, { value: call });
     const res = await this.call("release", create(ReleaseRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
-    return { state: fromState(res.state), generation: Number(res.generation) };
+    return { state: answered(RECORD_STATES, res.state), generation: Number(res.generation) };
   }
 
   /**
@@ -456,7 +441,7 @@ export class CoordinatorClient {
   async abandon(input: OwnedRef, call?: CallOptions): Promise<HandOverResult> {
     checkInput(FORMS.abandon, input, owned, { value: call });
     const res = await this.call("abandon", create(AbandonRequestSchema, { ref: input.ref, generation: BigInt(input.generation) }), call);
-    return { state: fromState(res.state), generation: Number(res.generation) };
+    return { state: answered(RECORD_STATES, res.state), generation: Number(res.generation) };
   }
 
   /** Reads an operation by id (with the asking subject) or by scope. */
@@ -494,7 +479,7 @@ export class CoordinatorClient {
       ),
     );
     return {
-      records: res.records.map((r) => ({ record: fromRecord(r.record!), claimMode: fromClaimMode(r.claimMode) })),
+      records: res.records.map((r) => ({ record: fromRecord(r.record!), claimMode: answered(CLAIM_MODES, r.claimMode) })),
       nextPageToken: res.nextPageToken,
     };
   }
@@ -570,12 +555,6 @@ interface Endpoint {
 /** One resolution Complete carries. */
 const resolution = shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) });
 
-/** The deadline and signal of one attempt of a call. */
-interface AttemptOptions {
-  timeoutMs: number;
-  signal?: AbortSignal;
-}
-
 /** A unary method of the Connect client. */
 type UnaryMethod = (request: unknown, options: AttemptOptions & { headers: Record<string, string> }) => Promise<unknown>;
 
@@ -584,282 +563,4 @@ type CallKind = NonNullable<BatchCall["call"]["case"]>;
 type RequestOf<K extends CallKind> = Extract<BatchCall["call"], { case: K }>["value"];
 type ResponseOf<K extends CallKind> = Extract<BatchResult["result"], { case: K }>["value"];
 
-/** A call waiting for its batch's answer. */
-interface Pending {
-  readonly call: BatchCall;
-  readonly bytes: number;
-  /** When this call stops waiting (Date.now() time). */
-  readonly deadline: number;
-  /** Settles the call once (with its result, an error, or by sending it alone); later answers are ignored. */
-  readonly settle: (outcome: { result: BatchResult["result"] } | { error: Error } | { alone: true }) => void;
-  settled: boolean;
-  /** Told when the call has settled, once it is in a batch. */
-  onSettled?: () => void;
-}
-
-interface BatcherOptions {
-  inFlight: number;
-  maxCalls: number;
-  maxBytes: number;
-  /** Sends one Batch RPC. */
-  send: (calls: BatchCall[], options: AttemptOptions) => Promise<{ results: BatchResult[] }>;
-  /** The coordinator does not serve Batch: called once, before the calls are sent alone. */
-  unsupported: () => void;
-}
-
-/**
- * Coalesces concurrent calls into Batch RPCs: a call made while fewer than
- * `inFlight` batches are in flight goes out at once (calls made in the same
- * turn of the event loop go together); the calls made while the limit is
- * reached wait for the first batch to be answered and go together in the
- * next one. Each call keeps its own deadline and signal: it stops waiting
- * when either ends, as its own RPC would, whatever its batch does.
- */
-class Batcher {
-  private readonly queue: Pending[] = [];
-  private inFlight = 0;
-  private flushing = false;
-  /** Set when the coordinator answered UNIMPLEMENTED: queued calls go alone. */
-  private unsupported = false;
-
-  constructor(private readonly options: BatcherOptions) {}
-
-  /** Sends `call` in a batch, or alone when it is too large to share one; answers its response or throws its refusal. */
-  call(call: BatchCall["call"], traceContext: Record<string, string>, attempt: AttemptOptions, alone: (options: AttemptOptions) => Promise<unknown>): Promise<unknown> {
-    const bytes = approximateBytes(call);
-    // Too large to share a batch: alone, exactly as without batching.
-    if (bytes > this.options.maxBytes) return alone(attempt);
-    const { signal } = attempt;
-    if (signal?.aborted) return Promise.reject(ConnectError.from(getAbortSignalReason(signal), Code.Canceled));
-    return new Promise<unknown>((resolve, reject) => {
-      const deadline = Date.now() + attempt.timeoutMs;
-      const onAbort = () => pending.settle({ error: ConnectError.from(getAbortSignalReason(signal!), Code.Canceled) });
-      // The same error as the deadline of a call sent alone.
-      const timer = setTimeout(() => pending.settle({ error: new ConnectError("the operation timed out", Code.DeadlineExceeded) }), attempt.timeoutMs);
-      signal?.addEventListener("abort", onAbort, { once: true });
-      const pending: Pending = {
-        call: create(BatchCallSchema, { call, traceContext }),
-        bytes,
-        deadline,
-        settled: false,
-        settle: (outcome) => {
-          if (pending.settled) return;
-          pending.settled = true;
-          clearTimeout(timer);
-          signal?.removeEventListener("abort", onAbort);
-          pending.onSettled?.();
-          if ("alone" in outcome) alone({ ...attempt, timeoutMs: Math.max(0, deadline - Date.now()) }).then(resolve, reject);
-          else if ("error" in outcome) reject(outcome.error);
-          else if (outcome.result.case === call.case) resolve(outcome.result.value);
-          else if (outcome.result.case === "error") reject(errorOfStatus(outcome.result.value));
-          else reject(new CoordinatorError(`the coordinator answered a ${String(call.case)} call with ${outcome.result.case ?? "nothing"}`, Code.Internal, "INTERNAL"));
-        },
-      };
-      this.queue.push(pending);
-      this.scheduleFlush();
-    });
-  }
-
-  /** Flushes after the calls of the current turn of the event loop have joined the queue, without waiting for a timer. */
-  private scheduleFlush(): void {
-    if (this.flushing) return;
-    this.flushing = true;
-    queueMicrotask(() => {
-      this.flushing = false;
-      this.flush();
-    });
-  }
-
-  private flush(): void {
-    while (this.inFlight < this.options.inFlight || this.unsupported) {
-      const batch = this.take();
-      if (batch.length === 0) return;
-      if (this.unsupported) {
-        for (const pending of batch) pending.settle({ alone: true });
-        continue;
-      }
-      this.inFlight++;
-      void this.dispatch(batch).finally(() => {
-        this.inFlight--;
-        this.flush();
-      });
-    }
-  }
-
-  /** The next batch: waiting calls in order, up to the bounds; calls that stopped waiting are dropped. */
-  private take(): Pending[] {
-    const batch: Pending[] = [];
-    let bytes = 0;
-    while (this.queue.length > 0 && batch.length < this.options.maxCalls) {
-      const next = this.queue[0]!;
-      if (next.settled) {
-        this.queue.shift();
-        continue;
-      }
-      if (batch.length > 0 && bytes + next.bytes > this.options.maxBytes) break;
-      batch.push(this.queue.shift()!);
-      bytes += next.bytes;
-    }
-    return batch;
-  }
-
-  private async dispatch(batch: Pending[]): Promise<void> {
-    // The batch lives as long as its longest-waiting call; when every call has stopped waiting, it is cancelled.
-    const controller = new AbortController();
-    const timeoutMs = Math.max(1, ...batch.map((pending) => pending.deadline - Date.now()));
-    let waiting = batch.length;
-    for (const pending of batch) {
-      pending.onSettled = () => {
-        if (--waiting === 0) controller.abort();
-      };
-    }
-    try {
-      const { results } = await this.options.send(
-        batch.map((pending) => pending.call),
-        { timeoutMs, signal: controller.signal },
-      );
-      if (results.length !== batch.length) {
-        const error = new CoordinatorError(`the coordinator answered ${results.length} results to a batch of ${batch.length} calls`, Code.Internal, "INTERNAL");
-        for (const pending of batch) pending.settle({ error });
-        return;
-      }
-      batch.forEach((pending, i) => pending.settle({ result: results[i]!.result }));
-    } catch (error) {
-      const failure = ConnectError.from(error);
-      if (failure.code === Code.Unimplemented) {
-        // An older coordinator: nothing was decided; every call goes alone, now and from now on.
-        if (!this.unsupported) {
-          this.unsupported = true;
-          this.options.unsupported();
-        }
-        for (const pending of batch) pending.settle({ alone: true });
-        this.flush();
-        return;
-      }
-      if (failure.code === Code.ResourceExhausted && failure.findDetails(ErrorInfoSchema).length === 0) {
-        // The batch was larger than the coordinator reads (refused before any call was decided): each call goes alone, as it would have.
-        for (const pending of batch) pending.settle({ alone: true });
-        return;
-      }
-      // What failed the whole batch (the transport, authentication) fails each of its calls as it would have failed each alone.
-      for (const pending of batch) pending.settle({ error: failure });
-    }
-  }
-}
-
-/**
- * About how many bytes a call adds to a batch: the request's variable parts
- * (bodies, headers, path) and a generous allowance for the rest, without
- * encoding it twice.
- */
-function approximateBytes(call: BatchCall["call"]): number {
-  const fixed = 1024;
-  const headerBytes = (headers: ReadonlyArray<{ name: string; value: string }>) => headers.reduce((sum, h) => sum + h.name.length + h.value.length + 8, 0);
-  switch (call.case) {
-    case "reserve": {
-      const identity = call.value.request;
-      return fixed + (identity.case === "parts" ? identity.value.body.length + identity.value.path.length + identity.value.query.length + headerBytes(identity.value.headers) : 0);
-    }
-    case "complete": {
-      const snapshot = call.value.snapshot;
-      return fixed + (snapshot ? snapshot.body.length + snapshot.location.length + headerBytes(snapshot.headers) : 0);
-    }
-    default:
-      return fixed;
-  }
-}
-
 const leaseOf = (leaseMs: number | undefined): Duration | undefined => (leaseMs && leaseMs > 0 ? durationFromMs(leaseMs) : undefined);
-
-function dateField<K extends string>(key: K, ts: Timestamp | undefined): { [P in K]?: Date } {
-  return (ts ? { [key]: timestampDate(ts) } : {}) as { [P in K]?: Date };
-}
-
-const DECISIONS: Record<number, Decision> = {
-  [ProtoDecision.ACCEPTED]: "ACCEPTED",
-  [ProtoDecision.REPLAY]: "REPLAY",
-  [ProtoDecision.IN_PROGRESS]: "IN_PROGRESS",
-  [ProtoDecision.PAYLOAD_CONFLICT]: "PAYLOAD_CONFLICT",
-  [ProtoDecision.EXPIRED]: "EXPIRED",
-};
-
-function fromDecision(decision: ProtoDecision): Decision {
-  const known = DECISIONS[decision];
-  if (!known) throw new CoordinatorError(`the coordinator answered an unknown decision ${decision}`, Code.Internal, "INTERNAL");
-  return known;
-}
-
-const STATES: Record<number, RecordState> = {
-  [ProtoRecordState.RESERVED]: "RESERVED",
-  [ProtoRecordState.EXECUTING]: "EXECUTING",
-  [ProtoRecordState.SUCCEEDED]: "SUCCEEDED",
-  [ProtoRecordState.FAILED_FINAL]: "FAILED_FINAL",
-  [ProtoRecordState.REJECTED]: "REJECTED",
-  [ProtoRecordState.UNKNOWN]: "UNKNOWN",
-};
-
-function fromState(state: ProtoRecordState): RecordState {
-  return STATES[state] ?? "UNKNOWN";
-}
-
-const EFFECT_STATUSES: Record<number, EffectStatus> = {
-  [ProtoEffectStatus.PENDING]: "PENDING",
-  [ProtoEffectStatus.CONFIRMED]: "CONFIRMED",
-  [ProtoEffectStatus.NO_EFFECT]: "NO_EFFECT",
-  [ProtoEffectStatus.INDETERMINATE]: "INDETERMINATE",
-};
-
-const toEffectStatus = (status: EffectStatus): ProtoEffectStatus => ProtoEffectStatus[status];
-const toOutcome = (outcome: Outcome): ProtoOutcome => ProtoOutcome[outcome];
-const toClaimMode = (mode: ClaimMode): ProtoClaimMode => ProtoClaimMode[mode];
-
-function fromClaimMode(mode: ProtoClaimMode): ClaimMode {
-  return mode === ProtoClaimMode.TAKEOVER ? "TAKEOVER" : mode === ProtoClaimMode.OWNER ? "OWNER" : "RECOVER";
-}
-
-function fromAttempt(a: ProtoEffectAttempt): EffectAttempt {
-  return {
-    attemptNumber: a.attemptNumber,
-    effect: a.effect,
-    provider: a.provider,
-    downstreamKey: a.downstreamKey,
-    // PENDING when unset: an unknown status is never taken as resolved.
-    status: EFFECT_STATUSES[a.status] ?? "PENDING",
-    providerHandle: a.providerHandle,
-    generation: Number(a.generation),
-    ...dateField("createdAt", a.createdAt),
-    ...dateField("resolvedAt", a.resolvedAt),
-  };
-}
-
-function fromSnapshot(s: ProtoResponseSnapshot): ResponseSnapshot {
-  return {
-    statusCode: s.statusCode,
-    mediaType: s.mediaType,
-    location: s.location,
-    businessVersion: s.businessVersion,
-    headers: s.headers.map((h): [string, string] => [h.name, h.value]),
-    body: s.body,
-    digest: s.digest,
-  };
-}
-
-function fromRecord(r: ProtoOperationRecord): OperationRecord {
-  return {
-    operationId: r.operationId,
-    subject: { tenant: r.subject?.tenant ?? "", principal: r.subject?.principal ?? "" },
-    operation: r.operation,
-    apiRevision: r.apiRevision,
-    schemaRevision: r.schemaRevision,
-    state: fromState(r.state),
-    generation: Number(r.generation),
-    recovering: r.recovering,
-    ...dateField("leaseExpiresAt", r.leaseExpiresAt),
-    ...dateField("createdAt", r.createdAt),
-    ...dateField("updatedAt", r.updatedAt),
-    ...dateField("completedAt", r.completedAt),
-    ...(r.snapshot ? { snapshot: fromSnapshot(r.snapshot) } : {}),
-    effectAttempts: r.effectAttempts.map(fromAttempt),
-    contractVersion: r.contractVersion,
-  };
-}

@@ -41,7 +41,8 @@ import {
   type Problem,
 } from "./http.js";
 import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
-import { loggerOf, type ColocatedCompletion, type Decision, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
+import type { Decision } from "../contract/words.js";
+import { loggerOf, type ColocatedCompletion, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
 
 export interface GatewayOptions {
   /** The coordinator (gateway-role token). */

@@ -3,7 +3,8 @@ import { parseStrictJson } from "../contract/json-parse.js";
 import { isNeverStored } from "../contract/snapshot.js";
 import { check, handlerResponse } from "./arguments.js";
 import { MalformedJsonBody } from "./errors.js";
-import type { HandlerResponse, HttpResponse, Outcome, ResponseSnapshot } from "./types.js";
+import type { Outcome } from "../contract/words.js";
+import type { HandlerResponse, HttpResponse, ResponseSnapshot } from "./types.js";
 
 /**
  * HTTP on both sides of the gateway: problem details (RFC 9457), the

@@ -24,18 +24,16 @@ export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError, M
 export { toHttpResponse } from "./http.js";
 export { consoleLogger, silentLogger } from "./types.js";
 export type { AttemptResolution, EffectOptions } from "./operation.js";
+export type { ClaimMode, Decision, EffectStatus, Outcome, RecordState } from "../contract/words.js";
 export type {
   BusinessTransaction,
   ClaimInput,
-  ClaimMode,
   ClaimResult,
   ColocatedCompletion,
   ColocatedDriverTypes,
   CompleteInput,
   CompleteResult,
-  Decision,
   EffectAttempt,
-  EffectStatus,
   GatewayLogger,
   HandlerResponse,
   HandOverResult,
@@ -46,10 +44,8 @@ export type {
   LookupInput,
   OperationRecord,
   OperationRef,
-  Outcome,
   OwnedRef,
   RecordEffectAttemptInput,
-  RecordState,
   RecoverableRecord,
   RenewLeaseInput,
   RequestParts,

@@ -1,32 +1,10 @@
+import { systemClock, type Clock, type Timer } from "../clock.js";
 import type { CoordinatorClient } from "./client.js";
 import { isLeaseLost, toCoordinatorError } from "./errors.js";
 import type { GatewayLogger, OperationRef } from "./types.js";
 
 /** The shortest pause between renewals, so that a tiny lease does not turn into a busy loop. */
 const MIN_INTERVAL_MS = 100;
-
-/** The time a lease keeper reads and waits on; tests give one they move by hand. */
-export interface LeaseClock {
-  /** Milliseconds since the epoch, like `Date.now()`. */
-  now(): number;
-  /** Calls `callback` once after `delayMs`; a pending call never keeps the process alive on its own. */
-  setTimer(callback: () => void, delayMs: number): LeaseTimer;
-}
-
-/** A pending call of a LeaseClock. */
-export interface LeaseTimer {
-  cancel(): void;
-}
-
-/** The real clock: `Date.now` and unref'd timers. */
-export const systemClock: LeaseClock = {
-  now: () => Date.now(),
-  setTimer(callback, delayMs) {
-    const timer = setTimeout(callback, delayMs);
-    timer.unref();
-    return { cancel: () => clearTimeout(timer) };
-  },
-};
 
 export interface LeaseKeeperOptions {
   client: Pick<CoordinatorClient, "renewLease">;
@@ -39,8 +17,8 @@ export interface LeaseKeeperOptions {
   /** Called once when a renewal shows the lease is lost (with the refusal's reason). */
   onLost: (reason: string) => void;
   logger: GatewayLogger;
-  /** Default: the system clock. */
-  clock?: LeaseClock;
+  /** The time it reads and waits on (tests give one they move by hand); default: the system clock. */
+  clock?: Clock;
 }
 
 /**
@@ -53,10 +31,10 @@ export interface LeaseKeeperOptions {
  * an UNKNOWN record, never a second effect.
  */
 export class LeaseKeeper {
-  private timer: LeaseTimer | undefined;
+  private timer: Timer | undefined;
   private stopped = false;
   private expiresAt: Date | undefined;
-  private readonly clock: LeaseClock;
+  private readonly clock: Clock;
   /** Renewals that succeeded (observability and tests). */
   renewals = 0;
 

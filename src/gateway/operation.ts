@@ -18,8 +18,10 @@ import {
 } from "./arguments.js";
 import { isLeaseLost, LeaseLostError, toCoordinatorError } from "./errors.js";
 import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
-import { LeaseKeeper, type LeaseClock } from "./lease.js";
-import type { BusinessTransaction, ColocatedCompletion, EffectAttempt, EffectStatus, GatewayLogger, HandlerResponse, OperationRef, Outcome, ResponseSnapshot } from "./types.js";
+import type { Clock } from "../clock.js";
+import { LeaseKeeper } from "./lease.js";
+import type { EffectStatus, Outcome } from "../contract/words.js";
+import type { BusinessTransaction, ColocatedCompletion, EffectAttempt, GatewayLogger, HandlerResponse, OperationRef, ResponseSnapshot } from "./types.js";
 
 /** How `effect()` learns what a call's result and failures mean. */
 export interface EffectOptions<T> {
@@ -204,7 +206,7 @@ export abstract class OwnedOperation {
    * worker after Claim). A renewal that shows the lease lost marks this
    * owner lost.
    */
-  keepLease(lease: { leaseMs: number | undefined; expiresAt: Date | undefined; clock?: LeaseClock }): void {
+  keepLease(lease: { leaseMs: number | undefined; expiresAt: Date | undefined; clock?: Clock }): void {
     this.keeper?.stop();
     this.keeper = new LeaseKeeper({
       client: this.client,

@@ -30,16 +30,15 @@ import { OwnedOperation, type AttemptResolution, type EffectOptions, type OwnedO
 import {
   loggerOf,
   type BusinessTransaction,
-  type ClaimMode,
   type ColocatedCompletion,
   type EffectAttempt,
   type GatewayLogger,
   type HandlerResponse,
   type OperationRecord,
-  type Outcome,
   type ResponseSnapshot,
   type SdkLogger,
 } from "./types.js";
+import type { ClaimMode, Outcome } from "../contract/words.js";
 
 /**
  * Settles one operation whose owner went away with a possible effect. It

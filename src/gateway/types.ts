@@ -5,6 +5,7 @@
  */
 import type { RequestParts } from "../contract/fingerprint.js";
 import type { Snapshot } from "../contract/snapshot.js";
+import type { ClaimMode, Decision, EffectStatus, Outcome, RecordState } from "../contract/words.js";
 
 /** The end user a gateway acts for, from the service's own authentication (never the request body). */
 export interface Subject {
@@ -17,12 +18,6 @@ export interface OperationRef {
   tenant: string;
   operationId: string;
 }
-
-export type Decision = "ACCEPTED" | "REPLAY" | "IN_PROGRESS" | "PAYLOAD_CONFLICT" | "EXPIRED";
-export type RecordState = "RESERVED" | "EXECUTING" | "SUCCEEDED" | "FAILED_FINAL" | "REJECTED" | "UNKNOWN";
-export type Outcome = "SUCCEEDED" | "FAILED_FINAL" | "REJECTED";
-export type EffectStatus = "PENDING" | "CONFIRMED" | "NO_EFFECT" | "INDETERMINATE";
-export type ClaimMode = "OWNER" | "TAKEOVER" | "RECOVER";
 
 /**
  * The raw parts of an HTTP request, forwarded so that the coordinator

@@ -3,10 +3,14 @@ import { DEFAULT_KEY_RULES, MIN_ENTROPY_BITS_FLOOR } from "../contract/keys.js";
 import type { FingerprintRules } from "../contract/fingerprint.js";
 import type { KeyRules } from "../contract/keys.js";
 import type { SnapshotRules } from "../contract/snapshot.js";
+import { vocabulary, type WordsOf } from "../contract/words.js";
+import { OperationModeSchema, type OperationMode as ProtoOperationMode } from "../gen/idempotency/v1/admin_pb.js";
 import { parseDuration, parsePolicyDocument, type PolicyDocument } from "./document.js";
 
-/** How the coordinator treats an operation during rollout and rollback. */
-export type OperationMode = "ENFORCE" | "SHADOW" | "DRAINING";
+/** How the coordinator treats an operation during rollout and rollback: ENFORCE, SHADOW or DRAINING. */
+export type OperationMode = WordsOf<typeof ProtoOperationMode>;
+/** The operation modes and their numbers on the wire (src/contract/words.ts). */
+export const OPERATION_MODES = vocabulary<OperationMode, ProtoOperationMode>(OperationModeSchema);
 
 /** The operational switches of an operation, changed by operators (not part of a policy revision). */
 export interface OperationControl {

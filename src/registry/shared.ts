@@ -11,7 +11,7 @@ import * as eventStatements from "./statements/events.js";
 import type { RecordRow } from "./statements/parts.js";
 import * as recordStatements from "./statements/records.js";
 import type { ViewRow } from "./statements/views.js";
-import type { Actor, OperationRef, RecordView, StoredAttempt, StoredRecord } from "./types.js";
+import type { Actor, OperationRef, RecordView, StoredAttempt, StoredRecord, ViewScope } from "./types.js";
 
 /**
  * What the registry's commands and reads share: the checks of a reference
@@ -26,6 +26,27 @@ export function refuseNotFound(): never {
 
 export function requireTenant(actor: Actor, tenant: string): void {
   if (!actor.mayUseTenant(tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${tenant}`);
+}
+
+export function requireOperation(actor: Actor, operation: string): void {
+  if (!actor.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
+}
+
+/** Refuses a read asked for tenants or operations the actor is not granted, before anything is read. */
+export function requireScope(actor: Actor, scope: ViewScope): void {
+  for (const tenant of scope.tenants ?? []) requireTenant(actor, tenant);
+  for (const operation of scope.operations ?? []) requireOperation(actor, operation);
+}
+
+/**
+ * Whether the actor may see a row of a read: of a granted tenant (or of an
+ * operation as a whole, tenant "") and of a granted operation (or of none).
+ * Reads narrow their statements to the actor's grant before any limit, so
+ * that other tenants' rows never crowd its own out; each row is checked
+ * again here.
+ */
+export function grantedRow(actor: Actor, tenant: string, operation: string | null): boolean {
+  return (tenant === "" || actor.mayUseTenant(tenant)) && (!operation || actor.mayOperate(operation));
 }
 
 export function validateRef(ref: OperationRef): void {

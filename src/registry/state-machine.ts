@@ -1,7 +1,8 @@
 import { IdempotencyError, refuse, type Reason } from "../contract/errors.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../contract/fingerprint.js";
 import type { OperationPolicy } from "../policy/operations.js";
-import type { ClaimMode, EffectResolution, EffectStatus, Outcome, RecordState, RequestIdentity, StoredAttempt, StoredRecord } from "./types.js";
+import type { ClaimMode, EffectStatus, Outcome, RecordState } from "../contract/words.js";
+import type { EffectResolution, RequestIdentity, StoredAttempt, StoredRecord } from "./types.js";
 
 /**
  * The rules of the contract's section 3, as pure functions over a record read

@@ -1,12 +1,7 @@
 import type { Snapshot } from "../contract/snapshot.js";
 import type { Subject } from "../contract/scope.js";
 import type { RequestParts } from "../contract/fingerprint.js";
-
-export type RecordState = "RESERVED" | "EXECUTING" | "SUCCEEDED" | "FAILED_FINAL" | "REJECTED" | "UNKNOWN";
-export type Outcome = "SUCCEEDED" | "FAILED_FINAL" | "REJECTED";
-export type EffectStatus = "PENDING" | "CONFIRMED" | "NO_EFFECT" | "INDETERMINATE";
-export type Decision = "ACCEPTED" | "REPLAY" | "IN_PROGRESS" | "PAYLOAD_CONFLICT" | "EXPIRED";
-export type ClaimMode = "OWNER" | "TAKEOVER" | "RECOVER";
+import type { ClaimMode, Decision, EffectStatus, Outcome, RecordState } from "../contract/words.js";
 
 /** One record as stored, plus the database's clock at the time it was read. */
 export interface StoredRecord {
@@ -201,7 +196,14 @@ export interface RecordFilter extends ViewScope {
   olderThanMs?: number;
   pageSize: number;
   /** Resume after this record (the last one of the previous page). */
-  after?: { createdAt: string; tenant: string; operationId: string };
+  after?: RecordCursor;
+}
+
+/** Where a listing of records by creation resumes: a record's creation time as PostgreSQL prints it (microseconds kept), tenant and id. */
+export interface RecordCursor {
+  createdAt: string;
+  tenant: string;
+  operationId: string;
 }
 
 /** One entry of the event log. */

@@ -3,31 +3,35 @@ import { pageSize } from "../contract/page-size.js";
 import { ALL_TENANTS, bindingFor, type Db } from "./db.js";
 import { isUuid } from "./ids.js";
 import { toEvent, toView } from "./rows.js";
-import { firstView, requireTenant, validateRef, visibleTo } from "./shared.js";
+import { firstView, grantedRow, requireScope, requireTenant, validateRef, visibleTo } from "./shared.js";
 import { pipelined } from "./statement.js";
 import * as eventStatements from "./statements/events.js";
 import * as jobStatements from "./statements/jobs.js";
 import * as viewStatements from "./statements/views.js";
-import type { Actor, Census, EventCursor, LoggedEvent, OperationRef, RecordFilter, RecordState, RecordView, RecoverableCursor, ViewScope } from "./types.js";
+import type { RecordState } from "../contract/words.js";
+import type { Actor, Census, EventCursor, LoggedEvent, OperationRef, RecordCursor, RecordFilter, RecordView, RecoverableCursor, ViewScope } from "./types.js";
 
 /**
  * The registry's reads for recovery workers, operators and the operators'
  * console: listings of records, the census, the event log and its charts.
- * Each reads one snapshot without locks, and decides nothing.
+ * Each reads one snapshot without locks, and decides nothing. A read asked
+ * for tenants or operations the actor is not granted is refused before
+ * anything is read (requireScope); the rows a read returns are the actor's
+ * (grantedRow).
  */
 
 /**
  * Records a recovery worker should act on, by when their lease ended:
  * UNKNOWN ones, and unfinished ones whose lease ended (a released record
  * has no lease: its client's retry takes it over). `tenants` and
- * `operations` narrow the search (undefined: all); each record is also
- * checked against the actor's grants.
+ * `operations` narrow the search (undefined: all).
  */
 export async function listRecoverable(
   db: Db,
   filter: { tenants?: readonly string[]; operations?: readonly string[]; pageSize: number; after?: RecoverableCursor },
   actor: Actor,
 ): Promise<{ views: RecordView[]; next?: RecoverableCursor }> {
+  requireScope(actor, filter);
   const size = pageSize(filter.pageSize);
   const views = await db.transaction(
     bindingFor(filter.tenants),
@@ -45,13 +49,14 @@ export async function listRecoverable(
   );
   const last = views.at(-1);
   return {
-    views: views.filter((v) => actor.mayUseTenant(v.record.tenant) && actor.mayOperate(v.record.operation)),
+    views: views.filter((v) => grantedRow(actor, v.record.tenant, v.record.operation)),
     ...(last && views.length === size ? { next: { leaseEnd: last.leaseEndText, tenant: last.record.tenant, operationId: last.record.operationId } } : {}),
   };
 }
 
 /** Records by state, tenant, operation and age, oldest first, with a resumable cursor (operators). */
-export async function listRecords(db: Db, filter: RecordFilter): Promise<Array<RecordView & { createdAtText: string }>> {
+export async function listRecords(db: Db, filter: RecordFilter, actor: Actor): Promise<Array<RecordView & { createdAtText: string }>> {
+  requireScope(actor, filter);
   return db.transaction(bindingFor(filter.tenants), async (q) =>
     (
       await viewStatements.listedViews.run(q, {
@@ -80,8 +85,18 @@ export async function census(db: Db, scope: ViewScope = {}): Promise<Census> {
   };
 }
 
-/** Events after a cursor (from the start when undefined), optionally of one tenant or operation, in commit order. */
-export async function readEvents(db: Db, filter: { after?: EventCursor; limit: number; tenant?: string; operation?: string }): Promise<LoggedEvent[]> {
+/**
+ * Up to `limit` events after a cursor (from the start when undefined),
+ * optionally of one tenant or operation, in commit order: those the actor
+ * may see, where the next read resumes (after the last event read, seen or
+ * not), and whether the page was full (more may follow at once).
+ */
+export async function readEvents(
+  db: Db,
+  filter: { after?: EventCursor; limit: number; tenant?: string; operation?: string },
+  actor: Actor,
+): Promise<{ events: LoggedEvent[]; next?: EventCursor; full: boolean }> {
+  if (filter.tenant) requireTenant(actor, filter.tenant);
   const { rows } = await db.transaction(filter.tenant ?? ALL_TENANTS, (q) =>
     eventStatements.eventsAfter.run(q, {
       afterTxid: filter.after?.txid ?? null,
@@ -91,7 +106,13 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
       limit: filter.limit,
     }),
   );
-  return rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text, eventId: r.event_id_text } }));
+  const read = rows.map((r) => ({ ...toEvent(r), cursor: { txid: r.txid_text, eventId: r.event_id_text } }));
+  const last = read.at(-1);
+  return {
+    events: read.filter((event) => grantedRow(actor, event.tenant, event.operation)),
+    ...(last ? { next: last.cursor } : {}),
+    full: read.length === filter.limit,
+  };
 }
 
 /**
@@ -99,18 +120,25 @@ export async function readEvents(db: Db, filter: { after?: EventCursor; limit: n
  * console's "recent conflicts"). The scope is applied before the limit, so
  * that other tenants' events never crowd a scope's own out.
  */
-export async function recentEvents(db: Db, filter: ViewScope & { kinds: readonly string[]; limit: number }): Promise<Array<Omit<LoggedEvent, "cursor">>> {
+export async function recentEvents(db: Db, filter: ViewScope & { kinds: readonly string[]; limit: number }, actor: Actor): Promise<Array<Omit<LoggedEvent, "cursor">>> {
+  requireScope(actor, filter);
   const { rows } = await db.transaction(bindingFor(filter.tenants), (q) =>
     eventStatements.recentEvents.run(q, { kinds: filter.kinds, tenants: filter.tenants ?? null, operations: filter.operations ?? null, limit: filter.limit }),
   );
-  return rows.map(toEvent);
+  return rows.map(toEvent).filter((event) => grantedRow(actor, event.tenant, event.operation));
 }
 
-/** Records by state, tenant and operation, newest first, resumed before a record (the operators' console). */
+/**
+ * Records by state, tenant and operation, newest first, resumed before a
+ * record (the operators' console), and where the next page resumes when this
+ * one is full.
+ */
 export async function newestRecords(
   db: Db,
-  filter: ViewScope & { states?: readonly RecordState[]; pageSize: number; before?: { createdAt: string; tenant: string; operationId: string } },
-): Promise<Array<RecordView & { createdAtText: string }>> {
+  filter: ViewScope & { states?: readonly RecordState[]; pageSize: number; before?: RecordCursor },
+  actor: Actor,
+): Promise<{ views: RecordView[]; next?: RecordCursor }> {
+  requireScope(actor, filter);
   const { rows } = await db.transaction(bindingFor(filter.tenants), (q) =>
     viewStatements.newestViews.run(q, {
       ...scopeValues(filter),
@@ -121,20 +149,27 @@ export async function newestRecords(
       pageSize: filter.pageSize,
     }),
   );
-  return rows.map(toView);
+  const views = rows.map(toView);
+  const last = views.at(-1);
+  return {
+    views: views.filter((view) => grantedRow(actor, view.record.tenant, view.record.operation)),
+    ...(last && views.length === filter.pageSize ? { next: { createdAt: last.createdAtText, tenant: last.record.tenant, operationId: last.record.operationId } } : {}),
+  };
 }
 
 /** The records of an operation id within tenants (undefined: all), whose tenant need not be known (the operators' console). */
-export async function recordsById(db: Db, operationId: string, tenants?: readonly string[]): Promise<RecordView[]> {
+export async function recordsById(db: Db, operationId: string, tenants: readonly string[] | undefined, actor: Actor): Promise<RecordView[]> {
+  requireScope(actor, { ...(tenants ? { tenants } : {}) });
   if (!isUuid(operationId)) refuse("INVALID_REQUEST", "an operation id is the UUID Reserve returned");
   const { rows } = await db.transaction(bindingFor(tenants), (q) => viewStatements.viewsByOperationId.run(q, { operationId, tenants: tenants ?? null }));
-  return rows.map(toView);
+  return rows.map(toView).filter((view) => grantedRow(actor, view.record.tenant, view.record.operation));
 }
 
 /** UNKNOWN records, longest UNKNOWN first (the operators' console). */
-export async function unknownQueue(db: Db, filter: ViewScope & { limit: number }): Promise<RecordView[]> {
+export async function unknownQueue(db: Db, filter: ViewScope & { limit: number }, actor: Actor): Promise<RecordView[]> {
+  requireScope(actor, filter);
   const { rows } = await db.transaction(bindingFor(filter.tenants), (q) => viewStatements.unknownViews.run(q, { ...scopeValues(filter), limit: filter.limit }));
-  return rows.map(toView);
+  return rows.map(toView).filter((view) => grantedRow(actor, view.record.tenant, view.record.operation));
 }
 
 /**

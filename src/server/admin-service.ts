@@ -4,6 +4,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { refuse } from "../contract/errors.js";
 import { pageSize } from "../contract/page-size.js";
 import { validateApiRevision, validateOperationName } from "../contract/scope.js";
+import { choice } from "../contract/words.js";
 import {
   AdminService,
   GetPolicyResponseSchema,
@@ -11,7 +12,6 @@ import {
   ListPoliciesResponseSchema,
   ListRecordsResponseSchema,
   OperationControlSchema,
-  OperationMode,
   PublishPolicyResponseSchema,
   RaiseWriterEpochResponseSchema,
   ReconcileResponseSchema,
@@ -20,14 +20,14 @@ import {
   StreamEventsResponseSchema,
 } from "../gen/idempotency/v1/admin_pb.js";
 import type { PolicyCache } from "../policy/cache.js";
-import type { OperationControl } from "../policy/operations.js";
+import { OPERATION_MODES, type OperationControl } from "../policy/operations.js";
 import type { Db } from "../registry/db.js";
 import type { ControlRow, PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
 import type { EventCursor, LoggedEvent, ReconcileInput } from "../registry/types.js";
 import { Outcome } from "../gen/idempotency/v1/types_pb.js";
-import { adminViews, eventFields, grantedScope } from "./admin-views.js";
-import { requireAllTenants, requireRole, type Caller } from "./callers.js";
+import { adminViews, eventFields } from "./admin-views.js";
+import { requireAllTenants, scopeOf, type Caller } from "./callers.js";
 import { fromProtoDuration, fromProtoOutcome, fromProtoRef, fromProtoSnapshot, fromProtoState, fromUint64, toProtoRecord } from "./convert.js";
 import type { DecisionSampler } from "./event-series.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
@@ -54,7 +54,7 @@ export interface AdminDeps {
   decisions?: DecisionSampler;
 }
 
-/** AdminService: operator actions, and the reads of the operator console (admin-views.ts), each refused without the operator role. */
+/** AdminService: operator actions, and the reads of the operator console (admin-views.ts); only operators call them (authorization.ts). */
 export function adminService({ db, registry, store, reads = db, readStore = store, policies, policyRefreshMs, decisions }: AdminDeps): ServiceImpl<typeof AdminService> {
   /**
    * Sets switches and logs the change in one transaction, and applies it here
@@ -79,7 +79,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async publishPolicy(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       // A policy decides for every tenant's requests of the operation.
       requireAllTenants(caller, "publishing a policy");
       const document = policyFromProto(req.policy);
@@ -89,8 +88,7 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
       return create(PublishPolicyResponseSchema, { published: publishedToProto(stored), created });
     },
 
-    async getPolicy(req, ctx) {
-      requireRole(callerOf(ctx.values), "operator");
+    async getPolicy(req) {
       validateOperationName(req.operation);
       validateApiRevision(req.apiRevision);
       const revisions = (await readStore.list(req.operation)).filter((p) => p.document.apiRevision === req.apiRevision);
@@ -101,8 +99,7 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
       return create(GetPolicyResponseSchema, { published: publishedToProto(found) });
     },
 
-    async listPolicies(req, ctx) {
-      requireRole(callerOf(ctx.values), "operator");
+    async listPolicies(req) {
       if (req.operation) validateOperationName(req.operation);
       const all = await readStore.list(req.operation || undefined);
       // Without an operation: only the newest revision of each operation.
@@ -117,14 +114,12 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async setOperationMode(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
-      const mode = MODES.find(([wire]) => wire === req.mode)?.[1] ?? refuse("INVALID_REQUEST", "mode must be ENFORCE, SHADOW or DRAINING");
+      const mode = OPERATION_MODES.word(req.mode, () => refuse("INVALID_REQUEST", `mode must be ${choice(OPERATION_MODES.words)}`));
       return create(SetOperationModeResponseSchema, { control: await changeControl(caller, req.operation, req.apiRevision, { mode }, "setting an operation's mode") });
     },
 
     async raiseWriterEpoch(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const writerEpoch = fromUint64(req.writerEpoch, "writer_epoch");
       return create(RaiseWriterEpochResponseSchema, {
         control: await changeControl(caller, req.operation, req.apiRevision, { writerEpoch }, "raising a writer epoch"),
@@ -133,24 +128,25 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async listOperationControls(_req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const controls = (await readStore.listControls()).filter((c) => caller.mayOperate(c.operation));
       return create(ListOperationControlsResponseSchema, { controls: controls.map(toProtoControl) });
     },
 
     async listRecords(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const size = pageSize(req.pageSize);
-      const scope = grantedScope(caller, req.tenant, req.operations);
       const key = decodePageToken(req.pageToken, 3);
-      const views = await registry.listRecords(reads, {
-        ...scope,
-        states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
-        olderThanMs: fromProtoDuration(req.olderThan, "older_than"),
-        pageSize: size,
-        after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
-      });
+      const views = await registry.listRecords(
+        reads,
+        {
+          ...scopeOf(caller, req.tenant, req.operations),
+          states: req.states.length > 0 ? req.states.map(fromProtoState) : undefined,
+          olderThanMs: fromProtoDuration(req.olderThan, "older_than"),
+          pageSize: size,
+          after: key && { createdAt: key[0]!, tenant: key[1]!, operationId: key[2]! },
+        },
+        caller,
+      );
       const last = views.at(-1);
       return create(ListRecordsResponseSchema, {
         records: views.map((view) => toProtoRecord(registry.opened(view))),
@@ -160,7 +156,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async reconcile(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       const ref = fromProtoRef(req.ref);
       const common = { ref, evidence: req.evidence, operatorName: req.operator };
       if (req.reopen && (req.outcome !== Outcome.UNSPECIFIED || req.snapshot)) {
@@ -174,24 +169,23 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async *streamEvents(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
-      if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
       const key = decodePageToken(req.after, 2);
       let after: EventCursor | undefined = key && { txid: key[0]!, eventId: key[1]! };
       for (;;) {
-        const events = await registry.readEvents(db, {
-          ...(after ? { after } : {}),
-          limit: 500,
-          ...(req.tenant ? { tenant: req.tenant } : {}),
-          ...(req.operation ? { operation: req.operation } : {}),
-        });
-        for (const event of events) {
-          after = event.cursor;
-          // Operation-level events (tenant "") concern every tenant of the operation.
-          if ((event.tenant !== "" && !caller.mayUseTenant(event.tenant)) || (event.operation && !caller.mayOperate(event.operation))) continue;
-          yield toProtoEvent(event);
-        }
-        if (events.length === 500) continue;
+        // The caller's events (operation-level ones, of tenant "", concern every tenant of the operation), and where to resume.
+        const { events, next, full } = await registry.readEvents(
+          db,
+          {
+            ...(after ? { after } : {}),
+            limit: 500,
+            ...(req.tenant ? { tenant: req.tenant } : {}),
+            ...(req.operation ? { operation: req.operation } : {}),
+          },
+          caller,
+        );
+        for (const event of events) yield toProtoEvent(event);
+        after = next ?? after;
+        if (full) continue;
         if (!req.follow) return;
         await sleep(EVENT_POLL_MS, ctx.signal);
       }
@@ -199,7 +193,6 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 
     async runRetentionSweep(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "operator");
       // The sweep runs over every tenant's records (and reports how many it tombstoned).
       requireAllTenants(caller, "the retention sweep");
       const batchSize = req.batchSize || 500;
@@ -213,17 +206,11 @@ export function adminService({ db, registry, store, reads = db, readStore = stor
 /** How often a followed event stream looks for new events. */
 const EVENT_POLL_MS = 500;
 
-const MODES: Array<[OperationMode, OperationControl["mode"]]> = [
-  [OperationMode.ENFORCE, "ENFORCE"],
-  [OperationMode.SHADOW, "SHADOW"],
-  [OperationMode.DRAINING, "DRAINING"],
-];
-
 function toProtoControl(control: ControlRow) {
   return create(OperationControlSchema, {
     operation: control.operation,
     apiRevision: control.apiRevision,
-    mode: MODES.find(([, mode]) => mode === control.mode)![0],
+    mode: OPERATION_MODES.number(control.mode),
     writerEpoch: BigInt(control.writerEpoch),
     updatedAt: timestampFromDate(control.updatedAt),
     updatedBy: control.updatedBy,

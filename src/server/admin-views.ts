@@ -3,6 +3,7 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { IdempotencyError, refuse } from "../contract/errors.js";
 import { pageSize } from "../contract/page-size.js";
+import { RECORD_STATES } from "../contract/words.js";
 import { bodyLength } from "../crypto/sealing.js";
 import {
   type AdminService,
@@ -19,14 +20,13 @@ import {
 import type { Db } from "../registry/db.js";
 import type { PolicyStore } from "../registry/policy-store.js";
 import type { Registry } from "../registry/registry.js";
-import type { LoggedEvent, RecordState, RecordView, StoredAttempt, StoredRecord, ViewScope } from "../registry/types.js";
-import { requireRole, type Caller } from "./callers.js";
+import type { LoggedEvent, RecordView, StoredAttempt, StoredRecord } from "../registry/types.js";
+import { scopeOf } from "./callers.js";
 import { fromProtoRef, fromProtoState, toProtoAttempt, toProtoDuration, toProtoState, toTimestamp } from "./convert.js";
 import { CHART_WINDOWS, eventLogCharts, type ChartSeries, type DecisionSampler } from "./event-series.js";
 import { callerOf } from "./interceptors.js";
 import { decodePageToken, encodePageToken } from "./page-token.js";
 
-const STATES: readonly RecordState[] = ["RESERVED", "EXECUTING", "SUCCEEDED", "FAILED_FINAL", "REJECTED", "UNKNOWN"];
 /** Most events a record's timeline holds: its newest. */
 const TIMELINE_LIMIT = 500;
 
@@ -46,40 +46,43 @@ type ViewMethods = "getRecordCensus" | "listNewestRecords" | "findRecords" | "li
  * AdminService's reads for the operator console (docs/console.md): what the
  * registry holds within the caller's grant. The grant narrows the registry's
  * statements before any limit (so that other tenants' rows never crowd a
- * caller's own out), and each row is checked against it again.
+ * caller's own out), and the registry checks each row against it again.
  */
 export function adminViews({ registry, reads, readStore, decisions }: AdminViewDeps): Pick<ServiceImpl<typeof AdminService>, ViewMethods> {
   return {
     async getRecordCensus(_req, ctx) {
-      const caller = operatorOf(ctx.values);
-      const census = await registry.census(reads, grantedScope(caller));
+      const caller = callerOf(ctx.values);
+      const census = await registry.census(reads, scopeOf(caller));
       return create(GetRecordCensusResponseSchema, {
-        states: STATES.map((state) => ({ state: toProtoState(state), records: BigInt(census.byState.get(state) ?? 0) })),
+        states: RECORD_STATES.words.map((state) => ({ state: toProtoState(state), records: BigInt(census.byState.get(state) ?? 0) })),
         oldestUnknown: toProtoDuration(Math.round(census.oldestUnknownSeconds) * 1000),
       });
     },
 
     async listNewestRecords(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       const size = pageSize(req.pageSize);
       const before = decodePageToken(req.pageToken, 3);
-      const views = await registry.newestRecords(reads, {
-        ...grantedScope(caller),
-        ...(req.states.length > 0 ? { states: req.states.map(fromProtoState) } : {}),
-        pageSize: size,
-        ...(before ? { before: { createdAt: before[0]!, tenant: before[1]!, operationId: before[2]! } } : {}),
-      });
-      const last = views.at(-1);
+      const { views, next } = await registry.newestRecords(
+        reads,
+        {
+          ...scopeOf(caller),
+          ...(req.states.length > 0 ? { states: req.states.map(fromProtoState) } : {}),
+          pageSize: size,
+          ...(before ? { before: { createdAt: before[0]!, tenant: before[1]!, operationId: before[2]! } } : {}),
+        },
+        caller,
+      );
       return create(ListNewestRecordsResponseSchema, {
-        records: summaries(caller, views),
-        nextPageToken: last && views.length === size ? encodePageToken([last.createdAtText, last.record.tenant, last.record.operationId]) : "",
+        records: views.map(toSummary),
+        nextPageToken: next ? encodePageToken([next.createdAt, next.tenant, next.operationId]) : "",
       });
     },
 
     async findRecords(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       if (req.by.case === "operationId") {
-        return create(FindRecordsResponseSchema, { records: summaries(caller, await registry.recordsById(reads, req.by.value, grantedScope(caller).tenants)) });
+        return create(FindRecordsResponseSchema, { records: (await registry.recordsById(reads, req.by.value, scopeOf(caller).tenants, caller)).map(toSummary) });
       }
       const scope = req.by.case === "scope" ? req.by.value : undefined;
       const tenant = scope?.subject?.tenant ?? "";
@@ -99,36 +102,34 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
           if (!(error instanceof IdempotencyError) || error.reason !== "NOT_FOUND") throw error;
         }
       }
-      return create(FindRecordsResponseSchema, { records: summaries(caller, found) });
+      return create(FindRecordsResponseSchema, { records: found.map(toSummary) });
     },
 
     async listUnknownRecords(req, ctx) {
-      const caller = operatorOf(ctx.values);
-      const views = await registry.unknownQueue(reads, { ...grantedScope(caller), limit: pageSize(req.pageSize) });
+      const caller = callerOf(ctx.values);
+      const views = await registry.unknownQueue(reads, { ...scopeOf(caller), limit: pageSize(req.pageSize) }, caller);
       return create(ListUnknownRecordsResponseSchema, {
-        records: views
-          .filter((view) => visible(caller, view.record.tenant, view.record.operation))
-          .map((view) => ({ record: toSummary(view), unknownFor: toProtoDuration(ageOf(view.record) * 1000) })),
+        records: views.map((view) => ({ record: toSummary(view), unknownFor: toProtoDuration(ageOf(view.record) * 1000) })),
       });
     },
 
     async getRecordHistory(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       return create(GetRecordHistoryResponseSchema, history(await registry.recordHistory(reads, fromProtoRef(req.ref), caller, TIMELINE_LIMIT)));
     },
 
     async listRecentEvents(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       if (req.kinds.length === 0) refuse("INVALID_REQUEST", "kinds must name at least one event kind, e.g. CONFLICT");
-      const events = await registry.recentEvents(reads, { ...grantedScope(caller), kinds: req.kinds, limit: pageSize(req.pageSize) });
-      return create(ListRecentEventsResponseSchema, { events: events.filter((e) => visible(caller, e.tenant, e.operation)).map(toProtoEvent) });
+      const events = await registry.recentEvents(reads, { ...scopeOf(caller), kinds: req.kinds, limit: pageSize(req.pageSize) }, caller);
+      return create(ListRecentEventsResponseSchema, { events: events.map(toProtoEvent) });
     },
 
     async getEventSeries(req, ctx) {
-      const caller = operatorOf(ctx.values);
+      const caller = callerOf(ctx.values);
       const minutes = req.minutes || 10;
       if (!CHART_WINDOWS.includes(minutes)) refuse("INVALID_REQUEST", `minutes must be one of ${CHART_WINDOWS.join(", ")}`);
-      const { grid, now, series } = await eventLogCharts(registry, reads, grantedScope(caller), minutes);
+      const { grid, now, series } = await eventLogCharts(registry, reads, scopeOf(caller), minutes);
       // This replica's metrics count decisions of every tenant: shown only to operators granted them all.
       const replica = decisions && caller.tenants === "*" ? await decisions.series(grid, (operation) => caller.mayOperate(operation)) : undefined;
       return create(GetEventSeriesResponseSchema, {
@@ -143,28 +144,6 @@ export function adminViews({ registry, reads, readStore, decisions }: AdminViewD
     },
   };
 }
-
-function operatorOf(values: Parameters<typeof callerOf>[0]): Caller {
-  const caller = callerOf(values);
-  requireRole(caller, "operator");
-  return caller;
-}
-
-/** The tenants and operations a read covers: what was asked (default: everything), within what the caller is granted. */
-export function grantedScope(caller: Caller, tenant = "", operations: readonly string[] = []): ViewScope {
-  if (tenant && !caller.mayUseTenant(tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${tenant}`);
-  for (const operation of operations) {
-    if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
-  }
-  const tenants = tenant ? [tenant] : caller.tenants === "*" ? undefined : [...caller.tenants];
-  const granted = operations.length > 0 ? [...operations] : caller.operations === "*" ? undefined : [...caller.operations];
-  return { ...(tenants ? { tenants } : {}), ...(granted ? { operations: granted } : {}) };
-}
-
-/** A row the caller may see: of a granted tenant (or of an operation as a whole) and a granted operation. */
-const visible = (caller: Caller, tenant: string, operation: string | null) => (tenant === "" || caller.mayUseTenant(tenant)) && (!operation || caller.mayOperate(operation));
-
-const summaries = (caller: Caller, views: readonly RecordView[]) => views.filter((v) => visible(caller, v.record.tenant, v.record.operation)).map(toSummary);
 
 function toSummary({ record, attempts }: RecordView) {
   return create(RecordSummarySchema, {

@@ -1,8 +1,8 @@
 import { createHash } from "node:crypto";
 import { refuse } from "../contract/errors.js";
-import type { Actor } from "../registry/types.js";
+import type { Actor, ViewScope } from "../registry/types.js";
 
-/** What a caller may do: the roles the RPCs check. */
+/** What a caller may do: the roles each RPC needs (authorization.ts). */
 export type Role = "gateway" | "worker" | "operator";
 const ROLES: readonly Role[] = ["gateway", "worker", "operator"];
 
@@ -182,13 +182,6 @@ function toCaller(grant: CallerGrant): Caller {
   };
 }
 
-/** Refuses a caller that has none of `roles`. */
-export function requireRole(caller: Caller, ...roles: Role[]): void {
-  if (!roles.some((role) => caller.roles.has(role))) {
-    refuse("PERMISSION_DENIED", `this RPC needs the ${roles.join(" or ")} role; caller ${caller.caller} has ${[...caller.roles].join(", ")}`);
-  }
-}
-
 /**
  * Refuses a caller not granted every tenant. Modes, writer epochs, policies and
  * the retention sweep are not a tenant's: one change applies to every tenant's
@@ -198,4 +191,15 @@ export function requireAllTenants(caller: Caller, action: string): void {
   if (caller.tenants !== "*") {
     refuse("PERMISSION_DENIED", `${action} affects every tenant: it needs a grant of all tenants ("*"); caller ${caller.caller} is granted ${[...caller.tenants].join(", ")}`);
   }
+}
+
+/**
+ * The tenants and operations a read covers: what was asked, or else all the
+ * caller is granted (undefined: all). The registry refuses what was asked
+ * and is not granted.
+ */
+export function scopeOf(caller: Caller, tenant = "", operations: readonly string[] = []): ViewScope {
+  const tenants = tenant ? [tenant] : caller.tenants === "*" ? undefined : [...caller.tenants];
+  const granted = operations.length > 0 ? [...operations] : caller.operations === "*" ? undefined : [...caller.operations];
+  return { ...(tenants ? { tenants } : {}), ...(granted ? { operations: granted } : {}) };
 }

@@ -3,76 +3,47 @@ import { type Duration, DurationSchema, type Timestamp, timestampFromDate } from
 import { refuse } from "../contract/errors.js";
 import { CONTRACT_VERSION } from "../contract/scope.js";
 import type { Snapshot } from "../contract/snapshot.js";
-import { ClaimMode as ProtoClaimMode, Decision as ProtoDecision } from "../gen/idempotency/v1/coordinator_pb.js";
 import {
   type EffectAttempt,
   EffectAttemptSchema,
-  EffectStatus as ProtoEffectStatus,
   type OperationRecord,
   OperationRecordSchema,
-  Outcome as ProtoOutcome,
-  RecordState as ProtoRecordState,
   type ResponseSnapshot,
   ResponseSnapshotSchema,
   type Subject as ProtoSubject,
 } from "../gen/idempotency/v1/types_pb.js";
 import type { Subject } from "../contract/scope.js";
-import type { ClaimMode, Decision, EffectStatus, OperationRef, Outcome, RecordState, RecordView, StoredAttempt, StoredRecord } from "../registry/types.js";
+import { choice, CLAIM_MODES, DECISIONS, EFFECT_STATUSES, OUTCOMES, RECORD_STATES, type EffectStatus, type Vocabulary } from "../contract/words.js";
+import type { OperationRef, RecordView, StoredAttempt, StoredRecord } from "../registry/types.js";
 
 /**
  * Translation between the wire messages and the registry's domain types, for
  * the server's handlers (the gateway SDK has its own, between the wire and
- * its public types). Enum names match one to one after the proto's type
- * prefix.
+ * its public types). Enums translate through the contract's words
+ * (src/contract/words.ts), the same in both directions everywhere.
  */
 
-export const toProtoState = (state: RecordState): ProtoRecordState => ProtoRecordState[state];
+export const toProtoState = RECORD_STATES.number;
+export const toProtoDecision = DECISIONS.number;
+export const toProtoEffectStatus = EFFECT_STATUSES.number;
 
-export function fromProtoState(state: ProtoRecordState): RecordState {
-  const name = ProtoRecordState[state] as RecordState | "UNSPECIFIED" | undefined;
-  if (name === undefined || name === "UNSPECIFIED") refuse("INVALID_REQUEST", "states must be record states such as RECORD_STATE_UNKNOWN");
-  return name;
-}
-export const toProtoDecision = (decision: Decision): ProtoDecision => ProtoDecision[decision];
-export const toProtoEffectStatus = (status: EffectStatus): ProtoEffectStatus => ProtoEffectStatus[status];
+/** The statuses a request may resolve an attempt to: PENDING is where every attempt starts. */
+const RESOLVED: readonly EffectStatus[] = ["CONFIRMED", "NO_EFFECT", "INDETERMINATE"];
 
-export function fromProtoOutcome(outcome: ProtoOutcome): Outcome {
-  switch (outcome) {
-    case ProtoOutcome.SUCCEEDED:
-      return "SUCCEEDED";
-    case ProtoOutcome.FAILED_FINAL:
-      return "FAILED_FINAL";
-    case ProtoOutcome.REJECTED:
-      return "REJECTED";
-    default:
-      return refuse("INVALID_REQUEST", "outcome must be SUCCEEDED, FAILED_FINAL or REJECTED");
-  }
-}
+export const fromProtoState = (state: number) => requested(RECORD_STATES, state, "states must be record states such as RECORD_STATE_UNKNOWN");
+export const fromProtoOutcome = (outcome: number) => requested(OUTCOMES, outcome, `outcome must be ${choice(OUTCOMES.words)}`);
+export const fromProtoClaimMode = (mode: number) => requested(CLAIM_MODES, mode, `mode must be ${choice(CLAIM_MODES.words)}`);
+export const fromProtoEffectStatus = (status: number) => requested(EFFECT_STATUSES, status, `status must be ${choice(RESOLVED)}`, RESOLVED);
 
-export function fromProtoClaimMode(mode: ProtoClaimMode): ClaimMode {
-  switch (mode) {
-    case ProtoClaimMode.OWNER:
-      return "OWNER";
-    case ProtoClaimMode.TAKEOVER:
-      return "TAKEOVER";
-    case ProtoClaimMode.RECOVER:
-      return "RECOVER";
-    default:
-      return refuse("INVALID_REQUEST", "mode must be OWNER, TAKEOVER or RECOVER");
-  }
-}
-
-export function fromProtoEffectStatus(status: ProtoEffectStatus): EffectStatus {
-  switch (status) {
-    case ProtoEffectStatus.CONFIRMED:
-      return "CONFIRMED";
-    case ProtoEffectStatus.NO_EFFECT:
-      return "NO_EFFECT";
-    case ProtoEffectStatus.INDETERMINATE:
-      return "INDETERMINATE";
-    default:
-      return refuse("INVALID_REQUEST", "status must be CONFIRMED, NO_EFFECT or INDETERMINATE");
-  }
+/**
+ * The word of an enum field of a request, one of `accepted`. Any other
+ * number (UNSPECIFIED, a value of a newer contract than this coordinator's,
+ * a word not taken here) refuses the request with `message`.
+ */
+function requested<Word extends string>(vocabulary: Vocabulary<Word, number>, value: number, message: string, accepted: readonly Word[] = vocabulary.words): Word {
+  const word = vocabulary.word(value, () => refuse("INVALID_REQUEST", message));
+  if (!accepted.includes(word)) refuse("INVALID_REQUEST", message);
+  return word;
 }
 
 export function fromProtoSubject(subject: ProtoSubject | undefined, field = "subject"): Subject {

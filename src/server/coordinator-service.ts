@@ -4,6 +4,7 @@ import type { Tracer } from "@opentelemetry/api";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
 import { refuse } from "../contract/errors.js";
 import { CONTRACT_VERSION } from "../contract/scope.js";
+import { CLAIM_MODES } from "../contract/words.js";
 import {
   AbandonResponseSchema,
   type BatchCall,
@@ -12,7 +13,6 @@ import {
   ClaimResponseSchema,
   CompleteResponseSchema,
   CoordinatorService,
-  ClaimMode,
   ListRecoverableResponseSchema,
   LookupResponseSchema,
   RecordEffectAttemptResponseSchema,
@@ -26,7 +26,8 @@ import type { Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
 import { recoveryOnly } from "../registry/state-machine.js";
 import type { HolderInput, RecoverableCursor, RequestIdentity, StoredRecord } from "../registry/types.js";
-import { requireRole } from "./callers.js";
+import { authorize } from "./authorization.js";
+import { scopeOf } from "./callers.js";
 import {
   fromProtoClaimMode,
   fromProtoEffectStatus,
@@ -70,8 +71,10 @@ export interface CoordinatorDeps {
 }
 
 /**
- * The CoordinatorService handlers: authorization by role, then translation
- * between the wire and the registry, which holds every rule of the contract.
+ * The CoordinatorService handlers: translation between the wire and the
+ * registry, which holds every rule of the contract. Each RPC's caller is
+ * authorized by its role before its handler runs (authorization.ts): by the
+ * authentication interceptor, and for each call of a Batch, here.
  */
 export function coordinatorService({ registry, db, reads, metrics, tracer, waitersPerCaller }: CoordinatorDeps): ServiceImpl<typeof CoordinatorService> {
   const watch = new RecordWatch(waitersPerCaller, (waiting) => metrics?.reservesWaiting.set(waiting));
@@ -91,7 +94,8 @@ export function coordinatorService({ registry, db, reads, metrics, tracer, waite
           "INVALID_REQUEST",
           "a batch's call names its kind: one of reserve, claim, renew_lease, record_effect_attempt, resolve_effect_attempt, complete, release, abandon, lookup",
         );
-      // What the unknownFieldsRefused interceptor does for the unary RPC.
+      // What the authentication and unknownFieldsRefused interceptors do for the unary RPC, in their order.
+      authorize(callerOf(ctx.values), CoordinatorService.method[kind], call.call.value);
       refuseUnknownFields(call.call.value);
       // Each case of BatchCall.call is named after the RPC whose request it carries, and BatchResult.result after the one whose response it holds.
       const handler = unary[kind] as (req: Message, ctx: HandlerContext) => Promise<Message>;
@@ -142,7 +146,6 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
   return {
     async reserve(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const input = {
         subject: fromProtoSubject(req.subject),
         operation: req.operation,
@@ -180,10 +183,7 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async claim(req, ctx) {
       const caller = callerOf(ctx.values);
-      // The role first, as every RPC: a caller without one learns nothing of what else is wrong.
-      requireRole(caller, "gateway", "worker");
       const mode = fromProtoClaimMode(req.mode);
-      if (mode === "RECOVER") requireRole(caller, "worker");
       const { record, attempts } = await registry.claim(
         db,
         {
@@ -207,21 +207,18 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async renewLease(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const record = await registry.renewLease(db, { ...holder(req), leaseMs: fromProtoDuration(req.lease) }, caller);
       return create(RenewLeaseResponseSchema, { leaseExpiresAt: toTimestamp(record.leaseExpiresAt) });
     },
 
     async recordEffectAttempt(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const attempt = await registry.recordEffectAttempt(db, { ...holder(req), effect: req.effect, provider: req.provider }, caller);
       return create(RecordEffectAttemptResponseSchema, { attempt: toProtoAttempt(attempt) });
     },
 
     async resolveEffectAttempt(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const attempt = await registry.resolveEffectAttempt(
         db,
         { ...holder(req), attemptNumber: req.attemptNumber, status: fromProtoEffectStatus(req.status), providerHandle: req.providerHandle },
@@ -232,7 +229,6 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async complete(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const resolutions = req.resolutions.map((r) => ({ attemptNumber: r.attemptNumber, status: fromProtoEffectStatus(r.status), providerHandle: r.providerHandle }));
       const record = await registry.complete(db, { ...holder(req), outcome: fromProtoOutcome(req.outcome), snapshot: fromProtoSnapshot(req.snapshot), resolutions }, caller);
       watch.changed(record.tenant, record.operationId);
@@ -245,7 +241,6 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async release(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const record = await registry.release(db, holder(req), caller);
       watch.changed(record.tenant, record.operationId);
       return create(ReleaseResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
@@ -253,7 +248,6 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async abandon(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker");
       const record = await registry.abandon(db, holder(req), caller);
       watch.changed(record.tenant, record.operationId);
       return create(AbandonResponseSchema, { state: toProtoState(record.state), generation: BigInt(record.generation) });
@@ -261,7 +255,6 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async lookup(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "gateway", "worker", "operator");
       let view;
       switch (req.by.case) {
         case "ref": {
@@ -294,25 +287,15 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
 
     async listRecoverable(req, ctx) {
       const caller = callerOf(ctx.values);
-      requireRole(caller, "worker");
-      if (req.tenant && !caller.mayUseTenant(req.tenant)) refuse("PERMISSION_DENIED", `this caller is not granted tenant ${req.tenant}`);
-      for (const operation of req.operations) {
-        if (!caller.mayOperate(operation)) refuse("PERMISSION_DENIED", `this caller is not granted operation ${operation}`);
-      }
       const { views, next } = await registry.listRecoverable(
         reads,
-        {
-          tenants: req.tenant ? [req.tenant] : caller.tenants === "*" ? undefined : [...caller.tenants],
-          operations: req.operations.length > 0 ? req.operations : caller.operations === "*" ? undefined : [...caller.operations],
-          pageSize: req.pageSize,
-          after: resumeAfter(req.pageToken),
-        },
+        { ...scopeOf(caller, req.tenant, req.operations), pageSize: req.pageSize, after: resumeAfter(req.pageToken) },
         caller,
       );
       return create(ListRecoverableResponseSchema, {
         records: views.map((view) => ({
           record: toProtoRecord(view),
-          claimMode: view.record.state === "UNKNOWN" || recoveryOnly(view.record) ? ClaimMode.RECOVER : ClaimMode.TAKEOVER,
+          claimMode: CLAIM_MODES.number(view.record.state === "UNKNOWN" || recoveryOnly(view.record) ? "RECOVER" : "TAKEOVER"),
         })),
         nextPageToken: next ? encodePageToken([next.leaseEnd, next.tenant, next.operationId]) : "",
       });

@@ -5,6 +5,7 @@ import { Health } from "../gen/grpc/health/v1/health_pb.js";
 import { ServerReflection as ReflectionV1 } from "../gen/grpc/reflection/v1/reflection_pb.js";
 import { ServerReflection as ReflectionV1alpha } from "../gen/grpc/reflection/v1alpha/reflection_pb.js";
 import { CoordinatorService } from "../gen/idempotency/v1/coordinator_pb.js";
+import { authorize } from "./authorization.js";
 import type { Caller, Callers, PeerCertificate } from "./callers.js";
 
 /** What mutual TLS says of the client, set from the connection (contextValues of the adapter). */
@@ -23,11 +24,17 @@ export function callerOf(values: { get<T>(key: { id: symbol; defaultValue: T }):
 /** Services anyone may call: health checks (probes call them without credentials) and reflection (the published schema). */
 const OPEN_SERVICES = new Set([Health.typeName, ReflectionV1.typeName, ReflectionV1alpha.typeName]);
 
-/** Authenticates every RPC except those of OPEN_SERVICES: by client certificate or bearer token. */
+/**
+ * Authenticates every RPC except those of OPEN_SERVICES (by client
+ * certificate or bearer token), and authorizes it by the table of roles
+ * (authorization.ts), before the handler runs.
+ */
 export function authentication(callers: Callers): Interceptor {
   return (next) => async (req) => {
     if (!OPEN_SERVICES.has(req.service.typeName)) {
-      req.contextValues.set(callerKey, callers.authenticate(req.header.get("authorization"), req.contextValues.get(peerKey)));
+      const caller = callers.authenticate(req.header.get("authorization"), req.contextValues.get(peerKey));
+      authorize(caller, req.method, req.stream ? undefined : req.message);
+      req.contextValues.set(callerKey, caller);
     }
     return next(req);
   };

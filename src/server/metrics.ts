@@ -3,7 +3,7 @@ import type pg from "pg";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry as MetricsRegistry } from "prom-client";
 import { ErrorInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 import type { Census } from "../registry/types.js";
-import type { RecordState } from "../registry/types.js";
+import { RECORD_STATES } from "../contract/words.js";
 
 /** Every metric the coordinator exposes on the admin port's /metrics. */
 export class Metrics {
@@ -114,7 +114,7 @@ export class Metrics {
       registers: [this.registry],
       async collect() {
         const { byState } = await census();
-        for (const state of STATES) this.set({ state }, byState.get(state) ?? 0);
+        for (const state of RECORD_STATES.words) this.set({ state }, byState.get(state) ?? 0);
       },
     });
     new Gauge({
@@ -167,8 +167,6 @@ export class Metrics {
     this.refusals.inc({ method, reason: reasonOf(connectError) ?? "NONE" });
   }
 }
-
-const STATES: readonly RecordState[] = ["RESERVED", "EXECUTING", "SUCCEEDED", "FAILED_FINAL", "REJECTED", "UNKNOWN"];
 
 /** The reason of a refusal as errorMapping built it (framework refusals carry none). */
 function reasonOf(error: ConnectError): string | undefined {

@@ -1,13 +1,18 @@
 import { create } from "@bufbuild/protobuf";
 import { type Duration, DurationSchema, timestampFromDate } from "@bufbuild/protobuf/wkt";
-import type { FieldSchema as DomainFieldSchema, FieldType as DomainFieldType } from "../contract/json-schema.js";
+import type { FieldSchema as DomainFieldSchema } from "../contract/json-schema.js";
 import { parseDuration, parsePolicyDocument, type PolicyDocument } from "../policy/document.js";
 import type { StoredPolicy } from "../policy/cache.js";
+import { refuse } from "../contract/errors.js";
+import { vocabulary, type Vocabulary, type WordsOf } from "../contract/words.js";
 import {
   DecimalScale,
+  DecimalScaleSchema,
   FieldSchemaSchema,
   FieldType,
+  FieldTypeSchema,
   FingerprintMode,
+  FingerprintModeSchema,
   type FieldSchema,
   type OperationPolicy,
   OperationPolicySchema,
@@ -31,12 +36,12 @@ export function policyFromProto(policy: OperationPolicy | undefined): PolicyDocu
       apiRevision: policy.apiRevision || undefined,
       schemaRevision: policy.schemaRevision || undefined,
       fingerprint: fp && {
-        mode: fp.mode === FingerprintMode.JSON ? "json" : fp.mode === FingerprintMode.RAW ? "raw" : undefined,
+        mode: documentWord(FINGERPRINT_MODES, fp.mode, "policy.fingerprint.mode"),
         queryParameters: fp.queryParameters,
         headers: fp.headers,
         maxBodyBytes: fp.maxBodyBytes || undefined,
         maxDepth: fp.maxDepth || undefined,
-        schema: fp.schema && fieldSchemaFromProto(fp.schema),
+        schema: fp.schema && fieldSchemaFromProto(fp.schema, "policy.fingerprint.schema"),
       },
       keys: policy.keys && {
         minLength: policy.keys.minLength || undefined,
@@ -77,7 +82,7 @@ export function policyToProto(document: PolicyDocument): OperationPolicy {
     apiRevision: document.apiRevision,
     schemaRevision: document.schemaRevision,
     fingerprint: {
-      mode: fp.mode === "json" ? FingerprintMode.JSON : FingerprintMode.RAW,
+      mode: wireWord(FINGERPRINT_MODES, fp.mode),
       queryParameters: fp.queryParameters,
       headers: fp.headers,
       maxBodyBytes: fp.maxBodyBytes,
@@ -108,39 +113,54 @@ export function publishedToProto(stored: StoredPolicy): PublishedPolicy {
   });
 }
 
-const TYPES: Array<[FieldType, DomainFieldType]> = [
-  [FieldType.STRING, "string"],
-  [FieldType.BOOLEAN, "boolean"],
-  [FieldType.INTEGER, "integer"],
-  [FieldType.DECIMAL, "decimal"],
-  [FieldType.NUMBER, "number"],
-  [FieldType.OBJECT, "object"],
-  [FieldType.ARRAY, "array"],
-];
+/**
+ * The policy document's enums, whose words are the proto's in lower case
+ * (`FINGERPRINT_MODE_JSON` is "json").
+ */
+const FINGERPRINT_MODES = vocabulary<WordsOf<typeof FingerprintMode>, FingerprintMode>(FingerprintModeSchema);
+const FIELD_TYPES = vocabulary<WordsOf<typeof FieldType>, FieldType>(FieldTypeSchema);
+const DECIMAL_SCALES = vocabulary<WordsOf<typeof DecimalScale>, DecimalScale>(DecimalScaleSchema);
 
-function fieldSchemaFromProto(schema: FieldSchema): Record<string, unknown> {
+/**
+ * The document's word of an enum field of a policy: undefined when unset, so
+ * that the document's default applies. A number this coordinator does not
+ * know refuses the policy, naming the field (INVALID_POLICY).
+ */
+function documentWord<Word extends string>(words: Vocabulary<Word, number>, value: number, path: string): string | undefined {
+  if (value === 0) return undefined;
+  return words.word(value, (described) => refuse("INVALID_POLICY", `${path} is ${described}, which this coordinator does not know`, { path })).toLowerCase();
+}
+
+/** The number on the wire of a document's word. */
+function wireWord<Word extends string>(words: Vocabulary<Word, number>, word: Lowercase<Word>): number {
+  return words.number(word.toUpperCase() as Word);
+}
+
+function fieldSchemaFromProto(schema: FieldSchema, path: string): Record<string, unknown> {
   return withoutUnset({
-    type: TYPES.find(([wire]) => wire === schema.type)?.[1],
+    type: documentWord(FIELD_TYPES, schema.type, `${path}.type`),
     nullable: schema.nullable || undefined,
     nullEqualsAbsent: schema.nullEqualsAbsent || undefined,
     fingerprint: schema.fingerprint,
     required: schema.required || undefined,
-    scale: schema.scale === DecimalScale.NORMALIZED ? "normalized" : schema.scale === DecimalScale.SIGNIFICANT ? "significant" : undefined,
+    scale: documentWord(DECIMAL_SCALES, schema.scale, `${path}.scale`),
     properties:
-      Object.keys(schema.properties).length > 0 ? Object.fromEntries(Object.entries(schema.properties).map(([name, member]) => [name, fieldSchemaFromProto(member)])) : undefined,
-    items: schema.items && fieldSchemaFromProto(schema.items),
+      Object.keys(schema.properties).length > 0
+        ? Object.fromEntries(Object.entries(schema.properties).map(([name, member]) => [name, fieldSchemaFromProto(member, `${path}.properties.${name}`)]))
+        : undefined,
+    items: schema.items && fieldSchemaFromProto(schema.items, `${path}.items`),
     set: schema.set || undefined,
   });
 }
 
 function fieldSchemaToProto(schema: DomainFieldSchema): FieldSchema {
   return create(FieldSchemaSchema, {
-    type: TYPES.find(([, domain]) => domain === schema.type)![0],
+    type: wireWord(FIELD_TYPES, schema.type),
     nullable: schema.nullable ?? false,
     nullEqualsAbsent: schema.nullEqualsAbsent ?? false,
     ...(schema.fingerprint === false ? { fingerprint: false } : {}),
     required: schema.required ?? false,
-    scale: schema.type === "decimal" ? (schema.scale === "normalized" ? DecimalScale.NORMALIZED : DecimalScale.SIGNIFICANT) : DecimalScale.UNSPECIFIED,
+    scale: schema.type === "decimal" ? wireWord(DECIMAL_SCALES, schema.scale ?? "significant") : DecimalScale.UNSPECIFIED,
     properties: Object.fromEntries(Object.entries(schema.properties ?? {}).map(([name, member]) => [name, fieldSchemaToProto(member)])),
     items: schema.items && fieldSchemaToProto(schema.items),
     set: schema.set ?? false,

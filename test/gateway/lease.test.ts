@@ -1,7 +1,8 @@
 import { Code } from "@connectrpc/connect";
 import { describe, expect, it } from "vitest";
 import { CoordinatorError } from "../../src/gateway/errors.js";
-import { LeaseKeeper, type LeaseClock, type LeaseTimer } from "../../src/gateway/lease.js";
+import type { Clock as LeaseClock, Timer as LeaseTimer } from "../../src/clock.js";
+import { LeaseKeeper } from "../../src/gateway/lease.js";
 import { silentLogger, type RenewLeaseInput } from "../../src/gateway/types.js";
 
 /** A clock the test moves by hand: timers fire only when it says so. */

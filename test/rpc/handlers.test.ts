@@ -25,6 +25,7 @@ import type { Db } from "../../src/registry/db.js";
 import { PolicyStore } from "../../src/registry/policy-store.js";
 import { Registry } from "../../src/registry/registry.js";
 import { Callers, tokenHash } from "../../src/server/callers.js";
+import { ACCESS_RULES } from "../../src/server/authorization.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "../../src/server/routes.js";
 import { wireRefusal, type WireRefusal } from "../support/refusals.js";
@@ -670,6 +671,27 @@ describe("callers", () => {
       }
     },
   );
+
+  it("authorizes every RPC of both services by the one table of roles, with the roles above", () => {
+    for (const { method } of rpcs) expect(ACCESS_RULES.get(method)?.roles, method.name).toEqual(ROLES[method.name]!.roles);
+    expect(ACCESS_RULES.size).toBe(rpcs.length);
+    // A request's content is read before the handler only for a unary RPC (Claim's mode).
+    const byContent = [...ACCESS_RULES].filter(([, rule]) => rule.requestNeeds).map(([method]) => [method.name, method.methodKind]);
+    expect(byContent).toEqual([["Claim", "unary"]]);
+  });
+
+  it("authorizes each call of a Batch as its own RPC", async () => {
+    const { ref } = await accepted();
+    const lookup = { by: { case: "ref" as const, value: ref }, subject: { tenant: "acme", principal: "alice" } };
+    const { results } = await coordinator.batch(
+      { calls: [{ call: { case: "reserve", value: reserveRequest(newKey()) } }, { call: { case: "lookup", value: lookup } }] },
+      as(TOKENS.allTenantsOperator),
+    );
+    expect(results.map((r) => r.result.case)).toEqual(["error", "lookup"]);
+    const refused = results[0]!.result.value as { code: number; message: string };
+    expect(refused.code).toBe(Code.PermissionDenied);
+    expect(refused.message).toMatch(/needs the gateway or worker role/);
+  });
 
   it("lets only workers claim with RECOVER", async () => {
     const { ref } = await accepted();

@@ -9,7 +9,8 @@ import { parseCallerGrants } from "../../src/server/callers.js";
 import { SETTINGS } from "../../src/settings.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
 import { startCoordinator } from "../../src/server/app.js";
-import { Callers, requireRole, tokenHash } from "../../src/server/callers.js";
+import { requireRole } from "../../src/server/authorization.js";
+import { Callers, tokenHash } from "../../src/server/callers.js";
 
 const keyRing = () => JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } });
 

@@ -23,7 +23,8 @@ import {
   type ReserveVerdict,
   type ScopeRead,
 } from "../../src/registry/state-machine.js";
-import type { ClaimMode, EffectStatus, Outcome, RecordState, StoredAttempt, StoredRecord } from "../../src/registry/types.js";
+import type { ClaimMode, EffectStatus, Outcome, RecordState } from "../../src/contract/words.js";
+import type { StoredAttempt, StoredRecord } from "../../src/registry/types.js";
 import { expectReason } from "../support/refusals.js";
 
 /**

@@ -7,7 +7,7 @@ import { admit, admitCommitted, countUnderGate, type Admission } from "../admiss
 import { currentPolicy, laneOf, opened, policyOf, type RegistryContext } from "../context.js";
 import { sqlState, type Db, type Queryable } from "../db.js";
 import { uuidv7 } from "../ids.js";
-import { appendEvent, firstRecord, grantLease, requireTenant } from "../shared.js";
+import { appendEvent, firstRecord, grantLease, requireOperation, requireTenant } from "../shared.js";
 import * as quotaStatements from "../statements/quota.js";
 import * as recordStatements from "../statements/records.js";
 import { REJUDGED, requestFingerprint, reserveAction, retryAfterMs, type ReserveAction, type ReserveOutcome, type ReserveRequest, type ScopeRead } from "../state-machine.js";
@@ -80,9 +80,7 @@ async function judge(context: RegistryContext, input: ReserveInput, actor: Actor
   validateOperationName(input.operation);
   validateApiRevision(input.apiRevision);
   requireTenant(actor, subject.tenant);
-  if (!actor.mayOperate(input.operation)) {
-    refuse("PERMISSION_DENIED", `this caller is not granted operation ${input.operation}`);
-  }
+  requireOperation(actor, input.operation);
   const policy = await currentPolicy(context, input.operation, input.apiRevision);
   if (input.writerEpoch < policy.writerEpoch) {
     refuse("STALE_WRITER_EPOCH", `writer epoch ${input.writerEpoch} is older than the operation's epoch ${policy.writerEpoch}: this deployment was rolled back; stop writing`, {

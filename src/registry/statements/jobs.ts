@@ -1,5 +1,5 @@
 import { NO_ROWS, statement, type NoRow } from "../statement.js";
-import type { RecordState } from "../types.js";
+import type { RecordState } from "../../contract/words.js";
 import { logChanges } from "./parts.js";
 
 /**

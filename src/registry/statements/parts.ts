@@ -1,5 +1,5 @@
 import type { RowColumns } from "../statement.js";
-import type { EffectStatus, RecordState } from "../types.js";
+import type { EffectStatus, RecordState } from "../../contract/words.js";
 
 /**
  * Pieces of text shared by the registry's statements. Each statement is
