@@ -18,7 +18,6 @@ import {
   nonEmptyString,
   object,
   optional,
-  routeFields,
   rule,
   shape,
   string,
@@ -40,102 +39,9 @@ import {
   snapshotOf,
   type Problem,
 } from "./http.js";
-import { OwnedOperation, type OwnedOperationInit } from "./operation.js";
-import type { Decision } from "../contract/words.js";
+import { IdempotencyContext } from "./context.js";
+import { checkRoute, type Admission, type GatewayOptions, type GatewayRequest, type HandlerResult, type IdempotentRoute } from "./route.js";
 import { loggerOf, type ColocatedCompletion, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
-
-export interface GatewayOptions {
-  /** The coordinator (gateway-role token). */
-  client: CoordinatorClient;
-  /**
-   * Co-located mode: complete inside the service's own transactions
-   * (`ctx.transaction`); a `ColocatedRegistry` of `idempotency-coordinator/colocated`.
-   */
-  colocated?: ColocatedCompletion;
-  /** The writer epoch this deployment was built with (rollback fence; default 0). */
-  writerEpoch?: number;
-  /**
-   * Where a client can watch an operation that is still in progress; sent as
-   * `Location` and `Link: <…>; rel="monitor"` with 409. Default
-   * `/operations/<operation id>` (mount a status route there, e.g. with `Lookup`).
-   */
-  statusUrl?: (operationId: string) => string;
-  /** Prefix of problem `type` URIs (default `urn:problem-type:idempotency:`). */
-  problemTypeBase?: string;
-  /**
-   * Request headers forwarded to the coordinator for the fingerprint (only
-   * those the policy names count). Default: every header except credentials,
-   * cookies, hop-by-hop and per-delivery ones, and the key itself.
-   */
-  forwardHeaders?: readonly string[];
-  /** Largest request body read, in bytes (default 1 MiB); larger ones get 413. */
-  maxBodyBytes?: number;
-  /**
-   * A request whose key's first request is still running waits up to this
-   * long for it on the coordinator and is answered with its response (or
-   * runs, if the first let go), instead of 409 and a retry (default 2000 ms;
-   * 0 answers 409 at once; at most 30 s).
-   */
-  waitForOwnerMs?: number;
-  /** Whether an effect's error means "definitely nothing happened" (default: `DefiniteFailure`). */
-  isDefinite?: (error: unknown) => boolean;
-  /**
-   * Where warnings and errors go: a misconfigured gateway, a handler that
-   * threw, a Complete, Release or Abandon that failed. Default `console`
-   * (consoleLogger); a pino logger fits (GatewayLogger).
-   */
-  logger?: GatewayLogger;
-  /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
-  hooks?: FaultHooks;
-}
-
-/** One idempotent route. */
-export interface IdempotentRoute {
-  /** The operation, e.g. `payments.create`, as published in its policy. */
-  operation: string;
-  /** The API major revision of the route. */
-  apiRevision: number;
-  /** The lease to ask for (default: the policy's). */
-  leaseMs?: number;
-  /** Overrides the gateway's `statusUrl` for this route. */
-  statusUrl?: (operationId: string) => string;
-  /** Overrides the gateway's `waitForOwnerMs` for this route (a handler known to run long may say 0). */
-  waitForOwnerMs?: number;
-  /**
-   * Effects the handler calls (`ctx.effect` with these names), registered
-   * with Reserve instead of one RecordEffectAttempt each: one RPC and one
-   * commit fewer per effect. An effect is possible from the acceptance on:
-   * one the handler did not call is resolved NO_EFFECT with the Complete (or
-   * before a Release); should the process die first, recovery decides.
-   */
-  effects?: ReadonlyArray<{ effect: string; provider: string }>;
-  /**
-   * A request without Idempotency-Key: `reject` (400, the default) or `run`
-   * (unguarded, e.g. while clients adopt keys during a shadow rollout).
-   */
-  missingKey?: "reject" | "run";
-}
-
-/** How a route finds the end user: from the service's own authentication, never the body. */
-export type SubjectResolver<Req> = (request: Req) => Subject | undefined | Promise<Subject | undefined>;
-
-/** A request as the gateway sees it, whatever the framework. */
-export interface GatewayRequest {
-  method: string;
-  /** The path without the query. */
-  path: string;
-  /** The raw query string without `?`. */
-  query: string;
-  /** Headers with lower-case names (Node's `IncomingHttpHeaders` fits). */
-  headers: Record<string, string | readonly string[] | undefined>;
-  body: Uint8Array;
-}
-
-/** What to do with a request: answer it now, or run the handler with a context. */
-export type Admission = { run: false; response: HttpResponse; decision?: Decision } | { run: true; context: IdempotencyContext };
-
-/** How a handler ended: with a response (captured from the framework), or by throwing. */
-export type HandlerResult = { response: HttpResponse } | { error: unknown };
 
 /** What the gateway's public calls take. */
 const FORMS = {
@@ -654,56 +560,6 @@ export class IdempotencyGateway {
   }
 }
 
-interface ContextFacts {
-  route: IdempotentRoute;
-  subject: Subject | undefined;
-  key: string;
-  decision: Decision | undefined;
-  enforced: boolean;
-  body: Uint8Array;
-}
-
-/**
- * What a business handler gets for one request: who it is for, the
- * operation it owns (id and generation), the request body, and the helpers
- * that keep the contract: `effect()` around every downstream call and, in
- * co-located mode, `transaction()` to commit the business rows with the
- * terminal state.
- */
-export class IdempotencyContext extends OwnedOperation {
-  /** The Idempotency-Key ("" when the route runs without one). */
-  readonly idempotencyKey: string;
-  /** The end user (from the service's authentication). */
-  readonly subject: Subject | undefined;
-  readonly operation: string;
-  readonly apiRevision: number;
-  /** Reserve's decision; ACCEPTED unless in shadow mode. */
-  readonly decision: Decision | undefined;
-  /** False in shadow mode (or without a key): the handler runs whatever the decision. */
-  readonly enforced: boolean;
-  /** The request body as received (the bytes that were fingerprinted). */
-  readonly body: Buffer;
-
-  constructor(init: OwnedOperationInit, facts: ContextFacts) {
-    super(init);
-    this.idempotencyKey = facts.key;
-    this.subject = facts.subject;
-    this.operation = facts.route.operation;
-    this.apiRevision = facts.route.apiRevision;
-    this.decision = facts.decision;
-    this.enforced = facts.enforced;
-    this.body = Buffer.from(facts.body.buffer, facts.body.byteOffset, facts.body.byteLength);
-  }
-
-  /**
-   * The body parsed as JSON. A body that is not JSON throws MalformedJsonBody
-   * (what is wrong, and where); left uncaught, the gateway answers it 400.
-   */
-  json<T = unknown>(): T {
-    return parseJsonBody(this.body) as T;
-  }
-}
-
 function headerText(value: string | readonly string[] | undefined): string {
   if (value === undefined) return "";
   return typeof value === "string" ? value : value.join(", ");
@@ -711,9 +567,4 @@ function headerText(value: string | readonly string[] | undefined): string {
 
 function shortKey(seed: string, effect: string): string {
   return createHash("sha256").update(`${seed}\0${effect}`).digest("base64url");
-}
-
-/** Checks a route given to the gateway or an adapter (`extra`: the adapter's own fields, e.g. `subject`). */
-export function checkRoute(call: CallForm, route: unknown, extra: Record<string, (value: unknown, at: string) => string | undefined> = {}): void {
-  checkOptions(call, route, { ...routeFields, ...extra }, "route");
 }

@@ -5,7 +5,9 @@
 import type { IncomingMessage } from "node:http";
 import type { NextFunction, Request, RequestHandler, Response } from "express";
 import { check, func, idempotencyGateway } from "./arguments.js";
-import { checkRoute, type IdempotencyContext, type IdempotencyGateway, type IdempotentRoute, type SubjectResolver } from "./core.js";
+import type { IdempotencyContext } from "./context.js";
+import type { IdempotencyGateway } from "./core.js";
+import { checkRoute, type IdempotentRoute, type SubjectResolver } from "./route.js";
 import { isJsonMediaType } from "./http.js";
 import { BodyTooLarge, readBody, sendResponse, sendTooLarge, serve } from "./node-http.js";
 

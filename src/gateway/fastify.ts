@@ -5,7 +5,9 @@
 import { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from "fastify";
 import { checkOptions, func, idempotencyGateway } from "./arguments.js";
-import { checkRoute, type GatewayRequest, type HandlerResult, type IdempotencyContext, type IdempotencyGateway, type IdempotentRoute, type SubjectResolver } from "./core.js";
+import type { IdempotencyContext } from "./context.js";
+import type { IdempotencyGateway } from "./core.js";
+import { checkRoute, type GatewayRequest, type HandlerResult, type IdempotentRoute, type SubjectResolver } from "./route.js";
 import { headerPairs } from "./http.js";
 import type { HttpResponse } from "./types.js";
 

@@ -10,16 +10,9 @@
  * or names a database driver. See docs/adopting.md.
  */
 export { CoordinatorClient, type BatchingOptions, type CallOptions, type CoordinatorClientOptions, type RetryOptions } from "./client.js";
-export {
-  IdempotencyContext,
-  IdempotencyGateway,
-  type Admission,
-  type GatewayOptions,
-  type GatewayRequest,
-  type HandlerResult,
-  type IdempotentRoute,
-  type SubjectResolver,
-} from "./core.js";
+export { IdempotencyContext } from "./context.js";
+export { IdempotencyGateway } from "./core.js";
+export type { Admission, GatewayOptions, GatewayRequest, HandlerResult, IdempotentRoute, SubjectResolver } from "./route.js";
 export { CoordinatorError, DefiniteFailure, isDefiniteFailure, LeaseLostError, MalformedJsonBody } from "./errors.js";
 export { toHttpResponse } from "./http.js";
 export { consoleLogger, silentLogger } from "./types.js";

@@ -1,5 +1,7 @@
 import type { IncomingMessage, OutgoingHttpHeader, OutgoingHttpHeaders, ServerResponse } from "node:http";
-import type { GatewayRequest, HandlerResult, IdempotencyContext, IdempotencyGateway, IdempotentRoute, SubjectResolver } from "./core.js";
+import type { IdempotencyContext } from "./context.js";
+import type { IdempotencyGateway } from "./core.js";
+import type { GatewayRequest, HandlerResult, IdempotentRoute, SubjectResolver } from "./route.js";
 import { headerPairs } from "./http.js";
 import type { HttpResponse, Subject } from "./types.js";
 
