@@ -80,6 +80,8 @@ export interface Config {
   recovererIntervalMs: number;
   /** How often the retention sweep (one replica at a time) runs. */
   sweepIntervalMs: number;
+  /** Longest a gateway may answer an exact repeat of a finished request from its cache (ReserveResponse.cacheable_for); 0: never. */
+  answerCacheMaxAgeMs: number;
   /** How long a record may stay UNKNOWN before it breaches the recovery SLO (metrics and alerts). */
   unknownSloSeconds: number;
   /** TLS (and mutual TLS) on the RPC port; undefined serves cleartext (h2c and HTTP/1.1). */
@@ -287,6 +289,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     policyRefreshMs: read("IDEM_POLICY_REFRESH_MS"),
     recovererIntervalMs: read("IDEM_RECOVERER_INTERVAL_MS"),
     sweepIntervalMs: read("IDEM_SWEEP_INTERVAL_MS"),
+    answerCacheMaxAgeMs: read("IDEM_ANSWER_CACHE_MAX_AGE_MS"),
     unknownSloSeconds: read("IDEM_UNKNOWN_SLO_SECONDS"),
     tls,
     snapshotKeys: keysInline ?? keysFile,

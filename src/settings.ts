@@ -185,6 +185,11 @@ export const SETTINGS = {
   IDEM_POLICY_REFRESH_MS: setting(integer(100, 600_000), 2000, "how soon a new policy, mode or epoch applies on every replica"),
   IDEM_RECOVERER_INTERVAL_MS: setting(integer(50, 3_600_000), 1000, "how often ended leases become UNKNOWN or claimable; the Retry-After of UNKNOWN records"),
   IDEM_SWEEP_INTERVAL_MS: setting(integer(50, 86_400_000), 60_000, "how often finished records past retention become tombstones"),
+  IDEM_ANSWER_CACHE_MAX_AGE_MS: setting(
+    integer(0, 3_600_000),
+    30_000,
+    "longest a gateway may answer an exact repeat of a finished request from its own cache (never past retention): how soon a mode change or rollback reaches every gateway; 0: never",
+  ),
   IDEM_UNKNOWN_SLO_SECONDS: setting(integer(1, 30 * 86_400), 3600, "recovery SLO of UNKNOWN records (metrics, alerts)"),
   IDEM_TLS_CERT_FILE: setting(readable, undefined, "PEM certificate (chain) of the RPC port; with the key, serves TLS (ALPN h2 and http/1.1)", "(unset: cleartext)"),
   IDEM_TLS_KEY_FILE: setting(readable, undefined, "PEM private key of that certificate", "(unset)"),

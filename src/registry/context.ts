@@ -23,6 +23,8 @@ export interface RegistryContext {
   readonly keyring: SnapshotKeyring | undefined;
   /** How often recovery looks at UNKNOWN records: the Retry-After of a request that finds one. */
   readonly recoveryCadenceMs: number;
+  /** Longest a gateway may answer exact repeats of a replay from its cache (IDEM_ANSWER_CACHE_MAX_AGE_MS); 0: never. */
+  readonly answerCacheMaxAgeMs: number;
   /** Fault tests' hooks at exact steps (src/fault-hooks.ts). */
   readonly hooks: FaultHooks;
   /** Concurrent Reserves of one lane sharing a transaction; undefined when coalescing is off. */

@@ -39,6 +39,11 @@ export class Registry {
     keyring?: SnapshotKeyring;
     /** How often recovery looks at UNKNOWN records (the recoverer's interval): the Retry-After of a request that finds one. Default 1 s. */
     recoveryCadenceMs?: number;
+    /**
+     * Longest a gateway may answer exact repeats of a replayed record from
+     * its own cache (IDEM_ANSWER_CACHE_MAX_AGE_MS). Default 0: every repeat is asked.
+     */
+    answerCacheMaxAgeMs?: number;
     /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
     hooks?: FaultHooks;
     /**
@@ -59,6 +64,7 @@ export class Registry {
       policies: options.policies,
       keyring: options.keyring,
       recoveryCadenceMs: options.recoveryCadenceMs ?? 1000,
+      answerCacheMaxAgeMs: options.answerCacheMaxAgeMs ?? 0,
       hooks: options.hooks ?? NO_FAULTS,
       reserves: batched
         ? new Coalescer<ReserveItem, ReserveResult>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => reserveBatch(this.context, items) })

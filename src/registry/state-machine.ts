@@ -228,6 +228,23 @@ export function retryAfterMs(record: StoredRecord, recoveryCadenceMs: number): n
   return Math.round(Math.max(100, Math.min(atWork, leaseLeft)));
 }
 
+/**
+ * How long a gateway may answer exact repeats of this replayed record from
+ * its own cache (ReserveResponse.cacheable_for), or undefined: not at all.
+ * Only a finished record of an enforced operation (a draining or shadowed
+ * one is on its way to another answer), at most `maxAgeMs` (the operator's
+ * bound on how late a mode change or rollback reaches a gateway), and never
+ * past its retention: once that ends the sweep may make it a tombstone at
+ * any moment, and its answer becomes EXPIRED. Counted from the database's
+ * time of the read, which is later than the gateway sent its request.
+ */
+export function replayCacheableForMs(record: StoredRecord, mode: OperationPolicy["mode"], maxAgeMs: number): number | undefined {
+  if (maxAgeMs <= 0 || mode !== "ENFORCE" || !isTerminal(record.state) || record.tombstonedAt !== null || !record.snapshot || !record.retainUntil) return undefined;
+  const retainedMs = record.retainUntil.getTime() - record.dbNow.getTime();
+  const cacheableMs = Math.floor(Math.min(maxAgeMs, retainedMs));
+  return cacheableMs > 0 ? cacheableMs : undefined;
+}
+
 /** Refuses a write that names a generation other than the record's. */
 export function requireGeneration(record: StoredRecord, generation: number): void {
   if (generation < record.generation) {

@@ -96,6 +96,8 @@ export interface ReserveResult {
   takenOver?: boolean;
   /** On ACCEPTED: the attempts registered for the declared effects, in their order. */
   attempts?: StoredAttempt[];
+  /** On REPLAY: how long a gateway may answer exact repeats from its own cache (replayCacheableForMs); absent: not at all. */
+  cacheableForMs?: number;
 }
 
 export interface ClaimInput {

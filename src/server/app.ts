@@ -263,7 +263,14 @@ export async function startCoordinator({
         "IDEM_ALLOW_PLAINTEXT_SNAPSHOTS is on and no key ring is set (IDEM_SNAPSHOT_KEYS): response bodies are stored unsealed. Never do this in production; see SECURITY.md",
       );
     }
-    const registry = new Registry({ policies: policyCache, keyring: config.snapshotKeys, recoveryCadenceMs: config.recovererIntervalMs, hooks, coalesce: config.batch });
+    const registry = new Registry({
+      policies: policyCache,
+      keyring: config.snapshotKeys,
+      recoveryCadenceMs: config.recovererIntervalMs,
+      answerCacheMaxAgeMs: config.answerCacheMaxAgeMs,
+      hooks,
+      coalesce: config.batch,
+    });
     metrics = new Metrics({ pool, census: () => registry.census(db), unknownSloSeconds: config.unknownSloSeconds });
     const health = new HealthStatus([CoordinatorService.typeName, AdminService.typeName]);
     readiness = new Readiness(health, () => ping(pool, READINESS_PROBE_TIMEOUT_MS), logger, READINESS_PROBE_INTERVAL_MS, clock, probeReader);

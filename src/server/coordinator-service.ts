@@ -178,6 +178,7 @@ function unaryHandlers({ registry, db, reads = db, metrics }: CoordinatorDeps, w
         schemaRevision: result.schemaRevision,
         contractVersion: CONTRACT_VERSION,
         effectAttempts: (result.attempts ?? []).map(toProtoAttempt),
+        cacheableFor: result.decision === "REPLAY" && result.cacheableForMs !== undefined ? toProtoDuration(result.cacheableForMs) : undefined,
       });
     },
 

@@ -16,6 +16,7 @@ import {
   planResolve,
   requireGeneration,
   reserveAction,
+  replayCacheableForMs,
   reserveVerdict,
   retryAfterMs,
   type ReserveAction,
@@ -418,6 +419,30 @@ describe("retryAfterMs", () => {
     // The ended lease plays no part: only recovery, not an owner, will move the record.
     expect(retryAfterMs(unfinished("UNKNOWN", sinceChangeMs, -1000), cadence)).toBe(expected);
     expect(retryAfterMs(unfinished("UNKNOWN", sinceChangeMs, null), cadence)).toBe(expected);
+  });
+});
+
+describe("replayCacheableForMs", () => {
+  const MAX_AGE = 30_000;
+  it.each([
+    ["the operator's max-age for a SUCCEEDED record kept for a day", record({ state: "SUCCEEDED" }), "ENFORCE", MAX_AGE, MAX_AGE],
+    ["the max-age for FAILED_FINAL", record({ state: "FAILED_FINAL" }), "ENFORCE", MAX_AGE, MAX_AGE],
+    ["the max-age for REJECTED (a finished 4xx replays as any finished record)", record({ state: "REJECTED" }), "ENFORCE", MAX_AGE, MAX_AGE],
+    ["the rest of the retention when it ends first (12.5 s left)", record({ state: "SUCCEEDED", retainUntil: at(12_500) }), "ENFORCE", MAX_AGE, 12_500],
+    ["whole milliseconds of the retention left (999.7 ms)", record({ state: "SUCCEEDED", retainUntil: at(999.7) }), "ENFORCE", MAX_AGE, 999],
+    ["nothing when the retention ends at the read", record({ state: "SUCCEEDED", retainUntil: NOW }), "ENFORCE", MAX_AGE, undefined],
+    ["nothing when the retention ended and the sweep has not come yet", record({ state: "SUCCEEDED", retainUntil: at(-1) }), "ENFORCE", MAX_AGE, undefined],
+    ["nothing under 1 ms of retention left", record({ state: "SUCCEEDED", retainUntil: at(0.5) }), "ENFORCE", MAX_AGE, undefined],
+    ["nothing for a tombstone", record({ state: "SUCCEEDED", tombstoned: true }), "ENFORCE", MAX_AGE, undefined],
+    ["nothing in SHADOW mode", record({ state: "SUCCEEDED" }), "SHADOW", MAX_AGE, undefined],
+    ["nothing in DRAINING mode", record({ state: "SUCCEEDED" }), "DRAINING", MAX_AGE, undefined],
+    ["nothing with a max-age of 0", record({ state: "SUCCEEDED" }), "ENFORCE", 0, undefined],
+    ["nothing for a finished record without retention (never written so)", record({ state: "SUCCEEDED", retainUntil: null }), "ENFORCE", MAX_AGE, undefined],
+    ...(["RESERVED", "EXECUTING", "UNKNOWN"] as const).map(
+      (state) => [`nothing for ${state}`, record({ state, retainUntil: at(86_400_000) }), "ENFORCE", MAX_AGE, undefined] as const,
+    ),
+  ] as const)("%s", (_name, stored, mode, maxAgeMs, expected) => {
+    expect(replayCacheableForMs(stored, mode, maxAgeMs)).toBe(expected);
   });
 });
 

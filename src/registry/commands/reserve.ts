@@ -10,7 +10,17 @@ import { uuidv7 } from "../ids.js";
 import { appendEvent, firstRecord, grantLease, requireOperation, requireTenant } from "../shared.js";
 import * as quotaStatements from "../statements/quota.js";
 import * as recordStatements from "../statements/records.js";
-import { REJUDGED, requestFingerprint, reserveAction, retryAfterMs, type ReserveAction, type ReserveOutcome, type ReserveRequest, type ScopeRead } from "../state-machine.js";
+import {
+  REJUDGED,
+  replayCacheableForMs,
+  requestFingerprint,
+  reserveAction,
+  retryAfterMs,
+  type ReserveAction,
+  type ReserveOutcome,
+  type ReserveRequest,
+  type ScopeRead,
+} from "../state-machine.js";
 import type { Actor, ReserveInput, ReserveResult, StoredRecord } from "../types.js";
 import { declaredEffects, registerDeclared, type DeclaredEffect } from "./effects.js";
 
@@ -146,13 +156,17 @@ async function judge(context: RegistryContext, input: ReserveInput, actor: Actor
     record,
     admission: insertable ? { record, quota: policy.maxActivePerPrincipal } : undefined,
     declared,
-    answer: (decision, stored, retryAfterMs) => ({
-      decision,
-      ...(stored ? { record: opened(context, stored) } : {}),
-      ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
-      enforced,
-      schemaRevision: stored?.schemaRevision ?? policy.fingerprint.schemaRevision,
-    }),
+    answer: (decision, stored, retryAfterMs) => {
+      const cacheableForMs = decision === "REPLAY" && stored ? replayCacheableForMs(stored, policy.mode, context.answerCacheMaxAgeMs) : undefined;
+      return {
+        decision,
+        ...(stored ? { record: opened(context, stored) } : {}),
+        ...(retryAfterMs !== undefined ? { retryAfterMs } : {}),
+        enforced,
+        schemaRevision: stored?.schemaRevision ?? policy.fingerprint.schemaRevision,
+        ...(cacheableForMs !== undefined ? { cacheableForMs } : {}),
+      };
+    },
   };
 }
 

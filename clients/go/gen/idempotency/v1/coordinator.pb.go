@@ -503,6 +503,15 @@ type ReserveResponse struct {
 	// On ACCEPTED: the attempts registered for the declared effects, in their
 	// order, each with its downstream key.
 	EffectAttempts []*EffectAttempt `protobuf:"bytes,11,rep,name=effect_attempts,json=effectAttempts,proto3" json:"effect_attempts,omitempty"`
+	// On REPLAY of an enforced operation (mode ENFORCE): how long the gateway
+	// may answer an exact repeat of this request with this snapshot without
+	// asking again, counted from when it sent this request. An exact repeat
+	// has the same subject, operation, API revision and key, and the same
+	// request parts (or precomputed fingerprint) byte for byte; anything else
+	// is asked. Never past the record's retention, and at most the
+	// coordinator's IDEM_ANSWER_CACHE_MAX_AGE_MS, so that a mode change or a
+	// rollback reaches every gateway within it. Unset: ask every time.
+	CacheableFor *durationpb.Duration `protobuf:"bytes,12,opt,name=cacheable_for,json=cacheableFor,proto3" json:"cacheable_for,omitempty"`
 }
 
 func (x *ReserveResponse) Reset() {
@@ -610,6 +619,13 @@ func (x *ReserveResponse) GetContractVersion() string {
 func (x *ReserveResponse) GetEffectAttempts() []*EffectAttempt {
 	if x != nil {
 		return x.EffectAttempts
+	}
+	return nil
+}
+
+func (x *ReserveResponse) GetCacheableFor() *durationpb.Duration {
+	if x != nil {
+		return x.CacheableFor
 	}
 	return nil
 }
@@ -2603,7 +2619,7 @@ var file_idempotency_v1_coordinator_proto_rawDesc = []byte{
 	0x66, 0x66, 0x65, 0x63, 0x74, 0x18, 0x01, 0x20, 0x01, 0x28, 0x09, 0x52, 0x06, 0x65, 0x66, 0x66,
 	0x65, 0x63, 0x74, 0x12, 0x1a, 0x0a, 0x08, 0x70, 0x72, 0x6f, 0x76, 0x69, 0x64, 0x65, 0x72, 0x18,
 	0x02, 0x20, 0x01, 0x28, 0x09, 0x52, 0x08, 0x70, 0x72, 0x6f, 0x76, 0x69, 0x64, 0x65, 0x72, 0x22,
-	0xb5, 0x04, 0x0a, 0x0f, 0x52, 0x65, 0x73, 0x65, 0x72, 0x76, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f,
+	0xf5, 0x04, 0x0a, 0x0f, 0x52, 0x65, 0x73, 0x65, 0x72, 0x76, 0x65, 0x52, 0x65, 0x73, 0x70, 0x6f,
 	0x6e, 0x73, 0x65, 0x12, 0x34, 0x0a, 0x08, 0x64, 0x65, 0x63, 0x69, 0x73, 0x69, 0x6f, 0x6e, 0x18,
 	0x01, 0x20, 0x01, 0x28, 0x0e, 0x32, 0x18, 0x2e, 0x69, 0x64, 0x65, 0x6d, 0x70, 0x6f, 0x74, 0x65,
 	0x6e, 0x63, 0x79, 0x2e, 0x76, 0x31, 0x2e, 0x44, 0x65, 0x63, 0x69, 0x73, 0x69, 0x6f, 0x6e, 0x52,
@@ -2638,7 +2654,11 @@ var file_idempotency_v1_coordinator_proto_rawDesc = []byte{
 	0x74, 0x73, 0x18, 0x0b, 0x20, 0x03, 0x28, 0x0b, 0x32, 0x1d, 0x2e, 0x69, 0x64, 0x65, 0x6d, 0x70,
 	0x6f, 0x74, 0x65, 0x6e, 0x63, 0x79, 0x2e, 0x76, 0x31, 0x2e, 0x45, 0x66, 0x66, 0x65, 0x63, 0x74,
 	0x41, 0x74, 0x74, 0x65, 0x6d, 0x70, 0x74, 0x52, 0x0e, 0x65, 0x66, 0x66, 0x65, 0x63, 0x74, 0x41,
-	0x74, 0x74, 0x65, 0x6d, 0x70, 0x74, 0x73, 0x22, 0xe1, 0x01, 0x0a, 0x0c, 0x43, 0x6c, 0x61, 0x69,
+	0x74, 0x74, 0x65, 0x6d, 0x70, 0x74, 0x73, 0x12, 0x3e, 0x0a, 0x0d, 0x63, 0x61, 0x63, 0x68, 0x65,
+	0x61, 0x62, 0x6c, 0x65, 0x5f, 0x66, 0x6f, 0x72, 0x18, 0x0c, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x19,
+	0x2e, 0x67, 0x6f, 0x6f, 0x67, 0x6c, 0x65, 0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x62, 0x75, 0x66,
+	0x2e, 0x44, 0x75, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e, 0x52, 0x0c, 0x63, 0x61, 0x63, 0x68, 0x65,
+	0x61, 0x62, 0x6c, 0x65, 0x46, 0x6f, 0x72, 0x22, 0xe1, 0x01, 0x0a, 0x0c, 0x43, 0x6c, 0x61, 0x69,
 	0x6d, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x12, 0x2e, 0x0a, 0x03, 0x72, 0x65, 0x66, 0x18,
 	0x01, 0x20, 0x01, 0x28, 0x0b, 0x32, 0x1c, 0x2e, 0x69, 0x64, 0x65, 0x6d, 0x70, 0x6f, 0x74, 0x65,
 	0x6e, 0x63, 0x79, 0x2e, 0x76, 0x31, 0x2e, 0x4f, 0x70, 0x65, 0x72, 0x61, 0x74, 0x69, 0x6f, 0x6e,
@@ -3099,88 +3119,89 @@ var file_idempotency_v1_coordinator_proto_depIdxs = []int32{
 	35, // 9: idempotency.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
 	38, // 10: idempotency.v1.ReserveResponse.snapshot:type_name -> idempotency.v1.ResponseSnapshot
 	39, // 11: idempotency.v1.ReserveResponse.effect_attempts:type_name -> idempotency.v1.EffectAttempt
-	2,  // 12: idempotency.v1.ClaimRequest.ref:type_name -> idempotency.v1.OperationRef
-	1,  // 13: idempotency.v1.ClaimRequest.mode:type_name -> idempotency.v1.ClaimMode
-	35, // 14: idempotency.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	36, // 15: idempotency.v1.ClaimResponse.state:type_name -> idempotency.v1.RecordState
-	37, // 16: idempotency.v1.ClaimResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	39, // 17: idempotency.v1.ClaimResponse.effect_attempts:type_name -> idempotency.v1.EffectAttempt
-	2,  // 18: idempotency.v1.RenewLeaseRequest.ref:type_name -> idempotency.v1.OperationRef
-	35, // 19: idempotency.v1.RenewLeaseRequest.lease:type_name -> google.protobuf.Duration
-	37, // 20: idempotency.v1.RenewLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 21: idempotency.v1.RecordEffectAttemptRequest.ref:type_name -> idempotency.v1.OperationRef
-	39, // 22: idempotency.v1.RecordEffectAttemptResponse.attempt:type_name -> idempotency.v1.EffectAttempt
-	2,  // 23: idempotency.v1.ResolveEffectAttemptRequest.ref:type_name -> idempotency.v1.OperationRef
-	40, // 24: idempotency.v1.ResolveEffectAttemptRequest.status:type_name -> idempotency.v1.EffectStatus
-	39, // 25: idempotency.v1.ResolveEffectAttemptResponse.attempt:type_name -> idempotency.v1.EffectAttempt
-	2,  // 26: idempotency.v1.CompleteRequest.ref:type_name -> idempotency.v1.OperationRef
-	41, // 27: idempotency.v1.CompleteRequest.outcome:type_name -> idempotency.v1.Outcome
-	38, // 28: idempotency.v1.CompleteRequest.snapshot:type_name -> idempotency.v1.ResponseSnapshot
-	15, // 29: idempotency.v1.CompleteRequest.resolutions:type_name -> idempotency.v1.EffectResolution
-	40, // 30: idempotency.v1.EffectResolution.status:type_name -> idempotency.v1.EffectStatus
-	36, // 31: idempotency.v1.CompleteResponse.state:type_name -> idempotency.v1.RecordState
-	37, // 32: idempotency.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	2,  // 33: idempotency.v1.ReleaseRequest.ref:type_name -> idempotency.v1.OperationRef
-	36, // 34: idempotency.v1.ReleaseResponse.state:type_name -> idempotency.v1.RecordState
-	2,  // 35: idempotency.v1.AbandonRequest.ref:type_name -> idempotency.v1.OperationRef
-	36, // 36: idempotency.v1.AbandonResponse.state:type_name -> idempotency.v1.RecordState
-	32, // 37: idempotency.v1.ScopeLookup.subject:type_name -> idempotency.v1.Subject
-	2,  // 38: idempotency.v1.LookupRequest.ref:type_name -> idempotency.v1.OperationRef
-	21, // 39: idempotency.v1.LookupRequest.scope:type_name -> idempotency.v1.ScopeLookup
-	32, // 40: idempotency.v1.LookupRequest.subject:type_name -> idempotency.v1.Subject
-	42, // 41: idempotency.v1.LookupResponse.record:type_name -> idempotency.v1.OperationRecord
-	42, // 42: idempotency.v1.RecoverableRecord.record:type_name -> idempotency.v1.OperationRecord
-	1,  // 43: idempotency.v1.RecoverableRecord.claim_mode:type_name -> idempotency.v1.ClaimMode
-	25, // 44: idempotency.v1.ListRecoverableResponse.records:type_name -> idempotency.v1.RecoverableRecord
-	28, // 45: idempotency.v1.BatchRequest.calls:type_name -> idempotency.v1.BatchCall
-	3,  // 46: idempotency.v1.BatchCall.reserve:type_name -> idempotency.v1.ReserveRequest
-	6,  // 47: idempotency.v1.BatchCall.claim:type_name -> idempotency.v1.ClaimRequest
-	8,  // 48: idempotency.v1.BatchCall.renew_lease:type_name -> idempotency.v1.RenewLeaseRequest
-	10, // 49: idempotency.v1.BatchCall.record_effect_attempt:type_name -> idempotency.v1.RecordEffectAttemptRequest
-	12, // 50: idempotency.v1.BatchCall.resolve_effect_attempt:type_name -> idempotency.v1.ResolveEffectAttemptRequest
-	14, // 51: idempotency.v1.BatchCall.complete:type_name -> idempotency.v1.CompleteRequest
-	17, // 52: idempotency.v1.BatchCall.release:type_name -> idempotency.v1.ReleaseRequest
-	19, // 53: idempotency.v1.BatchCall.abandon:type_name -> idempotency.v1.AbandonRequest
-	22, // 54: idempotency.v1.BatchCall.lookup:type_name -> idempotency.v1.LookupRequest
-	31, // 55: idempotency.v1.BatchCall.trace_context:type_name -> idempotency.v1.BatchCall.TraceContextEntry
-	30, // 56: idempotency.v1.BatchResponse.results:type_name -> idempotency.v1.BatchResult
-	5,  // 57: idempotency.v1.BatchResult.reserve:type_name -> idempotency.v1.ReserveResponse
-	7,  // 58: idempotency.v1.BatchResult.claim:type_name -> idempotency.v1.ClaimResponse
-	9,  // 59: idempotency.v1.BatchResult.renew_lease:type_name -> idempotency.v1.RenewLeaseResponse
-	11, // 60: idempotency.v1.BatchResult.record_effect_attempt:type_name -> idempotency.v1.RecordEffectAttemptResponse
-	13, // 61: idempotency.v1.BatchResult.resolve_effect_attempt:type_name -> idempotency.v1.ResolveEffectAttemptResponse
-	16, // 62: idempotency.v1.BatchResult.complete:type_name -> idempotency.v1.CompleteResponse
-	18, // 63: idempotency.v1.BatchResult.release:type_name -> idempotency.v1.ReleaseResponse
-	20, // 64: idempotency.v1.BatchResult.abandon:type_name -> idempotency.v1.AbandonResponse
-	23, // 65: idempotency.v1.BatchResult.lookup:type_name -> idempotency.v1.LookupResponse
-	43, // 66: idempotency.v1.BatchResult.error:type_name -> google.rpc.Status
-	3,  // 67: idempotency.v1.CoordinatorService.Reserve:input_type -> idempotency.v1.ReserveRequest
-	6,  // 68: idempotency.v1.CoordinatorService.Claim:input_type -> idempotency.v1.ClaimRequest
-	8,  // 69: idempotency.v1.CoordinatorService.RenewLease:input_type -> idempotency.v1.RenewLeaseRequest
-	10, // 70: idempotency.v1.CoordinatorService.RecordEffectAttempt:input_type -> idempotency.v1.RecordEffectAttemptRequest
-	12, // 71: idempotency.v1.CoordinatorService.ResolveEffectAttempt:input_type -> idempotency.v1.ResolveEffectAttemptRequest
-	14, // 72: idempotency.v1.CoordinatorService.Complete:input_type -> idempotency.v1.CompleteRequest
-	17, // 73: idempotency.v1.CoordinatorService.Release:input_type -> idempotency.v1.ReleaseRequest
-	19, // 74: idempotency.v1.CoordinatorService.Abandon:input_type -> idempotency.v1.AbandonRequest
-	22, // 75: idempotency.v1.CoordinatorService.Lookup:input_type -> idempotency.v1.LookupRequest
-	24, // 76: idempotency.v1.CoordinatorService.ListRecoverable:input_type -> idempotency.v1.ListRecoverableRequest
-	27, // 77: idempotency.v1.CoordinatorService.Batch:input_type -> idempotency.v1.BatchRequest
-	5,  // 78: idempotency.v1.CoordinatorService.Reserve:output_type -> idempotency.v1.ReserveResponse
-	7,  // 79: idempotency.v1.CoordinatorService.Claim:output_type -> idempotency.v1.ClaimResponse
-	9,  // 80: idempotency.v1.CoordinatorService.RenewLease:output_type -> idempotency.v1.RenewLeaseResponse
-	11, // 81: idempotency.v1.CoordinatorService.RecordEffectAttempt:output_type -> idempotency.v1.RecordEffectAttemptResponse
-	13, // 82: idempotency.v1.CoordinatorService.ResolveEffectAttempt:output_type -> idempotency.v1.ResolveEffectAttemptResponse
-	16, // 83: idempotency.v1.CoordinatorService.Complete:output_type -> idempotency.v1.CompleteResponse
-	18, // 84: idempotency.v1.CoordinatorService.Release:output_type -> idempotency.v1.ReleaseResponse
-	20, // 85: idempotency.v1.CoordinatorService.Abandon:output_type -> idempotency.v1.AbandonResponse
-	23, // 86: idempotency.v1.CoordinatorService.Lookup:output_type -> idempotency.v1.LookupResponse
-	26, // 87: idempotency.v1.CoordinatorService.ListRecoverable:output_type -> idempotency.v1.ListRecoverableResponse
-	29, // 88: idempotency.v1.CoordinatorService.Batch:output_type -> idempotency.v1.BatchResponse
-	78, // [78:89] is the sub-list for method output_type
-	67, // [67:78] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	35, // 12: idempotency.v1.ReserveResponse.cacheable_for:type_name -> google.protobuf.Duration
+	2,  // 13: idempotency.v1.ClaimRequest.ref:type_name -> idempotency.v1.OperationRef
+	1,  // 14: idempotency.v1.ClaimRequest.mode:type_name -> idempotency.v1.ClaimMode
+	35, // 15: idempotency.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	36, // 16: idempotency.v1.ClaimResponse.state:type_name -> idempotency.v1.RecordState
+	37, // 17: idempotency.v1.ClaimResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 18: idempotency.v1.ClaimResponse.effect_attempts:type_name -> idempotency.v1.EffectAttempt
+	2,  // 19: idempotency.v1.RenewLeaseRequest.ref:type_name -> idempotency.v1.OperationRef
+	35, // 20: idempotency.v1.RenewLeaseRequest.lease:type_name -> google.protobuf.Duration
+	37, // 21: idempotency.v1.RenewLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 22: idempotency.v1.RecordEffectAttemptRequest.ref:type_name -> idempotency.v1.OperationRef
+	39, // 23: idempotency.v1.RecordEffectAttemptResponse.attempt:type_name -> idempotency.v1.EffectAttempt
+	2,  // 24: idempotency.v1.ResolveEffectAttemptRequest.ref:type_name -> idempotency.v1.OperationRef
+	40, // 25: idempotency.v1.ResolveEffectAttemptRequest.status:type_name -> idempotency.v1.EffectStatus
+	39, // 26: idempotency.v1.ResolveEffectAttemptResponse.attempt:type_name -> idempotency.v1.EffectAttempt
+	2,  // 27: idempotency.v1.CompleteRequest.ref:type_name -> idempotency.v1.OperationRef
+	41, // 28: idempotency.v1.CompleteRequest.outcome:type_name -> idempotency.v1.Outcome
+	38, // 29: idempotency.v1.CompleteRequest.snapshot:type_name -> idempotency.v1.ResponseSnapshot
+	15, // 30: idempotency.v1.CompleteRequest.resolutions:type_name -> idempotency.v1.EffectResolution
+	40, // 31: idempotency.v1.EffectResolution.status:type_name -> idempotency.v1.EffectStatus
+	36, // 32: idempotency.v1.CompleteResponse.state:type_name -> idempotency.v1.RecordState
+	37, // 33: idempotency.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	2,  // 34: idempotency.v1.ReleaseRequest.ref:type_name -> idempotency.v1.OperationRef
+	36, // 35: idempotency.v1.ReleaseResponse.state:type_name -> idempotency.v1.RecordState
+	2,  // 36: idempotency.v1.AbandonRequest.ref:type_name -> idempotency.v1.OperationRef
+	36, // 37: idempotency.v1.AbandonResponse.state:type_name -> idempotency.v1.RecordState
+	32, // 38: idempotency.v1.ScopeLookup.subject:type_name -> idempotency.v1.Subject
+	2,  // 39: idempotency.v1.LookupRequest.ref:type_name -> idempotency.v1.OperationRef
+	21, // 40: idempotency.v1.LookupRequest.scope:type_name -> idempotency.v1.ScopeLookup
+	32, // 41: idempotency.v1.LookupRequest.subject:type_name -> idempotency.v1.Subject
+	42, // 42: idempotency.v1.LookupResponse.record:type_name -> idempotency.v1.OperationRecord
+	42, // 43: idempotency.v1.RecoverableRecord.record:type_name -> idempotency.v1.OperationRecord
+	1,  // 44: idempotency.v1.RecoverableRecord.claim_mode:type_name -> idempotency.v1.ClaimMode
+	25, // 45: idempotency.v1.ListRecoverableResponse.records:type_name -> idempotency.v1.RecoverableRecord
+	28, // 46: idempotency.v1.BatchRequest.calls:type_name -> idempotency.v1.BatchCall
+	3,  // 47: idempotency.v1.BatchCall.reserve:type_name -> idempotency.v1.ReserveRequest
+	6,  // 48: idempotency.v1.BatchCall.claim:type_name -> idempotency.v1.ClaimRequest
+	8,  // 49: idempotency.v1.BatchCall.renew_lease:type_name -> idempotency.v1.RenewLeaseRequest
+	10, // 50: idempotency.v1.BatchCall.record_effect_attempt:type_name -> idempotency.v1.RecordEffectAttemptRequest
+	12, // 51: idempotency.v1.BatchCall.resolve_effect_attempt:type_name -> idempotency.v1.ResolveEffectAttemptRequest
+	14, // 52: idempotency.v1.BatchCall.complete:type_name -> idempotency.v1.CompleteRequest
+	17, // 53: idempotency.v1.BatchCall.release:type_name -> idempotency.v1.ReleaseRequest
+	19, // 54: idempotency.v1.BatchCall.abandon:type_name -> idempotency.v1.AbandonRequest
+	22, // 55: idempotency.v1.BatchCall.lookup:type_name -> idempotency.v1.LookupRequest
+	31, // 56: idempotency.v1.BatchCall.trace_context:type_name -> idempotency.v1.BatchCall.TraceContextEntry
+	30, // 57: idempotency.v1.BatchResponse.results:type_name -> idempotency.v1.BatchResult
+	5,  // 58: idempotency.v1.BatchResult.reserve:type_name -> idempotency.v1.ReserveResponse
+	7,  // 59: idempotency.v1.BatchResult.claim:type_name -> idempotency.v1.ClaimResponse
+	9,  // 60: idempotency.v1.BatchResult.renew_lease:type_name -> idempotency.v1.RenewLeaseResponse
+	11, // 61: idempotency.v1.BatchResult.record_effect_attempt:type_name -> idempotency.v1.RecordEffectAttemptResponse
+	13, // 62: idempotency.v1.BatchResult.resolve_effect_attempt:type_name -> idempotency.v1.ResolveEffectAttemptResponse
+	16, // 63: idempotency.v1.BatchResult.complete:type_name -> idempotency.v1.CompleteResponse
+	18, // 64: idempotency.v1.BatchResult.release:type_name -> idempotency.v1.ReleaseResponse
+	20, // 65: idempotency.v1.BatchResult.abandon:type_name -> idempotency.v1.AbandonResponse
+	23, // 66: idempotency.v1.BatchResult.lookup:type_name -> idempotency.v1.LookupResponse
+	43, // 67: idempotency.v1.BatchResult.error:type_name -> google.rpc.Status
+	3,  // 68: idempotency.v1.CoordinatorService.Reserve:input_type -> idempotency.v1.ReserveRequest
+	6,  // 69: idempotency.v1.CoordinatorService.Claim:input_type -> idempotency.v1.ClaimRequest
+	8,  // 70: idempotency.v1.CoordinatorService.RenewLease:input_type -> idempotency.v1.RenewLeaseRequest
+	10, // 71: idempotency.v1.CoordinatorService.RecordEffectAttempt:input_type -> idempotency.v1.RecordEffectAttemptRequest
+	12, // 72: idempotency.v1.CoordinatorService.ResolveEffectAttempt:input_type -> idempotency.v1.ResolveEffectAttemptRequest
+	14, // 73: idempotency.v1.CoordinatorService.Complete:input_type -> idempotency.v1.CompleteRequest
+	17, // 74: idempotency.v1.CoordinatorService.Release:input_type -> idempotency.v1.ReleaseRequest
+	19, // 75: idempotency.v1.CoordinatorService.Abandon:input_type -> idempotency.v1.AbandonRequest
+	22, // 76: idempotency.v1.CoordinatorService.Lookup:input_type -> idempotency.v1.LookupRequest
+	24, // 77: idempotency.v1.CoordinatorService.ListRecoverable:input_type -> idempotency.v1.ListRecoverableRequest
+	27, // 78: idempotency.v1.CoordinatorService.Batch:input_type -> idempotency.v1.BatchRequest
+	5,  // 79: idempotency.v1.CoordinatorService.Reserve:output_type -> idempotency.v1.ReserveResponse
+	7,  // 80: idempotency.v1.CoordinatorService.Claim:output_type -> idempotency.v1.ClaimResponse
+	9,  // 81: idempotency.v1.CoordinatorService.RenewLease:output_type -> idempotency.v1.RenewLeaseResponse
+	11, // 82: idempotency.v1.CoordinatorService.RecordEffectAttempt:output_type -> idempotency.v1.RecordEffectAttemptResponse
+	13, // 83: idempotency.v1.CoordinatorService.ResolveEffectAttempt:output_type -> idempotency.v1.ResolveEffectAttemptResponse
+	16, // 84: idempotency.v1.CoordinatorService.Complete:output_type -> idempotency.v1.CompleteResponse
+	18, // 85: idempotency.v1.CoordinatorService.Release:output_type -> idempotency.v1.ReleaseResponse
+	20, // 86: idempotency.v1.CoordinatorService.Abandon:output_type -> idempotency.v1.AbandonResponse
+	23, // 87: idempotency.v1.CoordinatorService.Lookup:output_type -> idempotency.v1.LookupResponse
+	26, // 88: idempotency.v1.CoordinatorService.ListRecoverable:output_type -> idempotency.v1.ListRecoverableResponse
+	29, // 89: idempotency.v1.CoordinatorService.Batch:output_type -> idempotency.v1.BatchResponse
+	79, // [79:90] is the sub-list for method output_type
+	68, // [68:79] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_idempotency_v1_coordinator_proto_init() }
