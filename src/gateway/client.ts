@@ -349,6 +349,7 @@ export class CoordinatorClient {
       schemaRevision: res.schemaRevision,
       contractVersion: res.contractVersion,
       ...(res.effectAttempts.length > 0 ? { attempts: res.effectAttempts.map(fromAttempt) } : {}),
+      ...(res.cacheableFor ? { cacheableForMs: durationMs(res.cacheableFor) } : {}),
     };
   }
 

@@ -1,17 +1,18 @@
 import { createHash, randomUUID } from "node:crypto";
 import { downstreamKey } from "../contract/effects.js";
-import { isNeverStored } from "../contract/snapshot.js";
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
 import type { CoordinatorClient } from "./client.js";
 import {
   argumentError,
   arrayOf,
+  boolean,
   bytes,
   check,
   checkOptions,
   colocatedCompletion,
   coordinatorClient,
   describe,
+  either,
   func,
   httpResponse,
   logger as loggerRule,
@@ -23,16 +24,20 @@ import {
   string,
   subject as subjectRule,
   wholeNumber,
+  withMethods,
   type CallForm,
 } from "./arguments.js";
+import { AnswerCache, type AnswerCacheStats } from "./answer-cache.js";
 import { CoordinatorError, isDefiniteFailure, MalformedJsonBody, toCoordinatorError } from "./errors.js";
 import {
+  headerText,
   isJsonMediaType,
   KEY_HEADER,
   outcomeForStatus,
   parseJsonBody,
   problemResponse,
   readKeyHeader,
+  requestParts,
   responseOfSnapshot,
   retryAfterSeconds,
   sameStatusAndBody,
@@ -47,7 +52,8 @@ import { loggerOf, type ColocatedCompletion, type GatewayLogger, type HttpRespon
 const FORMS = {
   constructor: {
     name: "new IdempotencyGateway",
-    takes: "one object { client, colocated?, writerEpoch?, statusUrl?, problemTypeBase?, forwardHeaders?, maxBodyBytes?, waitForOwnerMs?, isDefinite?, logger? }",
+    takes:
+      "one object { client, colocated?, writerEpoch?, statusUrl?, problemTypeBase?, forwardHeaders?, maxBodyBytes?, waitForOwnerMs?, isDefinite?, logger?, answerCache?, clock? }",
   },
   admit: {
     name: "IdempotencyGateway.admit",
@@ -66,8 +72,6 @@ const gatewayRequest = shape({
 });
 
 const DEFAULT_PROBLEM_BASE = "urn:problem-type:idempotency:";
-/** Request headers never forwarded: the key travels on its own, the rest is per delivery. */
-const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encoding", "user-agent"]);
 
 /**
  * The framework-agnostic core of the HTTP middleware. `admit` reserves the
@@ -89,6 +93,8 @@ export class IdempotencyGateway {
   private readonly forwardHeaders: ReadonlySet<string> | undefined;
   private readonly isDefinite: (error: unknown) => boolean;
   private readonly hooks: FaultHooks;
+  /** Exact repeats of finished requests, answered without asking (the `answerCache` option); undefined when off. */
+  private readonly answers: AnswerCache | undefined;
 
   constructor(options: GatewayOptions) {
     checkOptions(FORMS.constructor, options, {
@@ -102,6 +108,8 @@ export class IdempotencyGateway {
       waitForOwnerMs: optional(rule("a number of milliseconds from 0 to 30000", (v) => typeof v === "number" && v >= 0 && v <= 30_000)),
       isDefinite: optional(func),
       logger: optional(loggerRule),
+      answerCache: optional(either("true, false or { maxBytes?, meterProvider? }", boolean, shape({ maxBytes: optional(wholeNumber(1)), meterProvider: optional(object) }))),
+      clock: optional(withMethods("an object with a now() method", "now")),
       hooks: optional(object),
     });
     this.client = options.client;
@@ -115,6 +123,15 @@ export class IdempotencyGateway {
     this.forwardHeaders = options.forwardHeaders ? new Set(options.forwardHeaders.map((h) => h.toLowerCase())) : undefined;
     this.isDefinite = options.isDefinite ?? isDefiniteFailure;
     this.hooks = options.hooks ?? NO_FAULTS;
+    if (options.answerCache !== false) {
+      const clock = options.clock;
+      this.answers = new AnswerCache({ ...(options.answerCache === true ? {} : options.answerCache), ...(clock ? { now: () => clock.now() } : {}) });
+    }
+  }
+
+  /** What the answer cache has done and holds (undefined when it is off: `answerCache: false`). */
+  answerCacheStats(): AnswerCacheStats | undefined {
+    return this.answers?.stats();
   }
 
   /** A problem+json response with this gateway's type URIs. */
@@ -162,6 +179,13 @@ export class IdempotencyGateway {
         response: this.problem({ status: 401, slug: "unauthenticated", title: "Not authenticated", detail: "The request carries no identity this service accepts." }),
       };
     }
+    const parts = requestParts(request, this.forwardHeaders);
+    // An exact repeat of a request the coordinator answered with a cacheable
+    // replay: the same answer, without asking. (Its body was checked before
+    // that request was sent: the same bytes pass the check below again.)
+    const cacheKey = this.answers?.keyOf(subject, route.operation, route.apiRevision, key, parts);
+    const cached = cacheKey === undefined ? undefined : this.answers!.answer(cacheKey);
+    if (cached) return { run: false, decision: "REPLAY", response: cached };
     // A body that says it is JSON and is not is answered before anything is
     // reserved: the same request again gets the same 400, and the corrected
     // one may keep its key (a reservation would bind the key to these bytes).
@@ -177,20 +201,15 @@ export class IdempotencyGateway {
     }
 
     let reserved: ReserveResult;
+    /** When the Reserve that was answered was sent: a cacheable replay is served from then on for as long as it says. */
+    let sentAt = this.answers?.time() ?? 0;
     try {
       const reserve = {
         subject,
         operation: route.operation,
         apiRevision: route.apiRevision,
         idempotencyKey: key,
-        parts: {
-          method: request.method.toUpperCase(),
-          path: request.path,
-          query: request.query,
-          mediaType: headerText(request.headers["content-type"]),
-          headers: this.forwardedHeaders(request.headers),
-          body: request.body,
-        },
+        parts,
         claim: true,
         ...(route.leaseMs !== undefined ? { leaseMs: route.leaseMs } : {}),
         writerEpoch: this.writerEpoch,
@@ -201,6 +220,7 @@ export class IdempotencyGateway {
       // owner (its own RPC), so that only duplicates pay for the wait.
       const waitForOwnerMs = route.waitForOwnerMs ?? this.waitForOwnerMs;
       if (reserved.decision === "IN_PROGRESS" && reserved.enforced && waitForOwnerMs > 0) {
+        sentAt = this.answers?.time() ?? 0;
         reserved = await this.client.reserve({ ...reserve, waitForOwnerMs }).catch((error: unknown) => {
           // The coordinator has as many waiters of this gateway as it allows: the first answer stands.
           if (toCoordinatorError(error).reason === "TOO_MANY_WAITERS") return reserved;
@@ -219,9 +239,12 @@ export class IdempotencyGateway {
     switch (reserved.decision) {
       case "ACCEPTED":
         return { run: true, context: this.ownerContext(route, subject, key, reserved, request) };
-      case "REPLAY":
+      case "REPLAY": {
         if (!reserved.snapshot) break;
-        return { run: false, decision: "REPLAY", response: responseOfSnapshot(reserved.snapshot, true) };
+        const response = responseOfSnapshot(reserved.snapshot, true);
+        if (cacheKey !== undefined && reserved.cacheableForMs !== undefined) this.answers!.store(cacheKey, response, sentAt + reserved.cacheableForMs);
+        return { run: false, decision: "REPLAY", response };
+      }
       case "IN_PROGRESS": {
         const url = (route.statusUrl ?? this.statusUrl)(reserved.operationId);
         return {
@@ -505,18 +528,6 @@ export class IdempotencyGateway {
     }
   }
 
-  private forwardedHeaders(headers: GatewayRequest["headers"]): Array<{ name: string; value: string }> {
-    const out: Array<{ name: string; value: string }> = [];
-    for (const [rawName, value] of Object.entries(headers)) {
-      const name = rawName.toLowerCase();
-      if (value === undefined) continue;
-      const wanted = this.forwardHeaders ? this.forwardHeaders.has(name) : !NOT_FORWARDED.has(name) && !isNeverStored(name);
-      if (!wanted) continue;
-      for (const v of typeof value === "string" ? [value] : value) out.push({ name, value: v });
-    }
-    return out;
-  }
-
   private ownerContext(route: IdempotentRoute, subject: Subject, key: string, reserved: ReserveResult, request: GatewayRequest, enforced = true): IdempotencyContext {
     const context = new IdempotencyContext(
       {
@@ -558,11 +569,6 @@ export class IdempotencyGateway {
       { route, subject, key, decision: reserved?.decision, enforced: false, body: request.body },
     );
   }
-}
-
-function headerText(value: string | readonly string[] | undefined): string {
-  if (value === undefined) return "";
-  return typeof value === "string" ? value : value.join(", ");
 }
 
 function shortKey(seed: string, effect: string): string {

@@ -4,6 +4,8 @@ import { isNeverStored } from "../contract/snapshot.js";
 import { check, handlerResponse } from "./arguments.js";
 import { MalformedJsonBody } from "./errors.js";
 import type { Outcome } from "../contract/words.js";
+import type { RequestParts } from "../contract/fingerprint.js";
+import type { GatewayRequest } from "./route.js";
 import type { HandlerResponse, HttpResponse, ResponseSnapshot } from "./types.js";
 
 /**
@@ -16,6 +18,41 @@ import type { HandlerResponse, HttpResponse, ResponseSnapshot } from "./types.js
 export const REPLAYED_HEADER = "idempotent-replayed";
 /** The request header carrying the client's key. */
 export const KEY_HEADER = "idempotency-key";
+
+/** Request headers never forwarded: the key travels on its own, the rest is per delivery. */
+const NOT_FORWARDED = new Set([KEY_HEADER, "host", "content-type", "accept-encoding", "user-agent"]);
+
+/**
+ * The parts of a request the gateway sends for the coordinator to
+ * fingerprint: the method upper-cased, path, raw query, media type, the
+ * headers to forward (those named in `forwardHeaders`, lower-cased; by
+ * default every one but credentials, cookies, hop-by-hop and per-delivery
+ * ones and the key itself), each value received in order, and the body.
+ */
+export function requestParts(request: GatewayRequest, forwardHeaders: ReadonlySet<string> | undefined): RequestParts {
+  const headers: Array<{ name: string; value: string }> = [];
+  for (const [rawName, value] of Object.entries(request.headers)) {
+    const name = rawName.toLowerCase();
+    if (value === undefined) continue;
+    const wanted = forwardHeaders ? forwardHeaders.has(name) : !NOT_FORWARDED.has(name) && !isNeverStored(name);
+    if (!wanted) continue;
+    for (const v of typeof value === "string" ? [value] : value) headers.push({ name, value: v });
+  }
+  return {
+    method: request.method.toUpperCase(),
+    path: request.path,
+    query: request.query,
+    mediaType: headerText(request.headers["content-type"]),
+    headers,
+    body: request.body,
+  };
+}
+
+/** A header's value as one text: several values joined with ", ", none as "". */
+export function headerText(value: string | readonly string[] | undefined): string {
+  if (value === undefined) return "";
+  return typeof value === "string" ? value : value.join(", ");
+}
 
 /** Problem types the gateway answers with; `type` is `<problemTypeBase><slug>`. */
 export type ProblemSlug =

@@ -2,6 +2,8 @@ import type { Decision } from "../contract/words.js";
 import { checkOptions, routeFields, type CallForm } from "./arguments.js";
 import type { IdempotencyContext } from "./context.js";
 import type { FaultHooks } from "../fault-hooks.js";
+import type { Clock } from "../clock.js";
+import type { AnswerCacheOptions } from "./answer-cache.js";
 import type { CoordinatorClient } from "./client.js";
 import type { ColocatedCompletion, GatewayLogger, HttpResponse, Subject } from "./types.js";
 
@@ -53,6 +55,15 @@ export interface GatewayOptions {
    * (consoleLogger); a pino logger fits (GatewayLogger).
    */
   logger?: GatewayLogger;
+  /**
+   * Answers exact repeats of finished requests from memory, without asking
+   * the coordinator, for as long as its REPLAY said they may be (at most its
+   * IDEM_ANSWER_CACHE_MAX_AGE_MS, 30 s by default): on by default, bounded by
+   * `maxBytes` (16 MiB); `false` asks the coordinator every time.
+   */
+  answerCache?: boolean | AnswerCacheOptions;
+  /** The time the answer cache's entries are judged by (default a monotonic clock); tests give one they move by hand. */
+  clock?: Pick<Clock, "now">;
   /** Fault tests' hooks at exact steps (src/fault-hooks.ts); none by default. */
   hooks?: FaultHooks;
 }

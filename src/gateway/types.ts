@@ -67,6 +67,12 @@ export interface ReserveResult {
   contractVersion: string;
   /** On ACCEPTED: the attempts registered for the declared effects (ReserveInput.effects). */
   attempts?: EffectAttempt[];
+  /**
+   * On REPLAY: how long, from when the request was sent, an exact repeat of
+   * it may be answered with this snapshot without asking again (the
+   * gateway's answer cache); absent: ask every time.
+   */
+  cacheableForMs?: number;
 }
 
 export interface ReserveInput {
