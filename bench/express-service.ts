@@ -7,7 +7,10 @@
  *
  * - `POST /plain/payments`: the handler alone, its body parsed by express.json();
  * - `POST /v1/payments`: the same handler behind the gateway SDK's Express
- *   middleware (src/gateway/express.ts), calling the coordinator.
+ *   middleware (src/gateway/express.ts), calling the coordinator, with its
+ *   answer cache on (the default); a request with `x-bench-answer-cache: off`
+ *   goes through the same middleware of a gateway without one (the same
+ *   path, so the same fingerprint: the coordinator's policy selects no header).
  *
  * Configured through its environment; answers `GET /healthz` once ready.
  */
@@ -46,6 +49,7 @@ async function createPayment(req: Request, res: Response): Promise<void> {
 
 const client = new CoordinatorClient({ baseUrl: environment("BENCH_COORDINATOR_URL"), token: environment("BENCH_COORDINATOR_TOKEN") });
 const gateway = new IdempotencyGateway({ client });
+const uncached = new IdempotencyGateway({ client, answerCache: false });
 
 const app = express();
 app.get("/healthz", (_req, res) => {
@@ -54,22 +58,18 @@ app.get("/healthz", (_req, res) => {
 app.post("/plain/payments", express.json(), (req, res, next) => {
   createPayment(req, res).catch(next);
 });
-app.post(
-  "/v1/payments",
-  expressIdempotency(
-    gateway,
-    {
-      operation: environment("BENCH_SERVICE_OPERATION"),
-      apiRevision: Number(environment("BENCH_SERVICE_API_REVISION")),
-      // The service's own authentication put the user on the request.
-      subject: (req) => {
-        const user = req.get("x-user");
-        return user ? { tenant, principal: user } : undefined;
-      },
-    },
-    (req, res) => createPayment(req, res),
-  ),
-);
+const route = {
+  operation: environment("BENCH_SERVICE_OPERATION"),
+  apiRevision: Number(environment("BENCH_SERVICE_API_REVISION")),
+  // The service's own authentication put the user on the request.
+  subject: (req: Request) => {
+    const user = req.get("x-user");
+    return user ? { tenant, principal: user } : undefined;
+  },
+};
+const idempotent = expressIdempotency(gateway, route, (req, res) => createPayment(req, res));
+const idempotentUncached = expressIdempotency(uncached, route, (req, res) => createPayment(req, res));
+app.post("/v1/payments", (req, res, next) => (req.headers["x-bench-answer-cache"] === "off" ? idempotentUncached : idempotent)(req, res, next));
 
 const server: Server = app.listen(port, "127.0.0.1");
 server.keepAliveTimeout = 60_000;

@@ -89,13 +89,17 @@ export interface ServiceLevel {
   plain: ServicePhase;
   /** (b) the SDK, a fresh Idempotency-Key per request. */
   newKeys: ServicePhase;
-  /** (c) the SDK, keys completed earlier, the same body. */
+  /** (c) the SDK, keys completed earlier, the same body, the gateway's answer cache off. */
   replays: ServicePhase;
+  /** (c') the same with the answer cache on (absent from runs made before it). */
+  replaysCached?: ServicePhase;
   ratios: {
     /** (b) ÷ (a) ops/s. */
     newVsPlain: number | null;
     /** (c) ÷ (a) ops/s. */
     replaysVsPlain: number | null;
+    /** (c') ÷ (a) ops/s. */
+    replaysCachedVsPlain?: number | null;
     /** P99 (b) ÷ P99 (a). */
     p99NewVsPlain: number | null;
   };
@@ -325,6 +329,7 @@ const serviceSides = (service: ServiceLevel): Array<[string, ServicePhase]> => [
   ["(a) handler alone", service.plain],
   ["(b) SDK, new keys", service.newKeys],
   ["(c) SDK, replays", service.replays],
+  ...(service.replaysCached ? [["(c') SDK, replays, answer cache on", service.replaysCached] as [string, ServicePhase]] : []),
 ];
 
 const SERVICE_HEADERS = [
@@ -400,6 +405,7 @@ export function goalLines(run: CommitRun): string[] {
       `${verdict(r.newVsPlain, (v) => v >= 0.5)}  service: new keys through the SDK ≥ 0.5× the handler alone, ops/s (${ratio(r.newVsPlain)}×)`,
       `${verdict(r.replaysVsPlain, (v) => v >= 1)}  service: replays through the SDK ≥ 1.0× the handler alone, ops/s (${ratio(r.replaysVsPlain)}×)`,
       `${verdict(r.p99NewVsPlain, (v) => v <= 3)}  service: P99 of new keys ≤ 3× the handler alone's (${ratio(r.p99NewVsPlain)}×)`,
+      `${verdict(r.replaysCachedVsPlain, (v) => v >= 1.5)}  service: (c') replays with the answer cache ≥ 1.5× (a) ops/s (${ratio(r.replaysCachedVsPlain)}×)`,
     );
   }
   return lines;

@@ -385,7 +385,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     const warmSec = options.quick ? 1 : 2;
     progress(`${tag}warming up the service: ${warmSec} s of each workload (not measured)`);
     const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: ctx.life.signal };
-    for (const op of [clients.plain, clients.newKey, clients.replay]) await closedLoop(workers, warm, op);
+    for (const op of [clients.plain, clients.newKey, clients.replay, clients.replayCached]) await closedLoop(workers, warm, op);
     checkpoint();
 
     const timed = timer(ctx, new CpuMeter(main.server.mode === "process" ? main.server.pid : undefined, ctx.database.postmasterPid, service.pid));
@@ -410,26 +410,29 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     const plain = await side("(a) handler alone", clients.plain);
     const newKeys = await side("(b) SDK, new keys", clients.newKey);
     const replays = await side("(c) SDK, replays", clients.replay);
+    const replaysCached = await side("(c') SDK, replays, answer cache on", clients.replayCached);
     const calls = (p: ServicePhase) =>
       p.callsPerRequest
         ? Object.entries(p.callsPerRequest)
             .map(([method, n]) => `${method} ${n.toFixed(2)}`)
             .join(", ") || "none"
         : "unknown";
-    progress(`${tag}coordinator calls per request: (a) ${calls(plain)}; (b) ${calls(newKeys)}; (c) ${calls(replays)}`);
+    progress(`${tag}coordinator calls per request: (a) ${calls(plain)}; (b) ${calls(newKeys)}; (c) ${calls(replays)}; (c') ${calls(replaysCached)}`);
     const over = (a: number, b: number) => (b > 0 && Number.isFinite(a) ? a / b : null);
     return {
       clients: workers,
       description:
         `Express 5 service in its own process, one row per POST (INSERT, its own transaction, synchronous_commit=on), ` +
-        `${workers} HTTP/1.1 keep-alive clients in the benchmark's process, one user each; (b) and (c) through the gateway SDK's Express middleware`,
+        `${workers} HTTP/1.1 keep-alive clients in the benchmark's process, one user each; (b), (c) and (c') through the gateway SDK's Express middleware ((c): its answer cache off)`,
       environment: service.environment,
       plain,
       newKeys,
       replays,
+      replaysCached,
       ratios: {
         newVsPlain: over(newKeys.opsPerSec, plain.opsPerSec),
         replaysVsPlain: over(replays.opsPerSec, plain.opsPerSec),
+        replaysCachedVsPlain: over(replaysCached.opsPerSec, plain.opsPerSec),
         p99NewVsPlain: over(newKeys.p99Ms, plain.p99Ms),
       },
     };
@@ -447,7 +450,7 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
   const runServiceLevel = options.level !== "coordinator";
   const phaseSec = options.warmupSec + options.measureSec + 1;
   const perCommit =
-    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * 3 * phaseSec + 8 : 0) + (runServiceLevel ? 3 * (phaseSec + options.warmupSec) + 4 : 0) + 3;
+    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * 3 * phaseSec + 8 : 0) + (runServiceLevel ? 4 * (phaseSec + options.warmupSec) + 4 : 0) + 3;
   const estimate = 10 + options.commit.length * perCommit + (runCoordinatorLevel ? 12 + options.roundTripOps * 0.06 : 0);
   const levels = runCoordinatorLevel && runServiceLevel ? "coordinator and service levels" : runCoordinatorLevel ? "coordinator level" : "service level";
   progress(

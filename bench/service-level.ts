@@ -6,7 +6,8 @@
  * the handler alone (new requests), the SDK with a fresh Idempotency-Key per
  * request (Reserve + Complete around the handler), and the SDK replaying
  * keys completed earlier with the same body (Reserve answers from the stored
- * snapshot; the handler does not run).
+ * snapshot; the handler does not run), once with the gateway's answer cache
+ * off (every replay asks the coordinator) and once with it on.
  */
 import { Agent, request } from "node:http";
 import { randomUUID } from "node:crypto";
@@ -86,8 +87,10 @@ export interface ServiceClients {
   plain: Operation;
   /** POST through the SDK with a fresh UUIDv4 key; the key is kept for replays once the request succeeded. */
   newKey: Operation;
-  /** POST through the SDK with a key this worker completed earlier, the same body. */
+  /** POST through the SDK with a key this worker completed earlier, the same body, the gateway's answer cache off. */
   replay: Operation;
+  /** The same, the answer cache on: exact repeats answered by the gateway itself. */
+  replayCached: Operation;
   /** Requests answered, by any workload, since the clients were opened. */
   answered(): number;
   close(): void;
@@ -109,7 +112,7 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
   const nextReplay = new Map<number, number>();
   let answered = 0;
 
-  const post = (path: string, worker: number, key?: string) =>
+  const post = (path: string, worker: number, key?: string, extraHeaders: Record<string, string> = {}) =>
     new Promise<Answer>((resolve, reject) => {
       const req = request(
         {
@@ -123,6 +126,7 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
             "content-length": body.byteLength,
             "x-user": userOf(worker),
             ...(key ? { "idempotency-key": key } : {}),
+            ...extraHeaders,
           },
         },
         (res) => {
@@ -150,20 +154,22 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
     if (keys.length < 1000) keys.push(key);
     completed.set(worker, keys);
   };
+  const replay = async (worker: number, headers?: Record<string, string>) => {
+    let keys = completed.get(worker);
+    if (!keys?.length) {
+      // Not measured as a replay: this worker completed nothing yet, so it completes one first.
+      await newKey(worker);
+      keys = completed.get(worker)!;
+    }
+    const turn = nextReplay.get(worker) ?? 0;
+    nextReplay.set(worker, turn + 1);
+    expect(await post("/v1/payments", worker, keys[turn % keys.length], headers), true);
+  };
   return {
     plain: async (worker) => expect(await post("/plain/payments", worker), false),
     newKey,
-    replay: async (worker) => {
-      let keys = completed.get(worker);
-      if (!keys?.length) {
-        // Not measured as a replay: this worker completed nothing yet, so it completes one first.
-        await newKey(worker);
-        keys = completed.get(worker)!;
-      }
-      const turn = nextReplay.get(worker) ?? 0;
-      nextReplay.set(worker, turn + 1);
-      expect(await post("/v1/payments", worker, keys[turn % keys.length]), true);
-    },
+    replay: (worker) => replay(worker, { "x-bench-answer-cache": "off" }),
+    replayCached: (worker) => replay(worker),
     answered: () => answered,
     close: () => agent.destroy(),
   };
