@@ -1,6 +1,5 @@
 import { createHash } from "node:crypto";
 import { metrics, type MeterProvider } from "@opentelemetry/api";
-import { encodeList, frame } from "../contract/frame.js";
 import type { RequestParts } from "../contract/fingerprint.js";
 import type { HttpResponse, Subject } from "./types.js";
 
@@ -90,21 +89,28 @@ export class AnswerCache {
    * no two different requests share a key.
    */
   keyOf(subject: Subject, operation: string, apiRevision: number, idempotencyKey: string, parts: RequestParts): string {
-    const headers = encodeList(parts.headers.flatMap(({ name, value }) => [Buffer.from(name), Buffer.from(value)]));
-    const framed = frame(
-      KEY_DOMAIN,
-      subject.tenant,
-      subject.principal,
-      operation,
-      apiRevision,
-      idempotencyKey,
-      parts.method,
-      parts.path,
-      parts.query,
-      parts.mediaType,
-      headers,
-      parts.body,
-    );
+    const fields = [KEY_DOMAIN, subject.tenant, subject.principal, operation, String(apiRevision), idempotencyKey, parts.method, parts.path, parts.query, parts.mediaType];
+    let headersBytes = 4;
+    for (const { name, value } of parts.headers) headersBytes += 8 + Buffer.byteLength(name) + Buffer.byteLength(value);
+    let size = 4 + (4 + headersBytes) + (4 + parts.body.byteLength);
+    for (const field of fields) size += 4 + Buffer.byteLength(field);
+    // frame(domain, …fields, list(name1, value1, …), body), as src/contract/frame.ts lays it out, written in place: this runs on every request.
+    const framed = Buffer.allocUnsafe(size);
+    let at = framed.writeUInt32BE(fields.length + 2, 0);
+    const text = (value: string) => {
+      const length = framed.write(value, at + 4);
+      framed.writeUInt32BE(length, at);
+      at += 4 + length;
+    };
+    for (const field of fields) text(field);
+    at = framed.writeUInt32BE(headersBytes, at);
+    at = framed.writeUInt32BE(parts.headers.length * 2, at);
+    for (const { name, value } of parts.headers) {
+      text(name);
+      text(value);
+    }
+    at = framed.writeUInt32BE(parts.body.byteLength, at);
+    framed.set(parts.body, at);
     return createHash("sha256").update(framed).digest("base64");
   }
 
