@@ -91,6 +91,12 @@ export interface ServiceClients {
   replay: Operation;
   /** The same, the answer cache on: exact repeats answered by the gateway itself. */
   replayCached: Operation;
+  /**
+   * Replays each key every worker completed once through the answer cache's
+   * route, so that the coordinator's replay of each is in the cache; returns
+   * the keys replayed.
+   */
+  primeAnswerCache(): Promise<number>;
   /** Requests answered, by any workload, since the clients were opened. */
   answered(): number;
   close(): void;
@@ -170,6 +176,15 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
     newKey,
     replay: (worker) => replay(worker, { "x-bench-answer-cache": "off" }),
     replayCached: (worker) => replay(worker),
+    primeAnswerCache: async () => {
+      const each = await Promise.all(
+        [...completed].map(async ([worker, keys]) => {
+          for (const key of keys) expect(await post("/v1/payments", worker, key), true);
+          return keys.length;
+        }),
+      );
+      return each.reduce((a, n) => a + n, 0);
+    },
     answered: () => answered,
     close: () => agent.destroy(),
   };
