@@ -5,14 +5,14 @@ import { createServer } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorService, Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
 import { freePort } from "../../src/net.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { EVENT_TIMEOUT_MS, printed } from "../support/wait.js";
+import { EVENT_TIMEOUT_MS, printed, until } from "../support/wait.js";
 
 /**
  * IDEM_WORKERS=2: one start, two coordinator processes sharing the RPC port,
@@ -139,14 +139,20 @@ describe("IDEM_WORKERS=2", () => {
     const [victim] = childrenOf(primary.pid!);
     process.kill(victim!, "SIGKILL");
     expect((await reserveRetrying()).decision).toBe(Decision.ACCEPTED);
-    await vi.waitFor(
+    await until(
       async () => {
         const workers = childrenOf(primary.pid!);
-        expect(workers).toHaveLength(2);
-        expect(workers).not.toContain(victim);
-        for (const worker of [0, 1]) expect((await fetch(`http://127.0.0.1:${adminPort + worker}/readyz`)).status).toBe(200);
+        if (workers.length !== 2 || workers.includes(victim!)) return false;
+        // The new worker's admin port refuses connections until it listens.
+        const ready = (worker: number) =>
+          fetch(`http://127.0.0.1:${adminPort + worker}/readyz`).then(
+            (response) => response.status === 200,
+            () => false,
+          );
+        return (await ready(0)) && (await ready(1));
       },
-      { timeout: EVENT_TIMEOUT_MS * 3, interval: 200 },
+      "two ready workers, the one in place of the victim included",
+      EVENT_TIMEOUT_MS * 3,
     );
     expect(output).toContain("a worker exited; starting another in its place");
   }, 90_000);

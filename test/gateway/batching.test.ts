@@ -9,6 +9,7 @@ import { CoordinatorClient, CoordinatorError, type CoordinatorClientOptions, typ
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { jsonParts, newKey } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
+import { within } from "./helpers.js";
 
 /**
  * The gateway SDK's batching against a real coordinator: concurrent calls
@@ -22,7 +23,15 @@ const clients: CoordinatorClient[] = [];
 
 /** Holds Complete after its commit while set: a call that is still running on the coordinator. */
 let completeHeld: Promise<void> | undefined;
-const hooks: FaultHooks = { reached: (point: HookPoint) => (point === "registry.complete.after-commit" ? completeHeld : undefined) };
+/** Called when the coordinator holds a Complete there. */
+let onCompleteHeld: (() => void) | undefined;
+const hooks: FaultHooks = {
+  reached: (point: HookPoint) => {
+    if (point !== "registry.complete.after-commit" || !completeHeld) return undefined;
+    onCompleteHeld?.();
+    return completeHeld;
+  },
+};
 
 beforeAll(async () => {
   t = await createTestDatabase();
@@ -180,10 +189,13 @@ describe("batching against a coordinator that serves Batch", () => {
     try {
       const cancelled = async (c: CoordinatorClient, operationId: string) => {
         const controller = new AbortController();
+        const held = new Promise<void>((resolve) => (onCompleteHeld = resolve));
         const call = failureOf(
           c.complete({ ref: { tenant: "acme", operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, { signal: controller.signal, timeoutMs: 10_000 }),
         );
-        setTimeout(() => controller.abort(), 100);
+        // Cancelled while the coordinator holds the call: in flight.
+        await within(held, "the coordinator to hold the Complete");
+        controller.abort();
         return call;
       };
       const expected = await cancelled(alone, held.operationId);
@@ -197,6 +209,7 @@ describe("batching against a coordinator that serves Batch", () => {
     } finally {
       release();
       completeHeld = undefined;
+      onCompleteHeld = undefined;
     }
   });
 

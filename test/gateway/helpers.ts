@@ -50,19 +50,6 @@ async function read(response: Response): Promise<Exchange> {
   return { status: response.status, headers: response.headers, text, json };
 }
 
-/**
- * Waits until `condition` holds (checked every 20 ms), failing after
- * `timeoutMs`: for a state nothing announces (prefer `within` or `EventLog`
- * when something does), never for timing.
- */
-export async function until(condition: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
 /** Waits for `promise`, failing after `timeoutMs` with what it was waiting for: an event that never comes fails loudly, not by the test's timeout. */
 export async function within<T>(promise: Promise<T>, what: string, timeoutMs = 10_000): Promise<T> {
   let timer: NodeJS.Timeout | undefined;

@@ -8,8 +8,9 @@ import { withIdempotency, writeResponse, type NodeIdempotentHandler } from "../.
 import { PolicyStore } from "../../src/registry/policy-store.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
-import { aborted, post, until, within, type JsonBody } from "./helpers.js";
+import { reservesWaiting, startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
+import { aborted, post, within, type JsonBody } from "./helpers.js";
 
 const t = useTestDatabase();
 let coordinator: TestServer;
@@ -107,8 +108,12 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
     const runsBefore = runs;
 
     const second = post(`${base}/payments-waiting`, key, body(), ALICE);
-    const answeredEarly = await Promise.race([second.then(() => true), new Promise((resolve) => setTimeout(() => resolve(false), 500))]);
-    expect(answeredEarly, "the duplicate to wait for the first request instead of a 409").toBe(false);
+    let answered = false;
+    const settle = () => (answered = true);
+    void second.then(settle, settle);
+    // The duplicate's Reserve waits for the owner on the coordinator (or was answered at once: a 409).
+    await until(async () => answered || (await reservesWaiting(coordinator)) === 1, "the duplicate's Reserve to wait for the first request");
+    expect(answered, "the duplicate to wait for the first request instead of a 409").toBe(false);
     g.open();
     const [done, duplicate] = await Promise.all([first, second]);
     expect(done.status).toBe(201);

@@ -10,6 +10,7 @@ import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReasonOf } from "../support/refusals.js";
 import { loadConfig } from "../../src/config.js";
 import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * A row lock held for long by another writer (a co-located service's
@@ -116,7 +117,7 @@ describe("a row lock held by another writer", () => {
       // The others are decided while the lock is still held: their records are there (committed).
       const decided = async () =>
         (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE tenant_id = 'acme' AND principal LIKE 'batch-%' AND state = 'EXECUTING'")).rows[0]!.n;
-      for (let tries = 0; (await decided()) < 15 && tries < 100; tries++) await new Promise((resolve) => setTimeout(resolve, 50));
+      await until(async () => (await decided()) >= 15, "the fifteen other calls of the Batch to be decided while the lock is held");
       expect(await decided()).toBe(15);
       expect(await settled(batch)).toBe(false);
       return { batch };

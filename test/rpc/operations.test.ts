@@ -1,7 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
@@ -10,7 +10,7 @@ import { wireReason, wireReasonOf } from "../support/refusals.js";
 import { useTestDatabasePerTest } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { EVENT_TIMEOUT_MS, until } from "../support/wait.js";
+import { until } from "../support/wait.js";
 
 // The tests here list every record and event of the registry and change
 // switches that apply to every tenant (modes, epochs): each has a schema and a
@@ -83,8 +83,8 @@ describe("the recoverer", () => {
     await endLease(withoutEffect.operationId);
 
     // The recoverer's next passes (every 100 ms here) find both.
-    await vi.waitFor(async () => expect((await stateOf(withEffect.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
-    await vi.waitFor(async () => expect((await stateOf(withoutEffect.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
+    await until(async () => (await stateOf(withEffect.operationId)).state === "UNKNOWN", "the recoverer to turn the record with an effect UNKNOWN");
+    await until(async () => (await stateOf(withoutEffect.operationId)).lease_expires_at === null, "the recoverer to clear the lease of the record without one");
     expect(await stateOf(withoutEffect.operationId)).toMatchObject({ state: "EXECUTING", generation: 1 });
     const { rows } = await t.pool.query<{ kind: string; caller: string }>(
       "SELECT kind, caller FROM idem_event WHERE operation_id = ANY($1) AND caller = 'recoverer' ORDER BY event_id",
@@ -109,7 +109,7 @@ describe("reconciliation", () => {
 
     await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, workerCalls());
     await endLease(accepted.operationId);
-    await vi.waitFor(async () => expect((await stateOf(accepted.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
+    await until(async () => (await stateOf(accepted.operationId)).state === "UNKNOWN", "the recoverer to turn the record UNKNOWN");
 
     const queue = await admin.listRecords({ states: [RecordState.UNKNOWN], tenant: "acme" }, operatorCalls());
     expect(queue.records.map((r) => r.operationId)).toContain(accepted.operationId);
@@ -321,7 +321,7 @@ describe("metrics", () => {
     const key = newKey();
     const first = await reserve(key, "{}", { claim: true });
     await endLease(first.operationId);
-    await vi.waitFor(async () => expect((await stateOf(first.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
+    await until(async () => (await stateOf(first.operationId)).lease_expires_at === null, "the recoverer to clear the lease");
     expect(await reserve(key, "{}")).toMatchObject({ decision: Decision.ACCEPTED, generation: 2n });
     expect(await wireReason(reserve(newKey(), "{}", { operation: "ledger.post" }))).toBe("UNKNOWN_OPERATION");
     const text = await (await fetch(`${server.adminUrl}/metrics`)).text();

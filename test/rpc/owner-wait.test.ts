@@ -1,12 +1,13 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, reservesWaiting, startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * Reserve's wait_for_owner: a duplicate of a request still running waits for
@@ -59,14 +60,8 @@ function settledYet(promise: Promise<unknown>): Promise<boolean> {
   ]).then((v) => v === true);
 }
 
-/** How many Reserves wait for an owner on `coordinator` (its idem_reserves_waiting gauge). */
-async function waiting(coordinator: TestServer): Promise<number> {
-  const text = await (await fetch(`${coordinator.adminUrl}/metrics`)).text();
-  return Number(/^idem_reserves_waiting (\d+)$/m.exec(text)?.[1] ?? NaN);
-}
-
 /** Until `coordinator` has `n` Reserves waiting. */
-const untilWaiting = (coordinator: TestServer, n: number) => vi.waitFor(async () => expect(await waiting(coordinator)).toBe(n), { timeout: 10_000 });
+const untilWaiting = (coordinator: TestServer, n: number) => until(async () => (await reservesWaiting(coordinator)) === n, `${n} Reserves waiting for an owner`);
 
 async function owned(key: string) {
   const { client, call } = gatewayClient(server);

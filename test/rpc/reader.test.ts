@@ -3,7 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import pg from "pg";
-import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { ConfigError, loadConfig } from "../../src/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Status } from "../../src/gen/grpc/health/v1/health_pb.js";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
@@ -15,6 +15,7 @@ import { consoleClient } from "../support/console.js";
 import { newKey } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
 import { driveToUnknown, startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * IDEM_DB_READ_URL: the reads that decide nothing go to a hot standby, and
@@ -101,9 +102,9 @@ async function lookedUp(server: TestServer, operationId: string): Promise<string
   return reason ?? RecordState[(await lookup).record!.state];
 }
 
-async function readiness(server: TestServer): Promise<{ status: number; body: unknown }> {
+async function readiness(server: TestServer): Promise<{ status: number; body: { reader?: boolean } }> {
   const response = await fetch(`${server.adminUrl}/readyz`);
-  return { status: response.status, body: await response.json() };
+  return { status: response.status, body: (await response.json()) as { reader?: boolean } };
 }
 
 describe("with a reader", () => {
@@ -279,13 +280,13 @@ describe("when the reader does not answer", () => {
     expect(await fallbacks()).toBeGreaterThan(0);
 
     proxy.set("forwarding");
-    await vi.waitFor(async () => expect((await readiness(server)).body).toMatchObject({ reader: true }), { timeout: 15_000, interval: 200 });
+    await until(async () => (await readiness(server)).body.reader === true, "readiness to find the reader back", 15_000);
     expect(await lookedUp(server, operationId), "the standby has not replayed it").toBe("NOT_FOUND");
 
     // Gone while the coordinator runs: the read that meets it first, and every one after, is the primary's.
     proxy.set("refusing");
     expect(await lookedUp(server, operationId)).toBe("RESERVED");
-    await vi.waitFor(async () => expect((await readiness(server)).body).toMatchObject({ reader: false }), { timeout: 15_000, interval: 200 });
+    await until(async () => (await readiness(server)).body.reader === false, "readiness to find the reader gone", 15_000);
     expect(await lookedUp(server, operationId)).toBe("RESERVED");
     expect((await readiness(server)).status).toBe(200);
   }, 60_000);

@@ -4,7 +4,6 @@ import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
-import { expect, vi } from "vitest";
 import { loadConfig, type Config } from "../../src/config.js";
 import type { CallerGrant } from "../../src/server/callers.js";
 import type { FaultHooks } from "../../src/fault-hooks.js";
@@ -17,7 +16,7 @@ import type { TestDatabase } from "./database.js";
 import { silentLogger } from "./database.js";
 import { testDocument } from "./fixtures.js";
 import { expireLease } from "./registry-helpers.js";
-import { EVENT_TIMEOUT_MS } from "./wait.js";
+import { until } from "./wait.js";
 
 /** Tokens of the callers every test server knows. */
 export interface TestTokens {
@@ -120,6 +119,12 @@ export function gatewayClient(server: Pick<TestServer, "baseUrl" | "tokens">): {
   };
 }
 
+/** How many Reserves wait for an owner on `server` (wait_for_owner): its idem_reserves_waiting gauge on the admin port. */
+export async function reservesWaiting(server: Pick<TestServer, "adminUrl">): Promise<number> {
+  const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
+  return Number(/^idem_reserves_waiting (\d+)$/m.exec(text)?.[1] ?? NaN);
+}
+
 /**
  * Takes an operation its gateway owns (generation 1, tenant acme, or globex
  * by its own gateway) to UNKNOWN the way production does: an effect attempt
@@ -132,13 +137,9 @@ export async function driveToUnknown(t: TestDatabase, server: TestServer, operat
   const ref = create(OperationRefSchema, { tenant, operationId });
   await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
   await expireLease(t.pool, operationId);
-  // The recoverer's next pass finds it, within one of the server's intervals: a
-  // second by default, as long as vi.waitFor's default bound, hence a longer one.
-  await vi.waitFor(
-    async () => {
-      const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
-      expect(rows[0]?.state, `the recoverer to turn ${operationId} UNKNOWN`).toBe("UNKNOWN");
-    },
-    { timeout: EVENT_TIMEOUT_MS },
-  );
+  // The recoverer's next pass finds it, within one of the server's intervals.
+  await until(async () => {
+    const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
+    return rows[0]?.state === "UNKNOWN";
+  }, `the recoverer to turn ${operationId} UNKNOWN`);
 }
