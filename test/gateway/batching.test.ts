@@ -1,14 +1,14 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createRouterTransport, type Interceptor } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { MAX_BATCH_CALLS } from "../../src/contract/batch.js";
 import type { FaultHooks, HookPoint } from "../../src/fault-hooks.js";
 import { CoordinatorService, Decision as ProtoDecision, ReserveResponseSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { RecordState as ProtoRecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { CoordinatorClient, CoordinatorError, type CoordinatorClientOptions, type GatewayLogger, type ReserveInput } from "../../src/gateway/index.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { jsonParts, newKey } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { within } from "./helpers.js";
 
 /**
@@ -16,10 +16,6 @@ import { within } from "./helpers.js";
  * share Batch RPCs, and each call answers, fails, times out and is cancelled
  * exactly as the same call sent as its own RPC.
  */
-
-let t: TestDatabase;
-let server: TestServer;
-const clients: CoordinatorClient[] = [];
 
 /** Holds Complete after its commit while set: a call that is still running on the coordinator. */
 let completeHeld: Promise<void> | undefined;
@@ -33,21 +29,11 @@ const hooks: FaultHooks = {
   },
 };
 
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, { hooks });
-});
-afterAll(async () => {
-  for (const client of clients) client.close();
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t, { hooks });
 
-function client(options: Partial<CoordinatorClientOptions> = {}): CoordinatorClient {
-  const made = new CoordinatorClient({ baseUrl: server.baseUrl, token: server.tokens.gateway, retry: { attempts: 1 }, ...options });
-  clients.push(made);
-  return made;
-}
+/** A client of the server that tries each call once (closed after the last test). */
+const client = (options: Partial<CoordinatorClientOptions> = {}): CoordinatorClient => server.sdkClient({ retry: { attempts: 1 }, ...options });
 
 const reserveInput = (key: string, overrides: Partial<ReserveInput> = {}): ReserveInput => ({
   subject: { tenant: "acme", principal: "alice" },

@@ -3,7 +3,7 @@ import { WireType } from "@bufbuild/protobuf/wire";
 import { anyUnpack } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { MAX_BATCH_CALLS } from "../../src/contract/batch.js";
 import type { FaultHooks, HookPoint } from "../../src/fault-hooks.js";
 import { ErrorInfoSchema, file_google_rpc_error_details } from "../../src/gen/google/rpc/error_details_pb.js";
@@ -23,10 +23,10 @@ import {
   file_idempotency_v1_coordinator,
 } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
 
 /**
@@ -35,22 +35,16 @@ import { until } from "../support/wait.js";
  * as its unary RPC answers the same request, whatever its neighbours do.
  */
 
-let t: TestDatabase;
-let server: TestServer;
-let client: Client<typeof CoordinatorService>;
-
 /** Holds Complete after its commit while `completeHeld` is set: a call that is still running. */
 let completeHeld: Promise<void> | undefined;
 const hooks: FaultHooks = { reached: (point: HookPoint) => (point === "registry.complete.after-commit" ? completeHeld : undefined) };
 
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, { hooks });
+const t = useTestDatabase();
+const server = useTestServer(t, { hooks });
+let client: Client<typeof CoordinatorService>;
+
+beforeAll(() => {
   client = createClient(CoordinatorService, createGrpcTransport({ baseUrl: server.baseUrl }));
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
 });
 
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });

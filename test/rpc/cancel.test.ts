@@ -2,12 +2,12 @@ import { createClient, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import pino from "pino";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { Health } from "../../src/gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
 
 /**
@@ -21,14 +21,11 @@ interface LogLine {
   [field: string]: unknown;
 }
 
-let t: TestDatabase;
-let server: TestServer;
 const lines: LogLine[] = [];
+const t = useTestDatabase();
+const server = useTestServer(t, { logger: pino({ level: "debug" }, { write: (line: string) => void lines.push(JSON.parse(line) as LogLine) }) });
 
 beforeAll(async () => {
-  t = await createTestDatabase();
-  const logger = pino({ level: "debug" }, { write: (line: string) => void lines.push(JSON.parse(line) as LogLine) });
-  server = await startTestServer(t, { logger });
   // An event for StreamEvents to send before it follows.
   const { client, call } = gatewayClient(server);
   await client.reserve(
@@ -41,10 +38,6 @@ beforeAll(async () => {
     },
     call,
   );
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
 });
 
 const WARN = 40;

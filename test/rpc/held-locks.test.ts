@@ -1,15 +1,15 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import type pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { BatchRequestSchema, Decision, type ReserveRequest, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReasonOf } from "../support/refusals.js";
 import { loadConfig } from "../../src/config.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
 
 /**
@@ -21,22 +21,13 @@ import { until } from "../support/wait.js";
  * at its own pace. The registry's lock timeout is long here, so that a
  * neighbour held behind the lock would still be waiting when the test looks.
  */
-let t: TestDatabase;
-let server: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, {
-    operations: [testDocument({ lease: { default: "30s", max: "5m" } })],
-    config: { db: { ...loadConfig({ DATABASE_URL: t.url, IDEM_SNAPSHOT_KEYS: TEST_KEYS }).db, lockTimeoutMs: 20_000, statementTimeoutMs: 30_000 }, waitersPerCaller: 2 },
-  });
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
-
 const TEST_KEYS = JSON.stringify({ active: "k", keys: { k: Buffer.alloc(32, 7).toString("base64") } });
+
+const t = useTestDatabase();
+const server = useTestServer(t, () => ({
+  operations: [testDocument({ lease: { default: "30s", max: "5m" } })],
+  config: { db: { ...loadConfig({ DATABASE_URL: t.url, IDEM_SNAPSHOT_KEYS: TEST_KEYS }).db, lockTimeoutMs: 20_000, statementTimeoutMs: 30_000 }, waitersPerCaller: 2 },
+}));
 
 function reserveRequest(principal: string, key = newKey(), waitMs?: number): ReserveRequest {
   return create(ReserveRequestSchema, {

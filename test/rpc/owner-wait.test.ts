@@ -1,12 +1,12 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, reservesWaiting, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, reservesWaiting, type TestServer, useTestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
 
 /**
@@ -15,22 +15,11 @@ import { until } from "../support/wait.js";
  * itself when the owner let go), on the coordinator the owner finished on or
  * on another one; after its bound it is IN_PROGRESS as before.
  */
-let t: TestDatabase;
-let server: TestServer;
-let replica: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  const operations = [testDocument({ lease: { default: "30s", max: "5m" } })];
-  server = await startTestServer(t, { operations });
-  // A replica of the same deployment: the same key ring opens the bodies the first one sealed.
-  replica = await startTestServer(t, { operations, config: { snapshotKeys: server.snapshotKeys } });
-});
-afterAll(async () => {
-  await replica?.stop();
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const operations = [testDocument({ lease: { default: "30s", max: "5m" } })];
+const server = useTestServer(t, { operations });
+// A replica of the same deployment: the same key ring opens the bodies the first one sealed.
+const replica = useTestServer(t, () => ({ operations, config: { snapshotKeys: server.snapshotKeys } }));
 
 function reserveRequest(key: string, options: { claim?: boolean; waitMs?: number; waitForOwner?: { seconds: bigint; nanos: number } } = {}) {
   return create(ReserveRequestSchema, {

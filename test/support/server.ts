@@ -4,10 +4,12 @@ import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
+import { afterAll, beforeAll } from "vitest";
 import { loadConfig, type Config } from "../../src/config.js";
 import type { CallerGrant } from "../../src/server/callers.js";
 import type { FaultHooks } from "../../src/fault-hooks.js";
 import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { CoordinatorClient, type CoordinatorClientOptions } from "../../src/gateway/index.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
 import type { SnapshotKeyring } from "../../src/crypto/sealing.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
@@ -45,21 +47,21 @@ export interface TestServer {
   stop(): Promise<void>;
 }
 
+/** How a test server is started: what it differs in from the default (payments.create@1, every test caller). */
+export interface TestServerOptions {
+  operations?: PolicyDocument[];
+  config?: Partial<Config>;
+  tracer?: Tracer;
+  hooks?: FaultHooks;
+  logger?: Logger;
+  /** Another replica of this server: its callers' tokens and its key ring. */
+  replicaOf?: TestServer;
+  /** Where the server connects instead of the test file's database (a pooler in front of it, say). */
+  databaseUrl?: string;
+}
+
 /** A real coordinator on ephemeral ports, over the test file's schema. */
-export async function startTestServer(
-  t: TestDatabase,
-  options: {
-    operations?: PolicyDocument[];
-    config?: Partial<Config>;
-    tracer?: Tracer;
-    hooks?: FaultHooks;
-    logger?: Logger;
-    /** Another replica of this server: its callers' tokens and its key ring. */
-    replicaOf?: TestServer;
-    /** Where the server connects instead of the test file's database (a pooler in front of it, say). */
-    databaseUrl?: string;
-  } = {},
-): Promise<TestServer> {
+export async function startTestServer(t: TestDatabase, options: TestServerOptions = {}): Promise<TestServer> {
   const tokens: TestTokens = options.replicaOf?.tokens ?? {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
     worker: `wk_${randomBytes(16).toString("hex")}`,
@@ -106,6 +108,43 @@ export async function startTestServer(
     snapshotKeys: config.snapshotKeys,
     stop: () => coordinator.stop(),
   };
+}
+
+/** The test file's coordinator (useTestServer), and the gateway SDK's clients of it. */
+export interface TestServerFixture extends TestServer {
+  /**
+   * A gateway SDK client of this server, acting with the gateway's token
+   * unless `options` says otherwise; closed after the file's last test. For
+   * the file's hooks and tests (the server is not started before them).
+   */
+  sdkClient(options?: Partial<CoordinatorClientOptions>): CoordinatorClient;
+}
+
+/**
+ * Gives the calling test file a coordinator over `t`'s schema
+ * (useTestDatabase, called first): started before the file's first test and
+ * stopped after its last, the SDK clients made with `sdkClient` closed
+ * first. `options` may be a function, called when the server starts, for
+ * options that need the schema or what an earlier hook set up. The returned
+ * object is filled in by the time the file's hooks and tests run.
+ */
+export function useTestServer(t: TestDatabase, options: TestServerOptions | (() => TestServerOptions | Promise<TestServerOptions>) = {}): TestServerFixture {
+  const clients: CoordinatorClient[] = [];
+  const fixture = {
+    sdkClient(clientOptions: Partial<CoordinatorClientOptions> = {}) {
+      const client = new CoordinatorClient({ baseUrl: fixture.baseUrl, token: fixture.tokens.gateway, ...clientOptions });
+      clients.push(client);
+      return client;
+    },
+  } as TestServerFixture;
+  beforeAll(async () => {
+    Object.assign(fixture, await startTestServer(t, typeof options === "function" ? await options() : options));
+  });
+  afterAll(async () => {
+    for (const client of clients.splice(0)) client.close();
+    await fixture.stop?.();
+  });
+  return fixture;
 }
 
 /** A Connect client of `server` over HTTP/2, and the call options that act as its gateway caller. */
