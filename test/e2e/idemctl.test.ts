@@ -13,8 +13,8 @@ import { Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coord
 import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { freePort } from "../../src/net.js";
 import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { closedPort } from "../gateway/helpers.js";
 
 const run = promisify(execFile);
 const t = useTestDatabase();
@@ -305,7 +305,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
   });
 
   it("says in one line which database it cannot reach, naming the variable, without the password", async () => {
-    const closed = await freePort();
+    const closed = await closedPort();
     const env = { ...process.env, DATABASE_URL: `postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`, IDEM_MIGRATION_DATABASE_URL: "" };
     for (const args of [["migrate"], ["migrate", "--status"]]) {
       const result = await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", ...args], { env }).then(

@@ -13,8 +13,7 @@ import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
-import { startEmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
-import { freePort } from "../../src/net.js";
+import { startEmbeddedPostgres, startEmbeddedPostgresOnFreePort, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
@@ -261,9 +260,11 @@ describe("PostgreSQL restarted under load", () => {
   it("refuses as UNAVAILABLE while the database is down, never half-decides, and serves again once it is back", async () => {
     const stateDir = await mkdtemp(join(tmpdir(), "idem-restart-"));
     await chmod(stateDir, 0o755);
-    const port = await freePort();
     const settings = { fsync: "off", synchronous_commit: "off" };
-    let database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
+    const first = await startEmbeddedPostgresOnFreePort({ stateDir, logger: silentLogger, settings });
+    // Started again on the same port below: the coordinator's DATABASE_URL names it.
+    const { port } = first;
+    let database: EmbeddedPostgres = first;
     const token = "restart-test-token-0123456789abcdef";
     const coordinator = await startCoordinator({
       config: {

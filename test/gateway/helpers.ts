@@ -1,7 +1,24 @@
-import { freePort } from "../../src/net.js";
+import { createServer, type AddressInfo } from "node:net";
 
-/** A TCP port nothing listens on (bound, then closed). */
-export const closedPort = freePort;
+/**
+ * A loopback TCP port nothing listens on: bound, then closed. It stays
+ * bind-then-close because that is what it is for: a port that refuses
+ * connections (a replica that is down, a database that cannot be reached),
+ * where nothing of ours is started. (test/e2e/start.test.ts also hands one
+ * to the embedded PostgreSQL of `npm start`, which must be told its port
+ * before it listens, and starts again on another when it was taken.) A server
+ * of the tests' own listens on port 0 and reads its port back instead.
+ */
+export function closedPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
 
 /** The members of JSON bodies the tests read: the payments example's answers and problem details (RFC 9457). */
 export interface JsonBody {

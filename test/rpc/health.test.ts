@@ -5,7 +5,6 @@ import { parseIntoClientConfig } from "pg-connection-string";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Status } from "../../src/gen/grpc/health/v1/health_pb.js";
-import { freePort } from "../../src/net.js";
 import { useTestDatabase } from "../support/database.js";
 import { startTestServer, type TestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
@@ -35,8 +34,8 @@ async function databaseProxy(target: { host: string; port: number }) {
     };
     for (const socket of [client, upstream]) socket.on("error", end).on("close", end);
   });
-  const port = await freePort();
-  await new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
   return {
     port,
     set(next: typeof mode) {

@@ -9,7 +9,6 @@ import { Health, HealthCheckResponse_ServingStatus as Status } from "../../src/g
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { ClaimMode, CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { freePort } from "../../src/net.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { consoleClient } from "../support/console.js";
 import { newKey } from "../support/fixtures.js";
@@ -234,8 +233,8 @@ async function standbyProxy() {
       from.on("error", () => to.destroy()).on("close", () => (to.destroy(), sockets.delete(from)));
     }
   });
-  const port = await freePort();
-  await new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
   return {
     port,
     set(mode: "forwarding" | "refusing") {
