@@ -9,7 +9,7 @@ import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReasonOf } from "../support/refusals.js";
 import { loadConfig } from "../../src/config.js";
-import { gatewayClient, useTestServer } from "../support/server.js";
+import { gatewayClient, reservesWaiting, useTestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
 
 /**
@@ -140,14 +140,14 @@ describe("Reserves waiting for an owner", () => {
     expect((await client.reserve(reserveRequest("waited-on", key), call)).decision).toBe(Decision.ACCEPTED);
     const stop = new AbortController();
     const waiting = [1, 2].map(() => client.reserve(reserveRequest("waited-on", key, 20_000), { ...call, signal: stop.signal }).catch(() => undefined));
-    // A third short wait, until the two long ones are admitted (this server's bound is 2): then it is refused.
+    // A third short wait, once the two long ones are admitted (this server's bound is 2): it is refused.
     const third = () =>
       client.reserve(reserveRequest("waited-on", key, 100), call).then(
         (answer) => answer,
         (error: unknown) => ConnectError.from(error),
       );
-    let refused = await third();
-    for (let tries = 0; !(refused instanceof ConnectError) && tries < 150; tries++) refused = await third();
+    await until(async () => (await reservesWaiting(server)) === 2, "the two long waits to be admitted");
+    const refused = await third();
     expect(refused).toBeInstanceOf(ConnectError);
     expect((refused as ConnectError).code).toBe(Code.ResourceExhausted);
     expect(wireReasonOf(refused)).toBe("TOO_MANY_WAITERS");
@@ -157,8 +157,7 @@ describe("Reserves waiting for an owner", () => {
     // Once the two waits end (their clients gave up), a wait is admitted again.
     stop.abort();
     await Promise.all(waiting);
-    let again = await third();
-    for (let tries = 0; again instanceof ConnectError && tries < 150; tries++) again = await third();
-    expect(again).toMatchObject({ decision: Decision.IN_PROGRESS });
+    await until(async () => (await reservesWaiting(server)) === 0, "the coordinator to end the two waits");
+    expect(await third()).toMatchObject({ decision: Decision.IN_PROGRESS });
   });
 });

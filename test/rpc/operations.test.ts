@@ -260,13 +260,19 @@ describe("the event log", () => {
     const abort = new AbortController();
     const seen: string[] = [];
     let after = "";
-    const ids: bigint[] = [];
-    for await (const event of admin.streamEvents({}, operatorCalls())) {
-      ids.push(event.eventId);
-      after = event.cursor;
-    }
-    const { rows: all } = await t.pool.query<{ id: string }>("SELECT event_id::text AS id FROM idem_event ORDER BY event_id");
-    expect(ids.map(String).sort()).toEqual(all.map((r) => r.id).sort());
+    let ids: bigint[] = [];
+    const logged = async () => (await t.pool.query<{ id: string }>("SELECT event_id::text AS id FROM idem_event ORDER BY event_id")).rows.map((r) => r.id).sort();
+    // An event is streamed once every transaction older than its own has ended, in the whole cluster:
+    // another test file's open transaction may hold the last ones back for a while.
+    await until(async () => {
+      ids = [];
+      for await (const event of admin.streamEvents({}, operatorCalls())) {
+        ids.push(event.eventId);
+        after = event.cursor;
+      }
+      return ids.length >= (await logged()).length;
+    }, "every logged event to be streamed");
+    expect(ids.map(String).sort()).toEqual(await logged());
 
     const following = (async () => {
       for await (const event of admin.streamEvents({ after, follow: true, tenant: "acme" }, { ...operatorCalls(), signal: abort.signal })) {
@@ -450,6 +456,8 @@ describe("an operator granted some tenants", () => {
       for await (const event of admin.streamEvents({}, calls)) tenants.add(event.tenant);
       return tenants;
     };
+    // Streamed once every older transaction in the cluster has ended: wait for globex's, the last one.
+    await until(async () => (await streamed(allTenantsCalls())).has("globex"), "globex's acceptance to be streamed");
     expect(await streamed(operatorCalls())).toEqual(new Set(["acme", ""]));
     expect(await streamed(allTenantsCalls())).toEqual(new Set(["acme", "globex", ""]));
     const listed = await admin.listRecords({ pageSize: 500 }, operatorCalls());
