@@ -8,9 +8,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import type { Logger } from "pino";
-import { startEmbeddedPostgres } from "../src/dev/embedded-postgres.js";
+import { startEmbeddedPostgresOnFreePort } from "../src/dev/embedded-postgres.js";
 import { classify } from "./sql.js";
-import { freePort } from "../src/net.js";
 
 export interface BenchDatabase {
   url: string;
@@ -39,9 +38,8 @@ export function embeddedSettings(): Record<string, string> {
 export async function startDatabase(options: { databaseUrl?: string; logger: Logger }): Promise<BenchDatabase> {
   if (options.databaseUrl) return { url: options.databaseUrl, embedded: false, stop: () => Promise.resolve() };
   const stateDir = await mkdtemp(join(tmpdir(), "idem-bench-"));
-  const embedded = await startEmbeddedPostgres({
+  const embedded = await startEmbeddedPostgresOnFreePort({
     stateDir,
-    port: await freePort(),
     logger: options.logger,
     ephemeral: true,
     settings: embeddedSettings(),

@@ -15,6 +15,7 @@
  * Configured through its environment; answers `GET /healthz` once ready.
  */
 import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
 import express, { type Request, type Response } from "express";
 import pg from "pg";
 import { expressIdempotency } from "../src/gateway/express.js";
@@ -73,6 +74,8 @@ app.post("/v1/payments", (req, res, next) => (req.headers["x-bench-answer-cache"
 
 const server: Server = app.listen(port, "127.0.0.1");
 server.keepAliveTimeout = 60_000;
+// The address it bound (BENCH_SERVICE_PORT=0: whatever port the system gave it), for the benchmark.
+server.once("listening", () => process.stdout.write(`ready http://127.0.0.1:${(server.address() as AddressInfo).port}\n`));
 
 const stop = () => {
   server.closeAllConnections();

@@ -5,12 +5,14 @@
  * `--in-process` runs startCoordinator in the benchmark's own process.
  */
 import { randomBytes } from "node:crypto";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pino from "pino";
 import { loadConfig } from "../src/config.js";
 import { startCoordinator } from "../src/server/app.js";
 import { tokenHash } from "../src/server/callers.js";
-import { freePort } from "../src/net.js";
 import { startChild, waitUntilServing, type Child } from "../harness/lib/process.js";
 
 export const ROOT = fileURLToPath(new URL("..", import.meta.url));
@@ -45,12 +47,13 @@ export interface ServerOptions {
 }
 
 /** The coordinator's environment (README, "Configuration"). */
-function environmentOf(options: ServerOptions, rpcPort: number, adminPort: number): Record<string, string> {
+function environmentOf(options: ServerOptions): Record<string, string> {
   return {
     DATABASE_URL: options.databaseUrl,
     IDEM_HOST: "127.0.0.1",
-    IDEM_RPC_PORT: String(rpcPort),
-    IDEM_ADMIN_PORT: String(adminPort),
+    // Any free ports: the coordinator says which it bound (IDEM_PORTS_FILE, or startCoordinator's answer in process).
+    IDEM_RPC_PORT: "0",
+    IDEM_ADMIN_PORT: "0",
     IDEM_DB_POOL_MAX: String(options.poolMax),
     IDEM_CALLERS: JSON.stringify([
       { name: options.callerName, tokenSha256: tokenHash(options.token), tenants: [options.tenant], operations: [options.operation], roles: ["gateway"] },
@@ -73,14 +76,11 @@ const redacted = (env: Record<string, string>) => {
 };
 
 export async function startServer(options: ServerOptions): Promise<BenchServer> {
-  const rpcPort = await freePort();
-  const adminPort = await freePort();
-  const environment = { ...environmentOf(options, rpcPort, adminPort), ...options.extraEnvironment };
+  const environment = { ...environmentOf(options), ...options.extraEnvironment };
   // Read loosely: whether the registry acts as a role of its own depends on the configuration's version.
   const role = (loadConfig(environment).db as { role?: unknown }).role;
   const databaseRole = typeof role === "string" && role !== "" ? { databaseRole: role } : {};
-  const baseUrl = `http://127.0.0.1:${rpcPort}`;
-  const adminUrl = `http://127.0.0.1:${adminPort}`;
+  const urls = (rpcPort: number, adminPort: number) => ({ baseUrl: `http://127.0.0.1:${rpcPort}`, adminUrl: `http://127.0.0.1:${adminPort}` });
 
   if (options.inProcess) {
     const config = loadConfig(environment);
@@ -90,14 +90,28 @@ export async function startServer(options: ServerOptions): Promise<BenchServer> 
       logger: pino({ level: "warn" }, pino.destination(2)),
       applicationName: "idem-bench-coordinator",
     });
+    const { baseUrl, adminUrl } = urls(coordinator.rpcPort, coordinator.adminPort);
     return { mode: "in-process", baseUrl, adminUrl, pid: process.pid, environment: redacted(environment), ...databaseRole, stop: () => coordinator.stop() };
   }
 
+  const portsDir = await mkdtemp(join(tmpdir(), "idem-bench-ports-"));
+  const portsFile = join(portsDir, "ports.json");
   // Inherit nothing that would change the coordinator's behaviour (tracing, another database).
-  const child = startBenchProcess("src/main.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/, options.cpuProfileDir);
+  const child = startBenchProcess("src/main.ts", { ...environment, IDEM_PORTS_FILE: portsFile }, /^(IDEM_|OTEL_|DATABASE_URL$|LOG_LEVEL$|NODE_OPTIONS$)/, options.cpuProfileDir);
   const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
-  await waitUntilServing(child, "the coordinator", `${adminUrl}/readyz`, 90_000, 150);
-  return { mode: "process", baseUrl, adminUrl, pid: child.pid!, environment: redacted(environment), ...databaseRole, stop };
+  try {
+    // The ports file is written before the banner.
+    await child.printed(/idempotency coordinator serving/, "the coordinator");
+    const { rpcPort, adminPorts } = JSON.parse(await readFile(portsFile, "utf8")) as { rpcPort: number; adminPorts: number[] };
+    const { baseUrl, adminUrl } = urls(rpcPort, adminPorts[0]!);
+    await waitUntilServing(child, "the coordinator", `${adminUrl}/readyz`, 90_000, 150);
+    return { mode: "process", baseUrl, adminUrl, pid: child.pid!, environment: redacted(environment), ...databaseRole, stop };
+  } catch (error) {
+    await stop();
+    throw error;
+  } finally {
+    await rm(portsDir, { recursive: true, force: true });
+  }
 }
 
 /**

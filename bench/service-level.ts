@@ -14,7 +14,6 @@ import { randomUUID } from "node:crypto";
 import { withClient } from "./database.js";
 import type { Operation } from "./load.js";
 import { startBenchProcess } from "./server.js";
-import { freePort } from "../src/net.js";
 import { waitUntilServing } from "../harness/lib/process.js";
 
 /** The service's table: what its handler writes, one row per request. */
@@ -50,9 +49,9 @@ export interface ServiceOptions {
 
 /** Starts the Express service in a process of its own and waits until it answers. */
 export async function startService(options: ServiceOptions): Promise<BenchService> {
-  const port = await freePort();
   const environment = {
-    BENCH_SERVICE_PORT: String(port),
+    // Any free port: the service says which (its `ready <url>` line).
+    BENCH_SERVICE_PORT: "0",
     BENCH_SERVICE_DATABASE_URL: options.databaseUrl,
     BENCH_SERVICE_POOL_MAX: String(options.poolMax),
     BENCH_SERVICE_TENANT: options.tenant,
@@ -63,7 +62,8 @@ export async function startService(options: ServiceOptions): Promise<BenchServic
   };
   const child = startBenchProcess("bench/express-service.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/, options.cpuProfileDir);
   const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
-  const baseUrl = `http://127.0.0.1:${port}`;
+  await child.printed(/^ready http:\/\/\S+$/m, "the Express service");
+  const baseUrl = /^ready (http:\/\/\S+)$/m.exec(child.output())![1]!;
   await waitUntilServing(child, "the Express service", `${baseUrl}/healthz`, 60_000, 150);
   const { BENCH_SERVICE_DATABASE_URL, BENCH_COORDINATOR_TOKEN, ...shown } = environment;
   void BENCH_SERVICE_DATABASE_URL;

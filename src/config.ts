@@ -24,6 +24,8 @@ export interface Config {
   host: string;
   rpcPort: number;
   adminPort: number;
+  /** IDEM_PORTS_FILE: where the ports bound are written once the coordinator serves. */
+  portsFile?: string | undefined;
   /** The owner's connection string for migrations, when it is not DATABASE_URL's login. */
   migrationDatabaseUrl: string | undefined;
   /** The login of the cross-tenant pool, when it is not DATABASE_URL's (it should not be: SECURITY.md). */
@@ -258,6 +260,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, options: LoadOp
     host: read("IDEM_HOST", databaseUrl === undefined ? "127.0.0.1" : "0.0.0.0"),
     rpcPort: read("IDEM_RPC_PORT"),
     adminPort: read("IDEM_ADMIN_PORT"),
+    portsFile: read("IDEM_PORTS_FILE"),
     migrationDatabaseUrl,
     crossTenantDatabaseUrl,
     readDatabaseUrl,

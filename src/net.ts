@@ -3,8 +3,12 @@ import { OperatorError } from "./operator-error.js";
 
 /**
  * A loopback TCP port that nothing listens on at this moment: bound, then
- * released. For the embedded PostgreSQL, child processes and throwaway
- * servers; another process may still take it before its user binds it.
+ * released, so another process may still take it before its user binds it.
+ * Only for programs that must be told their port before they listen: the
+ * embedded PostgreSQL and PgBouncer start again on another when it was taken,
+ * and the HA harness's engines (etcd, Patroni, HAProxy). A server of this
+ * project listens on port 0 and reads its port back instead (IDEM_PORTS_FILE
+ * for a coordinator process).
  */
 export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {

@@ -115,6 +115,12 @@ export const SETTINGS = {
   ),
   IDEM_RPC_PORT: setting(port, 7070, "gRPC, gRPC-Web and Connect (HTTP/2 cleartext and HTTP/1.1)"),
   IDEM_ADMIN_PORT: setting(port, 7071, "/healthz, /readyz, /metrics and the operator console"),
+  IDEM_PORTS_FILE: setting(
+    text,
+    undefined,
+    'once serving, the ports it listens on are written to this file as JSON ({"rpcPort":7070,"adminPorts":[7071]}, one admin port per worker, in worker order): for scripts that set the ports to 0',
+    "(none)",
+  ),
   IDEM_MIGRATION_DATABASE_URL: setting(postgresUrl, undefined, "connection string of the tables' owner, for migrations", "(DATABASE_URL)"),
   IDEM_DB_ROLE: setting(sqlRole, "idem_server", "role the server acts as on its connections: owns nothing, row security applies; empty: the login's own"),
   IDEM_DB_POOL_MAX: setting(integer(1, 1000), 20, "most registry connections per process"),

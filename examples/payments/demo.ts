@@ -16,12 +16,11 @@ import { join } from "node:path";
 import pg from "pg";
 import pino from "pino";
 import { loadConfig, type Config } from "../../src/config.js";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
+import { startEmbeddedPostgresOnFreePort, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { startPaymentsApp, type PaymentsApp } from "./app.js";
 import { paymentsPolicy } from "./policy.js";
-import { freePort } from "../../src/net.js";
 
 const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 const logger = pino({ level: process.env.LOG_LEVEL ?? "silent" });
@@ -115,7 +114,7 @@ async function main(): Promise<void> {
       await chmod(stateDir, 0o755);
       cleanups.push(() => rm(stateDir, { recursive: true, force: true }));
       out("PostgreSQL: DATABASE_URL is unset, starting an embedded PostgreSQL (a few seconds)…");
-      embedded = await startEmbeddedPostgres({ stateDir: join(stateDir, "postgres"), port: await freePort(), logger, ephemeral: true });
+      embedded = await startEmbeddedPostgresOnFreePort({ stateDir: join(stateDir, "postgres"), logger, ephemeral: true });
       const running = embedded;
       cleanups.push(() => running.stop());
       databaseUrl = embedded.url;

@@ -4,8 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import pino from "pino";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
-import { freePort } from "../../src/net.js";
+import { startEmbeddedPostgresOnFreePort, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 
 /**
  * The gate's PostgreSQL: a fresh schema in DATABASE_URL's database, or an
@@ -40,9 +39,8 @@ export async function openGateDatabase(options: { databaseUrl: string | undefine
       max_connections: "300",
       shared_buffers: "256MB",
     });
-    embedded = await startEmbeddedPostgres({
+    embedded = await startEmbeddedPostgresOnFreePort({
       stateDir: await mkdtemp(join(tmpdir(), "idem-gate-pg-")),
-      port: await freePort(),
       logger: pino({ level: "warn" }),
       ephemeral: !options.keep,
       settings,

@@ -103,28 +103,12 @@ export async function startPgBouncer(options: {
   const server = new URL(options.serverUrl);
   const adminUser = decodeURIComponent(server.username) || "postgres";
   const dir = await workDir("idem-pgbouncer-");
-  const port = await freePort();
   const authFile = join(dir, "users.txt");
+  const logFile = join(dir, "pgbouncer.log");
   await writeFile(authFile, `"${adminUser}" "${decodeURIComponent(server.password)}"\n`);
   const config = join(dir, "pgbouncer.ini");
-  await writeFile(
-    config,
-    await renderTemplate("pgbouncer.ini", {
-      SERVER_HOST: server.hostname,
-      SERVER_PORT: server.port || 5432,
-      LISTEN_HOST: "127.0.0.1",
-      LISTEN_PORT: port,
-      POOL_SIZE: options.poolSize,
-      AUTH_TYPE: "trust",
-      AUTH_FILE: authFile,
-      ADMIN_USER: adminUser,
-      LOG_FILE: join(dir, "pgbouncer.log"),
-      PID_FILE: join(dir, "pgbouncer.pid"),
-    }),
-  );
   const user = serviceUser();
-  if (user) for (const file of [authFile, config]) await chown(file, user.uid, user.gid);
-  const engine = startEngine(ENGINE_BINARIES.pgbouncer, [config]);
+  let port = 0;
   const admin = async (command: string) => {
     const client = new pg.Client({ host: "127.0.0.1", port, user: adminUser, database: "pgbouncer" });
     await client.connect();
@@ -135,11 +119,43 @@ export async function startPgBouncer(options: {
       await client.end();
     }
   };
-  try {
-    await waitFor("PgBouncer", async () => (await admin("SHOW VERSION")).length > 0, 10_000);
-  } catch (error) {
-    await engine.stop("SIGKILL");
-    throw new Error(`${(error as Error).message}\n${engine.output()}${await readFile(join(dir, "pgbouncer.log"), "utf8").catch(() => "")}`, { cause: error });
+  // This PgBouncer, not another one on the port: its configuration names this log file.
+  const ours = async () => (await admin("SHOW CONFIG")).some((row) => row.key === "logfile" && row.value === logFile);
+  let engine: Child;
+  // PgBouncer is told its port before it listens: one free a moment ago, and another when a process took it first.
+  for (let attempt = 1; ; attempt++) {
+    port = await freePort();
+    await writeFile(
+      config,
+      await renderTemplate("pgbouncer.ini", {
+        SERVER_HOST: server.hostname,
+        SERVER_PORT: server.port || 5432,
+        LISTEN_HOST: "127.0.0.1",
+        LISTEN_PORT: port,
+        POOL_SIZE: options.poolSize,
+        AUTH_TYPE: "trust",
+        AUTH_FILE: authFile,
+        ADMIN_USER: adminUser,
+        LOG_FILE: logFile,
+        PID_FILE: join(dir, "pgbouncer.pid"),
+      }),
+    );
+    if (user) for (const file of [authFile, config]) await chown(file, user.uid, user.gid);
+    const started = startEngine(ENGINE_BINARIES.pgbouncer, [config]);
+    const printed = async () => `${started.output()}${await readFile(logFile, "utf8").catch(() => "")}`;
+    try {
+      await waitFor("PgBouncer", async () => !started.running() || (await ours()), 10_000);
+    } catch (error) {
+      await started.stop("SIGKILL");
+      throw new Error(`${(error as Error).message}\n${await printed()}`, { cause: error });
+    }
+    if (started.running()) {
+      engine = started;
+      break;
+    }
+    const output = await printed();
+    if (attempt >= 5 || !/Address already in use/i.test(output)) throw new Error(`PgBouncer exited on port ${port}:\n${output}`);
+    await rm(logFile, { force: true });
   }
   return {
     port,

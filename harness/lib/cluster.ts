@@ -1,9 +1,11 @@
 import { randomBytes } from "node:crypto";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Charge, ProviderFaults } from "../../examples/payments/provider.js";
 import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { tokenHash } from "../../src/server/callers.js";
-import { freePort } from "../../src/net.js";
 import { startChild, type Child } from "./process.js";
 
 /**
@@ -70,7 +72,8 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     ...(options.schema ? { PGOPTIONS: `-c search_path=${options.schema}` } : {}),
     LOG_LEVEL: options.verbose ? "info" : "warn",
   };
-  const [providerPort, servicePort] = await Promise.all([freePort(), freePort()]);
+  // Where the coordinators write the ports they bound (IDEM_PORTS_FILE).
+  const portsDir = await mkdtemp(join(tmpdir(), "idem-cluster-"));
   // The coordinator's key ring, which the co-located service seals with too.
   const snapshotKeys = JSON.stringify({ active: "cluster", keys: { cluster: randomBytes(32).toString("base64") } });
 
@@ -79,15 +82,16 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     { name: "payments-recovery", tokenSha256: tokenHash(tokens.worker), tenants: ["acme"], operations: ["payments.create"], roles: ["worker"] },
     { name: "operator", tokenSha256: tokenHash(tokens.operator), tenants: ["*"], operations: ["*"], roles: ["operator"] },
   ]);
-  const startReplica = async (): Promise<Member> => {
-    const [rpcPort, adminPort] = await Promise.all([freePort(), freePort()]);
+  const startReplica = async (index: number): Promise<Member> => {
+    const portsFile = join(portsDir, `coordinator-${index}.json`);
     // Through the example's entry, which hands IDEM_FAILPOINTS to the coordinator (npm start has no such switch).
-    const replica = await member(
+    return member(
       ["examples/payments/main.ts", "coordinator"],
       {
         ...base,
-        IDEM_RPC_PORT: String(rpcPort),
-        IDEM_ADMIN_PORT: String(adminPort),
+        IDEM_RPC_PORT: "0",
+        IDEM_ADMIN_PORT: "0",
+        IDEM_PORTS_FILE: portsFile,
         IDEM_HOST: "127.0.0.1",
         IDEM_CALLERS: callers,
         IDEM_OPERATIONS: JSON.stringify([paymentsPolicy()]),
@@ -95,17 +99,25 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
         IDEM_SHUTDOWN_GRACE_MS: "2000",
         ...options.coordinatorEnv,
       },
-      `http://127.0.0.1:${rpcPort}`,
-      options.verbose,
+      {
+        verbose: options.verbose,
+        async bound() {
+          const { rpcPort, adminPorts } = JSON.parse(await readFile(portsFile, "utf8")) as { rpcPort: number; adminPorts: number[] };
+          return {
+            url: `http://127.0.0.1:${rpcPort}`,
+            adminUrl: `http://127.0.0.1:${adminPorts[0]}`,
+            env: { IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPorts[0]) },
+          };
+        },
+      },
     );
-    return { ...replica, adminUrl: `http://127.0.0.1:${adminPort}` };
   };
   // One after the other: the first one migrates the registry.
   const coordinators: Member[] = [];
-  for (let i = 0; i < Math.max(1, options.replicas ?? 1); i++) coordinators.push(await startReplica());
-  const provider = await member(["examples/payments/main.ts", "provider", "--port", String(providerPort)], base, `http://127.0.0.1:${providerPort}`, options.verbose);
+  for (let i = 0; i < Math.max(1, options.replicas ?? 1); i++) coordinators.push(await startReplica(i));
+  const provider = await member(["examples/payments/main.ts", "provider"], base, { verbose: options.verbose, bound: readyLine });
   const service = await member(
-    ["examples/payments/main.ts", "service", "--port", String(servicePort)],
+    ["examples/payments/main.ts", "service"],
     {
       ...base,
       COORDINATOR_URL: coordinators.map((c) => c.url).join(","),
@@ -116,8 +128,7 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
       IDEM_SNAPSHOT_KEYS: options.coordinatorEnv?.IDEM_SNAPSHOT_KEYS ?? snapshotKeys,
       ...options.serviceEnv,
     },
-    `http://127.0.0.1:${servicePort}`,
-    options.verbose,
+    { verbose: options.verbose, bound: readyLine },
   );
 
   return {
@@ -134,26 +145,49 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
     async stop() {
       await Promise.all([service.kill("SIGTERM"), provider.kill("SIGTERM")]);
       await Promise.all(coordinators.map((c) => c.kill("SIGTERM")));
+      await rm(portsDir, { recursive: true, force: true });
     },
   };
 }
 
-/** A process started with `node --import tsx`, ready once it prints its ready line. */
-async function member(args: string[], env: Record<string, string>, url: string, verbose = false): Promise<Member> {
+/** Where a member listens, and what starts it there again: its port as an argument (the example's processes) or in its environment (the coordinator). */
+interface Bound {
+  url: string;
+  adminUrl?: string;
+  args?: string[];
+  env?: Record<string, string>;
+}
+
+/** Where one of the example's processes listens: the address of its `ready <url>` line, and `--port` to start there again. */
+function readyLine(child: Child): Promise<Bound> {
+  const url = /^ready (\S+)$/m.exec(child.output())![1]!;
+  return Promise.resolve({ url, args: ["--port", new URL(url).port] });
+}
+
+/**
+ * A process started with `node --import tsx`, ready once it prints its ready
+ * line. It listens first on ports it is given by the system (port 0, the
+ * example's default), which `bound` reads back once it is ready; a restart
+ * asks for the same ports again, so that its clients find it where it was.
+ */
+async function member(args: string[], env: Record<string, string>, options: { verbose?: boolean | undefined; bound: (child: Child) => Promise<Bound> }): Promise<Member> {
   let child: Child | undefined;
+  let bound: Bound | undefined;
   const start = async (extra: Record<string, string> = {}) => {
     child = startChild({
       command: process.execPath,
-      args: ["--import", "tsx", ...args],
+      args: ["--import", "tsx", ...args, ...(bound?.args ?? [])],
       cwd: ROOT,
-      env: { ...process.env, ...env, ...extra },
-      ...(verbose ? { onOutput: (chunk: Buffer) => process.stderr.write(chunk) } : {}),
+      env: { ...process.env, ...env, ...bound?.env, ...extra },
+      ...(options.verbose ? { onOutput: (chunk: Buffer) => process.stderr.write(chunk) } : {}),
     });
     await child.printed(/^(ready |idempotency coordinator serving)/m, args.join(" "));
   };
   await start();
+  bound = await options.bound(child!);
   return {
-    url,
+    url: bound.url,
+    ...(bound.adminUrl ? { adminUrl: bound.adminUrl } : {}),
     alive: () => child?.running() ?? false,
     pid: () => (child?.running() ? child.pid : undefined),
     // Only the output of its current life.

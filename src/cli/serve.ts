@@ -1,6 +1,6 @@
 import cluster, { type Worker } from "node:cluster";
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import pino from "pino";
 import type { FaultHooks } from "../fault-hooks.js";
@@ -12,6 +12,7 @@ import { startCoordinator } from "../server/app.js";
 import { tokenHash } from "../server/callers.js";
 import { startTracing, traceFields } from "../server/tracing.js";
 import { listenFailure, requireListenable } from "../net.js";
+import { OperatorError } from "../operator-error.js";
 
 /**
  * Runs the coordinator until SIGTERM or SIGINT. With DATABASE_URL unset it
@@ -76,8 +77,19 @@ export async function serve(config: Config, options: { hooks?: FaultHooks } = {}
     adminPort: coordinator.adminPort,
     publishedOperations: coordinator.publishedOperations,
   };
-  if (worker === undefined) process.stderr.write(banner(config, serving, [coordinator.adminPort], developmentToken, embedded));
-  else process.send?.(serving);
+  if (worker === undefined) {
+    // Before the banner: whoever waits for the banner finds the file written.
+    if (config.portsFile) {
+      await writePortsFile(config.portsFile, { rpcPort: coordinator.rpcPort, adminPorts: [coordinator.adminPort] }).catch(async (error: unknown) => {
+        await coordinator.stop();
+        await embedded?.stop();
+        throw error;
+      });
+    }
+    process.stderr.write(banner(config, serving, [coordinator.adminPort], developmentToken, embedded));
+  } else {
+    process.send?.(serving);
+  }
 
   onStopSignals(
     async (signal) => {
@@ -170,17 +182,34 @@ async function serveWorkers(config: Config): Promise<void> {
     },
   );
 
+  // Worker i's admin port at i (with IDEM_ADMIN_PORT=0 each worker has one of its own, in no order).
+  const portsOf = (rpcPort: number) => ({ rpcPort, adminPorts: [...serving.entries()].sort(([a], [b]) => a - b).map(([, s]) => s.adminPort) });
   const start = (index: number) => {
     const worker = cluster.fork({ IDEM_WORKER_INDEX: String(index) });
     running.set(index, worker);
     worker.on("message", (message: Serving) => {
       if (message?.kind !== "serving") return;
       serving.set(index, message);
+      // A worker started in place of one that died: with IDEM_ADMIN_PORT=0 its admin port is another.
+      if (allServed && config.portsFile) {
+        void writePortsFile(config.portsFile, portsOf(message.rpcPort)).catch((error: unknown) =>
+          logger.error({ error: (error as Error).message }, "could not write the ports again"),
+        );
+      }
       if (allServed || serving.size < config.workers) return;
       allServed = true;
       const adminPorts = [...serving.values()].map((s) => s.adminPort).sort((a, b) => a - b);
-      process.stderr.write(banner(config, message, adminPorts, undefined, undefined));
-      logger.info({ rpcPort: message.rpcPort, adminPorts }, `${config.workers} workers serving`);
+      const announce = () => {
+        process.stderr.write(banner(config, message, adminPorts, undefined, undefined));
+        logger.info({ rpcPort: message.rpcPort, adminPorts }, `${config.workers} workers serving`);
+      };
+      if (!config.portsFile) return announce();
+      writePortsFile(config.portsFile, portsOf(message.rpcPort)).then(announce, (error: unknown) => {
+        process.stderr.write(`${(error as Error).message}\n`);
+        process.exitCode = 1;
+        signals.begin();
+        for (const other of running.values()) other.process.kill("SIGTERM");
+      });
     });
     worker.on("exit", (code, signal) => {
       running.delete(index);
@@ -207,6 +236,24 @@ async function serveWorkers(config: Config): Promise<void> {
     });
   };
   for (let i = 0; i < config.workers; i++) start(i);
+}
+
+/** Names the partial files of writePortsFile apart: two writes may overlap. */
+let portsFileWrites = 0;
+
+/**
+ * IDEM_PORTS_FILE: the ports this coordinator listens on, as JSON. Written
+ * whole (a file beside it, then renamed), so that a reader never finds half
+ * of it.
+ */
+async function writePortsFile(path: string, ports: { rpcPort: number; adminPorts: number[] }): Promise<void> {
+  const partial = `${path}.${process.pid}-${++portsFileWrites}.partial`;
+  try {
+    await writeFile(partial, `${JSON.stringify(ports)}\n`);
+    await rename(partial, path);
+  } catch (error) {
+    throw new OperatorError(`cannot write the ports to ${path} (IDEM_PORTS_FILE): ${(error as Error).message}`, { cause: error });
+  }
 }
 
 /** The development token, kept under the state folder so that it survives restarts. */

@@ -7,6 +7,7 @@ import { arch, platform, tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
 import type { Logger } from "pino";
+import { freePort } from "../net.js";
 import { OperatorError } from "../operator-error.js";
 import { databaseAnswers as answers, ensureDatabase } from "../registry/provision.js";
 
@@ -50,6 +51,9 @@ export interface EmbeddedOptions {
   /** Extra `-c name=value` server settings. */
   settings?: Record<string, string>;
 }
+
+/** Another program listens on the port the embedded PostgreSQL was to listen on. */
+export class PortInUseError extends OperatorError {}
 
 const DATABASE = "idempotency";
 const execFileAsync = promisify(execFile);
@@ -115,6 +119,24 @@ export async function startEmbeddedPostgres(options: EmbeddedOptions): Promise<E
       if (options.ephemeral) await rm(stateDir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * A throwaway embedded PostgreSQL on a port of its own (tests, the benchmark,
+ * the launch gate, the demo). PostgreSQL is told its port before it listens,
+ * so a port free a moment ago is picked; when another process takes it
+ * first, the start fails with PortInUseError and is tried again on another.
+ */
+export async function startEmbeddedPostgresOnFreePort(options: Omit<EmbeddedOptions, "port">, attempts = 5): Promise<EmbeddedPostgres & { port: number }> {
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort();
+    try {
+      return { ...(await startEmbeddedPostgres({ ...options, port })), port };
+    } catch (error) {
+      if (!(error instanceof PortInUseError) || attempt >= attempts) throw error;
+      options.logger.info({ port }, "the port picked for the embedded PostgreSQL was taken meanwhile; picking another");
+    }
+  }
 }
 
 /** This process's mark under `users/` while it uses the cluster, and the other live users. */
@@ -284,7 +306,7 @@ async function launch(
   const deadline = Date.now() + 60_000;
   while (Date.now() < deadline) {
     if (exited && /could not bind .*Address already in use/s.test(log)) {
-      throw new OperatorError(`port ${options.port} is already in use by another program (IDEM_EMBEDDED_PG_PORT): set IDEM_EMBEDDED_PG_PORT to a free port`);
+      throw new PortInUseError(`port ${options.port} is already in use by another program (IDEM_EMBEDDED_PG_PORT): set IDEM_EMBEDDED_PG_PORT to a free port`);
     }
     if (exited) throw new Error(`the embedded PostgreSQL did not start on port ${options.port}: ${log.trim()}`);
     if (await ready()) return child;

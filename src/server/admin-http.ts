@@ -67,7 +67,9 @@ export function listenAdmin(probes: AdminProbes, routes: AdminRoute[], host: str
   };
   return new Promise((resolve, reject) => {
     server.once("error", reject);
-    server.listen(port, host, () => {
+    // Exclusive: each of IDEM_WORKERS' processes answers on an admin port of its own, port 0 included (a
+    // listen under node:cluster otherwise shares the primary's socket, one port for every worker).
+    server.listen({ port, host, exclusive: true }, () => {
       server.removeListener("error", reject);
       const address = server.address() as net.AddressInfo;
       resolve({

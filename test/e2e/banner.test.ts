@@ -2,11 +2,10 @@ import { execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { promisify } from "node:util";
 import { describe, expect, it } from "vitest";
-import { freePort } from "../../src/net.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { useTestDatabase } from "../support/database.js";
 import { printed, until } from "../support/wait.js";
-import { listeningAddresses } from "./listening.js";
+import { boundPorts, listeningAddresses, portsFile } from "./listening.js";
 
 /**
  * The banner of a start on DATABASE_URL (the production path): it says where
@@ -27,14 +26,15 @@ interface Serving {
  * then stops it.
  */
 async function serving(extra: NodeJS.ProcessEnv, whileServing: (serving: Serving) => Promise<void>): Promise<void> {
-  const [rpcPort, adminPort] = [await freePort(), await freePort()];
+  const ports = await portsFile();
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     DATABASE_URL: t.url,
     // libpq-style options reach node-postgres too: the process works in this file's schema.
     PGOPTIONS: `-c search_path=${t.schema}`,
-    IDEM_RPC_PORT: String(rpcPort),
-    IDEM_ADMIN_PORT: String(adminPort),
+    IDEM_RPC_PORT: "0",
+    IDEM_ADMIN_PORT: "0",
+    IDEM_PORTS_FILE: ports.path,
     IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
     LOG_LEVEL: "warn",
   };
@@ -47,10 +47,11 @@ async function serving(extra: NodeJS.ProcessEnv, whileServing: (serving: Serving
     await printed(child, () => stderr, "idempotency coordinator serving", 60_000);
     // Whole once its last part (a first call, or what to configure) and the empty line after it are out.
     await until(() => /\n(First call|Before the first call)[^]*\n\n$/.test(stderr), "the whole banner");
-    await whileServing({ banner: stderr, rpcPort });
+    await whileServing({ banner: stderr, rpcPort: (await boundPorts(ports.path)).rpcPort });
   } finally {
     child.kill("SIGTERM");
     await exited;
+    await ports.remove();
   }
 }
 

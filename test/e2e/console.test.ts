@@ -330,6 +330,8 @@ describe.skipIf(skipHere)("the operator console", () => {
     const answered = page.waitForResponse((response) => response.url().endsWith("/GetRecordHistory") && ofAccepted(response.request()));
     answerLate();
     await answered;
+    // Time passes on purpose: nothing marks an answer the page dropped, so the page is given a moment in
+    // which it would have shown the late answer, and must not have.
     await page.evaluate("new Promise((resolve) => setTimeout(resolve, 100))");
     expect(await recordView.innerText()).not.toContain(accepted.operationId);
     expect(await reconcileForms.count()).toBe(0);

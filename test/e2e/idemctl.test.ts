@@ -7,14 +7,15 @@ import { create } from "@bufbuild/protobuf";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
+import { AdminService, OperationMode, type StreamEventsResponse } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { freePort } from "../../src/net.js";
 import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { closedPort } from "../gateway/helpers.js";
+import { until } from "../support/wait.js";
 
 const run = promisify(execFile);
 const t = useTestDatabase();
@@ -132,13 +133,22 @@ describe("idemctl", { timeout: 120_000 }, () => {
     expect(again.code).toBe(1);
     expect(again.stderr).toContain("(INVALID_TRANSITION)");
 
-    const events = await idemctl("events", "--tenant", "acme", "--json");
-    const kinds = events.stdout
-      .trim()
-      .split("\n")
-      .map((line) => JSON.parse(line) as { kind: string; operationId: string })
-      .filter((e) => e.operationId === accepted.operationId)
-      .map((e) => e.kind);
+    let kinds: string[] = [];
+    // An event is streamed once every transaction older than its own has ended, in the whole cluster.
+    await until(
+      async () => {
+        const events = await idemctl("events", "--tenant", "acme", "--json");
+        kinds = events.stdout
+          .trim()
+          .split("\n")
+          .map((line) => JSON.parse(line) as { kind: string; operationId: string })
+          .filter((e) => e.operationId === accepted.operationId)
+          .map((e) => e.kind);
+        return kinds.includes("RECONCILED");
+      },
+      "the reconciliation to be streamed",
+      60_000,
+    );
     expect(kinds).toEqual(["ACCEPTED", "EFFECT_RECORDED", "UNKNOWN", "RECONCILED"]);
   });
 
@@ -224,8 +234,13 @@ describe("idemctl", { timeout: 120_000 }, () => {
     expect(shownJson.snapshot.digest).toBe(digest);
 
     // The event log: each event's time as StreamEvents answers it, in lines and in JSON.
-    const logged = [];
-    for await (const event of admin.streamEvents({ tenant: "acme" }, operator)) if (event.operationId === accepted.operationId) logged.push(event);
+    let logged: StreamEventsResponse[] = [];
+    // Streamed once every older transaction in the cluster has ended.
+    await until(async () => {
+      logged = [];
+      for await (const event of admin.streamEvents({ tenant: "acme" }, operator)) if (event.operationId === accepted.operationId) logged.push(event);
+      return logged.some((e) => e.kind === "COMPLETED");
+    }, "the completion to be streamed");
     expect(logged.map((e) => e.kind)).toEqual(["ACCEPTED", "COMPLETED"]);
     const lines = (await idemctl("events", "--tenant", "acme")).stdout;
     const json = (await idemctl("events", "--tenant", "acme", "--json")).stdout
@@ -305,7 +320,7 @@ describe("idemctl", { timeout: 120_000 }, () => {
   });
 
   it("says in one line which database it cannot reach, naming the variable, without the password", async () => {
-    const closed = await freePort();
+    const closed = await closedPort();
     const env = { ...process.env, DATABASE_URL: `postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`, IDEM_MIGRATION_DATABASE_URL: "" };
     for (const args of [["migrate"], ["migrate", "--status"]]) {
       const result = await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", ...args], { env }).then(

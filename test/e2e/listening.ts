@@ -1,4 +1,6 @@
-import { readFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 
 /**
  * The local addresses this machine has a TCP socket listening on at `port`,
@@ -24,4 +26,21 @@ export async function listeningAddresses(port: number): Promise<string[]> {
 /** A /proc/net/tcp address: the four bytes in the machine's (little-endian) order. */
 function ipv4(hex: string): string {
   return [6, 4, 2, 0].map((at) => Number.parseInt(hex.slice(at, at + 2), 16)).join(".");
+}
+
+/** What a coordinator wrote to IDEM_PORTS_FILE: its RPC port, and the admin port of each worker in order. */
+export interface BoundPorts {
+  rpcPort: number;
+  adminPorts: number[];
+}
+
+/** A path for IDEM_PORTS_FILE in a folder of its own, and a way to remove that folder. */
+export async function portsFile(): Promise<{ path: string; remove(): Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), "idem-ports-"));
+  return { path: join(dir, "ports.json"), remove: () => rm(dir, { recursive: true, force: true }) };
+}
+
+/** The ports in IDEM_PORTS_FILE (written before the start banner: read it once the banner is out). */
+export async function boundPorts(path: string): Promise<BoundPorts> {
+  return JSON.parse(await readFile(path, "utf8")) as BoundPorts;
 }

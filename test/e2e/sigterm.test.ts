@@ -10,8 +10,8 @@ import { tokenHash } from "../../src/server/callers.js";
 import { transactionDb } from "../../src/registry/db.js";
 import { useTestDatabase } from "../support/database.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
-import { freePort } from "../../src/net.js";
 import { printed, until } from "../support/wait.js";
+import { boundPorts, portsFile } from "./listening.js";
 
 const t = useTestDatabase();
 let child: ChildProcess | undefined;
@@ -21,7 +21,7 @@ afterAll(() => {
 
 describe("SIGTERM", () => {
   it("stops taking new RPCs but finishes the ones in flight, then exits 0", async () => {
-    const [rpcPort, adminPort] = [await freePort(), await freePort()];
+    const ports = await portsFile();
     const token = "sigterm-test-token-0123456789";
     child = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
       env: {
@@ -29,8 +29,9 @@ describe("SIGTERM", () => {
         DATABASE_URL: t.url,
         // libpq-style options reach node-postgres too: the process works in this file's schema.
         PGOPTIONS: `-c search_path=${t.schema}`,
-        IDEM_RPC_PORT: String(rpcPort),
-        IDEM_ADMIN_PORT: String(adminPort),
+        IDEM_RPC_PORT: "0",
+        IDEM_ADMIN_PORT: "0",
+        IDEM_PORTS_FILE: ports.path,
         IDEM_CALLERS: JSON.stringify([{ name: "gw", tokenSha256: tokenHash(token), tenants: ["*"], operations: ["*"], roles: ["gateway"] }]),
         IDEM_OPERATIONS: JSON.stringify([{ operation: "payments.create", apiRevision: 1 }]),
         IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
@@ -45,6 +46,11 @@ describe("SIGTERM", () => {
     child.stderr!.on("data", (chunk) => (output += chunk));
     // A process starting from scratch (tsx compiles the sources): the longest wait of this file.
     await printed(child, () => output, "idempotency coordinator serving", 30_000);
+    const {
+      rpcPort,
+      adminPorts: [adminPort],
+    } = await boundPorts(ports.path);
+    await ports.remove();
 
     // An uncommitted reservation of the same scope keeps ten Reserves waiting inside the server.
     const key = newKey();

@@ -11,9 +11,9 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import { ENVIRONMENT } from "../../src/config.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
-import { freePort } from "../../src/net.js";
 import { printed } from "../support/wait.js";
-import { listeningAddresses } from "./listening.js";
+import { closedPort } from "../gateway/helpers.js";
+import { boundPorts, listeningAddresses } from "./listening.js";
 
 const run = promisify(execFile);
 const readme = await readFile(new URL("../../README.md", import.meta.url), "utf8");
@@ -41,18 +41,41 @@ beforeAll(async () => {
   stateDir = await mkdtemp(join(tmpdir(), "idem-start-"));
   // Reachable by the postgres user, like a checkout folder.
   await chmod(stateDir, 0o755);
-  [rpcPort, adminPort, pgPort] = [await freePort(), await freePort(), await freePort()];
-  env = { ...process.env, IDEM_STATE_DIR: stateDir, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_EMBEDDED_PG_PORT: String(pgPort), LOG_LEVEL: "info" };
-  delete env.DATABASE_URL;
-  child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
-  child.stdout!.on("data", (chunk) => {
-    output += chunk;
-    stdout += chunk;
-  });
-  child.stderr!.on("data", (chunk) => (output += chunk));
-  // Its first start initializes the embedded cluster: by far the longest wait of this file.
-  await printed(child, () => output, "idempotency coordinator serving", 90_000);
-}, 120_000);
+  const portsFile = join(stateDir, "ports.json");
+  // Its own ports are whatever it binds (IDEM_PORTS_FILE says which); PostgreSQL is told its port before it
+  // listens: one nothing listened on a moment ago, and another when a process took it first.
+  for (let attempt = 1; ; attempt++) {
+    pgPort = await closedPort();
+    env = {
+      ...process.env,
+      IDEM_STATE_DIR: stateDir,
+      IDEM_RPC_PORT: "0",
+      IDEM_ADMIN_PORT: "0",
+      IDEM_PORTS_FILE: portsFile,
+      IDEM_EMBEDDED_PG_PORT: String(pgPort),
+      LOG_LEVEL: "info",
+    };
+    delete env.DATABASE_URL;
+    [output, stdout] = ["", ""];
+    child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    child.stdout!.on("data", (chunk) => {
+      output += chunk;
+      stdout += chunk;
+    });
+    child.stderr!.on("data", (chunk) => (output += chunk));
+    try {
+      // Its first start initializes the embedded cluster: by far the longest wait of this file.
+      await printed(child, () => output, "idempotency coordinator serving", 90_000);
+      break;
+    } catch (error) {
+      if (attempt >= 5 || !/port \d+ is already in use by another program \(IDEM_EMBEDDED_PG_PORT\)/.test(output)) throw error;
+    }
+  }
+  ({
+    rpcPort,
+    adminPorts: [adminPort = 0],
+  } = await boundPorts(portsFile));
+}, 180_000);
 
 afterAll(async () => {
   try {
@@ -82,9 +105,9 @@ describe("npm start on the embedded default", () => {
 
   it("listens where IDEM_HOST says when it is set, and its banner says so", async () => {
     // A second coordinator on the same state folder: it shares the running embedded PostgreSQL (and never stops it).
-    const [otherRpc, otherAdmin] = [await freePort(), await freePort()];
+    const otherPorts = join(stateDir, "other-ports.json");
     const opened = spawn(process.execPath, ["--import", "tsx", "src/main.ts"], {
-      env: { ...env, IDEM_HOST: "0.0.0.0", IDEM_RPC_PORT: String(otherRpc), IDEM_ADMIN_PORT: String(otherAdmin) },
+      env: { ...env, IDEM_HOST: "0.0.0.0", IDEM_RPC_PORT: "0", IDEM_ADMIN_PORT: "0", IDEM_PORTS_FILE: otherPorts },
       stdio: ["ignore", "pipe", "pipe"],
     });
     let printedOut = "";
@@ -92,6 +115,7 @@ describe("npm start on the embedded default", () => {
     opened.stderr.on("data", (chunk) => (printedOut += chunk));
     try {
       await printed(opened, () => printedOut, "idempotency coordinator serving", 60_000);
+      const otherRpc = (await boundPorts(otherPorts)).rpcPort;
       expect(await listeningAddresses(otherRpc)).toEqual(["0.0.0.0"]);
       expect(printedOut).toContain(`RPC (gRPC, gRPC-Web, Connect; HTTP/2 and HTTP/1.1): 0.0.0.0:${otherRpc}, every interface (from this machine: 127.0.0.1:${otherRpc})`);
       expect(printedOut).toContain("development token (all grants, reachable from other machines: IDEM_HOST is 0.0.0.0)");
@@ -126,7 +150,7 @@ describe("npm start on the embedded default", () => {
     const status = await run(process.execPath, ["--import", "tsx", "src/cli/idemctl.ts", "migrate", "--status"], { env });
     expect(status.stdout).toMatch(/^000001_\S+ {2}applied /m);
     // A second start on the same ports and state folder: refused in one line, before it touches the database.
-    const second = await runMain(env);
+    const second = await runMain({ ...env, IDEM_RPC_PORT: String(rpcPort), IDEM_ADMIN_PORT: String(adminPort), IDEM_PORTS_FILE: join(stateDir, "second-ports.json") });
     expect(second.code).not.toBe(0);
     const lines = second.stderr.trim().split("\n");
     expect(lines).toHaveLength(1);
@@ -190,10 +214,8 @@ function withDatabase(databaseUrl: string, extra: NodeJS.ProcessEnv = {}): NodeJ
 
 describe("npm start on a database without a snapshot key ring", () => {
   it("exits non-zero with one line naming the key ring's variables, before it touches the database", async () => {
-    const closed = await freePort();
-    const result = await runMain(
-      withDatabase(`postgres://idem@127.0.0.1:${closed}/registry`, { IDEM_RPC_PORT: String(await freePort()), IDEM_ADMIN_PORT: String(await freePort()) }),
-    );
+    const closed = await closedPort();
+    const result = await runMain(withDatabase(`postgres://idem@127.0.0.1:${closed}/registry`, { IDEM_RPC_PORT: "0", IDEM_ADMIN_PORT: "0" }));
     expect(result.code).not.toBe(0);
     const lines = result.stderr.trim().split("\n");
     expect(lines).toHaveLength(1);
@@ -206,8 +228,8 @@ describe("npm start with an origin pattern in IDEM_CORS_ORIGINS", () => {
     const env: NodeJS.ProcessEnv = {
       ...process.env,
       IDEM_CORS_ORIGINS: "https://*.example.com",
-      IDEM_RPC_PORT: String(await freePort()),
-      IDEM_ADMIN_PORT: String(await freePort()),
+      IDEM_RPC_PORT: "0",
+      IDEM_ADMIN_PORT: "0",
     };
     delete env.DATABASE_URL;
     const result = await runMain(env);
@@ -222,13 +244,13 @@ describe("npm start with an origin pattern in IDEM_CORS_ORIGINS", () => {
 
 describe("npm start on a database it cannot reach", () => {
   it("exits non-zero with one line naming DATABASE_URL and the address, without a stack or the password", async () => {
-    const closed = await freePort();
+    const closed = await closedPort();
     const result = await runMain({
       ...withDatabase(`postgres://idem:s3cret-pw@127.0.0.1:${closed}/registry`, {
         IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: Buffer.alloc(32, 7).toString("base64") } }),
       }),
-      IDEM_RPC_PORT: String(await freePort()),
-      IDEM_ADMIN_PORT: String(await freePort()),
+      IDEM_RPC_PORT: "0",
+      IDEM_ADMIN_PORT: "0",
       LOG_LEVEL: "info",
     });
     expect(result.code).not.toBe(0);

@@ -1,18 +1,18 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorService, Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
-import { freePort } from "../../src/net.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { EVENT_TIMEOUT_MS, printed } from "../support/wait.js";
+import { closedPort } from "../gateway/helpers.js";
+import { EVENT_TIMEOUT_MS, printed, until } from "../support/wait.js";
+import { boundPorts, portsFile } from "./listening.js";
 
 /**
  * IDEM_WORKERS=2: one start, two coordinator processes sharing the RPC port,
@@ -23,20 +23,12 @@ let t: TestDatabase;
 let primary: ChildProcess;
 let output = "";
 let rpcUrl: string;
-let adminPort: number;
+/** IDEM_PORTS_FILE: the primary writes it again when a worker comes back on an admin port of its own. */
+let ports: Awaited<ReturnType<typeof portsFile>>;
 const token = `gw_${randomBytes(16).toString("hex")}`;
 
-/** A port whose next one is free too (worker 1's admin port). */
-async function twoFreePorts(): Promise<number> {
-  for (;;) {
-    const port = await freePort();
-    const free = await new Promise<boolean>((resolve) => {
-      const probe = createServer().once("error", () => resolve(false));
-      probe.listen(port + 1, "127.0.0.1", () => probe.close(() => resolve(true)));
-    });
-    if (free) return port;
-  }
-}
+/** The admin address of worker `worker` now. */
+const adminUrl = async (worker: number) => `http://127.0.0.1:${(await boundPorts(ports.path)).adminPorts[worker]}`;
 
 /** The live worker processes of the primary: its children running the coordinator's entry (Linux /proc; tsx has an esbuild child too). */
 function childrenOf(pid: number): number[] {
@@ -56,17 +48,16 @@ function childrenOf(pid: number): number[] {
 
 beforeAll(async () => {
   t = await createTestDatabase();
-  const rpcPort = await freePort();
-  adminPort = await twoFreePorts();
-  rpcUrl = `http://127.0.0.1:${rpcPort}`;
+  ports = await portsFile();
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     DATABASE_URL: t.url,
     PGOPTIONS: `-c search_path=${t.schema}`,
     IDEM_WORKERS: "2",
     IDEM_HOST: "127.0.0.1",
-    IDEM_RPC_PORT: String(rpcPort),
-    IDEM_ADMIN_PORT: String(adminPort),
+    IDEM_RPC_PORT: "0",
+    IDEM_ADMIN_PORT: "0",
+    IDEM_PORTS_FILE: ports.path,
     IDEM_CALLERS: JSON.stringify([{ name: "gateway", tokenSha256: tokenHash(token), tenants: ["acme"], operations: ["payments.create"], roles: ["gateway"] }]),
     IDEM_OPERATIONS: JSON.stringify([testDocument()]),
     IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
@@ -77,6 +68,7 @@ beforeAll(async () => {
   primary.stdout!.on("data", (chunk) => (output += chunk));
   primary.stderr!.on("data", (chunk) => (output += chunk));
   await printed(primary, () => output, "idempotency coordinator serving", 60_000);
+  rpcUrl = `http://127.0.0.1:${(await boundPorts(ports.path)).rpcPort}`;
 }, 90_000);
 
 afterAll(async () => {
@@ -85,6 +77,7 @@ afterAll(async () => {
     primary.kill("SIGKILL");
   }
   await t?.drop();
+  await ports?.remove();
 });
 
 /** A Reserve of a new key over a connection of its own (connections are handed to workers in turn), with a deadline. */
@@ -116,7 +109,7 @@ async function reserveRetrying() {
 
 /** Reserve decisions a worker counted, from its /metrics. */
 async function decisionsOf(worker: number): Promise<number> {
-  const text = await (await fetch(`http://127.0.0.1:${adminPort + worker}/metrics`)).text();
+  const text = await (await fetch(`${await adminUrl(worker)}/metrics`)).text();
   return text
     .split("\n")
     .filter((line) => line.startsWith("idem_decisions_total{"))
@@ -125,12 +118,15 @@ async function decisionsOf(worker: number): Promise<number> {
 
 describe("IDEM_WORKERS=2", () => {
   it("serves one RPC port from two processes, each with its own admin port", async () => {
-    expect(output).toContain(`http://127.0.0.1:${adminPort}, ${adminPort + 1}`);
+    const { adminPorts } = await boundPorts(ports.path);
+    expect(new Set(adminPorts).size).toBe(2);
+    const [low, high] = [...adminPorts].sort((a, b) => a - b);
+    expect(output).toContain(`http://127.0.0.1:${low}, ${high}`);
     expect(childrenOf(primary.pid!)).toHaveLength(2);
     const answers = await Promise.all(Array.from({ length: 8 }, () => reserveOnNewConnection()));
     expect(answers.map((a) => a.decision)).toEqual(Array(8).fill(Decision.ACCEPTED));
     for (const worker of [0, 1]) {
-      expect((await fetch(`http://127.0.0.1:${adminPort + worker}/readyz`)).status).toBe(200);
+      expect((await fetch(`${await adminUrl(worker)}/readyz`)).status).toBe(200);
       expect(await decisionsOf(worker), `worker ${worker} to have decided some of the Reserves`).toBeGreaterThan(0);
     }
   });
@@ -139,14 +135,20 @@ describe("IDEM_WORKERS=2", () => {
     const [victim] = childrenOf(primary.pid!);
     process.kill(victim!, "SIGKILL");
     expect((await reserveRetrying()).decision).toBe(Decision.ACCEPTED);
-    await vi.waitFor(
+    await until(
       async () => {
         const workers = childrenOf(primary.pid!);
-        expect(workers).toHaveLength(2);
-        expect(workers).not.toContain(victim);
-        for (const worker of [0, 1]) expect((await fetch(`http://127.0.0.1:${adminPort + worker}/readyz`)).status).toBe(200);
+        if (workers.length !== 2 || workers.includes(victim!)) return false;
+        // Until the new worker serves, the ports file still names the dead one's admin port, which refuses connections.
+        const ready = async (worker: number) =>
+          fetch(`${await adminUrl(worker)}/readyz`).then(
+            (response) => response.status === 200,
+            () => false,
+          );
+        return (await ready(0)) && (await ready(1));
       },
-      { timeout: EVENT_TIMEOUT_MS * 3, interval: 200 },
+      "two ready workers, the one in place of the victim included",
+      EVENT_TIMEOUT_MS * 3,
     );
     expect(output).toContain("a worker exited; starting another in its place");
   }, 90_000);
@@ -162,14 +164,14 @@ describe("IDEM_WORKERS=2", () => {
 
 describe("IDEM_WORKERS=2 on a database it cannot reach", () => {
   it("stops every worker and exits non-zero, saying which database", async () => {
-    const closed = await freePort();
+    const closed = await closedPort();
     const env: NodeJS.ProcessEnv = {
       ...process.env,
       DATABASE_URL: `postgres://idem@127.0.0.1:${closed}/registry`,
       IDEM_WORKERS: "2",
       IDEM_HOST: "127.0.0.1",
-      IDEM_RPC_PORT: String(await freePort()),
-      IDEM_ADMIN_PORT: String(await twoFreePorts()),
+      IDEM_RPC_PORT: "0",
+      IDEM_ADMIN_PORT: "0",
       IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: "k1", keys: { k1: randomBytes(32).toString("base64") } }),
       LOG_LEVEL: "warn",
     };

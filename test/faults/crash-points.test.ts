@@ -1,8 +1,9 @@
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startCluster, type Cluster, type Member } from "../../harness/lib/cluster.js";
 import type { HookPoint } from "../../src/fault-hooks.js";
 import { useTestDatabase } from "../support/database.js";
+import { until } from "../support/wait.js";
 
 // Kills a real process exactly at each failpoint in the middle of a request,
 // starts it again, lets the client retry and the recovery worker run, then
@@ -48,13 +49,18 @@ const endLeases = () => t.pool.query("UPDATE idem_record SET lease_expires_at = 
 
 /** Retries like a client: until a final answer; 409 and 503 and lost connections mean try again. */
 async function retryUntilFinal(key: string, body: unknown): Promise<{ status: number; text: string }> {
-  for (let attempt = 0; attempt < 120; attempt++) {
-    const answer = await post(key, body);
-    if ("status" in answer && answer.status !== 409 && answer.status !== 503) return answer;
-    await endLeases();
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`no final answer for ${key}`);
+  let final: { status: number; text: string } | undefined;
+  await until(
+    async () => {
+      const answer = await post(key, body);
+      if ("status" in answer && answer.status !== 409 && answer.status !== 503) final = answer;
+      else await endLeases();
+      return final !== undefined;
+    },
+    `a final answer for ${key}`,
+    30_000,
+  );
+  return final!;
 }
 
 async function crashAt(target: Member, point: HookPoint, extra: Record<string, string> = {}): Promise<void> {
@@ -69,7 +75,7 @@ async function crashReplicasAt(point: HookPoint): Promise<void> {
 
 /** Waits until a replica died at its failpoint, then starts every replica again without it. */
 async function restartReplicas(): Promise<void> {
-  await vi.waitFor(() => expect(cluster.coordinators.some((replica) => !replica.alive())).toBe(true));
+  await until(() => cluster.coordinators.some((replica) => !replica.alive()), "a replica to die at its failpoint");
   for (const replica of cluster.coordinators) {
     await replica.kill();
     await replica.restart();
@@ -138,7 +144,7 @@ describe("a process killed mid-request, at each failpoint", () => {
     await crashAt(cluster.service, "gateway.effect.after-call");
     const key = randomUUID();
     expect(await post(key, BODY)).toHaveProperty("error");
-    await vi.waitFor(() => expect(cluster.service.alive()).toBe(false));
+    await until(() => !cluster.service.alive(), "the service to die at its failpoint");
     await cluster.service.restart();
     const final = await retryUntilFinal(key, BODY);
     expect(final.status).toBe(201);

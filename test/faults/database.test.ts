@@ -6,15 +6,14 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type pg from "pg";
-import { afterEach, describe, expect, it, vi } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config.js";
 import { Failpoints } from "../../src/failpoints.js";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { poolDb, type Db, type Queryable } from "../../src/registry/db.js";
-import { startEmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
-import { freePort } from "../../src/net.js";
+import { startEmbeddedPostgres, startEmbeddedPostgresOnFreePort, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
@@ -201,7 +200,7 @@ describe("connections killed inside a transaction", () => {
       const { operationId } = await reserve();
       const completing = client.complete({ ref: refOf(operationId), generation: 1n, outcome: Outcome.SUCCEEDED, snapshot: { statusCode: 201 } }, call);
       const committing = "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query = 'COMMIT'";
-      await vi.waitFor(async () => expect((await t.pool.query(committing, [server.applicationName])).rowCount).toBe(1), { timeout: 10_000 });
+      await until(async () => (await t.pool.query(committing, [server.applicationName])).rowCount === 1, "the Complete's COMMIT to be running");
       const { rows: killed } = await t.pool.query<{ n: number }>(`SELECT count(pg_terminate_backend(pid))::int AS n FROM (${committing}) AS c`, [server.applicationName]);
       expect(killed[0]?.n).toBe(1);
       expect((await completing).state).toBe(RecordState.SUCCEEDED);
@@ -261,9 +260,11 @@ describe("PostgreSQL restarted under load", () => {
   it("refuses as UNAVAILABLE while the database is down, never half-decides, and serves again once it is back", async () => {
     const stateDir = await mkdtemp(join(tmpdir(), "idem-restart-"));
     await chmod(stateDir, 0o755);
-    const port = await freePort();
     const settings = { fsync: "off", synchronous_commit: "off" };
-    let database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
+    const first = await startEmbeddedPostgresOnFreePort({ stateDir, logger: silentLogger, settings });
+    // Started again on the same port below: the coordinator's DATABASE_URL names it.
+    const { port } = first;
+    let database: EmbeddedPostgres = first;
     const token = "restart-test-token-0123456789abcdef";
     const coordinator = await startCoordinator({
       config: {
@@ -313,7 +314,7 @@ describe("PostgreSQL restarted under load", () => {
       await until(() => [...outcomes.keys()].some((outcome) => outcome !== "ACCEPTED"), "a Reserve refused while the database is down");
       const acceptedBeforeRestart = accepted.length;
       database = await startEmbeddedPostgres({ stateDir, port, logger: silentLogger, settings });
-      await vi.waitFor(() => expect(accepted.length).toBeGreaterThan(acceptedBeforeRestart + 5), { timeout: 15_000 });
+      await until(() => accepted.length > acceptedBeforeRestart + 5, "Reserves accepted again once the database is back", 15_000);
       running = false;
       await load;
       // Every refusal while the database was away said UNAVAILABLE; nothing else went wrong.

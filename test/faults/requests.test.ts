@@ -7,23 +7,22 @@ import { paymentsPolicy } from "../../examples/payments/policy.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { policyToProto } from "../../src/server/policy-convert.js";
 import { useTestDatabase } from "../support/database.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post } from "../gateway/helpers.js";
 
 // Requests that look like retries but are not, and retries that look different
 // but are: each answered correctly through the example service.
 
 const t = useTestDatabase();
-let server: TestServer;
 let app: PaymentsApp;
 const ALICE = { authorization: "Bearer alice-token-7f3a9c2e" };
 const BOB = { authorization: "Bearer bob-token-51d0b6aa" };
 const url = () => `${app.service.url}/v1/payments`;
 // Short retention, no declared window longer: tombstones can be made within a test.
 const windows = { keep: "1s", clientRetryWindow: "0s", queueBacklogWindow: "0s", reconciliationWindow: "0s", backupRestoreWindow: "0s" };
+const server = useTestServer(t, { operations: [paymentsPolicy({ retention: windows })] });
 
 beforeAll(async () => {
-  server = await startTestServer(t, { operations: [paymentsPolicy({ retention: windows })] });
   // Co-located (the default): the service seals with the coordinator's key ring.
   app = await startPaymentsApp({
     coordinatorUrl: server.baseUrl,
@@ -35,7 +34,6 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await app?.close();
-  await server?.stop();
 });
 
 const charges = () => app.provider.charges().length;

@@ -14,12 +14,11 @@ import pg from "pg";
 import pino from "pino";
 import { loadConfig } from "../../src/config.js";
 import { openPool } from "../../src/registry/db.js";
-import { startEmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
+import { startEmbeddedPostgresOnFreePort } from "../../src/dev/embedded-postgres.js";
 import { startCoordinator } from "../../src/server/app.js";
 import { tokenHash } from "../../src/server/callers.js";
 import { parsePolicyDocument } from "../../src/policy/document.js";
 import { fuzzJsonParser, fuzzPolicyLoader, fuzzRpc } from "./harness.js";
-import { freePort } from "../../src/net.js";
 
 const { values } = parseArgs({
   options: {
@@ -51,9 +50,8 @@ const started = Date.now();
 
 const embedded = process.env.DATABASE_URL
   ? undefined
-  : await startEmbeddedPostgres({
+  : await startEmbeddedPostgresOnFreePort({
       stateDir: await mkdtemp(join(tmpdir(), "idem-fuzz-")),
-      port: await freePort(),
       logger,
       ephemeral: true,
       settings: { fsync: "off", synchronous_commit: "off" },

@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import Fastify from "fastify";
 import pino from "pino";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { ColocatedRegistry } from "../../src/colocated/index.js";
 import { expressIdempotency } from "../../src/gateway/express.js";
 import { fastifyIdempotency } from "../../src/gateway/fastify.js";
@@ -12,7 +12,7 @@ import { RecoveryWorker, type RecoveryContext } from "../../src/gateway/recovery
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { expireLease } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 
 /**
  * What a JavaScript caller gets for an argument of the wrong shape at the
@@ -23,7 +23,7 @@ import { startTestServer, type TestServer } from "../support/server.js";
  */
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })], config: { recovererIntervalMs: 3_600_000 } });
 let client: CoordinatorClient;
 let workerClient: CoordinatorClient;
 let gateway: IdempotencyGateway;
@@ -31,16 +31,9 @@ const alice = { tenant: "acme", principal: "alice" };
 const route = { operation: "payments.create", apiRevision: 1 };
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })], config: { recovererIntervalMs: 3_600_000 } });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
-  workerClient = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.worker });
+  client = coordinator.sdkClient();
+  workerClient = coordinator.sdkClient({ token: coordinator.tokens.worker });
   gateway = new IdempotencyGateway({ client });
-});
-
-afterAll(async () => {
-  client?.close();
-  workerClient?.close();
-  await coordinator?.stop();
 });
 
 /** Calls `call` as JavaScript would, whatever its declared type. */

@@ -1,14 +1,15 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createRouterTransport, type Interceptor } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { MAX_BATCH_CALLS } from "../../src/contract/batch.js";
 import type { FaultHooks, HookPoint } from "../../src/fault-hooks.js";
 import { CoordinatorService, Decision as ProtoDecision, ReserveResponseSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { RecordState as ProtoRecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { CoordinatorClient, CoordinatorError, type CoordinatorClientOptions, type GatewayLogger, type ReserveInput } from "../../src/gateway/index.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { jsonParts, newKey } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
+import { within } from "./helpers.js";
 
 /**
  * The gateway SDK's batching against a real coordinator: concurrent calls
@@ -16,29 +17,23 @@ import { startTestServer, type TestServer } from "../support/server.js";
  * exactly as the same call sent as its own RPC.
  */
 
-let t: TestDatabase;
-let server: TestServer;
-const clients: CoordinatorClient[] = [];
-
 /** Holds Complete after its commit while set: a call that is still running on the coordinator. */
 let completeHeld: Promise<void> | undefined;
-const hooks: FaultHooks = { reached: (point: HookPoint) => (point === "registry.complete.after-commit" ? completeHeld : undefined) };
+/** Called when the coordinator holds a Complete there. */
+let onCompleteHeld: (() => void) | undefined;
+const hooks: FaultHooks = {
+  reached: (point: HookPoint) => {
+    if (point !== "registry.complete.after-commit" || !completeHeld) return undefined;
+    onCompleteHeld?.();
+    return completeHeld;
+  },
+};
 
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, { hooks });
-});
-afterAll(async () => {
-  for (const client of clients) client.close();
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t, { hooks });
 
-function client(options: Partial<CoordinatorClientOptions> = {}): CoordinatorClient {
-  const made = new CoordinatorClient({ baseUrl: server.baseUrl, token: server.tokens.gateway, retry: { attempts: 1 }, ...options });
-  clients.push(made);
-  return made;
-}
+/** A client of the server that tries each call once (closed after the last test). */
+const client = (options: Partial<CoordinatorClientOptions> = {}): CoordinatorClient => server.sdkClient({ retry: { attempts: 1 }, ...options });
 
 const reserveInput = (key: string, overrides: Partial<ReserveInput> = {}): ReserveInput => ({
   subject: { tenant: "acme", principal: "alice" },
@@ -106,10 +101,13 @@ describe("batching against a coordinator that serves Batch", () => {
   });
 
   it("never sends more than the contract's bound in one batch", async () => {
-    const batched = client({ batching: { inFlight: 1 } });
+    // One Batch at a time: the last calls wait for the first batches, and a call's deadline runs from
+    // when it is made, so it is far beyond what three batches take on a busy machine (and within the
+    // coordinator's IDEM_MAX_DEADLINE_MS).
+    const batched = client({ batching: { inFlight: 1 }, timeoutMs: 20_000 });
     const batchesBefore = await rpcCount("Batch");
     const calls = MAX_BATCH_CALLS * 2 + 10;
-    // Calls refused before the registry: a busy test machine cannot make any of them time out.
+    // Calls refused before the registry: nothing of the database can make one of them time out.
     const failures = await Promise.all(Array.from({ length: calls }, () => failureOf(batched.reserve(reserveInput("too-short")))));
     expect(failures.every((f) => f.reason === "INVALID_KEY")).toBe(true);
     // Calls made together go together, in batches of at most the bound (the coordinator refuses larger ones).
@@ -180,10 +178,13 @@ describe("batching against a coordinator that serves Batch", () => {
     try {
       const cancelled = async (c: CoordinatorClient, operationId: string) => {
         const controller = new AbortController();
+        const held = new Promise<void>((resolve) => (onCompleteHeld = resolve));
         const call = failureOf(
           c.complete({ ref: { tenant: "acme", operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, { signal: controller.signal, timeoutMs: 10_000 }),
         );
-        setTimeout(() => controller.abort(), 100);
+        // Cancelled while the coordinator holds the call: in flight.
+        await within(held, "the coordinator to hold the Complete");
+        controller.abort();
         return call;
       };
       const expected = await cancelled(alone, held.operationId);
@@ -197,6 +198,7 @@ describe("batching against a coordinator that serves Batch", () => {
     } finally {
       release();
       completeHeld = undefined;
+      onCompleteHeld = undefined;
     }
   });
 

@@ -8,7 +8,7 @@ import { CoordinatorClient, IdempotencyGateway } from "../../src/gateway/index.j
 import { withIdempotency, writeResponse } from "../../src/gateway/node.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post } from "./helpers.js";
 
 /**
@@ -19,7 +19,7 @@ import { post } from "./helpers.js";
  */
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
 let client: CoordinatorClient;
 /** The service's pool: plain node-postgres, no pipelining. */
 let servicePool: pg.Pool;
@@ -49,8 +49,7 @@ const onWarning = (warning: Error) => warnings.push(warning);
 
 beforeAll(async () => {
   process.on("warning", onWarning);
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
+  client = coordinator.sdkClient();
   servicePool = new pg.Pool({ connectionString: t.url, max: 4, options: `-c search_path=${t.schema}` });
   servicePool.on("connect", watchOverlap);
   colocated = await ColocatedRegistry.open({ pool: servicePool, caller: "orders-service", snapshotKeys: coordinator.snapshotKeys! });
@@ -81,9 +80,7 @@ afterAll(async () => {
   http?.closeAllConnections();
   await new Promise((resolve) => http?.close(resolve));
   colocated?.stop();
-  client?.close();
   await servicePool?.end();
-  await coordinator?.stop();
 });
 
 const recordOf = (key: string) => client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });

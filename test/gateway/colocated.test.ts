@@ -5,10 +5,10 @@ import { ColocatedRegistry, CommitUnknownError } from "../../src/colocated/index
 import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type GatewayRequest, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
 import { interceptedPool, useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
 let client: CoordinatorClient;
 let colocated: ColocatedRegistry;
 let gateway: IdempotencyGateway;
@@ -16,8 +16,7 @@ const alice = { tenant: "acme", principal: "alice" };
 const route = { operation: "payments.create", apiRevision: 1 };
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
+  client = coordinator.sdkClient();
   // The service's pool reaches the registry's tables (the same schema here).
   // The coordinator's key ring: bodies completed here are sealed as the coordinator seals them, and open there.
   colocated = await ColocatedRegistry.open({
@@ -33,8 +32,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   colocated?.stop();
-  client?.close();
-  await coordinator?.stop();
 });
 
 const request = (key: string, amount = 10): GatewayRequest => ({

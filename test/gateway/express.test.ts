@@ -7,19 +7,18 @@ import { captureRawBody, expressIdempotency, type ExpressRouteOptions } from "..
 import { CoordinatorClient, IdempotencyGateway } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post } from "./helpers.js";
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
 let client: CoordinatorClient;
 let server: Server;
 let base: string;
 let runs = 0;
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
+  client = coordinator.sdkClient();
   const gateway = new IdempotencyGateway({ client });
   const route: ExpressRouteOptions = {
     operation: "payments.create",
@@ -48,8 +47,6 @@ beforeAll(async () => {
 afterAll(async () => {
   server?.closeAllConnections();
   await new Promise((resolve) => server?.close(resolve));
-  client?.close();
-  await coordinator?.stop();
 });
 
 const ALICE = { "x-user": "alice" };

@@ -5,19 +5,18 @@ import { fastifyIdempotency } from "../../src/gateway/fastify.js";
 import { CoordinatorClient, IdempotencyGateway } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post } from "./helpers.js";
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
 let client: CoordinatorClient;
 let app: FastifyInstance;
 let base: string;
 let runs = 0;
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
+  client = coordinator.sdkClient();
   const gateway = new IdempotencyGateway({ client });
   app = Fastify();
   await app.register(fastifyIdempotency, {
@@ -40,8 +39,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await app?.close();
-  client?.close();
-  await coordinator?.stop();
 });
 
 const ALICE = { "x-user": "alice" };

@@ -7,7 +7,7 @@ import { withIdempotency, type NodeIdempotentHandler } from "../../src/gateway/n
 import { RecoveryWorker, type RecoveryEvent } from "../../src/gateway/recovery.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { EventLog, post } from "./helpers.js";
 
 /**
@@ -16,7 +16,7 @@ import { EventLog, post } from "./helpers.js";
  * its lease (30 s by default) run out first.
  */
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ lease: { default: "30s", max: "5m" } })] });
 let gatewayClient: CoordinatorClient;
 let workerClient: CoordinatorClient;
 let worker: RecoveryWorker;
@@ -27,9 +27,8 @@ const recoveries = new EventLog<RecoveryEvent>();
 const afterCharge = new Map<string, "throw" | "indeterminate">();
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ lease: { default: "30s", max: "5m" } })] });
-  gatewayClient = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
-  workerClient = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.worker });
+  gatewayClient = coordinator.sdkClient();
+  workerClient = coordinator.sdkClient({ token: coordinator.tokens.worker });
   const handler: NodeIdempotentHandler = async (_req, _res, ctx) => {
     const behaviour = afterCharge.get(ctx.idempotencyKey);
     await ctx.effect("card.charge", "cards", async () => {
@@ -64,9 +63,6 @@ afterAll(async () => {
   await worker?.stop();
   http?.closeAllConnections();
   await new Promise((resolve) => http?.close(resolve));
-  gatewayClient?.close();
-  workerClient?.close();
-  await coordinator?.stop();
 });
 
 describe.each(["throw", "indeterminate"] as const)("a handler that fails after its effect (%s)", (behaviour) => {

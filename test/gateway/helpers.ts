@@ -1,7 +1,24 @@
-import { freePort } from "../../src/net.js";
+import { createServer, type AddressInfo } from "node:net";
 
-/** A TCP port nothing listens on (bound, then closed). */
-export const closedPort = freePort;
+/**
+ * A loopback TCP port nothing listens on: bound, then closed. It stays
+ * bind-then-close because that is what it is for: a port that refuses
+ * connections (a replica that is down, a database that cannot be reached),
+ * where nothing of ours is started. (test/e2e/start.test.ts also hands one
+ * to the embedded PostgreSQL of `npm start`, which must be told its port
+ * before it listens, and starts again on another when it was taken.) A server
+ * of the tests' own listens on port 0 and reads its port back instead.
+ */
+export function closedPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
 
 /** The members of JSON bodies the tests read: the payments example's answers and problem details (RFC 9457). */
 export interface JsonBody {
@@ -48,19 +65,6 @@ async function read(response: Response): Promise<Exchange> {
     json = undefined;
   }
   return { status: response.status, headers: response.headers, text, json };
-}
-
-/**
- * Waits until `condition` holds (checked every 20 ms), failing after
- * `timeoutMs`: for a state nothing announces (prefer `within` or `EventLog`
- * when something does), never for timing.
- */
-export async function until(condition: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 /** Waits for `promise`, failing after `timeoutMs` with what it was waiting for: an event that never comes fails loudly, not by the test's timeout. */

@@ -8,7 +8,7 @@ import { CoordinatorClient, IdempotencyGateway, type GatewayLogger, type Gateway
 import { withIdempotency, writeResponse } from "../../src/gateway/node.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post } from "./helpers.js";
 
 /**
@@ -17,14 +17,13 @@ import { post } from "./helpers.js";
  */
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
 let client: CoordinatorClient;
 const servers: Server[] = [];
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
   // The worker token is granted every operation: an unpublished one is refused as UNKNOWN_OPERATION.
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.worker });
+  client = coordinator.sdkClient({ token: coordinator.tokens.worker });
 });
 
 afterEach(() => {
@@ -36,8 +35,6 @@ afterAll(async () => {
     server.closeAllConnections();
     await new Promise((resolve) => server.close(resolve));
   }
-  client?.close();
-  await coordinator?.stop();
 });
 
 const boom = new Error("the business handler failed");

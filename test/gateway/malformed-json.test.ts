@@ -6,7 +6,7 @@ import { CoordinatorClient, CoordinatorError, IdempotencyGateway, silentLogger }
 import { withIdempotency, writeResponse, type NodeIdempotentHandler } from "../../src/gateway/node.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post, problemFields, type Exchange } from "./helpers.js";
 
 /**
@@ -16,7 +16,7 @@ import { post, problemFields, type Exchange } from "./helpers.js";
  */
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
 let client: CoordinatorClient;
 let http: Server;
 let base: string;
@@ -33,8 +33,7 @@ const handler: NodeIdempotentHandler = (_req, res, ctx) => {
 };
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
+  client = coordinator.sdkClient();
   const gateway = new IdempotencyGateway({ client, logger: silentLogger });
   const route = { operation: "payments.create", apiRevision: 1, subject: () => alice };
   const routes = new Map<string, (req: IncomingMessage, res: ServerResponse) => Promise<void>>([
@@ -49,8 +48,6 @@ beforeAll(async () => {
 afterAll(async () => {
   http?.closeAllConnections();
   await new Promise((resolve) => http?.close(resolve));
-  client?.close();
-  await coordinator?.stop();
 });
 
 const recordOf = (key: string) => client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });

@@ -8,11 +8,27 @@ import { withIdempotency, writeResponse, type NodeIdempotentHandler } from "../.
 import { PolicyStore } from "../../src/registry/policy-store.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
-import { aborted, post, until, within, type JsonBody } from "./helpers.js";
+import { reservesWaiting, useTestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
+import { aborted, post, within, type JsonBody } from "./helpers.js";
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, async () => {
+  // Switches set before the coordinator loads its policies.
+  await new PolicyStore(t.db).setControl({ operation: "drain.create", apiRevision: 1, change: { mode: "DRAINING" }, updatedBy: "test" });
+  await new PolicyStore(t.db).setControl({ operation: "shadow.create", apiRevision: 1, change: { mode: "SHADOW" }, updatedBy: "test" });
+  return {
+    operations: [
+      paymentsPolicy(),
+      testDocument({ operation: "orders.create", maxActivePerPrincipal: 1 }),
+      testDocument({ operation: "drain.create" }),
+      testDocument({ operation: "shadow.create" }),
+      testDocument({ operation: "lease.create", lease: { default: "1s", max: "10s" } }),
+    ],
+    // No background recoverer: these tests move records themselves.
+    config: { recovererIntervalMs: 3_600_000 },
+  };
+});
 let client: CoordinatorClient;
 let http: Server;
 let base: string;
@@ -35,22 +51,8 @@ const OPERATIONS = {
 } as const;
 
 beforeAll(async () => {
-  // Switches set before the coordinator loads its policies.
-  await new PolicyStore(t.db).setControl({ operation: "drain.create", apiRevision: 1, change: { mode: "DRAINING" }, updatedBy: "test" });
-  await new PolicyStore(t.db).setControl({ operation: "shadow.create", apiRevision: 1, change: { mode: "SHADOW" }, updatedBy: "test" });
-  coordinator = await startTestServer(t, {
-    operations: [
-      paymentsPolicy(),
-      testDocument({ operation: "orders.create", maxActivePerPrincipal: 1 }),
-      testDocument({ operation: "drain.create" }),
-      testDocument({ operation: "shadow.create" }),
-      testDocument({ operation: "lease.create", lease: { default: "1s", max: "10s" } }),
-    ],
-    // No background recoverer: these tests move records themselves.
-    config: { recovererIntervalMs: 3_600_000 },
-  });
   // The worker token is granted every operation (the gateway token only payments.create).
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.worker });
+  client = coordinator.sdkClient({ token: coordinator.tokens.worker });
   // A short wait for an owner in flight, so that the tests of 409 do not wait the default 2 s.
   const gateway = new IdempotencyGateway({ client, statusUrl: (id) => `/status/${id}`, waitForOwnerMs: 300 });
   const handlers = new Map<string, (req: IncomingMessage, res: ServerResponse) => Promise<void>>();
@@ -75,8 +77,6 @@ beforeAll(async () => {
 afterAll(async () => {
   http?.closeAllConnections();
   await new Promise((resolve) => http?.close(resolve));
-  client?.close();
-  await coordinator?.stop();
 });
 
 const ALICE = { "x-user": "alice" };
@@ -107,8 +107,12 @@ describe("decisions and refusals as HTTP (contract section 8)", () => {
     const runsBefore = runs;
 
     const second = post(`${base}/payments-waiting`, key, body(), ALICE);
-    const answeredEarly = await Promise.race([second.then(() => true), new Promise((resolve) => setTimeout(() => resolve(false), 500))]);
-    expect(answeredEarly, "the duplicate to wait for the first request instead of a 409").toBe(false);
+    let answered = false;
+    const settle = () => (answered = true);
+    void second.then(settle, settle);
+    // The duplicate's Reserve waits for the owner on the coordinator (or was answered at once: a 409).
+    await until(async () => answered || (await reservesWaiting(coordinator)) === 1, "the duplicate's Reserve to wait for the first request");
+    expect(answered, "the duplicate to wait for the first request instead of a 409").toBe(false);
     g.open();
     const [done, duplicate] = await Promise.all([first, second]);
     expect(done.status).toBe(201);

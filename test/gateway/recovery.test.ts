@@ -1,33 +1,26 @@
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorClient, CoordinatorError } from "../../src/gateway/index.js";
 import { RecoveryWorker, type RecoveryContext, type RecoveryEvent, type RecoveryResolver } from "../../src/gateway/recovery.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { expireLease } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { EventLog } from "./helpers.js";
 
 const t = useTestDatabase();
-let coordinator: TestServer;
+const coordinator = useTestServer(t, {
+  operations: [testDocument({ operation: "payments.create" })],
+  // No background recoverer: the records are walked by the tests.
+  config: { recovererIntervalMs: 3_600_000 },
+});
 let gateway: CoordinatorClient;
 let workerClient: CoordinatorClient;
 const alice = { tenant: "acme", principal: "alice" };
 
 beforeAll(async () => {
-  coordinator = await startTestServer(t, {
-    operations: [testDocument({ operation: "payments.create" })],
-    // No background recoverer: the records are walked by the tests.
-    config: { recovererIntervalMs: 3_600_000 },
-  });
-  gateway = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway });
-  workerClient = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.worker });
-});
-
-afterAll(async () => {
-  gateway?.close();
-  workerClient?.close();
-  await coordinator?.stop();
+  gateway = coordinator.sdkClient();
+  workerClient = coordinator.sdkClient({ token: coordinator.tokens.worker });
 });
 
 /** An owner that accepted a request, maybe registered a charge, and went away. */

@@ -1,16 +1,16 @@
 import { randomUUID } from "node:crypto";
 import type { Interceptor } from "@connectrpc/connect";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorClient } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { closedPort } from "./helpers.js";
 
 const t = useTestDatabase();
 
 describe("a client of several coordinator replicas", () => {
-  let first: TestServer;
-  let second: TestServer;
+  const first = useTestServer(t);
+  const second = useTestServer(t, { replicaOf: first });
   let deadUrl: string;
   /** The address of every RPC attempt the client made, in order. */
   const sentTo: string[] = [];
@@ -20,12 +20,7 @@ describe("a client of several coordinator replicas", () => {
   };
 
   beforeAll(async () => {
-    first = await startTestServer(t);
-    second = await startTestServer(t, { replicaOf: first });
     deadUrl = `http://127.0.0.1:${await closedPort()}`;
-  });
-  afterAll(async () => {
-    await Promise.all([first.stop(), second.stop()]);
   });
 
   const reserve = (client: CoordinatorClient) =>

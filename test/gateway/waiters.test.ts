@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CoordinatorClient, IdempotencyGateway, silentLogger } from "../../src/gateway/index.js";
 import { withIdempotency, writeResponse } from "../../src/gateway/node.js";
 import { useTestDatabase } from "../support/database.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 import { post, within } from "./helpers.js";
 
 /**
@@ -15,7 +15,8 @@ import { post, within } from "./helpers.js";
  * Retry-After), not with an error: the wait was only a courtesy.
  */
 const t = useTestDatabase();
-let coordinator: TestServer;
+// No waiter allowed at all: every wait is refused.
+const coordinator = useTestServer(t, { config: { waitersPerCaller: 0 } });
 let client: CoordinatorClient;
 let http: Server;
 let base: string;
@@ -23,9 +24,7 @@ let release!: () => void;
 let entered!: Promise<void>;
 
 beforeAll(async () => {
-  // No waiter allowed at all: every wait is refused.
-  coordinator = await startTestServer(t, { config: { waitersPerCaller: 0 } });
-  client = new CoordinatorClient({ baseUrl: coordinator.baseUrl, token: coordinator.tokens.gateway, logger: silentLogger });
+  client = coordinator.sdkClient({ logger: silentLogger });
   const gateway = new IdempotencyGateway({ client, waitForOwnerMs: 20_000, logger: silentLogger });
   let enter!: () => void;
   entered = new Promise<void>((resolve) => (enter = resolve));
@@ -43,8 +42,6 @@ beforeAll(async () => {
 afterAll(async () => {
   http?.closeAllConnections();
   await new Promise((resolve) => http?.close(resolve));
-  client?.close();
-  await coordinator?.stop();
 });
 
 describe("a duplicate whose wait for the owner is refused", () => {

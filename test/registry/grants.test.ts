@@ -4,6 +4,7 @@ import { PolicyStore } from "../../src/registry/policy-store.js";
 import { useTestDatabasePerTest } from "../support/database.js";
 import { actor, newKey, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
 import { expectRefusal } from "../support/registry-helpers.js";
+import { until } from "../support/wait.js";
 
 /**
  * The registry's reads check the grants of the actor they are given: a read
@@ -76,7 +77,13 @@ describe("the registry's reads", () => {
     await store.setControl({ operation: "payments.create", apiRevision: 1, change: { mode: "SHADOW" }, updatedBy: "test" });
     await store.setControl({ operation: "refunds.create", apiRevision: 1, change: { mode: "SHADOW" }, updatedBy: "test" });
 
-    const all = await registry.readEvents(t.db, { limit: 100 }, everything);
+    // An event is read once every transaction older than its own has ended, in the whole cluster:
+    // another test file's open transaction may hold the last ones back for a while.
+    let all = await registry.readEvents(t.db, { limit: 100 }, everything);
+    await until(async () => {
+      all = await registry.readEvents(t.db, { limit: 100 }, everything);
+      return all.events.at(-1)?.operation === "refunds.create";
+    }, "the last event, refunds.create's mode, to be read");
     const page = await registry.readEvents(t.db, { limit: 100 }, acmePayments);
     expect(page.events.map((e) => [e.tenant, e.operationId, e.operation, e.kind])).toEqual([
       ["acme", own.operationId, "payments.create", "ACCEPTED"],

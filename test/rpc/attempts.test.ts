@@ -1,12 +1,12 @@
 import { create } from "@bufbuild/protobuf";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { ClaimMode, Decision, OperationRefSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { expireLease } from "../support/registry-helpers.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 
 /**
  * A later attempt of an effect never takes back what an earlier one may have
@@ -14,17 +14,8 @@ import { gatewayClient, startTestServer, type TestServer } from "../support/serv
  * attempt 2 of the same effect is resolved NO_EFFECT, and the operation must
  * still count as possibly effected in every rule that depends on it.
  */
-let t: TestDatabase;
-let server: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t);
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t);
 
 const FIRST_STATUSES = [EffectStatus.PENDING, EffectStatus.INDETERMINATE, EffectStatus.CONFIRMED] as const;
 

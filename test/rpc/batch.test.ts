@@ -3,7 +3,7 @@ import { WireType } from "@bufbuild/protobuf/wire";
 import { anyUnpack } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport, createGrpcWebTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { MAX_BATCH_CALLS } from "../../src/contract/batch.js";
 import type { FaultHooks, HookPoint } from "../../src/fault-hooks.js";
 import { ErrorInfoSchema, file_google_rpc_error_details } from "../../src/gen/google/rpc/error_details_pb.js";
@@ -23,10 +23,11 @@ import {
   file_idempotency_v1_coordinator,
 } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * The Batch RPC over the wire (gRPC over HTTP/2, as the gateway SDK speaks
@@ -34,22 +35,16 @@ import { startTestServer, type TestServer } from "../support/server.js";
  * as its unary RPC answers the same request, whatever its neighbours do.
  */
 
-let t: TestDatabase;
-let server: TestServer;
-let client: Client<typeof CoordinatorService>;
-
 /** Holds Complete after its commit while `completeHeld` is set: a call that is still running. */
 let completeHeld: Promise<void> | undefined;
 const hooks: FaultHooks = { reached: (point: HookPoint) => (point === "registry.complete.after-commit" ? completeHeld : undefined) };
 
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, { hooks });
+const t = useTestDatabase();
+const server = useTestServer(t, { hooks });
+let client: Client<typeof CoordinatorService>;
+
+beforeAll(() => {
   client = createClient(CoordinatorService, createGrpcTransport({ baseUrl: server.baseUrl }));
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
 });
 
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });
@@ -350,16 +345,18 @@ describe("a batch refused as a whole", () => {
       expect(error?.code).toBe(Code.DeadlineExceeded);
       expect(performance.now() - started).toBeLessThan(2000);
       // The coordinator answered the batch at its deadline, while its call was still held.
-      await vi.waitFor(async () => expect(counted(await metricLines(), "idem_rpc_duration_seconds_count", ['method="Batch"', 'code="DeadlineExceeded"'])).toBe(before + 1));
+      const deadlineExceeded = async () => counted(await metricLines(), "idem_rpc_duration_seconds_count", ['method="Batch"', 'code="DeadlineExceeded"']);
+      await until(async () => (await deadlineExceeded()) >= before + 1, "the coordinator to time the Batch as DeadlineExceeded");
+      expect(await deadlineExceeded()).toBe(before + 1);
     } finally {
       release();
       completeHeld = undefined;
     }
     // The held call committed: its record is complete, as after a unary call that outlived its deadline.
-    await vi.waitFor(async () => {
+    await until(async () => {
       const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [running.ref.operationId]);
-      expect(rows[0]?.state).toBe("SUCCEEDED");
-    });
+      return rows[0]?.state === "SUCCEEDED";
+    }, "the held call's record to be complete");
   });
 });
 

@@ -3,7 +3,7 @@ import { timestampDate, timestampMs } from "@bufbuild/protobuf/wkt";
 import { Code, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { AdminService, type GetEventSeriesResponse, type ListNewestRecordsResponse, type RecordSummary } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
@@ -12,7 +12,7 @@ import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { wireRefusal } from "../support/refusals.js";
 import { expireLease } from "../support/registry-helpers.js";
-import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { driveToUnknown, gatewayClient, useTestServer } from "../support/server.js";
 
 // AdminService's reads for the operator console, called as its page calls
 // them (Connect JSON on the admin port, under /console/), on a real server:
@@ -20,12 +20,7 @@ import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from 
 // ever comes back.
 
 const t = useTestDatabase();
-let server: TestServer;
-
-beforeAll(async () => {
-  server = await startTestServer(t, { config: { recovererIntervalMs: 100 } });
-});
-afterAll(() => server?.stop());
+const server = useTestServer(t, { config: { recovererIntervalMs: 100 } });
 
 /** acme's operator, and the operator granted every tenant. */
 const acme = () => server.tokens.operator;

@@ -1,26 +1,17 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestDatabase } from "../support/database.js";
+import { useTestServer } from "../support/server.js";
 
 /**
  * CORS on the RPC port as IDEM_CORS_ORIGINS configures it: the origins listed
  * exactly are answered, any other gets no CORS header. (test/e2e/browser.test.ts
  * calls it from a real browser page.)
  */
-let t: TestDatabase;
-let server: TestServer;
+const t = useTestDatabase();
 const listed = "https://console.example.com";
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  const { corsOrigins } = loadConfig({ IDEM_CORS_ORIGINS: `${listed}, http://127.0.0.1:5173` });
-  server = await startTestServer(t, { config: { corsOrigins } });
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
+const { corsOrigins } = loadConfig({ IDEM_CORS_ORIGINS: `${listed}, http://127.0.0.1:5173` });
+const server = useTestServer(t, { config: { corsOrigins } });
 
 const LOOKUP = "/idempotency.v1.CoordinatorService/Lookup";
 const preflight = (origin: string) =>

@@ -1,28 +1,19 @@
 import { create } from "@bufbuild/protobuf";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, OperationRefSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 
 /**
  * Effects declared with Reserve: registered with the acceptance, in its
  * transaction, exactly as RecordEffectAttempt would register them; nothing
  * for any other decision, and nothing stored from a refused declaration.
  */
-let t: TestDatabase;
-let server: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t);
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t);
 
 const subject = { tenant: "acme", principal: "alice" };
 const CHARGE = { effect: "card.charge", provider: "cards" };

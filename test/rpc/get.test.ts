@@ -1,13 +1,13 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { create, toJsonString } from "@bufbuild/protobuf";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, LookupRequestSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 
 /**
  * The RPCs that only read (idempotency_level = NO_SIDE_EFFECTS in the proto)
@@ -15,17 +15,8 @@ import { gatewayClient, startTestServer, type TestServer } from "../support/serv
  * created with `useHttpGet: true`). Every other RPC refuses GET.
  */
 const curl = promisify(execFile);
-let t: TestDatabase;
-let server: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t);
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t);
 
 const subject = { tenant: "acme", principal: "alice" };
 

@@ -8,7 +8,7 @@ import type { CallerGrant, Role } from "../../src/server/callers.js";
 import { FINGERPRINT_SCHEME, fingerprint } from "../../src/contract/fingerprint.js";
 import { IdempotencyError } from "../../src/contract/errors.js";
 import { parseKeyring } from "../../src/crypto/sealing.js";
-import { AdminService, OperationMode, StreamEventsRequestSchema, StreamEventsResponseSchema } from "../../src/gen/idempotency/v1/admin_pb.js";
+import { AdminService, OperationMode, StreamEventsRequestSchema, StreamEventsResponseSchema, type StreamEventsResponse } from "../../src/gen/idempotency/v1/admin_pb.js";
 import {
   ClaimMode,
   CoordinatorService,
@@ -32,6 +32,7 @@ import { wireRefusal, type WireRefusal } from "../support/refusals.js";
 import { silentLogger, useTestDatabase } from "../support/database.js";
 import { jsonParts, newKey, testDocument, testPolicy } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
+import { until } from "../support/wait.js";
 
 /**
  * The handlers of CoordinatorService and AdminService, with the interceptors
@@ -918,7 +919,13 @@ describe("AdminService", () => {
 
   it("streams events from a cursor, and maps a refusal raised inside the stream", async () => {
     const { ref } = await accepted();
-    const events = await drain(admin.streamEvents({ tenant: "acme" }, as(TOKENS.operator)));
+    // An event is streamed once every transaction older than its own has ended, in the whole
+    // cluster (so that a cursor never skips one): another test's open transaction may hold it back.
+    let events: StreamEventsResponse[] = [];
+    await until(async () => {
+      events = await drain(admin.streamEvents({ tenant: "acme" }, as(TOKENS.operator)));
+      return events.some((e) => e.operationId === ref.operationId && e.kind === "ACCEPTED");
+    }, "the acceptance to be streamed");
     const accepting = events.find((e) => e.operationId === ref.operationId && e.kind === "ACCEPTED");
     expect(accepting).toMatchObject({ tenant: "acme", operation: "payments.create", apiRevision: 1, generation: 1n, state: "EXECUTING", caller: "payments-gateway" });
     expect(accepting?.cursor).not.toBe("");

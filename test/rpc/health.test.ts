@@ -2,12 +2,12 @@ import net from "node:net";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { parseIntoClientConfig } from "pg-connection-string";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Status } from "../../src/gen/grpc/health/v1/health_pb.js";
-import { freePort } from "../../src/net.js";
 import { useTestDatabase } from "../support/database.js";
 import { startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 const t = useTestDatabase();
 
@@ -34,8 +34,8 @@ async function databaseProxy(target: { host: string; port: number }) {
     };
     for (const socket of [client, upstream]) socket.on("error", end).on("close", end);
   });
-  const port = await freePort();
-  await new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
   return {
     port,
     set(next: typeof mode) {
@@ -90,14 +90,15 @@ describe("health follows the registry database", () => {
         expect(await readiness()).toEqual({ status: 200, body: { status: "ready", serving: true, database: true } });
 
         proxy.set(outage);
-        await vi.waitFor(async () => expect(await checked()).toBe("NOT_SERVING"), { timeout: 15_000, interval: 200 });
+        await until(async () => (await checked()) === "NOT_SERVING", `the health check to find the database ${outage}`, 15_000);
         expect(await readiness()).toEqual({ status: 503, body: { status: "not ready", serving: true, database: false } });
         expect((await health().check({ service: "idempotency.v1.CoordinatorService" })).status, "every service of the server follows the database").toBe(Status.NOT_SERVING);
 
         proxy.set("forwarding");
-        await vi.waitFor(async () => expect(await checked()).toBe("SERVING"), { timeout: 15_000, interval: 200 });
+        await until(async () => (await checked()) === "SERVING", "the health check to find the database back", 15_000);
         expect(await readiness()).toEqual({ status: 200, body: { status: "ready", serving: true, database: true } });
-        await vi.waitFor(() => expect(watched).toEqual(["SERVING", "NOT_SERVING", "SERVING"]));
+        await until(() => watched.length >= 3, "Watch to stream the third status");
+        expect(watched).toEqual(["SERVING", "NOT_SERVING", "SERVING"]);
       } finally {
         proxy.set("forwarding");
         stopWatching.abort();

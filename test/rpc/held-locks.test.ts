@@ -1,15 +1,16 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import type pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { BatchRequestSchema, Decision, type ReserveRequest, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReasonOf } from "../support/refusals.js";
 import { loadConfig } from "../../src/config.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, reservesWaiting, useTestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * A row lock held for long by another writer (a co-located service's
@@ -20,22 +21,13 @@ import { gatewayClient, startTestServer, type TestServer } from "../support/serv
  * at its own pace. The registry's lock timeout is long here, so that a
  * neighbour held behind the lock would still be waiting when the test looks.
  */
-let t: TestDatabase;
-let server: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, {
-    operations: [testDocument({ lease: { default: "30s", max: "5m" } })],
-    config: { db: { ...loadConfig({ DATABASE_URL: t.url, IDEM_SNAPSHOT_KEYS: TEST_KEYS }).db, lockTimeoutMs: 20_000, statementTimeoutMs: 30_000 }, waitersPerCaller: 2 },
-  });
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
-
 const TEST_KEYS = JSON.stringify({ active: "k", keys: { k: Buffer.alloc(32, 7).toString("base64") } });
+
+const t = useTestDatabase();
+const server = useTestServer(t, () => ({
+  operations: [testDocument({ lease: { default: "30s", max: "5m" } })],
+  config: { db: { ...loadConfig({ DATABASE_URL: t.url, IDEM_SNAPSHOT_KEYS: TEST_KEYS }).db, lockTimeoutMs: 20_000, statementTimeoutMs: 30_000 }, waitersPerCaller: 2 },
+}));
 
 function reserveRequest(principal: string, key = newKey(), waitMs?: number): ReserveRequest {
   return create(ReserveRequestSchema, {
@@ -116,7 +108,7 @@ describe("a row lock held by another writer", () => {
       // The others are decided while the lock is still held: their records are there (committed).
       const decided = async () =>
         (await t.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM idem_record WHERE tenant_id = 'acme' AND principal LIKE 'batch-%' AND state = 'EXECUTING'")).rows[0]!.n;
-      for (let tries = 0; (await decided()) < 15 && tries < 100; tries++) await new Promise((resolve) => setTimeout(resolve, 50));
+      await until(async () => (await decided()) >= 15, "the fifteen other calls of the Batch to be decided while the lock is held");
       expect(await decided()).toBe(15);
       expect(await settled(batch)).toBe(false);
       return { batch };
@@ -148,14 +140,14 @@ describe("Reserves waiting for an owner", () => {
     expect((await client.reserve(reserveRequest("waited-on", key), call)).decision).toBe(Decision.ACCEPTED);
     const stop = new AbortController();
     const waiting = [1, 2].map(() => client.reserve(reserveRequest("waited-on", key, 20_000), { ...call, signal: stop.signal }).catch(() => undefined));
-    // A third short wait, until the two long ones are admitted (this server's bound is 2): then it is refused.
+    // A third short wait, once the two long ones are admitted (this server's bound is 2): it is refused.
     const third = () =>
       client.reserve(reserveRequest("waited-on", key, 100), call).then(
         (answer) => answer,
         (error: unknown) => ConnectError.from(error),
       );
-    let refused = await third();
-    for (let tries = 0; !(refused instanceof ConnectError) && tries < 150; tries++) refused = await third();
+    await until(async () => (await reservesWaiting(server)) === 2, "the two long waits to be admitted");
+    const refused = await third();
     expect(refused).toBeInstanceOf(ConnectError);
     expect((refused as ConnectError).code).toBe(Code.ResourceExhausted);
     expect(wireReasonOf(refused)).toBe("TOO_MANY_WAITERS");
@@ -165,8 +157,7 @@ describe("Reserves waiting for an owner", () => {
     // Once the two waits end (their clients gave up), a wait is admitted again.
     stop.abort();
     await Promise.all(waiting);
-    let again = await third();
-    for (let tries = 0; again instanceof ConnectError && tries < 150; tries++) again = await third();
-    expect(again).toMatchObject({ decision: Decision.IN_PROGRESS });
+    await until(async () => (await reservesWaiting(server)) === 0, "the coordinator to end the two waits");
+    expect(await third()).toMatchObject({ decision: Decision.IN_PROGRESS });
   });
 });

@@ -2,7 +2,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { Code, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
@@ -13,18 +13,11 @@ import { createTestDatabase, useTestDatabase, type TestDatabase } from "../suppo
 import { actor, reserveInput, testDocument, testPolicy, testRegistry } from "../support/fixtures.js";
 import { ulid, uuidv7 } from "../support/keys.js";
 import { countRows } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { startTestServer, type TestServer, useTestServer } from "../support/server.js";
 
 const t = useTestDatabase();
-let server: TestServer;
-
-beforeAll(async () => {
-  server = await startTestServer(t, {
-    operations: [testDocument(), testDocument({ operation: "refunds.create", keys: { minEntropyBits: 64 } })],
-  });
-});
-afterAll(async () => {
-  await server?.stop();
+const server = useTestServer(t, {
+  operations: [testDocument(), testDocument({ operation: "refunds.create", keys: { minEntropyBits: 64 } })],
 });
 
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });

@@ -1,7 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
@@ -10,7 +10,7 @@ import { wireReason, wireReasonOf } from "../support/refusals.js";
 import { useTestDatabasePerTest } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
-import { EVENT_TIMEOUT_MS, until } from "../support/wait.js";
+import { until } from "../support/wait.js";
 
 // The tests here list every record and event of the registry and change
 // switches that apply to every tenant (modes, epochs): each has a schema and a
@@ -83,8 +83,8 @@ describe("the recoverer", () => {
     await endLease(withoutEffect.operationId);
 
     // The recoverer's next passes (every 100 ms here) find both.
-    await vi.waitFor(async () => expect((await stateOf(withEffect.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
-    await vi.waitFor(async () => expect((await stateOf(withoutEffect.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
+    await until(async () => (await stateOf(withEffect.operationId)).state === "UNKNOWN", "the recoverer to turn the record with an effect UNKNOWN");
+    await until(async () => (await stateOf(withoutEffect.operationId)).lease_expires_at === null, "the recoverer to clear the lease of the record without one");
     expect(await stateOf(withoutEffect.operationId)).toMatchObject({ state: "EXECUTING", generation: 1 });
     const { rows } = await t.pool.query<{ kind: string; caller: string }>(
       "SELECT kind, caller FROM idem_event WHERE operation_id = ANY($1) AND caller = 'recoverer' ORDER BY event_id",
@@ -109,7 +109,7 @@ describe("reconciliation", () => {
 
     await coordinator.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "p" }, workerCalls());
     await endLease(accepted.operationId);
-    await vi.waitFor(async () => expect((await stateOf(accepted.operationId)).state).toBe("UNKNOWN"), { timeout: EVENT_TIMEOUT_MS });
+    await until(async () => (await stateOf(accepted.operationId)).state === "UNKNOWN", "the recoverer to turn the record UNKNOWN");
 
     const queue = await admin.listRecords({ states: [RecordState.UNKNOWN], tenant: "acme" }, operatorCalls());
     expect(queue.records.map((r) => r.operationId)).toContain(accepted.operationId);
@@ -260,13 +260,19 @@ describe("the event log", () => {
     const abort = new AbortController();
     const seen: string[] = [];
     let after = "";
-    const ids: bigint[] = [];
-    for await (const event of admin.streamEvents({}, operatorCalls())) {
-      ids.push(event.eventId);
-      after = event.cursor;
-    }
-    const { rows: all } = await t.pool.query<{ id: string }>("SELECT event_id::text AS id FROM idem_event ORDER BY event_id");
-    expect(ids.map(String).sort()).toEqual(all.map((r) => r.id).sort());
+    let ids: bigint[] = [];
+    const logged = async () => (await t.pool.query<{ id: string }>("SELECT event_id::text AS id FROM idem_event ORDER BY event_id")).rows.map((r) => r.id).sort();
+    // An event is streamed once every transaction older than its own has ended, in the whole cluster:
+    // another test file's open transaction may hold the last ones back for a while.
+    await until(async () => {
+      ids = [];
+      for await (const event of admin.streamEvents({}, operatorCalls())) {
+        ids.push(event.eventId);
+        after = event.cursor;
+      }
+      return ids.length >= (await logged()).length;
+    }, "every logged event to be streamed");
+    expect(ids.map(String).sort()).toEqual(await logged());
 
     const following = (async () => {
       for await (const event of admin.streamEvents({ after, follow: true, tenant: "acme" }, { ...operatorCalls(), signal: abort.signal })) {
@@ -321,7 +327,7 @@ describe("metrics", () => {
     const key = newKey();
     const first = await reserve(key, "{}", { claim: true });
     await endLease(first.operationId);
-    await vi.waitFor(async () => expect((await stateOf(first.operationId)).lease_expires_at).toBeNull(), { timeout: EVENT_TIMEOUT_MS });
+    await until(async () => (await stateOf(first.operationId)).lease_expires_at === null, "the recoverer to clear the lease");
     expect(await reserve(key, "{}")).toMatchObject({ decision: Decision.ACCEPTED, generation: 2n });
     expect(await wireReason(reserve(newKey(), "{}", { operation: "ledger.post" }))).toBe("UNKNOWN_OPERATION");
     const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
@@ -450,6 +456,8 @@ describe("an operator granted some tenants", () => {
       for await (const event of admin.streamEvents({}, calls)) tenants.add(event.tenant);
       return tenants;
     };
+    // Streamed once every older transaction in the cluster has ended: wait for globex's, the last one.
+    await until(async () => (await streamed(allTenantsCalls())).has("globex"), "globex's acceptance to be streamed");
     expect(await streamed(operatorCalls())).toEqual(new Set(["acme", ""]));
     expect(await streamed(allTenantsCalls())).toEqual(new Set(["acme", "globex", ""]));
     const listed = await admin.listRecords({ pageSize: 500 }, operatorCalls());

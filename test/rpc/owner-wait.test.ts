@@ -1,12 +1,13 @@
 import { create } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, reservesWaiting, type TestServer, useTestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * Reserve's wait_for_owner: a duplicate of a request still running waits for
@@ -14,22 +15,11 @@ import { gatewayClient, startTestServer, type TestServer } from "../support/serv
  * itself when the owner let go), on the coordinator the owner finished on or
  * on another one; after its bound it is IN_PROGRESS as before.
  */
-let t: TestDatabase;
-let server: TestServer;
-let replica: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  const operations = [testDocument({ lease: { default: "30s", max: "5m" } })];
-  server = await startTestServer(t, { operations });
-  // A replica of the same deployment: the same key ring opens the bodies the first one sealed.
-  replica = await startTestServer(t, { operations, config: { snapshotKeys: server.snapshotKeys } });
-});
-afterAll(async () => {
-  await replica?.stop();
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const operations = [testDocument({ lease: { default: "30s", max: "5m" } })];
+const server = useTestServer(t, { operations });
+// A replica of the same deployment: the same key ring opens the bodies the first one sealed.
+const replica = useTestServer(t, () => ({ operations, config: { snapshotKeys: server.snapshotKeys } }));
 
 function reserveRequest(key: string, options: { claim?: boolean; waitMs?: number; waitForOwner?: { seconds: bigint; nanos: number } } = {}) {
   return create(ReserveRequestSchema, {
@@ -59,14 +49,8 @@ function settledYet(promise: Promise<unknown>): Promise<boolean> {
   ]).then((v) => v === true);
 }
 
-/** How many Reserves wait for an owner on `coordinator` (its idem_reserves_waiting gauge). */
-async function waiting(coordinator: TestServer): Promise<number> {
-  const text = await (await fetch(`${coordinator.adminUrl}/metrics`)).text();
-  return Number(/^idem_reserves_waiting (\d+)$/m.exec(text)?.[1] ?? NaN);
-}
-
 /** Until `coordinator` has `n` Reserves waiting. */
-const untilWaiting = (coordinator: TestServer, n: number) => vi.waitFor(async () => expect(await waiting(coordinator)).toBe(n), { timeout: 10_000 });
+const untilWaiting = (coordinator: TestServer, n: number) => until(async () => (await reservesWaiting(coordinator)) === n, `${n} Reserves waiting for an owner`);
 
 async function owned(key: string) {
   const { client, call } = gatewayClient(server);

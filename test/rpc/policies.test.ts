@@ -6,7 +6,7 @@ import { promisify } from "node:util";
 import { create } from "@bufbuild/protobuf";
 import { ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { ErrorInfoSchema } from "../../src/gen/google/rpc/error_details_pb.js";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { ClaimMode, CoordinatorService, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
@@ -15,22 +15,18 @@ import { policyToProto } from "../../src/server/policy-convert.js";
 import { wireReason } from "../support/refusals.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 
 const run = promisify(execFile);
 const t = useTestDatabase();
-let server: TestServer;
+const server = useTestServer(t, { operations: [] });
 let admin: Client<typeof AdminService>;
 let coordinator: Client<typeof CoordinatorService>;
 
-beforeAll(async () => {
-  server = await startTestServer(t, { operations: [] });
+beforeAll(() => {
   const transport = createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" });
   admin = createClient(AdminService, transport);
   coordinator = createClient(CoordinatorService, transport);
-});
-afterAll(async () => {
-  await server?.stop();
 });
 
 const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } });

@@ -1,26 +1,17 @@
 import { create } from "@bufbuild/protobuf";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReason, wireReasonOf } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, type TestServer, useTestServer } from "../support/server.js";
 
 const QUOTA = 3;
-let t: TestDatabase;
-let servers: TestServer[];
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  const operations = [testDocument({ maxActivePerPrincipal: QUOTA })];
-  // Two coordinators on one registry: the quota must hold across replicas, not per process.
-  servers = [await startTestServer(t, { operations }), await startTestServer(t, { operations })];
-});
-afterAll(async () => {
-  await Promise.all((servers ?? []).map((s) => s.stop()));
-  await t?.drop();
-});
+const t = useTestDatabase();
+const operations = [testDocument({ maxActivePerPrincipal: QUOTA })];
+// Two coordinators on one registry: the quota must hold across replicas, not per process.
+const servers = [useTestServer(t, { operations }), useTestServer(t, { operations })];
 
 function reserve(server: TestServer, principal: string, key = newKey()) {
   const { client, call } = gatewayClient(server);

@@ -3,18 +3,18 @@ import { create } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import pg from "pg";
-import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { ConfigError, loadConfig } from "../../src/config.js";
 import { Health, HealthCheckResponse_ServingStatus as Status } from "../../src/gen/grpc/health/v1/health_pb.js";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { ClaimMode, CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { freePort } from "../../src/net.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { consoleClient } from "../support/console.js";
 import { newKey } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
 import { driveToUnknown, startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * IDEM_DB_READ_URL: the reads that decide nothing go to a hot standby, and
@@ -101,9 +101,9 @@ async function lookedUp(server: TestServer, operationId: string): Promise<string
   return reason ?? RecordState[(await lookup).record!.state];
 }
 
-async function readiness(server: TestServer): Promise<{ status: number; body: unknown }> {
+async function readiness(server: TestServer): Promise<{ status: number; body: { reader?: boolean } }> {
   const response = await fetch(`${server.adminUrl}/readyz`);
-  return { status: response.status, body: await response.json() };
+  return { status: response.status, body: (await response.json()) as { reader?: boolean } };
 }
 
 describe("with a reader", () => {
@@ -233,8 +233,8 @@ async function standbyProxy() {
       from.on("error", () => to.destroy()).on("close", () => (to.destroy(), sockets.delete(from)));
     }
   });
-  const port = await freePort();
-  await new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as net.AddressInfo;
   return {
     port,
     set(mode: "forwarding" | "refusing") {
@@ -279,13 +279,13 @@ describe("when the reader does not answer", () => {
     expect(await fallbacks()).toBeGreaterThan(0);
 
     proxy.set("forwarding");
-    await vi.waitFor(async () => expect((await readiness(server)).body).toMatchObject({ reader: true }), { timeout: 15_000, interval: 200 });
+    await until(async () => (await readiness(server)).body.reader === true, "readiness to find the reader back", 15_000);
     expect(await lookedUp(server, operationId), "the standby has not replayed it").toBe("NOT_FOUND");
 
     // Gone while the coordinator runs: the read that meets it first, and every one after, is the primary's.
     proxy.set("refusing");
     expect(await lookedUp(server, operationId)).toBe("RESERVED");
-    await vi.waitFor(async () => expect((await readiness(server)).body).toMatchObject({ reader: false }), { timeout: 15_000, interval: 200 });
+    await until(async () => (await readiness(server)).body.reader === false, "readiness to find the reader gone", 15_000);
     expect(await lookedUp(server, operationId)).toBe("RESERVED");
     expect((await readiness(server)).status).toBe(200);
   }, 60_000);

@@ -1,9 +1,9 @@
 import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { promisify } from "node:util";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../support/database.js";
+import { useTestServer } from "../support/server.js";
 
 /**
  * Server reflection: buf curl, with no copy of proto/, lists the methods of
@@ -11,20 +11,9 @@ import { startTestServer, type TestServer } from "../support/server.js";
  * IDEM_REFLECTION=false there is nothing to ask.
  */
 const run = promisify(execFile);
-let t: TestDatabase;
-let server: TestServer;
-let closed: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t);
-  closed = await startTestServer(t, { config: { reflection: false } });
-});
-afterAll(async () => {
-  await closed?.stop();
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t);
+const closed = useTestServer(t, { config: { reflection: false } });
 
 /** `buf curl` from the project's own devDependency, without --schema: what it knows comes from the server. */
 function bufCurl(args: string[]) {

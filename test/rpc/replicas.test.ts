@@ -1,12 +1,13 @@
 import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { CoordinatorService, Decision } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { wireReason } from "../support/refusals.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
+import { until } from "../support/wait.js";
 
 /**
  * Three replicas on one registry: what one is told, every one applies within
@@ -50,35 +51,45 @@ describe("three coordinator replicas on one registry", () => {
     await admin.setOperationMode({ operation: "payouts.create", apiRevision: 1, mode: OperationMode.DRAINING }, headers(replicas[0]!.tokens.allTenantsOperator));
     // Each replica re-reads at its own interval; the bound leaves room for a busy machine.
     for (const replica of replicas) {
-      await vi.waitFor(async () => expect(await wireReason(reserveOn(replica, "payouts.create"))).toBe("OPERATION_DRAINING"), { timeout: 10 * REFRESH_MS, interval: 20 });
+      await until(
+        async () => (await wireReason(reserveOn(replica, "payouts.create"))) === "OPERATION_DRAINING",
+        "the replica to refuse payouts.create as draining",
+        10 * REFRESH_MS,
+      );
     }
     // The mode is the operation's: another operation is untouched on every replica.
     for (const replica of replicas) expect((await reserveOn(replica, "payments.create")).decision).toBe(Decision.ACCEPTED);
   });
 
   it("runs each background job on one replica at a time, and hands it over when that replica stops", async () => {
-    const holders = async () => (await t.pool.query<{ job: string; holder: string }>("SELECT job, holder FROM idem_job_lease ORDER BY job")).rows;
-    await vi.waitFor(async () => expect((await holders()).map((h) => h.job)).toContain("recoverer"), { timeout: 5_000 });
+    const holders = async () =>
+      (await t.pool.query<{ job: string; holder: string; expires_at: string }>("SELECT job, holder, expires_at::text FROM idem_job_lease ORDER BY job")).rows;
+    await until(async () => (await holders()).some((h) => h.job === "recoverer"), "a replica to take the recoverer's lease", 5_000);
+    // Every pass of the recoverer renews its lease (a later expires_at): ten renewals seen, every replica
+    // having tried to take the lease at each of its own passes meanwhile, and one holder throughout.
     const seen = new Set<string>();
-    for (let i = 0; i < 10; i++) {
+    const renewals = new Set<string>();
+    await until(async () => {
       const rows = await holders();
       // One row per job: one holder at a time.
       expect(new Set(rows.map((r) => r.job)).size).toBe(rows.length);
-      seen.add(rows.find((r) => r.job === "recoverer")!.holder);
-      await new Promise((resolve) => setTimeout(resolve, RECOVERER_MS));
-    }
+      const recoverer = rows.find((r) => r.job === "recoverer")!;
+      seen.add(recoverer.holder);
+      renewals.add(recoverer.expires_at);
+      return renewals.size >= 10;
+    }, "ten renewals of the recoverer's lease");
     expect(seen.size).toBe(1);
     const holder = [...seen][0]!;
     const holding = replicas.find((r) => r.coordinator.jobHolder === holder)!;
     await holding.stop();
     replicas.splice(replicas.indexOf(holding), 1);
-    await vi.waitFor(
+    await until(
       async () => {
         const now = (await holders()).find((r) => r.job === "recoverer")?.holder;
-        expect(now).toBeDefined();
-        expect(now).not.toBe(holder);
+        return now !== undefined && now !== holder;
       },
-      { timeout: 5_000 },
+      "another replica to take the recoverer's lease",
+      5_000,
     );
   });
 });

@@ -1,11 +1,11 @@
 import { create } from "@bufbuild/protobuf";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, OperationRefSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { wireReason } from "../support/refusals.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 
 /**
  * Complete with resolutions: the attempts it names are resolved as
@@ -13,17 +13,8 @@ import { gatewayClient, startTestServer, type TestServer } from "../support/serv
  * the operation, and the finish is judged on what they leave. A refused
  * Complete resolves nothing.
  */
-let t: TestDatabase;
-let server: TestServer;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t);
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
-});
+const t = useTestDatabase();
+const server = useTestServer(t);
 
 /** A claimed operation with one PENDING attempt of card.charge. */
 async function withPendingCharge() {

@@ -1,30 +1,21 @@
 import { create } from "@bufbuild/protobuf";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { Decision, OperationRefSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
-import { gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { gatewayClient, useTestServer } from "../support/server.js";
 
 /**
  * Retry-After says when an answer is actually expected: soon for an owner
  * that has just started (not the rest of its 30 s lease), and at the
  * recoverer's cadence for a record awaiting recovery (not a lease length).
  */
-let t: TestDatabase;
-let server: TestServer;
+const t = useTestDatabase();
 const RECOVERER_INTERVAL_MS = 1500;
-
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t, {
-    operations: [testDocument({ lease: { default: "30s", max: "5m" } })],
-    config: { recovererIntervalMs: RECOVERER_INTERVAL_MS },
-  });
-});
-afterAll(async () => {
-  await server?.stop();
-  await t?.drop();
+const server = useTestServer(t, {
+  operations: [testDocument({ lease: { default: "30s", max: "5m" } })],
+  config: { recovererIntervalMs: RECOVERER_INTERVAL_MS },
 });
 
 function reserveRequest(key: string, claim = false) {

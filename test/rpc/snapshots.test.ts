@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { AdminService } from "../../src/gen/idempotency/v1/admin_pb.js";
 import { Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome, RecordState, type ResponseSnapshotSchema } from "../../src/gen/idempotency/v1/types_pb.js";
@@ -10,21 +10,15 @@ import { refusedOverTheWire } from "../support/refusals.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
-import { driveToUnknown, gatewayClient, startTestServer, type TestServer } from "../support/server.js";
+import { driveToUnknown, gatewayClient, useTestServer } from "../support/server.js";
 
 const t = useTestDatabase();
-let server: TestServer;
 
 /** An allowlisted header name of 300 bytes: longer than the 256 a stored name may have. */
 const LONG_NAME = `x-${"n".repeat(298)}`;
 
-beforeAll(async () => {
-  server = await startTestServer(t, {
-    operations: [testDocument({ snapshot: { headerAllowlist: ["cache-control", "content-type", "etag", "link", "location", LONG_NAME] } })],
-  });
-});
-afterAll(async () => {
-  await server?.stop();
+const server = useTestServer(t, {
+  operations: [testDocument({ snapshot: { headerAllowlist: ["cache-control", "content-type", "etag", "link", "location", LONG_NAME] } })],
 });
 
 type Snapshot = MessageInitShape<typeof ResponseSnapshotSchema>;

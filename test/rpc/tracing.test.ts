@@ -7,28 +7,22 @@ import pino from "pino";
 import { CoordinatorClient } from "../../src/gateway/client.js";
 import { traceFields } from "../../src/server/tracing.js";
 import { jsonParts } from "../support/fixtures.js";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import { CoordinatorService } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 
 const t = useTestDatabase();
 const exporter = new InMemorySpanExporter();
 const provider = new TracerProvider({ spanProcessors: [new SimpleSpanProcessor({ exporter })] });
-let server: TestServer;
 /** The server's log lines, as JSON. */
 const logLines: Array<Record<string, unknown>> = [];
-
-beforeAll(async () => {
-  // Logs at debug (the per-RPC lines), with the trace fields as a coordinator started by `npm start` writes them.
-  const logger = pino({ level: "debug", mixin: traceFields }, { write: (line: string) => void logLines.push(JSON.parse(line) as Record<string, unknown>) });
-  server = await startTestServer(t, { tracer: provider.getTracer("test"), logger });
-});
-afterAll(async () => {
-  await server?.stop();
-  await provider.shutdown();
-});
+// After the server has stopped.
+afterAll(() => provider.shutdown());
+// Logs at debug (the per-RPC lines), with the trace fields as a coordinator started by `npm start` writes them.
+const logger = pino({ level: "debug", mixin: traceFields }, { write: (line: string) => void logLines.push(JSON.parse(line) as Record<string, unknown>) });
+const server = useTestServer(t, { tracer: provider.getTracer("test"), logger });
 
 describe("OpenTelemetry", () => {
   it("makes one server span per RPC that continues the caller's trace, with the status code", async () => {

@@ -27,28 +27,24 @@ import {
 } from "../../src/gen/idempotency/v1/coordinator_pb.js";
 import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { wireReasonOf } from "../support/refusals.js";
-import { createTestDatabase, type TestDatabase } from "../support/database.js";
+import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { countRows } from "../support/registry-helpers.js";
-import { startTestServer, type TestServer } from "../support/server.js";
+import { useTestServer } from "../support/server.js";
 
-let t: TestDatabase;
-let server: TestServer;
+const t = useTestDatabase();
+const server = useTestServer(t);
 let grpcClient: grpc.Client;
 let connectH2: Client<typeof CoordinatorService>;
 let grpcWebH1: Client<typeof CoordinatorService>;
 
-beforeAll(async () => {
-  t = await createTestDatabase();
-  server = await startTestServer(t);
+beforeAll(() => {
   grpcClient = new grpc.Client(`127.0.0.1:${server.coordinator.rpcPort}`, grpc.credentials.createInsecure());
   connectH2 = createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" }));
   grpcWebH1 = createClient(CoordinatorService, createGrpcWebTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" }));
 });
-afterAll(async () => {
+afterAll(() => {
   grpcClient?.close();
-  await server?.stop();
-  await t?.drop();
 });
 
 const bearer = (token: string) => ({ authorization: `Bearer ${token}` });

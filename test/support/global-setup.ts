@@ -3,8 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
 import type { TestProject } from "vitest/node";
-import { startEmbeddedPostgres, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
-import { freePort } from "../../src/net.js";
+import { startEmbeddedPostgresOnFreePort, type EmbeddedPostgres } from "../../src/dev/embedded-postgres.js";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -19,9 +18,8 @@ export async function setup(project: TestProject): Promise<void> {
   let url = process.env.DATABASE_URL;
   if (!url) {
     const logger = pino({ level: "warn" });
-    embedded = await startEmbeddedPostgres({
+    embedded = await startEmbeddedPostgresOnFreePort({
       stateDir: await mkdtemp(join(tmpdir(), "idem-test-pg-")),
-      port: await freePort(),
       logger,
       ephemeral: true,
       // Durability is not under test here; speed is welcome.

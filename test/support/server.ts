@@ -4,11 +4,12 @@ import { createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Tracer } from "@opentelemetry/api";
 import type { Logger } from "pino";
-import { expect, vi } from "vitest";
+import { afterAll, beforeAll } from "vitest";
 import { loadConfig, type Config } from "../../src/config.js";
 import type { CallerGrant } from "../../src/server/callers.js";
 import type { FaultHooks } from "../../src/fault-hooks.js";
 import { CoordinatorService, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { CoordinatorClient, type CoordinatorClientOptions } from "../../src/gateway/index.js";
 import type { PolicyDocument } from "../../src/policy/document.js";
 import type { SnapshotKeyring } from "../../src/crypto/sealing.js";
 import { startCoordinator, type RunningCoordinator } from "../../src/server/app.js";
@@ -17,7 +18,7 @@ import type { TestDatabase } from "./database.js";
 import { silentLogger } from "./database.js";
 import { testDocument } from "./fixtures.js";
 import { expireLease } from "./registry-helpers.js";
-import { EVENT_TIMEOUT_MS } from "./wait.js";
+import { until } from "./wait.js";
 
 /** Tokens of the callers every test server knows. */
 export interface TestTokens {
@@ -46,21 +47,21 @@ export interface TestServer {
   stop(): Promise<void>;
 }
 
+/** How a test server is started: what it differs in from the default (payments.create@1, every test caller). */
+export interface TestServerOptions {
+  operations?: PolicyDocument[];
+  config?: Partial<Config>;
+  tracer?: Tracer;
+  hooks?: FaultHooks;
+  logger?: Logger;
+  /** Another replica of this server: its callers' tokens and its key ring. */
+  replicaOf?: TestServer;
+  /** Where the server connects instead of the test file's database (a pooler in front of it, say). */
+  databaseUrl?: string;
+}
+
 /** A real coordinator on ephemeral ports, over the test file's schema. */
-export async function startTestServer(
-  t: TestDatabase,
-  options: {
-    operations?: PolicyDocument[];
-    config?: Partial<Config>;
-    tracer?: Tracer;
-    hooks?: FaultHooks;
-    logger?: Logger;
-    /** Another replica of this server: its callers' tokens and its key ring. */
-    replicaOf?: TestServer;
-    /** Where the server connects instead of the test file's database (a pooler in front of it, say). */
-    databaseUrl?: string;
-  } = {},
-): Promise<TestServer> {
+export async function startTestServer(t: TestDatabase, options: TestServerOptions = {}): Promise<TestServer> {
   const tokens: TestTokens = options.replicaOf?.tokens ?? {
     gateway: `gw_${randomBytes(16).toString("hex")}`,
     worker: `wk_${randomBytes(16).toString("hex")}`,
@@ -109,6 +110,43 @@ export async function startTestServer(
   };
 }
 
+/** The test file's coordinator (useTestServer), and the gateway SDK's clients of it. */
+export interface TestServerFixture extends TestServer {
+  /**
+   * A gateway SDK client of this server, acting with the gateway's token
+   * unless `options` says otherwise; closed after the file's last test. For
+   * the file's hooks and tests (the server is not started before them).
+   */
+  sdkClient(options?: Partial<CoordinatorClientOptions>): CoordinatorClient;
+}
+
+/**
+ * Gives the calling test file a coordinator over `t`'s schema
+ * (useTestDatabase, called first): started before the file's first test and
+ * stopped after its last, the SDK clients made with `sdkClient` closed
+ * first. `options` may be a function, called when the server starts, for
+ * options that need the schema or what an earlier hook set up. The returned
+ * object is filled in by the time the file's hooks and tests run.
+ */
+export function useTestServer(t: TestDatabase, options: TestServerOptions | (() => TestServerOptions | Promise<TestServerOptions>) = {}): TestServerFixture {
+  const clients: CoordinatorClient[] = [];
+  const fixture = {
+    sdkClient(clientOptions: Partial<CoordinatorClientOptions> = {}) {
+      const client = new CoordinatorClient({ baseUrl: fixture.baseUrl, token: fixture.tokens.gateway, ...clientOptions });
+      clients.push(client);
+      return client;
+    },
+  } as TestServerFixture;
+  beforeAll(async () => {
+    Object.assign(fixture, await startTestServer(t, typeof options === "function" ? await options() : options));
+  });
+  afterAll(async () => {
+    for (const client of clients.splice(0)) client.close();
+    await fixture.stop?.();
+  });
+  return fixture;
+}
+
 /** A Connect client of `server` over HTTP/2, and the call options that act as its gateway caller. */
 export function gatewayClient(server: Pick<TestServer, "baseUrl" | "tokens">): {
   client: Client<typeof CoordinatorService>;
@@ -118,6 +156,12 @@ export function gatewayClient(server: Pick<TestServer, "baseUrl" | "tokens">): {
     client: createClient(CoordinatorService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2" })),
     call: { headers: { authorization: `Bearer ${server.tokens.gateway}` } },
   };
+}
+
+/** How many Reserves wait for an owner on `server` (wait_for_owner): its idem_reserves_waiting gauge on the admin port. */
+export async function reservesWaiting(server: Pick<TestServer, "adminUrl">): Promise<number> {
+  const text = await (await fetch(`${server.adminUrl}/metrics`)).text();
+  return Number(/^idem_reserves_waiting (\d+)$/m.exec(text)?.[1] ?? NaN);
 }
 
 /**
@@ -132,13 +176,9 @@ export async function driveToUnknown(t: TestDatabase, server: TestServer, operat
   const ref = create(OperationRefSchema, { tenant, operationId });
   await client.recordEffectAttempt({ ref, generation: 1n, effect: "card.charge", provider: "card-provider" }, call);
   await expireLease(t.pool, operationId);
-  // The recoverer's next pass finds it, within one of the server's intervals: a
-  // second by default, as long as vi.waitFor's default bound, hence a longer one.
-  await vi.waitFor(
-    async () => {
-      const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
-      expect(rows[0]?.state, `the recoverer to turn ${operationId} UNKNOWN`).toBe("UNKNOWN");
-    },
-    { timeout: EVENT_TIMEOUT_MS },
-  );
+  // The recoverer's next pass finds it, within one of the server's intervals.
+  await until(async () => {
+    const { rows } = await t.pool.query<{ state: string }>("SELECT state FROM idem_record WHERE operation_id = $1", [operationId]);
+    return rows[0]?.state === "UNKNOWN";
+  }, `the recoverer to turn ${operationId} UNKNOWN`);
 }

@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { IdempotencyError } from "../../src/contract/errors.js";
 import type { ReserveResult, StoredRecord } from "../../src/registry/types.js";
 import { MAX_WAIT_FOR_OWNER_MS, RecordWatch, waitBudgetMs, waitForOwner } from "../../src/server/owner-wait.js";
+import { until } from "../support/wait.js";
 
 describe("RecordWatch", () => {
   it("wakes the waiters of the record that changed, and only them", async () => {
@@ -67,7 +68,14 @@ describe("waitForOwner", () => {
       // Unmoved at the first two rechecks, then moved: one decision (still in progress); then a local change wakes it.
       moved: async () => {
         rechecks++;
-        if (rechecks === 3) setTimeout(() => watch.changed("acme", "op-9"), 5);
+        // The change comes once the Reserve, having decided again, waits on the record again.
+        // (Should it never do so, the answer below is IN_PROGRESS and the test fails there.)
+        if (rechecks === 3) {
+          void until(() => watch.size === 1, "the Reserve to wait on the record again", 5_000).then(
+            () => watch.changed("acme", "op-9"),
+            () => undefined,
+          );
+        }
         return rechecks === 3;
       },
     });
