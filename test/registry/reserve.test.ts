@@ -260,19 +260,19 @@ describe("round trips per call", () => {
     return { db: poolDb(countingPool, silentLogger), counts: () => ({ roundTrips, messages }) };
   }
 
-  it("takes one round trip (four messages: BEGIN, the insert, the quota count, COMMIT) for a new scope, a replay or in progress; a conflict (logged) or a takeover is decided in a second transaction (three more)", async () => {
+  it("takes one round trip (three messages: BEGIN, the insert with its quota count, COMMIT) for a new scope, a replay or in progress; a conflict (logged) or a takeover is decided in a second transaction (three more)", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
       const c = counting();
       const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
       return [result.decision, c.counts()];
     };
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 1, messages: 4 }]);
-    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 1, messages: 4 }]);
-    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 4, messages: 9 }]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 1, messages: 3 }]);
+    expect(await measure({ amount: 10 })).toEqual(["IN_PROGRESS", { roundTrips: 1, messages: 3 }]);
+    expect(await measure({ amount: 11 })).toEqual(["PAYLOAD_CONFLICT", { roundTrips: 4, messages: 7 }]);
     const { rows } = await t.pool.query<{ operation_id: string }>("SELECT operation_id FROM idem_record ORDER BY created_at DESC LIMIT 1");
     await expireLease(t.pool, rows[0]!.operation_id);
-    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 4, messages: 9 }]);
+    expect(await measure({ amount: 10 })).toEqual(["ACCEPTED", { roundTrips: 4, messages: 7 }]);
   });
 
   /** A Db on one connection whose socket writes are counted (a write or a writev is one system call). */
@@ -342,9 +342,9 @@ describe("round trips per call", () => {
     const key = newKey();
     expect((await registry.reserve(prepared.db, reserveInput(key, { amount: 10 }), gateway)).decision).toBe("ACCEPTED");
     expect((await registry.reserve(prepared.db, reserveInput(key, { amount: 10 }), gateway)).decision).toBe("IN_PROGRESS");
-    // The insert and the quota count, twice, under the same two names.
-    expect(prepared.named()).toHaveLength(4);
-    expect(new Set(prepared.named()).size).toBe(2);
+    // The insert (with its quota count), twice, under the same name.
+    expect(prepared.named()).toHaveLength(2);
+    expect(new Set(prepared.named()).size).toBe(1);
     const { rows } = await prepared.db.transaction("acme", (q) => q.query<{ name: string }>("SELECT name FROM pg_prepared_statements ORDER BY name"));
     expect(rows.map((r) => r.name)).toEqual([...new Set(prepared.named())].sort());
 
