@@ -6,6 +6,7 @@ import { interceptedPool, silentLogger, useTestDatabase } from "../support/datab
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
 import { census as censusStatement } from "../../src/registry/statements/jobs.js";
+import { recordEvents } from "../../src/registry/statements/events.js";
 
 const t = useTestDatabase();
 
@@ -399,6 +400,27 @@ describe("the census", () => {
     expect(plan).toContain("idem_record_retention_due");
     // Either partial index of the unfinished records (the recoverer's, the quota's).
     expect(plan).toMatch(/idem_record_by_lease_end|idem_record_active_by_principal/);
+    expect(plan).not.toContain("Seq Scan");
+  });
+});
+
+describe("a record's timeline", () => {
+  it("reads the events of one operation through the event log's operation index, not the whole log", async () => {
+    const accepted = await registry.reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
+    const ref = { tenant: "acme", operationId: accepted.record!.operationId };
+    const snapshot = { statusCode: 201, mediaType: "", location: "", businessVersion: "", headers: [], body: new Uint8Array() };
+    await registry.complete(t.db, { ref, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+    const { rows } = await t.db.transaction("acme", (q) => recordEvents.run(q, { ...ref, limit: 10 }));
+    expect(rows.map((row) => row.kind)).toEqual(["COMPLETED", "ACCEPTED"]);
+
+    // The log is the largest table and only grows: its one B-tree is the stream's (commit order), and a
+    // timeline is found through a BRIN index on the (time-ordered) operation id, which appending leaves alone.
+    const plan = await t.db.transaction("acme", async (q) => {
+      await q.query("SET LOCAL enable_seqscan = off");
+      const explained = await q.query<{ "QUERY PLAN": string }>(`EXPLAIN (COSTS OFF) ${recordEvents.text}`, ["acme", ref.operationId, 10]);
+      return explained.rows.map((row) => row["QUERY PLAN"]).join("\n");
+    });
+    expect(plan).toContain("idem_event_by_operation");
     expect(plan).not.toContain("Seq Scan");
   });
 });
