@@ -7,7 +7,7 @@ import { ROOT } from "./server.js";
 
 export const HELP = `npm run bench [-- options]
 
-Two levels, each measured side by side with its baseline, under each
+Three levels, each measured side by side with its baseline, under each
 synchronous_commit setting asked for (durable "on", then "off"):
 
 coordinator level: Reserve(claim) + Complete through the coordinator (gRPC
@@ -20,13 +20,18 @@ coordinator level: Reserve(claim) + Complete through the coordinator (gRPC
 service level: a minimal Express service (its own process) writing one row
   per POST at synchronous_commit=on, driven by 16 HTTP clients: the handler
   alone, then behind the gateway SDK with new keys, then with replays.
+database level: the registry's statements for one Reserve + Complete beside a
+  bare one-row insert, both by pgbench -M prepared as the coordinator's role:
+  PostgreSQL's CPU per operation at 16 in flight, then the WAL, heap tuples
+  and index entries per operation, one at a time after a CHECKPOINT.
 
 Prints the tables with the goals as PASS/FAIL lines (the exit status does not
 depend on them) and writes JSON.
 
   --quick                 under 2 minutes: commit on only, concurrency 16,64,
                           open at 50%; 1 s warm-up, 2 s measured per phase
-  --level L               coordinator, service or all (default all)
+  --level L               coordinator, service, database or all (default all;
+                          database alone takes about a minute)
   --commit LIST           synchronous_commit settings, each a part of the run
                           (default on,off; quick on)
   --durable               the same as --commit on
@@ -58,6 +63,8 @@ depend on them) and writes JSON.
                           service) writes a V8 CPU profile of the whole run into
                           DIR (open it in Chrome DevTools)
   --round-trip-ops N      calls of each RPC counted for round trips (default 200; quick 50)
+  --write-ops N           database level: operations run one at a time for the
+                          WAL and tuple counts (default 1000; quick 300)
   --out FILE              JSON output (default bench/results/latest.json)
   --render FILE           print a saved JSON result again (add --markdown for Markdown)
   --pgbench-script        print the generated pgbench script and exit
@@ -68,7 +75,7 @@ in $PGBENCH, PATH and /usr/lib/postgresql/*/bin; without it the pgbench
 baseline is skipped.
 `;
 
-export type Level = "coordinator" | "service" | "all";
+export type Level = "coordinator" | "service" | "database" | "all";
 export type Commit = "on" | "off";
 
 export interface Options {
@@ -90,6 +97,8 @@ export interface Options {
   /** Settings of the coordinator under test, as its environment. */
   settings: Record<string, string>;
   roundTripOps: number;
+  /** Database level: operations run one at a time for its WAL and tuple counts. */
+  writeOps: number;
   out: string;
 }
 
@@ -119,6 +128,7 @@ export function parseBenchArgs(argv: string[]): Options | { render: string; mark
     settings: {},
     inProcess: false,
     roundTripOps: quick ? 50 : 200,
+    writeOps: quick ? 300 : 1000,
     out: join(ROOT, "bench", "results", "latest.json"),
   };
   let render: string | undefined;
@@ -181,7 +191,9 @@ export function parseBenchArgs(argv: string[]): Options | { render: string; mark
       }
       case "level": {
         const level = value();
-        if (level !== "coordinator" && level !== "service" && level !== "all") throw new UsageError(`--level is coordinator, service or all, got '${level}'`);
+        if (level !== "coordinator" && level !== "service" && level !== "database" && level !== "all") {
+          throw new UsageError(`--level is coordinator, service, database or all, got '${level}'`);
+        }
         options.level = level;
         break;
       }
@@ -228,6 +240,9 @@ export function parseBenchArgs(argv: string[]): Options | { render: string; mark
       case "round-trip-ops":
         options.roundTripOps = positive("--round-trip-ops", value(), 100_000);
         break;
+      case "write-ops":
+        options.writeOps = positive("--write-ops", value(), 1_000_000);
+        break;
       case "out":
         options.out = value();
         break;
@@ -265,6 +280,7 @@ const CLI_OPTIONS = {
   setting: { type: "string", multiple: true },
   "cpu-prof": { type: "string" },
   "round-trip-ops": { type: "string" },
+  "write-ops": { type: "string" },
   out: { type: "string" },
   render: { type: "string" },
   markdown: { type: "boolean" },

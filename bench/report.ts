@@ -3,6 +3,7 @@
  * table for the terminal, or Markdown for docs/benchmark.md.
  */
 import type { Summary } from "./load.js";
+import { comparedWal, writePathBreakdown, writePathTable, type WritePath } from "./write-path.js";
 
 export interface Row {
   mode: "closed" | "open";
@@ -113,6 +114,8 @@ export interface CommitRun {
   rows: Row[];
   /** The service level (null when not run). */
   service: ServiceLevel | null;
+  /** The database level (absent when not run). */
+  writePath?: WritePath;
 }
 
 export interface BenchResult {
@@ -120,7 +123,7 @@ export interface BenchResult {
   /** 2: one part per commit setting (`commits`); 1: one run of the coordinator level (`rows`). */
   version: 1 | 2;
   /** Which levels ran (version 2). */
-  level?: "coordinator" | "service" | "all";
+  level?: "coordinator" | "service" | "database" | "all";
   startedAt: string;
   finishedAt: string;
   durationSec: number;
@@ -321,7 +324,11 @@ function factLines(result: BenchResult): string[] {
     `database: fsync=${settings.fsync} synchronous_commit=${
       result.commits ? `${result.commits.map((c) => c.synchronousCommit).join(", then ")} (set for the database, one part of the run each)` : settings.synchronous_commit
     } shared_buffers=${settings.shared_buffers} max_connections=${settings.max_connections} (the same server and settings for every side)`,
-    `coordinator: ${result.server.mode === "process" ? "separate process (node --import tsx src/main.ts)" : "in the benchmark's process"}, registry pool ${result.server.environment.IDEM_DB_POOL_MAX} connections; load generator: ${result.loadGenerator.description}`,
+    ...(result.server.mode === "none"
+      ? []
+      : [
+          `coordinator: ${result.server.mode === "process" ? "separate process (node --import tsx src/main.ts)" : "in the benchmark's process"}, registry pool ${result.server.environment.IDEM_DB_POOL_MAX} connections; load generator: ${result.loadGenerator.description}`,
+        ]),
   ];
 }
 
@@ -408,6 +415,16 @@ export function goalLines(run: CommitRun): string[] {
       `${verdict(r.replaysCachedVsPlain, (v) => v >= 1.5)}  service: (c') replays with the answer cache ≥ 1.5× (a) ops/s (${ratio(r.replaysCachedVsPlain)}×)`,
     );
   }
+  if (run.writePath) {
+    const w = run.writePath;
+    const ms = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(3));
+    lines.push(
+      `${verdict(w.ratios.cpu, (v) => v <= 3)}  database: PostgreSQL CPU per Reserve+Complete ≤ 3× bare insert (${ratio(w.ratios.cpu)}×: ${ms(w.registry.postgresMsPerOp)} and ${ms(w.bare.postgresMsPerOp)} ms)`,
+      `${verdict(w.ratios.wal, (v) => v <= 4)}  database: WAL bytes per Reserve+Complete ≤ 4× bare insert (${ratio(w.ratios.wal)}×: ${comparedWal(w, w.registry).toFixed(0)} and ${comparedWal(w, w.bare).toFixed(0)} bytes${
+        w.walWithoutImages ? ", full-page images aside" : ""
+      })`,
+    );
+  }
   return lines;
 }
 
@@ -445,6 +462,9 @@ function commitText(result: BenchResult, run: CommitRun): string[] {
               ]
             : []),
         ]
+      : []),
+    ...(run.writePath
+      ? [`database level: ${run.writePath.method}`, aligned(writePathTable(run.writePath).headers, writePathTable(run.writePath).rows), ...writePathBreakdown(run.writePath), ""]
       : []),
     ...(run.service
       ? [
@@ -486,6 +506,16 @@ function commitMarkdown(run: CommitRun): string[] {
           markdownTable(["conc", "Reserve p50 ms", "Reserve p99 ms", "pair p50 ms", "pair p99 ms"], reserveRows(rows)),
           "",
           ...(cpuRows(rows).length ? [markdownTable(CPU_HEADERS, cpuRows(rows)), "", markdownTable(CPU_PER_OP_HEADERS, cpuPerOpRows(rows)), ""] : []),
+        ]
+      : []),
+    ...(run.writePath
+      ? [
+          `Database level: ${run.writePath.method}`,
+          "",
+          markdownTable(writePathTable(run.writePath).headers, writePathTable(run.writePath).rows),
+          "",
+          ...writePathBreakdown(run.writePath).map((l) => `- ${l}`),
+          "",
         ]
       : []),
     ...(run.service

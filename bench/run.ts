@@ -41,6 +41,8 @@ import { ROOT, startServer, type BenchServer } from "./server.js";
 import { openServiceClients, prepareServiceTable, startService } from "./service-level.js";
 import { callsPerRequest, coordinatorCalls, handlerMean, handlerTimes } from "./metrics.js";
 import { pgbenchScript, type OperationValues } from "./sql.js";
+import { measureWritePath, prepareBareTable, type WritePath } from "./write-path.js";
+import { loadConfig } from "../src/config.js";
 
 const TENANT = "bench";
 const OPERATION = "payments.create";
@@ -444,36 +446,67 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
   }
 }
 
+/**
+ * The database level under one commit setting, with nothing else running:
+ * the registry's statements (the pgbench script of the coordinator level)
+ * beside a bare one-row insert (bench/write-path.ts).
+ */
+async function databaseLevel(ctx: Context, pgb: PgbenchState, tag: string): Promise<WritePath> {
+  const { options, life } = ctx;
+  await prepareBareTable(ctx.database.url, ctx.role);
+  life.progress(`${tag}database level: the registry's statements and a bare one-row insert, by pgbench at 16 in flight, then ${options.writeOps} of each one at a time`);
+  return measureWritePath(
+    {
+      ownerUrl: ctx.database.url,
+      target: pgb.target!,
+      registryScript: ctx.scriptFile,
+      registryVariables: ctx.variables,
+      workDir: pgb.workDir,
+      clients: 16,
+      warmupMs: options.warmupSec * 1000,
+      measureMs: options.measureSec * 1000,
+      sequential: options.writeOps,
+      postmasterPid: ctx.database.postmasterPid,
+      progress: life.progress,
+      checkpoint: life.checkpoint,
+      onChild: pgb.onChild,
+    },
+    tag,
+  );
+}
+
 async function run(options: Options, argv: string[], life: RunLifetime): Promise<BenchResult> {
   const { progress, checkpoint } = life;
   const startedAt = new Date();
   const loadBefore = os.loadavg();
-  const runCoordinatorLevel = options.level !== "service";
-  const runServiceLevel = options.level !== "coordinator";
+  const runCoordinatorLevel = options.level === "coordinator" || options.level === "all";
+  const runServiceLevel = options.level === "service" || options.level === "all";
+  const runDatabaseLevel = options.level === "database" || options.level === "all";
   const phaseSec = options.warmupSec + options.measureSec + 1;
   const perCommit =
     (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * 3 * phaseSec + 8 : 0) + (runServiceLevel ? 4 * (phaseSec + options.warmupSec) + 4 : 0) + 3;
-  const estimate = 10 + options.commit.length * perCommit + (runCoordinatorLevel ? 12 + options.roundTripOps * 0.06 : 0);
-  const levels = runCoordinatorLevel && runServiceLevel ? "coordinator and service levels" : runCoordinatorLevel ? "coordinator level" : "service level";
+  const databaseSec = runDatabaseLevel ? 2 * phaseSec + 10 + options.writeOps * 0.02 : 0;
+  const estimate = 10 + options.commit.length * (perCommit + databaseSec) + (runCoordinatorLevel ? 12 + options.roundTripOps * 0.06 : 0);
+  const levels = options.level === "all" ? "coordinator, service and database levels" : `${options.level} level`;
   progress(
     `idempotency coordinator benchmark${options.quick ? " (quick)" : ""}: ${levels}, synchronous_commit ${options.commit.join(" then ")}; ` +
       `phases of ${options.warmupSec} s warm-up + ${options.measureSec} s measured, about ${Math.round(estimate / 5) * 5} s`,
   );
   const logger = pino({ level: "warn" }, pino.destination(2));
 
-  const pgbench = runCoordinatorLevel ? await findPgbench() : undefined;
+  const pgbench = runCoordinatorLevel || runDatabaseLevel ? await findPgbench() : undefined;
   const pgb: PgbenchState = {
     use: false,
     checked: false,
     onChild: life.trackChild(),
     logRun: 0,
     workDir: await mkdtemp(join(os.tmpdir(), "idem-bench-pgbench-")),
-    ...(runCoordinatorLevel && !pgbench
+    ...((runCoordinatorLevel || runDatabaseLevel) && !pgbench
       ? { skipped: "pgbench not found ($PGBENCH, PATH, /usr/lib/postgresql/*/bin): install the PostgreSQL client (e.g. apt-get install postgresql-client)" }
       : {}),
   };
   life.onExit("pgbench's files", () => rm(pgb.workDir, { recursive: true, force: true }));
-  if (runCoordinatorLevel) progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgb.skipped}; the pgbench baseline is skipped`);
+  if (runCoordinatorLevel || runDatabaseLevel) progress(pgbench ? `pgbench: ${pgbench.path} (${pgbench.version})` : `${pgb.skipped}; the pgbench baseline is skipped`);
 
   progress(options.databaseUrl ? "database: --database-url" : "starting a dedicated embedded PostgreSQL (fsync=on, pg_stat_statements)");
   const database = await startDatabase({ ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}), logger });
@@ -513,18 +546,23 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
     const tag = options.commit.length > 1 ? `[commit ${setting}] ` : "";
     progress(`${tag}synchronous_commit=${seen} for every new connection to the database (the coordinator, pgbench and the service connect afresh)`);
     checkpoint();
-    const main = await coordinator(ctx, `the coordinator (synchronous_commit=${setting})`, database.url);
-    const { server, clients } = main;
-    serverInfo ??= { mode: server.mode, environment: server.environment };
-    if (server.databaseRole) ctx.role = server.databaseRole;
-    progress(
-      `${tag}coordinator serving on ${server.baseUrl} (${server.mode === "process" ? `separate process, pid ${server.pid}` : "in this process"}, registry pool ${options.poolMax})`,
-    );
-    await clients.operation(0);
-    await clients.noop(0);
+    // The database level alone needs no coordinator: pgbench acts as the role the coordinator's configuration names.
+    const main = runCoordinatorLevel || runServiceLevel ? await coordinator(ctx, `the coordinator (synchronous_commit=${setting})`, database.url) : undefined;
+    if (main) {
+      const { server, clients } = main;
+      serverInfo ??= { mode: server.mode, environment: server.environment };
+      if (server.databaseRole) ctx.role = server.databaseRole;
+      progress(
+        `${tag}coordinator serving on ${server.baseUrl} (${server.mode === "process" ? `separate process, pid ${server.pid}` : "in this process"}, registry pool ${options.poolMax})`,
+      );
+      await clients.operation(0);
+      await clients.noop(0);
+    } else {
+      ctx.role ??= loadConfig({ DATABASE_URL: database.url, IDEM_ALLOW_PLAINTEXT_SNAPSHOTS: "true" }).db.role;
+    }
     checkpoint();
 
-    if (runCoordinatorLevel && pgbench && !pgb.checked) {
+    if ((runCoordinatorLevel || runDatabaseLevel) && pgbench && !pgb.checked) {
       // pgbench runs the same statements in one transaction script, checked once before it is timed.
       pgb.checked = true;
       pgb.target = { bin: pgbench.path, databaseUrl: database.url, ...(ctx.role ? { role: ctx.role } : {}) };
@@ -542,15 +580,16 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
       checkpoint();
     }
 
-    const rows = runCoordinatorLevel ? await coordinatorLevel(ctx, main, pgb, tag) : [];
-    const service = runServiceLevel ? await serviceLevel(ctx, main, tag) : null;
-    await main.stop();
-    const part: CommitRun = { synchronousCommit: seen, rows, service };
+    const rows = runCoordinatorLevel && main ? await coordinatorLevel(ctx, main, pgb, tag) : [];
+    const service = runServiceLevel && main ? await serviceLevel(ctx, main, tag) : null;
+    await main?.stop();
+    const writePath = runDatabaseLevel && pgb.use ? await databaseLevel(ctx, pgb, tag) : undefined;
+    const part: CommitRun = { synchronousCommit: seen, rows, service, ...(writePath ? { writePath } : {}) };
     for (const goal of goalLines(part)) progress(`${tag}${goal}`);
     commits.push(part);
   }
 
-  let roundTrips: RoundTrips = { available: false, reason: "not measured: the coordinator level did not run (--level service)" };
+  let roundTrips: RoundTrips = { available: false, reason: `not measured: the coordinator level did not run (--level ${options.level})` };
   if (runCoordinatorLevel) {
     progress(`counting round trips: ${options.roundTripOps} Reserve and ${options.roundTripOps} Complete calls${pgb.use ? ", then the pgbench transaction" : ""}`);
     await settle(database.url);
@@ -578,7 +617,7 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
       loadAverageAfter: os.loadavg(),
     },
     database: { embedded: database.embedded, version: facts.version, settings: facts.settings, pgStatStatements: statements.available },
-    server: serverInfo!,
+    server: serverInfo ?? { mode: "none", environment: {} },
     loadGenerator: {
       description:
         options.client === "sdk"
@@ -598,7 +637,7 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
             tenantBinding: true,
             ...(ctx.role ? { role: ctx.role } : {}),
           }
-        : { skipped: pgb.skipped ?? (runCoordinatorLevel ? "unknown" : "the coordinator level did not run") },
+        : { skipped: pgb.skipped ?? (runCoordinatorLevel || runDatabaseLevel ? "unknown" : "the coordinator level did not run") },
     commits,
     roundTrips,
     notes: [

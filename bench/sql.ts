@@ -6,7 +6,6 @@
 import { BIND_SQL } from "../src/registry/db.js";
 import type { Statement } from "../src/registry/statement.js";
 import { loadAttempts } from "../src/registry/statements/attempts.js";
-import { countActive } from "../src/registry/statements/quota.js";
 import { finish, insertOrFind, lockRecord } from "../src/registry/statements/records.js";
 
 /** The tenant binding each transaction starts with (sent with BEGIN in one message). */
@@ -15,7 +14,6 @@ export const BINDING = BIND_SQL;
 /** The statements of one Reserve + Complete, in the order the coordinator sends them. */
 export const STATEMENTS = {
   reserve: insertOrFind,
-  count: countActive,
   lock: lockRecord,
   attempts: loadAttempts,
   finish,
@@ -58,8 +56,8 @@ const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
  *
  * Every unit of work is a transaction bound to its tenant as
  * src/registry/db.ts does it, and grouped into round trips as the registry
- * sends it: Reserve is one pipeline (BEGIN, the binding, the insert-or-find,
- * the quota count and COMMIT); Complete is two (BEGIN, the binding, the
+ * sends it: Reserve is one pipeline (BEGIN, the binding, the insert-or-find
+ * with its quota count, and COMMIT); Complete is two (BEGIN, the binding, the
  * locking read and the attempts; then the fenced update and COMMIT).
  * pgbench cannot read a result inside a pipeline (`\gset`), so Complete
  * names the operation by the same expression of the seed, and the generation
@@ -92,9 +90,8 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     fingerprint: ":fingerprint",
     ...owner,
     caller: ":caller",
+    quota: ":quota",
   });
-  const who = { tenant: ":tenant", principal, operation: ":operation", apiRevision: ":api_revision", scope, acquisitionId };
-  const count = bind(STATEMENTS.count, { ...who, quota: ":quota" });
   const ref = { tenant: ":tenant", operationId };
   const finish = bind(STATEMENTS.finish, {
     ...ref,
@@ -124,7 +121,6 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     "BEGIN;",
     binding,
     `${reserve};`,
-    `${count};`,
     "COMMIT;",
     "\\endpipeline",
     "\\startpipeline",
@@ -174,7 +170,7 @@ export function runVariables(variables: Record<string, string>): Record<string, 
 }
 
 /** Which step of an operation a pg_stat_statements entry is, from its text. */
-export function classify(query: string): "reserve" | "count" | "begin" | "bind" | "lock" | "attempts" | "finish" | "commit" | "probe" | "other" {
+export function classify(query: string): "reserve" | "begin" | "bind" | "lock" | "attempts" | "finish" | "commit" | "probe" | "other" {
   const q = squash(query);
   // The coordinator's readiness probe (src/registry/reachability.ts), once a second, as pg_stat_statements normalizes it.
   if (q === "SELECT $1") return "probe";
@@ -183,7 +179,6 @@ export function classify(query: string): "reserve" | "count" | "begin" | "bind" 
   // The tenant binding: its parameters are numbered differently when the tenant is a literal (the coordinator's simple-protocol BEGIN) or a parameter (pgbench).
   if (/^SELECT set_config\(.*\), set_config\(/.test(q)) return "bind";
   if (q.startsWith("WITH inserted AS (") && q.includes("INSERT INTO idem_record")) return "reserve";
-  if (q.startsWith("SELECT idem_within_quota(")) return "count";
   if (q.startsWith("WITH updated AS ( UPDATE idem_record SET state =") && q.includes("snapshot_digest =")) return "finish";
   if (q.includes("FROM idem_record") && /FOR UPDATE$/.test(q) && q.includes("operation_id =")) return "lock";
   if (q.includes("FROM idem_effect_attempt") && q.endsWith("ORDER BY attempt_number")) return "attempts";

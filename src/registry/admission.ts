@@ -2,7 +2,6 @@ import { commitTogether, type Db, type Queryable, type Send, type TransactionOpt
 import { toRecord } from "./rows.js";
 import { keepingResult, pipelined } from "./statement.js";
 import * as batchStatements from "./statements/batches.js";
-import * as quotaStatements from "./statements/quota.js";
 import * as recordStatements from "./statements/records.js";
 import type { ScopeRead } from "./state-machine.js";
 
@@ -10,13 +9,12 @@ import type { ScopeRead } from "./state-machine.js";
  * Reserve's guarded insert, the one way new records are made: a lone
  * Reserve's record, or a batch's (coalesced Reserves of one tenant and
  * caller). One statement inserts each scope's record or returns the one it
- * has, and behind it, in the same round trip, each principal that got a new
- * record has it counted against its quota (which fails with IDQ01 over the
- * quota, so that nothing is committed). The statements go out one behind
- * the other, either with the COMMIT (admitCommitted: the fast path and a
+ * has, and counts each new record against its principal's quota (it fails
+ * with IDQ01 over the quota, so that nothing is committed: statements/quota.ts).
+ * It goes out either with the COMMIT (admitCommitted: the fast path and a
  * batch) or inside a transaction that goes on deciding (admit). One record
- * goes by records.ts insertOrFind and quota.ts countActive, several by their
- * batch forms (batches.ts).
+ * goes by records.ts insertOrFind, several by its batch form
+ * (batches.ts insertOrFindMany).
  */
 
 /** A record a Reserve would make, and the quota its principal is held to under the request's policy. */
@@ -33,8 +31,8 @@ const scopeKey = (scope: Uint8Array) => Buffer.from(scope).toString("hex");
 
 /**
  * New records of one tenant and caller, of distinct scopes, inserted (or
- * their scopes' records found) and counted, and committed with them: one
- * round trip. Returns what each scope holds.
+ * their scopes' records found) and counted, and committed: one round trip.
+ * Returns what each scope holds.
  */
 export async function admitCommitted(
   db: Db,
@@ -56,42 +54,16 @@ export async function admit(q: Queryable, tenant: string, caller: string, one: A
   return (await reads())(one);
 }
 
-/**
- * The principal's count of unfinished records, this transaction's new one
- * included, as its gate row counts them (nothing when this transaction made
- * no record of the scope); over the quota the statement fails (IDQ01). The
- * statement that made the record counted it and locked the gate row until
- * the transaction ends (migrations/000013), so each reservation counts every
- * record admitted before it: of any number of racing reservations, on any
- * number of coordinators, no more than the quota commit. Only new records of
- * one principal and operation wait for each other; replays and other
- * principals never touch the gate.
- */
-export function countUnderGate(tenant: string, { record, quota }: Admission): Send {
-  const { principal, operation, apiRevision, scope, acquisitionId } = record;
-  return (q) => quotaStatements.countActive.run(q, { tenant, principal, operation, apiRevision, scope, acquisitionId, quota });
-}
-
 /** The statements of an admission, and what each scope holds once they have been sent. */
 function admission(tenant: string, caller: string, admissions: readonly Admission[]): { sends: Send[]; reads: () => Promise<(one: Admission) => ScopeRead> } {
   const [only] = admissions;
   const insert = keepingResult(
     admissions.length === 1
-      ? (q) => recordStatements.insertOrFind.run(q, { ...only!.record, tenant, caller })
-      : (q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(admissions.map((a) => a.record)) }),
+      ? (q) => recordStatements.insertOrFind.run(q, { ...only!.record, tenant, caller, quota: only!.quota })
+      : (q) => batchStatements.insertOrFindMany.run(q, { tenant, caller, ...columnsOf(admissions) }),
   );
-  const count: Send =
-    admissions.length === 1
-      ? countUnderGate(tenant, only!)
-      : (q) =>
-          batchStatements.countActiveMany.run(q, {
-            tenant,
-            scopes: admissions.map((a) => a.record.scope),
-            acquisitionIds: admissions.map((a) => a.record.acquisitionId),
-            quotas: admissions.map((a) => a.quota),
-          });
   return {
-    sends: [insert.send, count],
+    sends: [insert.send],
     async reads() {
       const { rows } = await insert.result();
       const found = new Map(rows.map((row): [string, ScopeRead] => [scopeKey(row.scope), { kind: "found", record: toRecord(row), inserted: row.inserted }]));
@@ -101,7 +73,8 @@ function admission(tenant: string, caller: string, admissions: readonly Admissio
 }
 
 /** The batch insert's arrays, one element per new record. */
-function columnsOf(records: readonly recordStatements.NewRecord[]): Omit<batchStatements.NewRecords, "tenant" | "caller"> {
+function columnsOf(admissions: readonly Admission[]): Omit<batchStatements.NewRecords, "tenant" | "caller"> {
+  const records = admissions.map((a) => a.record);
   return {
     scopes: records.map((r) => r.scope),
     operationIds: records.map((r) => r.operationId),
@@ -114,5 +87,6 @@ function columnsOf(records: readonly recordStatements.NewRecord[]): Omit<batchSt
     leaseMs: records.map((r) => r.leaseMs),
     acquisitionIds: records.map((r) => r.acquisitionId),
     writerEpochs: records.map((r) => r.writerEpoch),
+    quotas: admissions.map((a) => a.quota),
   };
 }

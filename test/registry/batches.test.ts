@@ -125,9 +125,9 @@ describe("coalesced Reserves", () => {
     it(`gives every request of a batch whose connection died ${when} one definite answer: the batch is re-run, each recognizes its own record, nothing is doubled`, async () => {
       let armed = false;
       let died = false;
-      // The batch's quota count arms the fault; the COMMIT sent behind it (the batch's: one transaction in flight) meets it.
+      // The batch's insert (with its quota counts) arms the fault; the COMMIT sent behind it (the batch's: one transaction in flight) meets it.
       const dying = interceptedPool(openTestPool({ role: SERVER_ROLE }), async (text, _values, send) => {
-        if (text.includes("made.quota")) armed = !died;
+        if (text.includes("i_quota")) armed = !died;
         if (text !== "COMMIT" || !armed) return send();
         armed = false;
         died = true;
@@ -223,7 +223,7 @@ describe("coalesced Completes", () => {
     expect(results.map((r) => new TextDecoder().decode(r.snapshot!.body))).toEqual(order.map((id) => `{"id":"${id}"}`));
   });
 
-  it("keeps each principal's count of unfinished records equal to its records through batches, completions, releases, recovery and reconciliation", async () => {
+  it("keeps each principal's count of unfinished records equal to its records through batches, completions, releases, recovery, reconciliation and the jobs", async () => {
     const { registry, db } = coalescing();
     const subject = { tenant: "acme", principal: `p-${newKey()}` };
     const reserved = await Promise.all(Array.from({ length: 20 }, () => registry.reserve(db, reserveInput(newKey(), { amount: 1 }, { subject, claim: true }), gateway)));
@@ -248,6 +248,13 @@ describe("coalesced Completes", () => {
     }
     const operator = actor({ operator: true });
     await registry.reconcile(db, { ref: refs[11]!, outcome: "SUCCEEDED", snapshot: snapshot("{}"), evidence: "provider dashboard", operatorName: "olga" }, operator);
+    expect(await counted()).toEqual([{ active: 11, actual: 11 }]);
+    // Reopened by an operator, swept by the recoverer once leases end, tombstoned by the retention sweep: still unfinished, or still finished.
+    await registry.reconcile(db, { ref: refs[12]!, reopen: true, evidence: "nothing at the provider", operatorName: "olga" }, operator);
+    await t.pool.query("UPDATE idem_record SET lease_expires_at = now() - interval '1 second' WHERE principal = $1 AND lease_expires_at IS NOT NULL", [subject.principal]);
+    await registry.recoverExpiredLeases(t.db, { batchSize: 100, caller: "recoverer" });
+    await t.pool.query("UPDATE idem_record SET retain_until = now() - interval '1 second' WHERE principal = $1 AND retain_until IS NOT NULL", [subject.principal]);
+    expect((await registry.sweepRetention(t.db, { batchSize: 100, caller: "sweeper" })).tombstoned).toBeGreaterThanOrEqual(9);
     expect(await counted()).toEqual([{ active: 11, actual: 11 }]);
   });
 

@@ -93,7 +93,7 @@ describe("migration 8 (every attempt counts)", () => {
 });
 
 describe("migration 13 (quota counts kept by the database)", () => {
-  it("counts the unfinished records already there, per principal, and keeps counting from then on", async () => {
+  it("counts the unfinished records already there, per principal", async () => {
     await withMigrationsBefore("000013", async (pool) => {
       const record = (principal: string, state: string) =>
         pool.query(
@@ -113,16 +113,38 @@ describe("migration 13 (quota counts kept by the database)", () => {
         { principal: "alice", active: 3 },
         { principal: "carol", active: 1 },
       ]);
-      // From then on every change of a record's state moves its principal's count: new, finished, unfinished again, removed.
-      await record("bob", "EXECUTING");
-      await pool.query("UPDATE idem_record SET state = 'SUCCEEDED', snapshot_digest = $1 WHERE principal = 'alice' AND state = 'EXECUTING'", [randomBytes(32)]);
-      await pool.query("UPDATE idem_record SET state = 'RESERVED', snapshot_digest = NULL WHERE principal = 'alice' AND state = 'REJECTED'");
-      await pool.query("DELETE FROM idem_record WHERE principal = 'carol'");
-      expect(await counts()).toEqual([
-        { principal: "alice", active: 3 },
+    });
+  });
+});
+
+describe("migration 16 (quota counts kept by the statements)", () => {
+  it("counts every principal's unfinished records afresh, drops the triggers, and leaves older coordinators' count without its function", async () => {
+    await withMigrationsBefore("000016", async (pool) => {
+      const record = (principal: string, state: string) =>
+        pool.query(
+          `INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
+                                    fingerprint, state, generation, acquisition_id, snapshot_digest)
+           VALUES ('acme', $1, gen_random_uuid(), $2, 'payments.create', 1, 1, $3, $4, 1, gen_random_uuid(), $5)`,
+          [randomBytes(32), principal, randomBytes(32), state, ["SUCCEEDED", "FAILED_FINAL", "REJECTED"].includes(state) ? randomBytes(32) : null],
+        );
+      for (const state of ["RESERVED", "EXECUTING", "SUCCEEDED"]) await record("alice", state);
+      await record("bob", "UNKNOWN");
+      // Counts that drifted from the records: whatever they say, the migration counts afresh.
+      await pool.query("UPDATE idem_quota_gate SET active = 42 WHERE principal = 'alice'");
+      await pool.query("INSERT INTO idem_quota_gate (tenant_id, principal, operation, api_revision, active) VALUES ('acme', 'dora', 'payments.create', 1, 5)");
+
+      expect(await migrate(pool, silentLogger)).toEqual((await loadMigrations()).map((m) => m.version).filter((v) => v >= 16));
+      const { rows } = await pool.query<{ principal: string; active: number }>("SELECT principal, active FROM idem_quota_gate WHERE tenant_id = 'acme' ORDER BY principal");
+      expect(rows).toEqual([
+        { principal: "alice", active: 2 },
         { principal: "bob", active: 1 },
-        { principal: "carol", active: 0 },
+        { principal: "dora", active: 0 },
       ]);
+      const triggers = await pool.query("SELECT tgname FROM pg_trigger WHERE tgrelid = 'idem_record'::regclass AND NOT tgisinternal");
+      expect(triggers.rows).toEqual([]);
+      // A coordinator from before counts nothing itself: its count fails, so that it admits nothing uncounted.
+      await expect(pool.query("SELECT idem_within_quota(1, 2)")).rejects.toThrow(/idem_within_quota.*does not exist/);
+      await expect(pool.query("SELECT idem_count_within_quota(3, 2)")).rejects.toMatchObject({ code: "IDQ01" });
     });
   });
 });

@@ -27,7 +27,7 @@ const DISTRIBUTED: Record<string, string> = {
   idem_record: "one row per scope: the record, its state, lease and snapshot",
   idem_effect_attempt: "a record's effect attempts, referencing it by (tenant_id, operation_id)",
   idem_event: "the append-only event log; operation-level events are tenant ''",
-  idem_quota_gate: "each principal's count of unfinished records, kept by idem_record's triggers",
+  idem_quota_gate: "each principal's count of unfinished records, kept by the statements that change records",
 };
 
 /**
@@ -50,11 +50,10 @@ const REFERENCE: Record<string, string> = {
  * `tenant` parameter.
  */
 const REQUEST_PATH: Record<string, string> = {
-  insertOrFind: "Reserve: the guarded insert and its ACCEPTED event",
+  insertOrFind: "Reserve: the guarded insert, its ACCEPTED event and the principal's count against its quota",
   findByScope: "Reserve: a record committed after the insert's snapshot",
-  countActive: "Reserve: the principal's count of unfinished records against its quota",
   takeOverByScope: "Reserve: taking over a record whose lease ended with nothing possible",
-  recycleByScope: "Reserve: a reusable tombstone made a new operation",
+  recycleByScope: "Reserve: a reusable tombstone made a new operation, counted against the quota",
   markUnknownByScope: "Reserve: an ended lease with a possible effect",
   appendEvent: "Reserve (a conflict logged) and Claim RECOVER (the UNKNOWN step)",
   lockRecord: "Claim, RenewLease, RecordEffectAttempt, ResolveEffectAttempt, Complete, Release, Abandon: the record's lock",
@@ -73,8 +72,7 @@ const REQUEST_PATH: Record<string, string> = {
   handToRecovery: "Abandon with a possible effect",
   viewById: "Lookup by operation id",
   viewByScope: "Lookup by scope",
-  insertOrFindMany: "coalesced Reserves: the guarded insert of a batch",
-  countActiveMany: "coalesced Reserves: the principals' counts",
+  insertOrFindMany: "coalesced Reserves: the guarded insert of a batch, with the principals' counts",
   lockRecords: "coalesced Completes: the batch's locks",
   loadAttemptsMany: "coalesced Completes: the batch's attempts",
   finishMany: "coalesced Completes: the batch's finish",
@@ -115,15 +113,8 @@ const ELSEWHERE: Record<string, { does: string; reach: Reach }> = {
   listControls: { does: "the policy cache's load: every operation's switches", reach: "reference tables" },
 };
 
-/**
- * The triggers on the tables, each with what it writes. The quota counts
- * write idem_quota_gate rows of the tenants whose records fired them, which
- * live in the colocated shards of the same node; the others only refuse.
- */
+/** The triggers on the tables, each with what it does: they only refuse. */
 const TRIGGERS: Record<string, string> = {
-  "idem_record.idem_record_count_inserted": "adds the new unfinished records to their principals' gate rows",
-  "idem_record.idem_record_count_updated": "moves the counts of records that became finished or unfinished",
-  "idem_record.idem_record_count_deleted": "removes deleted unfinished records from the counts",
   "idem_event.idem_event_append_only": "refuses UPDATE and DELETE of events",
   "idem_policy.idem_policy_immutable": "refuses UPDATE and DELETE of published revisions",
 };
@@ -234,7 +225,7 @@ describe("the tables", () => {
         ORDER BY 1`,
     );
     expect(rows.map((r) => r.trigger)).toEqual(Object.keys(TRIGGERS).sort());
-    // Any function of the schema, whoever calls it (triggers, idem_within_quota on the request path).
+    // Any function of the schema, whoever calls it (triggers, idem_count_within_quota on the request path).
     const functions = await t.pool.query<{ name: string; source: string }>(
       `SELECT proname AS name, prosrc AS source FROM pg_proc WHERE pronamespace = current_schema()::regnamespace`,
     );

@@ -23,7 +23,7 @@ describe("npm run bench's options", () => {
   it("refuse what they do not know, a missing value and a bad one", () => {
     expect(() => parseBenchArgs(["--bogus"])).toThrow(UsageError);
     expect(() => parseBenchArgs(["--out"])).toThrow(UsageError);
-    expect(() => parseBenchArgs(["--level", "cluster"])).toThrow(/--level is coordinator, service or all, got 'cluster'/);
+    expect(() => parseBenchArgs(["--level", "cluster"])).toThrow(/--level is coordinator, service, database or all, got 'cluster'/);
     expect(() => parseBenchArgs(["--protocol", "connect"])).toThrow(/--protocol connect needs --client unary/);
     expect(() => parseBenchArgs(["--setting", "LOG_LEVEL=info"])).toThrow(/--setting is NAME=VALUE with an IDEM_ name/);
   });

@@ -3,7 +3,7 @@ import { IdempotencyError, refuse } from "../../contract/errors.js";
 import { validateKey } from "../../contract/keys.js";
 import { scopeDigest, validateApiRevision, validateOperationName, validateSubject } from "../../contract/scope.js";
 import type { OperationPolicy } from "../../policy/operations.js";
-import { admit, admitCommitted, countUnderGate, type Admission } from "../admission.js";
+import { admit, admitCommitted, type Admission } from "../admission.js";
 import { currentPolicy, laneOf, opened, policyOf, type RegistryContext } from "../context.js";
 import { sqlState, type Db, type Queryable } from "../db.js";
 import { uuidv7 } from "../ids.js";
@@ -55,12 +55,11 @@ interface Judged {
  * needs a write (takeover, UNKNOWN) is a compare-and-set on the generation
  * it was read at, re-read and re-decided when it lost a race.
  *
- * Statements: the guarded insert, and behind it the principal's quota gate
- * and count (which do nothing unless the insert made a record), pipelined
- * into one round trip; then a conflict logs itself (1 more), a takeover
+ * Statements: the guarded insert, which also counts a new record against
+ * its principal's quota; then a conflict logs itself (1 more), a takeover
  * is 1 more, and a scope committed concurrently after the insert's
  * snapshot is re-read (1 more). Each request is one transaction: BEGIN
- * with the tenant binding travels with the first statements, and COMMIT is
+ * with the tenant binding travels with the first statement, and COMMIT is
  * the second round trip.
  */
 export async function reserve(context: RegistryContext, db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> {
@@ -289,7 +288,8 @@ async function carryOut(context: RegistryContext, q: Queryable, judged: Judged, 
     }
     case "recycle": {
       // The policy says old effects cannot reappear and the horizon passed:
-      // the scope starts afresh, and one racing reservation wins it.
+      // the scope starts afresh, and one racing reservation wins it. Unfinished
+      // again, it counts against the quota like a new record (the statement fails over it).
       const recycled = await firstRecord(recordStatements.recycleByScope, q, {
         ...seen,
         ...ownership,
@@ -297,10 +297,9 @@ async function carryOut(context: RegistryContext, q: Queryable, judged: Judged, 
         schemaRevision: made.schemaRevision,
         fingerprint: made.fingerprint,
         previousOperationId: record.operationId,
+        quota: judged.policy.maxActivePerPrincipal,
       });
       if (!recycled) return undefined;
-      // The recycled scope is unfinished again: it counts against the quota like a new record.
-      await countUnderGate(judged.tenant, { record: made, quota: judged.policy.maxActivePerPrincipal })(q);
       return accepted(recycled);
     }
   }

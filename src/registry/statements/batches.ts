@@ -1,5 +1,18 @@
 import { statement, type RowColumns } from "../statement.js";
-import { ATTEMPT_COLUMNS, ATTEMPT_ROW, INSERTED_ROW, logChanges, nowPlusMs, RECORD_COLUMNS, RECORD_ROW, type AttemptRow, type InsertedRow, type RecordRow } from "./parts.js";
+import {
+  ATTEMPT_COLUMNS,
+  ATTEMPT_ROW,
+  countMany,
+  INSERTED_ROW,
+  logChanges,
+  nowPlusMs,
+  RECORD_COLUMNS,
+  RECORD_ROW,
+  UNFINISHED,
+  type AttemptRow,
+  type InsertedRow,
+  type RecordRow,
+} from "./parts.js";
 import { finishAssignments } from "./records.js";
 
 /**
@@ -11,10 +24,10 @@ import { finishAssignments } from "./records.js";
  * still decided alone: the statements return each one's row, and the registry
  * applies the same rules to each as for a single request.
  *
- * Locks are taken in one order (scopes and operation ids sorted; the gates
- * of the quota counts sorted by the database's triggers), so that batches
- * running at once, on any number of coordinators, wait for one another but
- * never deadlock.
+ * Locks are taken in one order (scopes and operation ids sorted, then the
+ * gates of the quota counts sorted by principal), so that batches running
+ * at once, on any number of coordinators, wait for one another but never
+ * deadlock.
  */
 
 /** One element per new record; every array has the batch's length. */
@@ -32,11 +45,16 @@ export interface NewRecords {
   leaseMs: number[];
   acquisitionIds: string[];
   writerEpochs: number[];
+  /** The quota of each record's principal, under its request's policy. */
+  quotas: number[];
 }
 
 /**
  * Reserve's guarded insert (records.ts insertOrFind) for a batch of distinct
- * scopes: inserts the new ones in scope order, logs ACCEPTED for each, and
+ * scopes: inserts the new ones in scope order, logs ACCEPTED for each, counts
+ * them against their principals' quotas (over a quota the statement fails
+ * with IDQ01, and the whole batch rolls back; a principal's records of
+ * requests judged under different quotas are held to the lowest), and
  * returns every new record (`inserted` true) and every existing one as this
  * statement's snapshot shows it. A scope whose record was committed after the
  * snapshot comes back in neither part: its request is decided again alone.
@@ -46,9 +64,9 @@ export const insertOrFindMany = statement<NewRecords, InsertedRow>(
   `WITH input AS (
      SELECT * FROM unnest(:scopes::bytea[], :operationIds::uuid[], :principals::text[], :operations::text[], :apiRevisions::int[],
                           :schemaRevisions::int[], :fingerprints::bytea[], :states::text[], :leaseMs::bigint[], :acquisitionIds::uuid[],
-                          :writerEpochs::bigint[])
+                          :writerEpochs::bigint[], :quotas::int[])
        AS i(i_scope, i_operation_id, i_principal, i_operation, i_api_revision, i_schema_revision, i_fingerprint, i_state, i_lease_ms,
-            i_acquisition_id, i_writer_epoch)
+            i_acquisition_id, i_writer_epoch, i_quota)
    ), inserted AS (
      INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
                               fingerprint, state, generation, lease_expires_at, acquisition_id, writer_epoch)
@@ -57,42 +75,16 @@ export const insertOrFindMany = statement<NewRecords, InsertedRow>(
        FROM input ORDER BY i_scope
      ON CONFLICT (tenant_id, scope) DO NOTHING
      RETURNING ${RECORD_COLUMNS}
-   ), ${logChanges("inserted", "'ACCEPTED'")}
+   ), ${logChanges("inserted", "'ACCEPTED'")}, ${countMany(
+     "inserted",
+     "count(*)",
+     `idem_count_within_quota(g.active, (SELECT min(i_quota) FROM input
+                                            WHERE i_principal = g.principal AND i_operation = g.operation AND i_api_revision = g.api_revision))`,
+   )}
    SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
    UNION ALL
    SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = ANY(:scopes::bytea[])`,
   INSERTED_ROW,
-);
-
-/**
- * The records this transaction made, by scope and the acquisition id it
- * minted for each (a replay's scope matches none), with the quota of each
- * one's principal under its policy.
- */
-export interface MadeRecords {
-  tenant: string;
-  scopes: Buffer[];
-  acquisitionIds: string[];
-  quotas: number[];
-}
-
-const MADE = `SELECT r.principal, r.operation, r.api_revision, m.m_quota AS quota FROM idem_record r
-   JOIN unnest(:scopes::bytea[], :acquisitionIds::uuid[], :quotas::int[]) AS m(m_scope, m_acquisition_id, m_quota)
-     ON r.scope = m.m_scope AND r.acquisition_id = m.m_acquisition_id
-  WHERE r.tenant_id = :tenant`;
-
-/**
- * For every principal with a new record in this transaction, its count of
- * unfinished records (quota.ts countActive); over a quota it fails with
- * IDQ01, and the whole batch rolls back.
- */
-export const countActiveMany = statement<MadeRecords, { principal: string; operation: string; api_revision: number; active: number }>(
-  "countActiveMany",
-  `SELECT g.principal, g.operation, g.api_revision, idem_within_quota(g.active, made.quota) AS active
-     FROM idem_quota_gate g
-     JOIN (SELECT DISTINCT principal, operation, api_revision, quota FROM (${MADE}) m) made USING (principal, operation, api_revision)
-    WHERE g.tenant_id = :tenant`,
-  { principal: true, operation: true, api_revision: true, active: true },
 );
 
 /** Records by operation id. */
@@ -147,8 +139,9 @@ export interface Finishes {
 
 /**
  * Complete (records.ts finish) for a batch of records this transaction has
- * locked, each fenced by the generation it was read at, each with its
- * COMPLETED event.
+ * locked, each fenced by the generation it was read at (only unfinished
+ * ones match), each with its COMPLETED event, leaving its principal's quota
+ * count.
  */
 export const finishMany = statement<Finishes, RecordRow>(
   "finishMany",
@@ -172,9 +165,9 @@ export const finishMany = statement<Finishes, RecordRow>(
        snapshotKeyId: "f_key_id",
      })}, updated_at = now()
        FROM input
-      WHERE tenant_id = :tenant AND operation_id = f_operation_id AND generation = f_generation
+      WHERE tenant_id = :tenant AND operation_id = f_operation_id AND generation = f_generation AND ${UNFINISHED}
       RETURNING ${RECORD_COLUMNS}, f_event_detail
-   ), ${logChanges("updated", "'COMPLETED'", "f_event_detail::jsonb")}
+   ), ${logChanges("updated", "'COMPLETED'", "f_event_detail::jsonb")}, ${countMany("updated", "-count(*)")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
   RECORD_ROW,
 );

@@ -153,3 +153,75 @@ export function logChanges(source: string, kind: string, detail = "'{}'::jsonb")
        SELECT tenant_id, operation_id, operation, api_revision, ${kind}, generation, state, :caller, ${detail} FROM ${source}
      )`;
 }
+
+/** The key of a principal's gate row (idem_quota_gate), as columns of idem_record too. */
+const GATE_KEY = "tenant_id, principal, operation, api_revision";
+
+/** The gate row of the records of a CTE aliased `s`. */
+const GATE_OF = "g.tenant_id = s.tenant_id AND g.principal = s.principal AND g.operation = s.operation AND g.api_revision = s.api_revision";
+
+/**
+ * The count of unfinished records on a principal's gate row
+ * (idem_quota_gate, migrations 13 and 16) moved by the statement that makes
+ * a record unfinished (a new one, a tombstone reused): +1 for the one record
+ * `source` (a data-modifying CTE) returned, nothing when it returned none.
+ * The gate row stays locked until the transaction ends, so that racing
+ * reservations of a principal count one after another: an UPDATE waiting
+ * for another writer's row re-reads its latest version (READ COMMITTED), and
+ * the INSERT for a principal's first record meets a row committed since the
+ * statement's snapshot as a conflict and updates that one. Over the quota
+ * (`quota`, an SQL expression) the statement fails with IDQ01.
+ */
+export function countOpened(source: string, quota: string): string {
+  return `gate_updated AS (
+       UPDATE idem_quota_gate g SET active = g.active + 1 FROM ${source} s WHERE ${GATE_OF}
+       RETURNING g.tenant_id, idem_count_within_quota(g.active, ${quota})
+     ), gate_made AS (
+       INSERT INTO idem_quota_gate AS g (${GATE_KEY}, active)
+       SELECT ${GATE_KEY}, 1 FROM ${source} s WHERE NOT EXISTS (SELECT FROM gate_updated u WHERE u.tenant_id = s.tenant_id)
+       ON CONFLICT (${GATE_KEY}) DO UPDATE SET active = g.active + 1
+       RETURNING idem_count_within_quota(g.active, ${quota})
+     )`;
+}
+
+/**
+ * The same for the one record `source` finished (Complete, Reconcile): -1 on
+ * its principal's gate row, which exists since the record was counted when
+ * it became unfinished. The statement changes only records that were
+ * unfinished.
+ */
+export function countClosed(source: string): string {
+  return `gate_updated AS (
+       UPDATE idem_quota_gate g SET active = g.active - 1 FROM ${source} s WHERE ${GATE_OF}
+     )`;
+}
+
+/**
+ * The counts of a batch's records (`source`, a data-modifying CTE), summed
+ * per principal (`change`: an SQL expression of the grouped rows, such as
+ * `count(*)` or `-count(*)`), written in key order, so that statements
+ * changing several principals' counts never deadlock. `check`, when given,
+ * is an SQL expression of the gate row `g` that fails the statement over a
+ * quota.
+ */
+export function countMany(source: string, change: string, check?: string): string {
+  return `gate_changed AS (
+       INSERT INTO idem_quota_gate AS g (${GATE_KEY}, active)
+       SELECT ${GATE_KEY}, (${change})::int FROM ${source} GROUP BY ${GATE_KEY} ORDER BY ${GATE_KEY}
+       ON CONFLICT (${GATE_KEY}) DO UPDATE SET active = g.active + EXCLUDED.active
+       ${check ? `RETURNING ${check}` : ""}
+     )`;
+}
+
+/** The states of a finished record; the others (RESERVED, EXECUTING, UNKNOWN) count against its principal's quota. */
+export const FINISHED_STATES = "('SUCCEEDED', 'FAILED_FINAL', 'REJECTED')";
+
+/**
+ * A condition: the record is unfinished. Written as "not finished": a list
+ * of the unfinished states would match the predicate of the recoverer's
+ * partial index (idem_record_by_lease_end), and a statement that names one
+ * record by its id could then be planned as a scan of that whole index,
+ * which also holds the entries of every record finished since the last
+ * vacuum (measured: a finish walking thousands of entries).
+ */
+export const UNFINISHED = `state NOT IN ${FINISHED_STATES}`;

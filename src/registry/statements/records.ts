@@ -1,5 +1,17 @@
 import { statement } from "../statement.js";
-import { INSERTED_ROW, logChanges, nowPlusMs, RECORD_COLUMNS, RECORD_ROW, type InsertedRow, type RecordRow } from "./parts.js";
+import {
+  countClosed,
+  countOpened,
+  INSERTED_ROW,
+  logChanges,
+  nowPlusMs,
+  RECORD_COLUMNS,
+  RECORD_ROW,
+  FINISHED_STATES,
+  UNFINISHED,
+  type InsertedRow,
+  type RecordRow,
+} from "./parts.js";
 
 /**
  * The statements that decide and change one record (idem_record), each with
@@ -52,9 +64,11 @@ export interface NewRecord extends Ownership {
  * not" and takes the place in one step (a concurrent insert of the same scope
  * waits for this one and then conflicts). Returns the new record (`inserted`
  * true) or the one already there, as this statement's snapshot shows it:
- * nothing when that record was committed after the snapshot was taken.
+ * nothing when that record was committed after the snapshot was taken. A
+ * new record is logged and counted against its principal's quota (`quota`)
+ * by the same statement, which fails with IDQ01 over it.
  */
-export const insertOrFind = statement<NewRecord & { tenant: string; caller: string }, InsertedRow>(
+export const insertOrFind = statement<NewRecord & { tenant: string; caller: string; quota: number }, InsertedRow>(
   "insertOrFind",
   `WITH inserted AS (
      INSERT INTO idem_record (tenant_id, scope, operation_id, principal, operation, api_revision, schema_revision,
@@ -63,7 +77,7 @@ export const insertOrFind = statement<NewRecord & { tenant: string; caller: stri
              :fingerprint, :state, 1, ${nowPlusMs(":leaseMs")}, :acquisitionId, :writerEpoch)
      ON CONFLICT (tenant_id, scope) DO NOTHING
      RETURNING ${RECORD_COLUMNS}
-   ), ${logChanges("inserted", "'ACCEPTED'")}
+   ), ${logChanges("inserted", "'ACCEPTED'")}, ${countOpened("inserted", ":quota")}
    SELECT true AS inserted, ${RECORD_COLUMNS}, now() AS db_now FROM inserted
    UNION ALL
    SELECT false, ${RECORD_COLUMNS}, now() FROM idem_record WHERE tenant_id = :tenant AND scope = :scope`,
@@ -124,9 +138,10 @@ export const takeOverByScope = statement<ScopeRef & Ownership & { generation: nu
  * A reusable tombstone becomes a new operation in place (new operation id,
  * fingerprint and revision; the generation still grows), fenced like a
  * takeover on the generation that was read: of racing reservations, one wins.
+ * Unfinished again, it counts against its principal's quota like a new record.
  */
 export const recycleByScope = statement<
-  ScopeRef & Ownership & { generation: number; operationId: string; schemaRevision: number; fingerprint: Buffer; previousOperationId: string; caller: string },
+  ScopeRef & Ownership & { generation: number; operationId: string; schemaRevision: number; fingerprint: Buffer; previousOperationId: string; caller: string; quota: number },
   RecordRow
 >(
   "recycleByScope",
@@ -139,8 +154,10 @@ export const recycleByScope = statement<
             snapshot_headers = NULL, snapshot_body = NULL, snapshot_digest = NULL, snapshot_key_id = NULL,
             created_at = now(), updated_at = now(), completed_at = NULL, retain_until = NULL, tombstoned_at = NULL
       WHERE tenant_id = :tenant AND scope = :scope AND generation = :generation AND tombstoned_at IS NOT NULL
+        AND state IN ${FINISHED_STATES}
       RETURNING ${RECORD_COLUMNS}
-   ), ${logChanges("recycled", "'RECYCLED'", "json_build_object('previous_operation_id', :previousOperationId::text)")}
+   ), ${logChanges("recycled", "'RECYCLED'", "json_build_object('previous_operation_id', :previousOperationId::text)")},
+   ${countOpened("recycled", ":quota")}
    SELECT ${RECORD_COLUMNS}, now() AS db_now FROM recycled`,
   RECORD_ROW,
 );
@@ -165,16 +182,18 @@ export const markUnknownByScope = statement<ScopeRef & { generation: number; cal
 /**
  * A change of a record this transaction has locked, fenced once more by the
  * generation it was read at, with its event: `set` is the SET list (named
- * parameters of its own), `kind` the event's kind.
+ * parameters of its own), `kind` the event's kind. `finishes`: the change
+ * finishes an unfinished record (only such a record matches), which leaves
+ * its principal's quota count.
  */
-function fencedUpdate<Values extends object>(name: string, kind: string, set: string) {
+function fencedUpdate<Values extends object>(name: string, kind: string, set: string, finishes = false) {
   return statement<IdRef & ChangedBy & { generation: number } & Values, RecordRow>(
     name,
     `WITH updated AS (
        UPDATE idem_record SET ${set}, updated_at = now()
-        WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation
+        WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation${finishes ? ` AND ${UNFINISHED}` : ""}
         RETURNING ${RECORD_COLUMNS}
-     ), ${logChanges("updated", `'${kind}'`, ":eventDetail::jsonb")}
+     ), ${logChanges("updated", `'${kind}'`, ":eventDetail::jsonb")}${finishes ? `, ${countClosed("updated")}` : ""}
      SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
     RECORD_ROW,
   );
@@ -249,7 +268,7 @@ const FINISH = finishAssignments({
 });
 
 /** Complete: the terminal state and the response to replay. */
-export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINISH);
+export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINISH, true);
 
 /**
  * Reconcile: an operator's terminal state for an UNKNOWN record, at the next
@@ -260,6 +279,7 @@ export const reconcile = fencedUpdate<SnapshotColumns & { acquisitionId: string 
   "reconcile",
   "RECONCILED",
   `${FINISH}, generation = generation + 1, acquisition_id = :acquisitionId`,
+  true,
 );
 
 /**
