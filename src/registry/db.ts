@@ -1,4 +1,5 @@
 import type { Duplex } from "node:stream";
+import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import { context, SpanKind, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
@@ -276,7 +277,8 @@ export interface PoolDbOptions extends DbObserver {
  * and whatever is sent within one tick (a BEGIN with the statements
  * pipelined behind it) leaves in one socket write: the stream is corked at
  * the first query of a tick and uncorked after it, since each write is a
- * system call, and system calls cost more than a short statement.
+ * system call, and system calls cost more than a short statement. A client
+ * not opened for pipelining (a co-located service's pool) gets them in turn.
  */
 function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: string): Queryable {
   const socket = corkableSocket(client);
@@ -285,7 +287,7 @@ function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: str
     corked = false;
     socket!.uncork();
   };
-  return {
+  const connection: Queryable = {
     query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
       if (socket && !corked) {
         corked = true;
@@ -296,6 +298,7 @@ function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: str
       return name === undefined ? client.query<R>(text, values) : client.query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
     },
   };
+  return client.pipeline ? connection : inTurn(connection);
 }
 
 /**
@@ -593,8 +596,4 @@ function classify(error: unknown): unknown {
     return new IdempotencyError("REGISTRY_UNAVAILABLE", "the registry database did not answer in time; nothing was decided, retry with backoff", {}, { cause: error });
   }
   return error;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }
