@@ -19,13 +19,15 @@ import {
   withMethods,
   type CallForm,
 } from "../gateway/arguments.js";
-import { toCoordinatorError } from "../gateway/errors.js";
-import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
+import type { ColocatedCompletion, CompleteInput, CompleteResult, LifecycleCalls, OpenTransaction } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
-import { runTransaction, transactionDb, type Db, type Queryable } from "../registry/db.js";
+import { poolDb, runTransaction, transactionDb, type Db, type Queryable } from "../registry/db.js";
 import { PolicyStore } from "../registry/policy-store.js";
+import { requireLeastPrivilege } from "../registry/privileges.js";
 import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
+import { RecordWatch } from "../server/owner-wait.js";
+import { completeResult, lifecycleOn, refusedAsCoordinator, registryComplete, type LocalLifecycle } from "./lifecycle.js";
 
 // The business transaction `ctx.transaction` hands to a handler is this
 // module's: node-postgres's PoolClient (the gateway SDK names no driver).
@@ -50,6 +52,22 @@ interface ColocatedRegistryBaseOptions {
   operations?: readonly string[] | "*";
   /** How often the policies are re-read (default 2000 ms, like the coordinator). */
   policyRefreshMs?: number;
+  /**
+   * What runs in this process: `in-process` (the default), the whole
+   * lifecycle (Reserve, leases, effects, Complete, Release, Abandon) on
+   * `pool`, with no RPC; `completion`, only Complete inside the business
+   * transaction, the rest over the gateway's coordinator client.
+   */
+  lifecycle?: "in-process" | "completion";
+  /**
+   * Send the registry's own transactions (Reserve, effects, leases) as named
+   * prepared statements, parsed and planned once per connection (default
+   * true). Turn off behind a pooler in transaction mode (PgBouncer). The
+   * statements run inside the business transaction are never prepared.
+   */
+  preparedStatements?: boolean;
+  /** Most Reserves of this process waiting for an owner at once (default 256, like IDEM_WAITERS_PER_CALLER); one more is answered at once. */
+  waitersMax?: number;
   logger?: Logger;
   /** Fault tests' hooks around the business COMMIT (src/fault-hooks.ts); none by default. */
   hooks?: FaultHooks;
@@ -105,41 +123,49 @@ const FORMS = {
   transaction: { name: "ColocatedRegistry.transaction", takes: "(work(tx))" },
 } satisfies Record<string, CallForm>;
 
-/**
- * The registry's own reads on the service's pool (the policies): each unit of
- * work in a transaction of its own, run as a business transaction is
- * (runTransaction, transactionDb), so that its statements go out one at a
- * time on connections not opened for pipelining, and nothing is prepared on
- * the service's connections.
- */
-function serviceDb(pool: pg.Pool): Db {
-  return { transaction: (tenant, work, name) => runTransaction(pool, (client) => transactionDb(client).transaction(tenant, work, name)) };
-}
+/** Thrown inside an open transaction's work to have it rolled back. */
+const ROLL_BACK = new Error("rolled back by its owner");
 
 /**
  * Co-located mode: the registry's state machine in this process, on the
- * service's own connections, so that Complete runs inside the service's
- * business transaction (transactionDb) and the business rows, their outbox
- * rows and the operation's terminal state commit together. Reserve, leases
- * and effects still go through the coordinator; only completion moves in.
- * Every rule (fencing by generation, unresolved effects, snapshot filtering
- * by the policy's allowlist) is the same code the coordinator runs.
+ * service's own connections. By default the whole lifecycle runs here
+ * (`lifecycle`, which the gateway uses instead of the coordinator): Reserve
+ * commits the acceptance in a transaction of its own on the service's pool,
+ * effects and leases likewise, and Complete runs inside the service's
+ * business transaction (transactionDb), so that the business rows, their
+ * outbox rows and the operation's terminal state commit together; a
+ * local-only route runs all of it in one transaction (`begin`). Every rule
+ * (the acceptance point, quotas, modes, writer epochs, fencing by
+ * generation, unresolved effects, snapshot filtering) is the same code the
+ * coordinator runs, on the same tables, bound to the tenant by row-level
+ * security the same way: the coordinator's recoverer and recovery workers
+ * see these records as any other.
  */
 export class ColocatedRegistry implements ColocatedCompletion {
   readonly pool: pg.Pool;
+  /** The whole lifecycle in this process (undefined with `lifecycle: "completion"`): the gateway calls it instead of the coordinator. */
+  readonly lifecycle: LifecycleCalls | undefined;
   private readonly registry: Registry;
   private readonly actor: Actor;
+  private readonly shared: LocalLifecycle;
+  private readonly hooks: FaultHooks;
+  /** Operations completed inside each open business transaction: their waiters are woken once it commits. */
+  private readonly completedIn = new WeakMap<object, Array<{ tenant: string; operationId: string }>>();
 
   private constructor(
     pool: pg.Pool,
+    db: Db,
     private readonly policies: PolicyCache,
     actor: Actor,
-    snapshotKeys: SnapshotKeyring | undefined,
-    private readonly hooks: FaultHooks,
+    options: { snapshotKeys: SnapshotKeyring | undefined; hooks: FaultHooks; inProcess: boolean; waitersMax: number },
   ) {
     this.pool = pool;
-    this.registry = new Registry({ policies, ...(snapshotKeys ? { keyring: snapshotKeys } : {}), hooks });
+    this.hooks = options.hooks;
+    this.registry = new Registry({ policies, ...(options.snapshotKeys ? { keyring: options.snapshotKeys } : {}), hooks: options.hooks });
     this.actor = actor;
+    this.shared = { registry: this.registry, actor, watch: new RecordWatch(options.waitersMax) };
+    this.lifecycle = options.inProcess ? lifecycleOn(db, this.shared, true) : undefined;
+    if (!options.inProcess) this.begin = undefined;
   }
 
   /**
@@ -156,13 +182,24 @@ export class ColocatedRegistry implements ColocatedCompletion {
       );
     }
     if (!options.snapshotKeys) logger.warn("co-located completion without a key ring (allowPlaintextSnapshots): response bodies are stored unsealed");
-    const store = new PolicyStore(serviceDb(options.pool));
+    // The registry's own transactions on the service's pool, as the coordinator runs its own:
+    // bound to the tenant at BEGIN, retried whole on transient failures (every command
+    // recognizes its own earlier write), pipelined when the pool was opened with `pipeline: true`.
+    const db = poolDb(options.pool, logger, { preparedStatements: options.preparedStatements ?? true });
+    await db
+      .transaction("", (q) => requireLeastPrivilege(q), "privileges")
+      .catch((error: unknown) =>
+        // The service's login is the service's own to choose; said loudly, since row-level security binds nothing then.
+        logger.warn({ problem: (error as Error).message }, "co-located mode: the service's database role is not bound by row-level security (docs/adopting.md, section 5)"),
+      );
+    const store = new PolicyStore(db);
     const policies = new PolicyCache({ load: () => store.load(), refreshMs: options.policyRefreshMs ?? 2000, logger });
     await policies.start();
     const tenants = options.tenants ?? "*";
     const operations = options.operations ?? "*";
     return new ColocatedRegistry(
       options.pool,
+      db,
       policies,
       {
         caller: options.caller,
@@ -170,8 +207,12 @@ export class ColocatedRegistry implements ColocatedCompletion {
         mayUseTenant: (tenant) => tenants === "*" || tenants.includes(tenant),
         mayOperate: (operation) => operations === "*" || operations.includes(operation),
       },
-      options.snapshotKeys,
-      options.hooks ?? NO_FAULTS,
+      {
+        snapshotKeys: options.snapshotKeys,
+        hooks: options.hooks ?? NO_FAULTS,
+        inProcess: (options.lifecycle ?? "in-process") === "in-process",
+        waitersMax: options.waitersMax ?? 256,
+      },
     );
   }
 
@@ -190,30 +231,13 @@ export class ColocatedRegistry implements ColocatedCompletion {
       snapshot: snapshotRule,
       resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
     });
-    const { ref, generation, outcome, snapshot, resolutions } = input;
-    try {
-      const record = await this.registry.complete(
-        transactionDb(tx),
-        {
-          ref,
-          generation,
-          outcome,
-          snapshot: {
-            statusCode: snapshot.statusCode,
-            mediaType: snapshot.mediaType,
-            location: snapshot.location,
-            businessVersion: snapshot.businessVersion,
-            headers: snapshot.headers,
-            body: snapshot.body,
-          },
-          resolutions: (resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: r.status, providerHandle: r.providerHandle ?? "" })),
-        },
-        this.actor,
-      );
-      return { state: record.state, snapshotDigest: record.snapshot?.digest ?? new Uint8Array(), ...(record.completedAt ? { completedAt: record.completedAt } : {}) };
-    } catch (error) {
-      throw toCoordinatorError(error);
-    }
+    return refusedAsCoordinator(async () => {
+      const record = await this.registry.complete(transactionDb(tx), registryComplete(input), this.actor);
+      const completed = this.completedIn.get(tx) ?? [];
+      completed.push(input.ref);
+      this.completedIn.set(tx, completed);
+      return completeResult(record);
+    });
   }
 
   /**
@@ -224,13 +248,66 @@ export class ColocatedRegistry implements ColocatedCompletion {
    */
   async transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
     check(FORMS.transaction, work, "work", func);
-    const result = await runTransaction(this.pool, async (tx) => {
-      const done = await work(tx);
-      await this.hooks.reached("gateway.business.before-commit");
-      return done;
-    });
+    let client: pg.PoolClient | undefined;
+    let result: T;
+    try {
+      result = await runTransaction(this.pool, async (tx) => {
+        client = tx;
+        const done = await work(tx);
+        await this.hooks.reached("gateway.business.before-commit");
+        return done;
+      });
+    } catch (error) {
+      if (client) this.completedIn.delete(client);
+      throw error;
+    }
+    this.committed(client);
     await this.hooks.reached("gateway.business.after-commit");
     return result;
+  }
+
+  /**
+   * Opens one transaction on a connection of the pool for a local-only
+   * route (IdempotentRoute.localOnly): its lifecycle calls run inside it
+   * (Reserve's acceptance included), and nothing of it commits until
+   * `commit`, with the business rows and the terminal state; `rollback`
+   * leaves nothing. Only with the lifecycle in process.
+   */
+  begin?: () => Promise<OpenTransaction> = () =>
+    new Promise<OpenTransaction>((opened, failed) => {
+      let decide: (commit: boolean) => void = () => undefined;
+      const decided = new Promise<boolean>((resolve) => (decide = resolve));
+      let client: pg.PoolClient | undefined;
+      // The registry's runner: BEGIN, then (once decided) COMMIT, or ROLLBACK on the throw; a
+      // connection lost during COMMIT is CommitUnknownError, and a broken one is discarded.
+      const ended = runTransaction(this.pool, async (tx) => {
+        client = tx;
+        opened({
+          tx,
+          calls: lifecycleOn(transactionDb(tx), this.shared, false),
+          commit: async () => {
+            decide(true);
+            await ended;
+          },
+          rollback: async () => {
+            decide(false);
+            await ended.catch(() => undefined);
+          },
+        });
+        if (!(await decided)) throw ROLL_BACK;
+        await this.hooks.reached("gateway.business.before-commit");
+      }).then(async () => {
+        this.committed(client);
+        await this.hooks.reached("gateway.business.after-commit");
+      });
+      ended.catch((error: unknown) => (error === ROLL_BACK ? undefined : failed(error as Error)));
+    });
+
+  /** A business transaction committed: the waiters on what it completed decide again now. */
+  private committed(tx: pg.PoolClient | undefined): void {
+    if (!tx) return;
+    for (const ref of this.completedIn.get(tx) ?? []) this.shared.watch.changed(ref.tenant, ref.operationId);
+    this.completedIn.delete(tx);
   }
 
   /** Stops refreshing policies (the pool is the caller's to end). */
