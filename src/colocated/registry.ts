@@ -60,10 +60,10 @@ interface ColocatedRegistryBaseOptions {
    */
   lifecycle?: "in-process" | "completion";
   /**
-   * Send the registry's own transactions (Reserve, effects, leases) as named
+   * Send the registry's statements on the pool's connections as named
    * prepared statements, parsed and planned once per connection (default
-   * true). Turn off behind a pooler in transaction mode (PgBouncer). The
-   * statements run inside the business transaction are never prepared.
+   * true), in its own transactions and in the business transactions it
+   * opens. Turn off behind a pooler in transaction mode (PgBouncer).
    */
   preparedStatements?: boolean;
   /** Most Reserves of this process waiting for an owner at once (default 256, like IDEM_WAITERS_PER_CALLER); one more is answered at once. */
@@ -149,6 +149,10 @@ export class ColocatedRegistry implements ColocatedCompletion {
   private readonly actor: Actor;
   private readonly shared: LocalLifecycle;
   private readonly hooks: FaultHooks;
+  /** The business transactions' connections this registry opened, where its statements go by their prepared names. */
+  private readonly prepared = new WeakSet<object>();
+  /** Whether its statements are prepared (ColocatedRegistryOptions.preparedStatements). */
+  private readonly preparing: boolean;
   /** Operations completed inside each open business transaction: their waiters are woken once it commits. */
   private readonly completedIn = new WeakMap<object, Array<{ tenant: string; operationId: string }>>();
 
@@ -157,9 +161,10 @@ export class ColocatedRegistry implements ColocatedCompletion {
     db: Db,
     private readonly policies: PolicyCache,
     actor: Actor,
-    options: { snapshotKeys: SnapshotKeyring | undefined; hooks: FaultHooks; inProcess: boolean; waitersMax: number },
+    options: { snapshotKeys: SnapshotKeyring | undefined; hooks: FaultHooks; inProcess: boolean; waitersMax: number; preparedStatements: boolean },
   ) {
     this.pool = pool;
+    this.preparing = options.preparedStatements;
     this.hooks = options.hooks;
     this.registry = new Registry({ policies, ...(options.snapshotKeys ? { keyring: options.snapshotKeys } : {}), hooks: options.hooks });
     this.actor = actor;
@@ -212,6 +217,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
         hooks: options.hooks ?? NO_FAULTS,
         inProcess: (options.lifecycle ?? "in-process") === "in-process",
         waitersMax: options.waitersMax ?? 256,
+        preparedStatements: options.preparedStatements ?? true,
       },
     );
   }
@@ -232,7 +238,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
       resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
     });
     return refusedAsCoordinator(async () => {
-      const record = await this.registry.complete(transactionDb(tx), registryComplete(input), this.actor);
+      const record = await this.registry.complete(transactionDb(tx, this.prepared.has(tx)), registryComplete(input), this.actor);
       const completed = this.completedIn.get(tx) ?? [];
       completed.push(input.ref);
       this.completedIn.set(tx, completed);
@@ -253,6 +259,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
     try {
       result = await runTransaction(this.pool, async (tx) => {
         client = tx;
+        if (this.preparing) this.prepared.add(tx);
         const done = await work(tx);
         await this.hooks.reached("gateway.business.before-commit");
         return done;
@@ -284,7 +291,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
         client = tx;
         opened({
           tx,
-          calls: lifecycleOn(transactionDb(tx), this.shared, false),
+          calls: lifecycleOn(transactionDb(tx, this.preparing), this.shared, false),
           commit: async () => {
             decide(true);
             await ended;

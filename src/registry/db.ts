@@ -59,10 +59,8 @@ export interface Db {
 /** How one transaction differs from the pool's defaults. */
 export interface TransactionOptions {
   /**
-   * The longest wait for a row lock in this transaction, instead of the
-   * pool's lock timeout (transaction-local: the connection's next user gets
-   * the pool's again). Past it the transaction fails with REGISTRY_BUSY,
-   * which isLockWaitEnded tells apart.
+   * The longest wait for a row lock in this transaction, instead of the pool's lock timeout (transaction-local: the
+   * connection's next user gets the pool's again). Past it the transaction fails with REGISTRY_BUSY (isLockWaitEnded).
    */
   lockTimeoutMs?: number;
 }
@@ -104,11 +102,7 @@ function bindingSettings(tenant: TenantBinding): [tenant: string, allTenants: "o
   return tenant === ALL_TENANTS ? ["", "on"] : [tenant, "off"];
 }
 
-/**
- * The statement that binds a transaction to a tenant: transaction-local
- * settings, so that they end with the transaction and a pooled connection
- * carries nothing over to its next user.
- */
+/** Binds a transaction to a tenant: transaction-local settings, which end with it (a pooled connection carries nothing over). */
 export const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config('idem.all_tenants', $2, true)";
 
 /**
@@ -272,16 +266,17 @@ export interface PoolDbOptions extends DbObserver {
 }
 
 /**
- * What a registry transaction sends its statements through. Statements of
- * the statements layer go by their prepared name when `prepared` allows it;
- * and whatever is sent within one tick (a BEGIN with the statements
- * pipelined behind it) leaves in one socket write: the stream is corked at
- * the first query of a tick and uncorked after it, since each write is a
- * system call, and system calls cost more than a short statement. A client
- * not opened for pipelining (a co-located service's pool) gets them in turn.
+ * What the registry sends its statements through, on a node-postgres client
+ * (or anything with its `query`). Statements of the statements layer go by
+ * their prepared name (with `epoch`) when `prepared` allows it; whatever is
+ * sent within one tick (a BEGIN with the statements pipelined behind it)
+ * leaves in one socket write: the stream is corked at the first query of a
+ * tick and uncorked after it, since each write is a system call, and system
+ * calls cost more than a short statement. A client not opened for
+ * pipelining (a co-located service's pool or Client) gets them in turn.
  */
-function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: string): Queryable {
-  const socket = corkableSocket(client);
+function registryConnection(client: Queryable, prepared: boolean, epoch = ""): Queryable {
+  const socket = corkableSocket(client as pg.PoolClient);
   let corked = false;
   const uncork = () => {
     corked = false;
@@ -295,10 +290,10 @@ function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: str
         process.nextTick(uncork);
       }
       const name = prepared ? preparedName(text) : undefined;
-      return name === undefined ? client.query<R>(text, values) : client.query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
+      return name === undefined ? client.query<R>(text, values) : (client as pg.ClientBase).query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
     },
   };
-  return client.pipeline ? connection : inTurn(connection);
+  return (client as { pipeline?: unknown }).pipeline === true ? connection : inTurn(connection);
 }
 
 /**
@@ -436,17 +431,23 @@ async function traced<T>(tracer: Tracer | undefined, name: string, work: () => P
  * Each unit of work binds the caller's transaction to its tenant first.
  * The registry sends statements without waiting for the ones before them;
  * on the caller's client they go one after the other (see inTurn) unless
- * that client was opened for pipelining.
+ * that client was opened for pipelining; by their prepared names when
+ * `prepared` (a node-postgres client), planned once per connection.
  */
-export function transactionDb(client: Queryable): Db {
-  const q = inTurn(client);
+export function transactionDb(client: Queryable, prepared = false): Db {
+  const q = registryConnection(client, prepared);
   // The caller commits: the statements run in its transaction.
   const commitWith: CommitWith = (sends) => pipelined(sends.map((send) => send(q)));
   return {
     async transaction(tenant, work) {
       try {
-        await q.query(BIND_SQL, bindingSettings(tenant));
-        return await work(q, commitWith);
+        // Not awaited: the work's first statements follow it (in the same write). Should it fail,
+        // the transaction is aborted, so that they fail too and nothing of them can commit.
+        const bound = q.query(BIND_SQL, bindingSettings(tenant));
+        bound.catch(() => undefined);
+        const result = await work(q, commitWith);
+        await bound;
+        return result;
       } catch (error) {
         throw classify(error);
       }
@@ -457,14 +458,12 @@ export function transactionDb(client: Queryable): Db {
 /**
  * The caller's client as the registry's work may use it: a query sent while
  * another is in flight. A node-postgres client opened with `pipeline: true`
- * (as openPool opens the coordinator's) sends it at once, one round trip for
- * all; any other client (a service's own pool or Client) only queues it,
- * which node-postgres deprecates and pg 9 removes: there each query is sent
- * once the one before it has answered, whatever that answer was, as the
- * pipelined statements would have run one after the other anyway.
+ * sends it at once (registryConnection); any other (a service's own pool or
+ * Client) only queues it, which node-postgres deprecates and pg 9 removes:
+ * here each query is sent once the one before it has answered, whatever that
+ * answer was, as the pipelined statements would have run one after the other.
  */
 function inTurn(client: Queryable): Queryable {
-  if ((client as { pipeline?: unknown }).pipeline === true) return client;
   let previous: Promise<unknown> = Promise.resolve();
   return {
     query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
