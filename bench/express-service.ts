@@ -7,13 +7,19 @@
  *
  * - `POST /plain/payments`: the handler alone, its body parsed by express.json();
  * - `POST /v1/payments`: the same handler behind the gateway SDK's Express
- *   middleware (src/gateway/express.ts), calling the coordinator.
+ *   middleware (src/gateway/express.ts), calling the coordinator;
+ * - `POST /colocated/payments`: the same middleware in co-located mode
+ *   (src/colocated): the whole lifecycle in this process on a pool of its
+ *   own in the registry's database (opened with `pipeline: true`, acting as
+ *   BENCH_SERVICE_COLOCATED_ROLE when set), no RPC; the acceptance commits
+ *   first, then the row and the terminal state in one transaction.
  *
  * Configured through its environment; answers `GET /healthz` once ready.
  */
 import type { Server } from "node:http";
 import express, { type Request, type Response } from "express";
 import pg from "pg";
+import { ColocatedRegistry, snapshotKeysFromEnv } from "../src/colocated/index.js";
 import { expressIdempotency } from "../src/gateway/express.js";
 import { CoordinatorClient, IdempotencyGateway } from "../src/gateway/index.js";
 
@@ -47,6 +53,35 @@ async function createPayment(req: Request, res: Response): Promise<void> {
 const client = new CoordinatorClient({ baseUrl: environment("BENCH_COORDINATOR_URL"), token: environment("BENCH_COORDINATOR_TOKEN") });
 const gateway = new IdempotencyGateway({ client });
 
+// Co-located: the registry's database is the service's, and its connections act as the service's role.
+const colocatedRole = process.env.BENCH_SERVICE_COLOCATED_ROLE;
+const colocatedPool = new pg.Pool({
+  connectionString: environment("BENCH_SERVICE_DATABASE_URL"),
+  max: Number(environment("BENCH_SERVICE_POOL_MAX")),
+  options: `-c synchronous_commit=on${colocatedRole ? ` -c role=${colocatedRole}` : ""}`,
+  application_name: "idem-bench-service-colocated",
+  pipeline: true,
+});
+colocatedPool.on("error", () => undefined);
+const colocated = await ColocatedRegistry.open({
+  pool: colocatedPool,
+  caller: "bench-service",
+  tenants: [tenant],
+  operations: [environment("BENCH_SERVICE_OPERATION")],
+  snapshotKeys: snapshotKeysFromEnv()!,
+});
+const colocatedGateway = new IdempotencyGateway({ client, colocated });
+
+const route = {
+  operation: environment("BENCH_SERVICE_OPERATION"),
+  apiRevision: Number(environment("BENCH_SERVICE_API_REVISION")),
+  // The service's own authentication put the user on the request.
+  subject: (req: Request) => {
+    const user = req.get("x-user");
+    return user ? { tenant, principal: user } : undefined;
+  },
+};
+
 const app = express();
 app.get("/healthz", (_req, res) => {
   res.status(200).send("ok");
@@ -56,19 +91,19 @@ app.post("/plain/payments", express.json(), (req, res, next) => {
 });
 app.post(
   "/v1/payments",
-  expressIdempotency(
-    gateway,
-    {
-      operation: environment("BENCH_SERVICE_OPERATION"),
-      apiRevision: Number(environment("BENCH_SERVICE_API_REVISION")),
-      // The service's own authentication put the user on the request.
-      subject: (req) => {
-        const user = req.get("x-user");
-        return user ? { tenant, principal: user } : undefined;
-      },
-    },
-    (req, res) => createPayment(req, res),
-  ),
+  expressIdempotency(gateway, route, (req, res) => createPayment(req, res)),
+);
+app.post(
+  "/colocated/payments",
+  expressIdempotency(colocatedGateway, route, async (req, res, ctx) => {
+    const { amount, currency } = req.body as { amount: number; currency: string };
+    // The same row, in the transaction that completes the operation.
+    const response = await ctx.transaction(async (tx) => {
+      const { rows } = await tx.query<{ id: string }>({ name: "bench-insert-payment", text: INSERT, values: [amount, currency] });
+      return { status: 201, json: { id: `pay_${rows[0]!.id}`, amount, currency, status: "succeeded" } };
+    });
+    res.status(response.status).json(response.json);
+  }),
 );
 
 const server: Server = app.listen(port, "127.0.0.1");
@@ -78,7 +113,8 @@ const stop = () => {
   server.closeAllConnections();
   server.close(() => {
     client.close();
-    void pool.end().finally(() => process.exit(0));
+    colocated.stop();
+    void Promise.all([pool.end(), colocatedPool.end()]).finally(() => process.exit(0));
   });
 };
 process.on("SIGTERM", stop);

@@ -91,6 +91,9 @@ export interface ServiceLevel {
   newKeys: ServicePhase;
   /** (c) the SDK, keys completed earlier, the same body. */
   replays: ServicePhase;
+  /** (d) the SDK in co-located mode (no RPC), new keys and replays; absent in runs before it was measured. */
+  colocatedNewKeys?: ServicePhase;
+  colocatedReplays?: ServicePhase;
   ratios: {
     /** (b) ÷ (a) ops/s. */
     newVsPlain: number | null;
@@ -98,6 +101,10 @@ export interface ServiceLevel {
     replaysVsPlain: number | null;
     /** P99 (b) ÷ P99 (a). */
     p99NewVsPlain: number | null;
+    /** (d) new keys ÷ (a) ops/s, (d) replays ÷ (a) ops/s, P99 (d) new keys ÷ P99 (a). */
+    colocatedNewVsPlain?: number | null;
+    colocatedReplaysVsPlain?: number | null;
+    p99ColocatedNewVsPlain?: number | null;
   };
 }
 
@@ -325,6 +332,8 @@ const serviceSides = (service: ServiceLevel): Array<[string, ServicePhase]> => [
   ["(a) handler alone", service.plain],
   ["(b) SDK, new keys", service.newKeys],
   ["(c) SDK, replays", service.replays],
+  ...(service.colocatedNewKeys ? [["(d) co-located, new keys", service.colocatedNewKeys] as [string, ServicePhase]] : []),
+  ...(service.colocatedReplays ? [["(d) co-located, replays", service.colocatedReplays] as [string, ServicePhase]] : []),
 ];
 
 const SERVICE_HEADERS = [
@@ -401,6 +410,12 @@ export function goalLines(run: CommitRun): string[] {
       `${verdict(r.replaysVsPlain, (v) => v >= 1)}  service: replays through the SDK ≥ 1.0× the handler alone, ops/s (${ratio(r.replaysVsPlain)}×)`,
       `${verdict(r.p99NewVsPlain, (v) => v <= 3)}  service: P99 of new keys ≤ 3× the handler alone's (${ratio(r.p99NewVsPlain)}×)`,
     );
+    if (run.service.colocatedNewKeys) {
+      lines.push(
+        `${verdict(r.colocatedNewVsPlain, (v) => v >= 0.5)}  service: (d) co-located new keys ≥ 0.5× (a), ops/s (${ratio(r.colocatedNewVsPlain ?? null)}×)`,
+        `${verdict(r.p99ColocatedNewVsPlain, (v) => v <= 3)}  service: P99 of (d) ≤ 3× P99 of (a) (${ratio(r.p99ColocatedNewVsPlain ?? null)}×)`,
+      );
+    }
   }
   return lines;
 }
