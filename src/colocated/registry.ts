@@ -66,6 +66,13 @@ interface ColocatedRegistryBaseOptions {
    * opens. Turn off behind a pooler in transaction mode (PgBouncer).
    */
   preparedStatements?: boolean;
+  /**
+   * Concurrent Reserves (and Completes outside a business transaction) of
+   * one tenant share a transaction and its COMMIT, as the coordinator's do
+   * (IDEM_BATCH_MAX, IDEM_BATCH_IN_FLIGHT, IDEM_BATCH_LOCK_WAIT_MS; the same
+   * defaults: 64, 4, 50 ms); `false`: each its own.
+   */
+  coalesce?: { maxBatch: number; maxInFlight: number; lockWaitMs?: number } | false;
   /** Most Reserves of this process waiting for an owner at once (default 256, like IDEM_WAITERS_PER_CALLER); one more is answered at once. */
   waitersMax?: number;
   logger?: Logger;
@@ -161,12 +168,24 @@ export class ColocatedRegistry implements ColocatedCompletion {
     db: Db,
     private readonly policies: PolicyCache,
     actor: Actor,
-    options: { snapshotKeys: SnapshotKeyring | undefined; hooks: FaultHooks; inProcess: boolean; waitersMax: number; preparedStatements: boolean },
+    options: {
+      snapshotKeys: SnapshotKeyring | undefined;
+      hooks: FaultHooks;
+      inProcess: boolean;
+      waitersMax: number;
+      preparedStatements: boolean;
+      coalesce: { maxBatch: number; maxInFlight: number; lockWaitMs?: number } | undefined;
+    },
   ) {
     this.pool = pool;
     this.preparing = options.preparedStatements;
     this.hooks = options.hooks;
-    this.registry = new Registry({ policies, ...(options.snapshotKeys ? { keyring: options.snapshotKeys } : {}), hooks: options.hooks });
+    this.registry = new Registry({
+      policies,
+      ...(options.snapshotKeys ? { keyring: options.snapshotKeys } : {}),
+      hooks: options.hooks,
+      ...(options.coalesce ? { coalesce: options.coalesce } : {}),
+    });
     this.actor = actor;
     this.shared = { registry: this.registry, actor, watch: new RecordWatch(options.waitersMax) };
     this.lifecycle = options.inProcess ? lifecycleOn(db, this.shared, true) : undefined;
@@ -218,6 +237,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
         inProcess: (options.lifecycle ?? "in-process") === "in-process",
         waitersMax: options.waitersMax ?? 256,
         preparedStatements: options.preparedStatements ?? true,
+        coalesce: options.coalesce === false ? undefined : (options.coalesce ?? { maxBatch: 64, maxInFlight: 4, lockWaitMs: 50 }),
       },
     );
   }
