@@ -13,7 +13,7 @@ import type {
   ReserveResult,
   ResolveEffectAttemptInput,
 } from "../gateway/types.js";
-import type { Db } from "../registry/db.js";
+import { CommitUnknownError, type Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
 import type { Actor, CompleteInput as RegistryCompleteInput, ReserveResult as RegistryReserveResult, StoredAttempt } from "../registry/types.js";
 import { RecordWatch, waitBudgetMs, waitForOwner } from "../server/owner-wait.js";
@@ -99,12 +99,16 @@ export function lifecycleOn(db: Db, { registry, actor, watch }: LocalLifecycle, 
   };
 }
 
-/** Runs a call, throwing its refusal as the gateway's CoordinatorError, with the reason the wire would carry. */
+/**
+ * Runs a call, throwing its refusal as the gateway's CoordinatorError, with
+ * the reason the wire would carry; a COMMIT whose outcome is unknown stays
+ * CommitUnknownError (re-read before acting).
+ */
 export async function refusedAsCoordinator<T>(call: () => Promise<T>): Promise<T> {
   try {
     return await call();
   } catch (error) {
-    throw toCoordinatorError(error);
+    throw error instanceof CommitUnknownError ? error : toCoordinatorError(error);
   }
 }
 

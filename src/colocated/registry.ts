@@ -130,6 +130,15 @@ const FORMS = {
   transaction: { name: "ColocatedRegistry.transaction", takes: "(work(tx))" },
 } satisfies Record<string, CallForm>;
 
+/** What complete() and completeAndCommit() take. */
+const COMPLETE_INPUT = {
+  ref: operationRef,
+  generation: wholeNumber(0),
+  outcome: outcomeRule,
+  snapshot: snapshotRule,
+  resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
+};
+
 /** Thrown inside an open transaction's work to have it rolled back. */
 const ROLL_BACK = new Error("rolled back by its owner");
 
@@ -156,8 +165,10 @@ export class ColocatedRegistry implements ColocatedCompletion {
   private readonly actor: Actor;
   private readonly shared: LocalLifecycle;
   private readonly hooks: FaultHooks;
-  /** The business transactions' connections this registry opened, where its statements go by their prepared names. */
-  private readonly prepared = new WeakSet<object>();
+  /** The business transactions' connections this registry opened (its statements go by their prepared names there). */
+  private readonly opened = new WeakSet<object>();
+  /** Business transactions whose COMMIT is on its way with their Complete: the hook before it was reached already. */
+  private readonly committing = new WeakSet<object>();
   /** Whether its statements are prepared (ColocatedRegistryOptions.preparedStatements). */
   private readonly preparing: boolean;
   /** Operations completed inside each open business transaction: their waiters are woken once it commits. */
@@ -250,20 +261,43 @@ export class ColocatedRegistry implements ColocatedCompletion {
    */
   async complete(tx: Queryable, input: CompleteInput): Promise<CompleteResult> {
     check(FORMS.complete, tx, "tx", withMethods("a client inside an open transaction (the `tx` of ctx.transaction or of this registry's transaction())", "query"));
-    checkInput(FORMS.complete, input, {
-      ref: operationRef,
-      generation: wholeNumber(0),
-      outcome: outcomeRule,
-      snapshot: snapshotRule,
-      resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
-    });
+    checkInput(FORMS.complete, input, COMPLETE_INPUT);
     return refusedAsCoordinator(async () => {
-      const record = await this.registry.complete(transactionDb(tx, this.prepared.has(tx)), registryComplete(input), this.actor);
-      const completed = this.completedIn.get(tx) ?? [];
-      completed.push(input.ref);
-      this.completedIn.set(tx, completed);
+      const record = await this.registry.complete(transactionDb(tx, this.preparing && this.opened.has(tx)), registryComplete(input), this.actor);
+      this.completedWithin(tx, input.ref);
       return completeResult(record);
     });
+  }
+
+  /**
+   * Complete as the last statement of a business transaction this registry
+   * opened (transaction(), begin()): the terminal state goes out with its
+   * COMMIT, one round trip fewer, and nothing may be sent on `tx` after it.
+   * The hook before the COMMIT (gateway.business.before-commit) is reached
+   * before Complete is sent. On another transaction, as complete().
+   */
+  async completeAndCommit(tx: Queryable, input: CompleteInput): Promise<CompleteResult> {
+    if (!this.opened.has(tx)) return this.complete(tx, input);
+    checkInput(FORMS.complete, input, COMPLETE_INPUT);
+    return refusedAsCoordinator(async () => {
+      await this.hooks.reached("gateway.business.before-commit");
+      this.committing.add(tx);
+      try {
+        const record = await this.registry.complete(transactionDb(tx, this.preparing, true), registryComplete(input), this.actor);
+        this.completedWithin(tx, input.ref);
+        return completeResult(record);
+      } catch (error) {
+        this.committing.delete(tx);
+        throw error;
+      }
+    });
+  }
+
+  /** Notes an operation completed inside `tx`, whose waiters are woken once it commits. */
+  private completedWithin(tx: object, ref: { tenant: string; operationId: string }): void {
+    const completed = this.completedIn.get(tx) ?? [];
+    completed.push(ref);
+    this.completedIn.set(tx, completed);
   }
 
   /**
@@ -279,13 +313,14 @@ export class ColocatedRegistry implements ColocatedCompletion {
     try {
       result = await runTransaction(this.pool, async (tx) => {
         client = tx;
-        if (this.preparing) this.prepared.add(tx);
+        this.opened.add(tx);
         const done = await work(tx);
-        await this.hooks.reached("gateway.business.before-commit");
+        if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
         return done;
       });
     } catch (error) {
       if (client) this.completedIn.delete(client);
+      if (client) this.committing.delete(client);
       throw error;
     }
     this.committed(client);
@@ -309,9 +344,11 @@ export class ColocatedRegistry implements ColocatedCompletion {
       // connection lost during COMMIT is CommitUnknownError, and a broken one is discarded.
       const ended = runTransaction(this.pool, async (tx) => {
         client = tx;
+        this.opened.add(tx);
         opened({
           tx,
-          calls: lifecycleOn(transactionDb(tx, this.preparing), this.shared, false),
+          // Complete, the last of its calls, sends the COMMIT with the terminal state.
+          calls: { ...lifecycleOn(transactionDb(tx, this.preparing), this.shared, false), complete: (input) => this.completeAndCommit(tx, input) },
           commit: async () => {
             decide(true);
             await ended;
@@ -322,7 +359,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
           },
         });
         if (!(await decided)) throw ROLL_BACK;
-        await this.hooks.reached("gateway.business.before-commit");
+        if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
       }).then(async () => {
         this.committed(client);
         await this.hooks.reached("gateway.business.after-commit");

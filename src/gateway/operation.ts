@@ -396,7 +396,9 @@ export abstract class OwnedOperation {
       const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
       if (outcome === "release") return result;
       const snapshot = snapshotOf(http);
-      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
+      // The last statement of the transaction: with its COMMIT when the registry can.
+      const complete = colocated.completeAndCommit?.bind(colocated) ?? colocated.complete.bind(colocated);
+      await complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
       completed = { outcome, snapshot };
       return result;
     });
