@@ -165,8 +165,8 @@ export class ColocatedRegistry implements ColocatedCompletion {
   private readonly actor: Actor;
   private readonly shared: LocalLifecycle;
   private readonly hooks: FaultHooks;
-  /** The business transactions' connections this registry opened (its statements go by their prepared names there). */
-  private readonly opened = new WeakSet<object>();
+  /** The business transactions of transaction() and begin() still open: its statements go by their prepared names there, and Complete may commit them. */
+  private readonly open = new WeakSet<object>();
   /** Business transactions whose COMMIT is on its way with their Complete: the hook before it was reached already. */
   private readonly committing = new WeakSet<object>();
   /** Whether its statements are prepared (ColocatedRegistryOptions.preparedStatements). */
@@ -263,21 +263,21 @@ export class ColocatedRegistry implements ColocatedCompletion {
     check(FORMS.complete, tx, "tx", withMethods("a client inside an open transaction (the `tx` of ctx.transaction or of this registry's transaction())", "query"));
     checkInput(FORMS.complete, input, COMPLETE_INPUT);
     return refusedAsCoordinator(async () => {
-      const record = await this.registry.complete(transactionDb(tx, this.preparing && this.opened.has(tx)), registryComplete(input), this.actor);
+      const record = await this.registry.complete(transactionDb(tx, this.preparing && this.open.has(tx)), registryComplete(input), this.actor);
       this.completedWithin(tx, input.ref);
       return completeResult(record);
     });
   }
 
   /**
-   * Complete as the last statement of a business transaction this registry
-   * opened (transaction(), begin()): the terminal state goes out with its
+   * Complete as the last statement of a business transaction of this
+   * registry still open (transaction()'s work, begin()): the terminal state goes out with its
    * COMMIT, one round trip fewer, and nothing may be sent on `tx` after it.
    * The hook before the COMMIT (gateway.business.before-commit) is reached
    * before Complete is sent. On another transaction, as complete().
    */
   async completeAndCommit(tx: Queryable, input: CompleteInput): Promise<CompleteResult> {
-    if (!this.opened.has(tx)) return this.complete(tx, input);
+    if (!this.open.has(tx)) return this.complete(tx, input);
     checkInput(FORMS.complete, input, COMPLETE_INPUT);
     return refusedAsCoordinator(async () => {
       await this.hooks.reached("gateway.business.before-commit");
@@ -313,10 +313,14 @@ export class ColocatedRegistry implements ColocatedCompletion {
     try {
       result = await runTransaction(this.pool, async (tx) => {
         client = tx;
-        this.opened.add(tx);
-        const done = await work(tx);
-        if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
-        return done;
+        this.open.add(tx);
+        try {
+          const done = await work(tx);
+          if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
+          return done;
+        } finally {
+          this.open.delete(tx);
+        }
       });
     } catch (error) {
       if (client) this.completedIn.delete(client);
@@ -344,7 +348,7 @@ export class ColocatedRegistry implements ColocatedCompletion {
       // connection lost during COMMIT is CommitUnknownError, and a broken one is discarded.
       const ended = runTransaction(this.pool, async (tx) => {
         client = tx;
-        this.opened.add(tx);
+        this.open.add(tx);
         opened({
           tx,
           // Complete, the last of its calls, sends the COMMIT with the terminal state.
@@ -358,8 +362,13 @@ export class ColocatedRegistry implements ColocatedCompletion {
             await ended.catch(() => undefined);
           },
         });
-        if (!(await decided)) throw ROLL_BACK;
-        if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
+        try {
+          if (!(await decided)) throw ROLL_BACK;
+          if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
+        } finally {
+          this.open.delete(tx);
+          this.committing.delete(tx);
+        }
       }).then(async () => {
         this.committed(client);
         await this.hooks.reached("gateway.business.after-commit");
