@@ -113,7 +113,7 @@ interface Context {
   /** The coordinator's key ring, which the service's co-located route seals with too. */
   snapshotKeys: string;
   /** The role of the service's co-located connections (prepareServiceTable). */
-  serviceRole?: string;
+  serviceRole: string | undefined;
 }
 
 /** A coordinator with its clients, stopped on any exit. */
@@ -515,19 +515,8 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
   const scriptFile = join(pgb.workDir, "reserve-complete.sql");
   await writeFile(scriptFile, script);
   const snapshotKeys = JSON.stringify({ active: values.keyId, keys: { [values.keyId]: randomBytes(32).toString("base64") } });
-  const ctx: Context = {
-    options,
-    life,
-    database,
-    statements,
-    values,
-    token: `bench_${randomBytes(24).toString("hex")}`,
-    pgbench,
-    scriptFile,
-    variables,
-    snapshotKeys,
-    ...(serviceRole ? { serviceRole } : {}),
-  };
+  const token = `bench_${randomBytes(24).toString("hex")}`;
+  const ctx: Context = { options, life, database, statements, values, token, pgbench, scriptFile, variables, snapshotKeys, serviceRole };
 
   const commits: CommitRun[] = [];
   let serverInfo: BenchResult["server"] | undefined;
