@@ -10,7 +10,12 @@
  *   middleware (src/gateway/express.ts), calling the coordinator, with its
  *   answer cache on (the default); a request with `x-bench-answer-cache: off`
  *   goes through the same middleware of a gateway without one (the same
- *   path, so the same fingerprint: the coordinator's policy selects no header).
+ *   path, so the same fingerprint: the coordinator's policy selects no header);
+ * - `POST /colocated/payments`: the same middleware in co-located mode
+ *   (src/colocated): the whole lifecycle in this process on a pool of its
+ *   own in the registry's database (opened with `pipeline: true`, acting as
+ *   BENCH_SERVICE_COLOCATED_ROLE when set), no RPC; the acceptance commits
+ *   first, then the row and the terminal state in one transaction.
  *
  * Configured through its environment; answers `GET /healthz` once ready.
  */
@@ -18,6 +23,7 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import express, { type Request, type Response } from "express";
 import pg from "pg";
+import { ColocatedRegistry, snapshotKeysFromEnv } from "../src/colocated/index.js";
 import { expressIdempotency } from "../src/gateway/express.js";
 import { CoordinatorClient, IdempotencyGateway } from "../src/gateway/index.js";
 
@@ -52,13 +58,26 @@ const client = new CoordinatorClient({ baseUrl: environment("BENCH_COORDINATOR_U
 const gateway = new IdempotencyGateway({ client });
 const uncached = new IdempotencyGateway({ client, answerCache: false });
 
-const app = express();
-app.get("/healthz", (_req, res) => {
-  res.status(200).send("ok");
+// Co-located: the registry's database is the service's, and its connections act as the service's role.
+const colocatedRole = process.env.BENCH_SERVICE_COLOCATED_ROLE;
+const colocatedPool = new pg.Pool({
+  connectionString: environment("BENCH_SERVICE_DATABASE_URL"),
+  max: Number(environment("BENCH_SERVICE_POOL_MAX")),
+  options: `-c synchronous_commit=on${colocatedRole ? ` -c role=${colocatedRole}` : ""}`,
+  application_name: "idem-bench-service-colocated",
+  pipeline: true,
 });
-app.post("/plain/payments", express.json(), (req, res, next) => {
-  createPayment(req, res).catch(next);
+colocatedPool.on("error", () => undefined);
+const colocated = await ColocatedRegistry.open({
+  pool: colocatedPool,
+  caller: "bench-service",
+  tenants: [tenant],
+  operations: [environment("BENCH_SERVICE_OPERATION")],
+  snapshotKeys: snapshotKeysFromEnv()!,
 });
+// Its replays are answered by the co-located registry itself ((c') measures the answer cache).
+const colocatedGateway = new IdempotencyGateway({ client, colocated, answerCache: false });
+
 const route = {
   operation: environment("BENCH_SERVICE_OPERATION"),
   apiRevision: Number(environment("BENCH_SERVICE_API_REVISION")),
@@ -68,9 +87,29 @@ const route = {
     return user ? { tenant, principal: user } : undefined;
   },
 };
+
+const app = express();
+app.get("/healthz", (_req, res) => {
+  res.status(200).send("ok");
+});
+app.post("/plain/payments", express.json(), (req, res, next) => {
+  createPayment(req, res).catch(next);
+});
 const idempotent = expressIdempotency(gateway, route, (req, res) => createPayment(req, res));
 const idempotentUncached = expressIdempotency(uncached, route, (req, res) => createPayment(req, res));
 app.post("/v1/payments", (req, res, next) => (req.headers["x-bench-answer-cache"] === "off" ? idempotentUncached : idempotent)(req, res, next));
+app.post(
+  "/colocated/payments",
+  expressIdempotency(colocatedGateway, route, async (req, res, ctx) => {
+    const { amount, currency } = req.body as { amount: number; currency: string };
+    // The same row, in the transaction that completes the operation.
+    const response = await ctx.transaction(async (tx) => {
+      const { rows } = await tx.query<{ id: string }>({ name: "bench-insert-payment", text: INSERT, values: [amount, currency] });
+      return { status: 201, json: { id: `pay_${rows[0]!.id}`, amount, currency, status: "succeeded" } };
+    });
+    res.status(response.status).json(response.json);
+  }),
+);
 
 const server: Server = app.listen(port, "127.0.0.1");
 server.keepAliveTimeout = 60_000;
@@ -81,7 +120,8 @@ const stop = () => {
   server.closeAllConnections();
   server.close(() => {
     client.close();
-    void pool.end().finally(() => process.exit(0));
+    colocated.stop();
+    void Promise.all([pool.end(), colocatedPool.end()]).finally(() => process.exit(0));
   });
 };
 process.on("SIGTERM", stop);

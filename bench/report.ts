@@ -94,6 +94,9 @@ export interface ServiceLevel {
   replays: ServicePhase;
   /** (c') the same with the answer cache on (absent from runs made before it). */
   replaysCached?: ServicePhase;
+  /** (d) the SDK in co-located mode (no RPC), new keys and replays; absent in runs before it was measured. */
+  colocatedNewKeys?: ServicePhase;
+  colocatedReplays?: ServicePhase;
   ratios: {
     /** (b) ÷ (a) ops/s. */
     newVsPlain: number | null;
@@ -103,6 +106,10 @@ export interface ServiceLevel {
     replaysCachedVsPlain?: number | null;
     /** P99 (b) ÷ P99 (a). */
     p99NewVsPlain: number | null;
+    /** (d) new keys ÷ (a) ops/s, (d) replays ÷ (a) ops/s, P99 (d) new keys ÷ P99 (a). */
+    colocatedNewVsPlain?: number | null;
+    colocatedReplaysVsPlain?: number | null;
+    p99ColocatedNewVsPlain?: number | null;
   };
 }
 
@@ -337,6 +344,8 @@ const serviceSides = (service: ServiceLevel): Array<[string, ServicePhase]> => [
   ["(b) SDK, new keys", service.newKeys],
   ["(c) SDK, replays", service.replays],
   ...(service.replaysCached ? [["(c') SDK, replays, answer cache on", service.replaysCached] as [string, ServicePhase]] : []),
+  ...(service.colocatedNewKeys ? [["(d) co-located, new keys", service.colocatedNewKeys] as [string, ServicePhase]] : []),
+  ...(service.colocatedReplays ? [["(d) co-located, replays", service.colocatedReplays] as [string, ServicePhase]] : []),
 ];
 
 const SERVICE_HEADERS = [
@@ -414,6 +423,12 @@ export function goalLines(run: CommitRun): string[] {
       `${verdict(r.p99NewVsPlain, (v) => v <= 3)}  service: P99 of new keys ≤ 3× the handler alone's (${ratio(r.p99NewVsPlain)}×)`,
       `${verdict(r.replaysCachedVsPlain, (v) => v >= 1.5)}  service: (c') replays with the answer cache ≥ 1.5× (a) ops/s (${ratio(r.replaysCachedVsPlain)}×)`,
     );
+    if (run.service.colocatedNewKeys) {
+      lines.push(
+        `${verdict(r.colocatedNewVsPlain, (v) => v >= 0.5)}  service: (d) co-located new keys ≥ 0.5× (a), ops/s (${ratio(r.colocatedNewVsPlain ?? null)}×)`,
+        `${verdict(r.p99ColocatedNewVsPlain, (v) => v <= 3)}  service: P99 of (d) ≤ 3× P99 of (a) (${ratio(r.p99ColocatedNewVsPlain ?? null)}×)`,
+      );
+    }
   }
   if (run.writePath) {
     const w = run.writePath;

@@ -112,6 +112,10 @@ interface Context {
   variables: Record<string, string>;
   /** The role the coordinator's registry connections act as: pgbench acts as it too. */
   role?: string;
+  /** The coordinator's key ring, which the service's co-located route seals with too. */
+  snapshotKeys: string;
+  /** The role of the service's co-located connections (prepareServiceTable). */
+  serviceRole: string | undefined;
 }
 
 /** A coordinator with its clients, stopped on any exit. */
@@ -129,6 +133,7 @@ async function coordinator(
     operation: OPERATION,
     apiRevision: ctx.values.apiRevision,
     keyId: ctx.values.keyId,
+    snapshotKeys: ctx.snapshotKeys,
     poolMax: ctx.options.poolMax,
     inProcess: ctx.options.inProcess,
     ...(ctx.options.cpuProfileDir ? { cpuProfileDir: ctx.options.cpuProfileDir } : {}),
@@ -376,6 +381,8 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     operation: OPERATION,
     apiRevision: ctx.values.apiRevision,
     poolMax: workers,
+    snapshotKeys: ctx.snapshotKeys,
+    colocatedRole: ctx.serviceRole,
     ...(options.cpuProfileDir ? { cpuProfileDir: options.cpuProfileDir } : {}),
   });
   ctx.life.onExit("the Express service", () => service.stop());
@@ -387,7 +394,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     const warmSec = options.quick ? 1 : 2;
     progress(`${tag}warming up the service: ${warmSec} s of each workload (not measured)`);
     const warm: Phase = { warmupMs: warmSec * 1000, measureMs: 0, signal: ctx.life.signal };
-    for (const op of [clients.plain, clients.newKey, clients.replay, clients.replayCached]) await closedLoop(workers, warm, op);
+    for (const op of [clients.plain, clients.newKey, clients.replay, clients.replayCached, clients.colocatedNewKey, clients.colocatedReplay]) await closedLoop(workers, warm, op);
     checkpoint();
 
     const timed = timer(ctx, new CpuMeter(main.server.mode === "process" ? main.server.pid : undefined, ctx.database.postmasterPid, service.pid));
@@ -415,29 +422,39 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
     // Each key's first replay through the cache is the coordinator's, as in (c): made before (c'), which measures exact repeats.
     progress(`${tag}answer cache primed: ${await clients.primeAnswerCache()} completed keys replayed once through it (not measured)`);
     const replaysCached = await side("(c') SDK, replays, answer cache on", clients.replayCached);
+    const colocatedNewKeys = await side("(d) co-located, new keys", clients.colocatedNewKey);
+    const colocatedReplays = await side("(d) co-located, replays", clients.colocatedReplay);
     const calls = (p: ServicePhase) =>
       p.callsPerRequest
         ? Object.entries(p.callsPerRequest)
             .map(([method, n]) => `${method} ${n.toFixed(2)}`)
             .join(", ") || "none"
         : "unknown";
-    progress(`${tag}coordinator calls per request: (a) ${calls(plain)}; (b) ${calls(newKeys)}; (c) ${calls(replays)}; (c') ${calls(replaysCached)}`);
+    progress(
+      `${tag}coordinator calls per request: (a) ${calls(plain)}; (b) ${calls(newKeys)}; (c) ${calls(replays)}; (c') ${calls(replaysCached)}; (d) ${calls(colocatedNewKeys)}, ${calls(colocatedReplays)}`,
+    );
     const over = (a: number, b: number) => (b > 0 && Number.isFinite(a) ? a / b : null);
     return {
       clients: workers,
       description:
         `Express 5 service in its own process, one row per POST (INSERT, its own transaction, synchronous_commit=on), ` +
-        `${workers} HTTP/1.1 keep-alive clients in the benchmark's process, one user each; (b), (c) and (c') through the gateway SDK's Express middleware ((c): its answer cache off)`,
+        `${workers} HTTP/1.1 keep-alive clients in the benchmark's process, one user each; (b), (c) and (c') through the gateway SDK's Express middleware ((c): its answer cache off); ` +
+        `(d) through it in co-located mode (no RPC: the lifecycle on a pool of its own in the registry's database${ctx.serviceRole ? `, as role ${ctx.serviceRole}` : ""})`,
       environment: service.environment,
       plain,
       newKeys,
       replays,
       replaysCached,
+      colocatedNewKeys,
+      colocatedReplays,
       ratios: {
         newVsPlain: over(newKeys.opsPerSec, plain.opsPerSec),
         replaysVsPlain: over(replays.opsPerSec, plain.opsPerSec),
         replaysCachedVsPlain: over(replaysCached.opsPerSec, plain.opsPerSec),
         p99NewVsPlain: over(newKeys.p99Ms, plain.p99Ms),
+        colocatedNewVsPlain: over(colocatedNewKeys.opsPerSec, plain.opsPerSec),
+        colocatedReplaysVsPlain: over(colocatedReplays.opsPerSec, plain.opsPerSec),
+        p99ColocatedNewVsPlain: over(colocatedNewKeys.p99Ms, plain.p99Ms),
       },
     };
   } finally {
@@ -484,7 +501,7 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
   const runDatabaseLevel = options.level === "database" || options.level === "all";
   const phaseSec = options.warmupSec + options.measureSec + 1;
   const perCommit =
-    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * 3 * phaseSec + 8 : 0) + (runServiceLevel ? 4 * (phaseSec + options.warmupSec) + 4 : 0) + 3;
+    (runCoordinatorLevel ? (options.concurrency.length + options.open.length) * 3 * phaseSec + 8 : 0) + (runServiceLevel ? 6 * (phaseSec + options.warmupSec) + 6 : 0) + 3;
   const databaseSec = runDatabaseLevel ? 2 * phaseSec + 10 + options.writeOps * 0.02 : 0;
   const estimate = 10 + options.commit.length * (perCommit + databaseSec) + (runCoordinatorLevel ? 12 + options.roundTripOps * 0.06 : 0);
   const levels = options.level === "all" ? "coordinator, service and database levels" : `${options.level} level`;
@@ -526,7 +543,7 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
       await pool.end();
     }
   }
-  if (runServiceLevel) await prepareServiceTable(database.url);
+  const serviceRole = runServiceLevel ? await prepareServiceTable(database.url) : undefined;
   const statements = await enableStatements(database.url);
   if (runCoordinatorLevel && !statements.available) progress(`statements per RPC will be reported as unavailable: ${statements.reason}`);
   const facts = await databaseFacts(database.url);
@@ -537,7 +554,9 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
   const { script, variables } = pgbenchScript(values);
   const scriptFile = join(pgb.workDir, "reserve-complete.sql");
   await writeFile(scriptFile, script);
-  const ctx: Context = { options, life, database, statements, values, token: `bench_${randomBytes(24).toString("hex")}`, pgbench, scriptFile, variables };
+  const snapshotKeys = JSON.stringify({ active: values.keyId, keys: { [values.keyId]: randomBytes(32).toString("base64") } });
+  const token = `bench_${randomBytes(24).toString("hex")}`;
+  const ctx: Context = { options, life, database, statements, values, token, pgbench, scriptFile, variables, snapshotKeys, serviceRole };
 
   const commits: CommitRun[] = [];
   let serverInfo: BenchResult["server"] | undefined;

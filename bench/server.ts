@@ -42,6 +42,8 @@ export interface ServerOptions {
   inProcess: boolean;
   /** The coordinator process writes a V8 CPU profile into this folder when it exits. */
   cpuProfileDir?: string;
+  /** Its key ring (IDEM_SNAPSHOT_KEYS); one of its own when absent. */
+  snapshotKeys?: string;
   /** More settings (the round-trip count parks the background jobs). */
   extraEnvironment?: Record<string, string>;
 }
@@ -61,7 +63,7 @@ function environmentOf(options: ServerOptions): Record<string, string> {
     // payments.create@1 with every default (raw fingerprint), as test/support/fixtures.ts testDocument().
     IDEM_OPERATIONS: JSON.stringify([{ operation: options.operation, apiRevision: options.apiRevision }]),
     // Bodies sealed at rest, as a production coordinator should run.
-    IDEM_SNAPSHOT_KEYS: JSON.stringify({ active: options.keyId, keys: { [options.keyId]: randomBytes(32).toString("base64") } }),
+    IDEM_SNAPSHOT_KEYS: options.snapshotKeys ?? JSON.stringify({ active: options.keyId, keys: { [options.keyId]: randomBytes(32).toString("base64") } }),
     IDEM_SHUTDOWN_GRACE_MS: "3000",
     LOG_LEVEL: "warn",
   };

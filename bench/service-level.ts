@@ -16,14 +16,32 @@ import type { Operation } from "./load.js";
 import { startBenchProcess } from "./server.js";
 import { waitUntilServing } from "../harness/lib/process.js";
 
-/** The service's table: what its handler writes, one row per request. */
-export async function prepareServiceTable(databaseUrl: string): Promise<void> {
-  await withClient(databaseUrl, async (client) => {
+/** The role the co-located route's connections act as: the service's own, a member of idem_server (docs/adopting.md, section 5). */
+export const COLOCATED_ROLE = "idem_bench_service";
+
+/**
+ * The service's table: what its handler writes, one row per request. And
+ * the co-located route's role, bound by the registry's row-level security
+ * as the coordinator's is; undefined when this login may not make roles
+ * (then that route acts as the login itself).
+ */
+export async function prepareServiceTable(databaseUrl: string): Promise<string | undefined> {
+  return withClient(databaseUrl, async (client) => {
     await client.query(`CREATE TABLE IF NOT EXISTS bench_payment (
       id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
       amount integer NOT NULL,
       currency text NOT NULL,
       created_at timestamptz NOT NULL DEFAULT now())`);
+    try {
+      await client.query(`DO $$ BEGIN
+          IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '${COLOCATED_ROLE}') THEN CREATE ROLE ${COLOCATED_ROLE} NOLOGIN; END IF;
+        END $$`);
+      await client.query(`GRANT idem_server TO ${COLOCATED_ROLE}`);
+      await client.query(`GRANT SELECT, INSERT ON bench_payment TO ${COLOCATED_ROLE}`);
+      return COLOCATED_ROLE;
+    } catch {
+      return undefined;
+    }
   });
 }
 
@@ -43,6 +61,10 @@ export interface ServiceOptions {
   operation: string;
   apiRevision: number;
   poolMax: number;
+  /** The coordinator's key ring (IDEM_SNAPSHOT_KEYS), which the co-located route seals with too. */
+  snapshotKeys: string;
+  /** The role of the co-located route's connections (prepareServiceTable). */
+  colocatedRole: string | undefined;
   /** Where the service process writes a V8 CPU profile when it exits. */
   cpuProfileDir?: string;
 }
@@ -59,15 +81,18 @@ export async function startService(options: ServiceOptions): Promise<BenchServic
     BENCH_SERVICE_API_REVISION: String(options.apiRevision),
     BENCH_COORDINATOR_URL: options.coordinatorUrl,
     BENCH_COORDINATOR_TOKEN: options.token,
+    IDEM_SNAPSHOT_KEYS: options.snapshotKeys,
+    ...(options.colocatedRole ? { BENCH_SERVICE_COLOCATED_ROLE: options.colocatedRole } : {}),
   };
   const child = startBenchProcess("bench/express-service.ts", environment, /^(IDEM_|OTEL_|DATABASE_URL$|NODE_OPTIONS$|BENCH_)/, options.cpuProfileDir);
   const stop = () => child.stop("SIGTERM", { killAfterMs: 10_000 });
   await child.printed(/^ready http:\/\/\S+$/m, "the Express service");
   const baseUrl = /^ready (http:\/\/\S+)$/m.exec(child.output())![1]!;
   await waitUntilServing(child, "the Express service", `${baseUrl}/healthz`, 60_000, 150);
-  const { BENCH_SERVICE_DATABASE_URL, BENCH_COORDINATOR_TOKEN, ...shown } = environment;
+  const { BENCH_SERVICE_DATABASE_URL, BENCH_COORDINATOR_TOKEN, IDEM_SNAPSHOT_KEYS, ...shown } = environment;
   void BENCH_SERVICE_DATABASE_URL;
   void BENCH_COORDINATOR_TOKEN;
+  void IDEM_SNAPSHOT_KEYS;
   return {
     baseUrl,
     pid: child.pid!,
@@ -97,6 +122,9 @@ export interface ServiceClients {
    * the keys replayed.
    */
   primeAnswerCache(): Promise<number>;
+  /** The same two through the co-located route (no RPC: the lifecycle in the service's process). */
+  colocatedNewKey: Operation;
+  colocatedReplay: Operation;
   /** Requests answered, by any workload, since the clients were opened. */
   answered(): number;
   close(): void;
@@ -113,9 +141,6 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
   const agent = new Agent({ keepAlive: true, maxSockets: workers, maxFreeSockets: workers });
   const url = new URL(baseUrl);
   const body = Buffer.from(JSON.stringify({ amount: 10, currency: "EUR" }));
-  /** Keys completed by each worker, replayed in turn; bounded, since any completed key replays the same. */
-  const completed = new Map<number, string[]>();
-  const nextReplay = new Map<number, number>();
   let answered = 0;
 
   const post = (path: string, worker: number, key?: string, extraHeaders: Record<string, string> = {}) =>
@@ -153,38 +178,49 @@ export function openServiceClients(baseUrl: string, workers: number): ServiceCli
     if (answer.status !== 201) throw new Error(`answered ${answer.status}: ${answer.body.slice(0, 200)}`);
     if (answer.replayed !== replayed) throw new Error(replayed ? "a replay was not answered as one (no Idempotent-Replayed: true)" : "a new key was answered as a replay");
   };
-  const newKey = async (worker: number) => {
-    const key = randomUUID();
-    expect(await post("/v1/payments", worker, key), false);
-    const keys = completed.get(worker) ?? [];
-    if (keys.length < 1000) keys.push(key);
-    completed.set(worker, keys);
+  /** New keys and replays of one route; replays send `headers`. */
+  const keyed = (path: string, replayHeaders: Record<string, string> = {}) => {
+    /** Keys completed by each worker, replayed in turn; bounded, since any completed key replays the same. */
+    const completed = new Map<number, string[]>();
+    const nextReplay = new Map<number, number>();
+    const newKey = async (worker: number) => {
+      const key = randomUUID();
+      expect(await post(path, worker, key), false);
+      const keys = completed.get(worker) ?? [];
+      if (keys.length < 1000) keys.push(key);
+      completed.set(worker, keys);
+    };
+    const replay = async (worker: number, headers = replayHeaders) => {
+      let keys = completed.get(worker);
+      if (!keys?.length) {
+        // Not measured as a replay: this worker completed nothing yet, so it completes one first.
+        await newKey(worker);
+        keys = completed.get(worker)!;
+      }
+      const turn = nextReplay.get(worker) ?? 0;
+      nextReplay.set(worker, turn + 1);
+      expect(await post(path, worker, keys[turn % keys.length], headers), true);
+    };
+    return { newKey, replay, completed };
   };
-  const replay = async (worker: number, headers?: Record<string, string>) => {
-    let keys = completed.get(worker);
-    if (!keys?.length) {
-      // Not measured as a replay: this worker completed nothing yet, so it completes one first.
-      await newKey(worker);
-      keys = completed.get(worker)!;
-    }
-    const turn = nextReplay.get(worker) ?? 0;
-    nextReplay.set(worker, turn + 1);
-    expect(await post("/v1/payments", worker, keys[turn % keys.length], headers), true);
-  };
+  const sdk = keyed("/v1/payments", { "x-bench-answer-cache": "off" });
+  const colocated = keyed("/colocated/payments");
   return {
     plain: async (worker) => expect(await post("/plain/payments", worker), false),
-    newKey,
-    replay: (worker) => replay(worker, { "x-bench-answer-cache": "off" }),
-    replayCached: (worker) => replay(worker),
+    newKey: sdk.newKey,
+    replay: (worker) => sdk.replay(worker),
+    replayCached: (worker) => sdk.replay(worker, {}),
     primeAnswerCache: async () => {
       const each = await Promise.all(
-        [...completed].map(async ([worker, keys]) => {
+        [...sdk.completed].map(async ([worker, keys]) => {
           for (const key of keys) expect(await post("/v1/payments", worker, key), true);
           return keys.length;
         }),
       );
       return each.reduce((a, n) => a + n, 0);
     },
+    colocatedNewKey: colocated.newKey,
+    colocatedReplay: (worker) => colocated.replay(worker),
     answered: () => answered,
     close: () => agent.destroy(),
   };

@@ -20,8 +20,13 @@ export interface PaymentsAppOptions {
   pool: pg.Pool;
   /** Schema of the service's tables (default: the connections' search_path). */
   schema?: string;
-  /** Complete inside the service's own transactions (default true). */
-  colocated?: boolean;
+  /**
+   * Co-located mode (default true): the whole lifecycle in the service's
+   * process, completing inside its own transactions; `"completion"`: only
+   * Complete inside them, Reserve, leases and effects over RPC; false: all
+   * over RPC.
+   */
+  colocated?: boolean | "completion";
   /** The coordinator's key ring: required with `colocated`, which seals the bodies it completes with it. */
   snapshotKeys?: SnapshotKeyring;
   /** How long the service waits for the card provider (default 2000 ms). */
@@ -73,7 +78,7 @@ export async function startPaymentsApp(options: PaymentsAppOptions): Promise<Pay
 
 /** The payments service behind the gateway and its recovery worker, calling the provider at `providerUrl` (another process, say). */
 export async function startPaymentsBackend(options: PaymentsAppOptions & { providerUrl: string; port?: number }): Promise<PaymentsBackend> {
-  const colocatedMode = options.colocated ?? true;
+  const colocatedMode = (options.colocated ?? true) !== false;
   const store = new PaymentsStore(options.schema);
   await store.migrate(options.pool);
   const providerClient = new CardProviderClient(options.providerUrl, options.providerTimeoutMs ?? 2000);
@@ -93,6 +98,7 @@ export async function startPaymentsBackend(options: PaymentsAppOptions & { provi
       tenants: ["acme"],
       operations: [PAYMENTS_OPERATION.operation],
       snapshotKeys: options.snapshotKeys,
+      lifecycle: options.colocated === "completion" ? "completion" : "in-process",
       ...(options.hooks ? { hooks: options.hooks } : {}),
     });
   }

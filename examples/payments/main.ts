@@ -9,7 +9,8 @@
  * The service reads COORDINATOR_URL (one address, or several replicas'
  * separated by commas), GATEWAY_TOKEN, WORKER_TOKEN, PROVIDER_URL,
  * DATABASE_URL (with PGOPTIONS for a schema), PAYMENTS_COLOCATED (default
- * true), the coordinator's key ring (IDEM_SNAPSHOT_KEYS or
+ * true: the whole lifecycle in the service; `completion`: only Complete in
+ * its transactions; false: everything over RPC), the coordinator's key ring (IDEM_SNAPSHOT_KEYS or
  * IDEM_SNAPSHOT_KEYS_FILE; required co-located) and PROVIDER_TIMEOUT_MS. Each
  * prints `ready <url>` once it serves.
  * IDEM_FAILPOINTS arms failpoints (src/failpoints.ts) in the service or the
@@ -59,7 +60,8 @@ if (role === "coordinator") {
   process.stdout.write(`ready ${provider.url}\n`);
   process.on("SIGTERM", () => void provider.close().then(() => process.exit(0)));
 } else {
-  const colocated = process.env.PAYMENTS_COLOCATED !== "false";
+  const setting = process.env.PAYMENTS_COLOCATED ?? "true";
+  const colocated = setting === "completion" ? "completion" : setting !== "false";
   const snapshotKeys = snapshotKeysFromEnv();
   if (colocated && !snapshotKeys) required("IDEM_SNAPSHOT_KEYS");
   const pool = new pg.Pool({ connectionString: required("DATABASE_URL"), max: 20 });

@@ -205,6 +205,8 @@ async function start(options: GateOptions, started: Started, checkpoint: () => v
     ...(db.schema ? { schema: db.schema } : {}),
     verbose: options.verbose,
     replicas: options.replicas,
+    // Reserve over RPC: the gate judges the coordinator's reservation transaction.
+    colocated: "completion",
     coordinatorEnv: {
       IDEM_UNKNOWN_SLO_SECONDS: String(Math.max(1, Math.ceil(options.recoverySloMs / 1000))),
       IDEM_RECOVERER_INTERVAL_MS: "1000",

@@ -20,7 +20,8 @@ export interface ClusterOptions {
   databaseUrl: string;
   /** A schema for everything (PGOPTIONS search_path); default: the connection's. */
   schema?: string;
-  colocated?: boolean;
+  /** The service's co-located mode (PAYMENTS_COLOCATED): true (default) the whole lifecycle in it, "completion" only Complete, false none. */
+  colocated?: boolean | "completion";
   /** Coordinator replicas on the registry (default 1). */
   replicas?: number;
   /** Extra environment of the coordinator and the service (IDEM_FAILPOINTS, short leases, …). */

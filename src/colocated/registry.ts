@@ -19,13 +19,15 @@ import {
   withMethods,
   type CallForm,
 } from "../gateway/arguments.js";
-import { toCoordinatorError } from "../gateway/errors.js";
-import type { ColocatedCompletion, CompleteInput, CompleteResult } from "../gateway/types.js";
+import type { ColocatedCompletion, CompleteInput, CompleteResult, LifecycleCalls, OpenTransaction } from "../gateway/types.js";
 import { PolicyCache } from "../policy/cache.js";
-import { runTransaction, transactionDb, type Db, type Queryable } from "../registry/db.js";
+import { poolDb, runTransaction, transactionDb, type Db, type Queryable } from "../registry/db.js";
 import { PolicyStore } from "../registry/policy-store.js";
+import { requireLeastPrivilege } from "../registry/privileges.js";
 import { Registry } from "../registry/registry.js";
 import type { Actor } from "../registry/types.js";
+import { RecordWatch } from "../server/owner-wait.js";
+import { completeResult, lifecycleOn, refusedAsCoordinator, registryComplete, type LocalLifecycle } from "./lifecycle.js";
 
 // The business transaction `ctx.transaction` hands to a handler is this
 // module's: node-postgres's PoolClient (the gateway SDK names no driver).
@@ -50,6 +52,29 @@ interface ColocatedRegistryBaseOptions {
   operations?: readonly string[] | "*";
   /** How often the policies are re-read (default 2000 ms, like the coordinator). */
   policyRefreshMs?: number;
+  /**
+   * What runs in this process: `in-process` (the default), the whole
+   * lifecycle (Reserve, leases, effects, Complete, Release, Abandon) on
+   * `pool`, with no RPC; `completion`, only Complete inside the business
+   * transaction, the rest over the gateway's coordinator client.
+   */
+  lifecycle?: "in-process" | "completion";
+  /**
+   * Send the registry's statements on the pool's connections as named
+   * prepared statements, parsed and planned once per connection (default
+   * true), in its own transactions and in the business transactions it
+   * opens. Turn off behind a pooler in transaction mode (PgBouncer).
+   */
+  preparedStatements?: boolean;
+  /**
+   * Concurrent Reserves (and Completes outside a business transaction) of
+   * one tenant share a transaction and its COMMIT, as the coordinator's do
+   * (IDEM_BATCH_MAX, IDEM_BATCH_IN_FLIGHT, IDEM_BATCH_LOCK_WAIT_MS; the same
+   * defaults: 64, 4, 50 ms); `false`: each its own.
+   */
+  coalesce?: { maxBatch: number; maxInFlight: number; lockWaitMs?: number } | false;
+  /** Most Reserves of this process waiting for an owner at once (default 256, like IDEM_WAITERS_PER_CALLER); one more is answered at once. */
+  waitersMax?: number;
   logger?: Logger;
   /** Fault tests' hooks around the business COMMIT (src/fault-hooks.ts); none by default. */
   hooks?: FaultHooks;
@@ -105,41 +130,77 @@ const FORMS = {
   transaction: { name: "ColocatedRegistry.transaction", takes: "(work(tx))" },
 } satisfies Record<string, CallForm>;
 
-/**
- * The registry's own reads on the service's pool (the policies): each unit of
- * work in a transaction of its own, run as a business transaction is
- * (runTransaction, transactionDb), so that its statements go out one at a
- * time on connections not opened for pipelining, and nothing is prepared on
- * the service's connections.
- */
-function serviceDb(pool: pg.Pool): Db {
-  return { transaction: (tenant, work, name) => runTransaction(pool, (client) => transactionDb(client).transaction(tenant, work, name)) };
-}
+/** What complete() and completeAndCommit() take. */
+const COMPLETE_INPUT = {
+  ref: operationRef,
+  generation: wholeNumber(0),
+  outcome: outcomeRule,
+  snapshot: snapshotRule,
+  resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
+};
+
+/** Thrown inside an open transaction's work to have it rolled back. */
+const ROLL_BACK = new Error("rolled back by its owner");
 
 /**
  * Co-located mode: the registry's state machine in this process, on the
- * service's own connections, so that Complete runs inside the service's
- * business transaction (transactionDb) and the business rows, their outbox
- * rows and the operation's terminal state commit together. Reserve, leases
- * and effects still go through the coordinator; only completion moves in.
- * Every rule (fencing by generation, unresolved effects, snapshot filtering
- * by the policy's allowlist) is the same code the coordinator runs.
+ * service's own connections. By default the whole lifecycle runs here
+ * (`lifecycle`, which the gateway uses instead of the coordinator): Reserve
+ * commits the acceptance in a transaction of its own on the service's pool,
+ * effects and leases likewise, and Complete runs inside the service's
+ * business transaction (transactionDb), so that the business rows, their
+ * outbox rows and the operation's terminal state commit together; a
+ * local-only route runs all of it in one transaction (`begin`). Every rule
+ * (the acceptance point, quotas, modes, writer epochs, fencing by
+ * generation, unresolved effects, snapshot filtering) is the same code the
+ * coordinator runs, on the same tables, bound to the tenant by row-level
+ * security the same way: the coordinator's recoverer and recovery workers
+ * see these records as any other.
  */
 export class ColocatedRegistry implements ColocatedCompletion {
   readonly pool: pg.Pool;
+  /** The whole lifecycle in this process (undefined with `lifecycle: "completion"`): the gateway calls it instead of the coordinator. */
+  readonly lifecycle: LifecycleCalls | undefined;
   private readonly registry: Registry;
   private readonly actor: Actor;
+  private readonly shared: LocalLifecycle;
+  private readonly hooks: FaultHooks;
+  /** The business transactions of transaction() and begin() still open: its statements go by their prepared names there, and Complete may commit them. */
+  private readonly open = new WeakSet<object>();
+  /** Business transactions whose COMMIT is on its way with their Complete: the hook before it was reached already. */
+  private readonly committing = new WeakSet<object>();
+  /** Whether its statements are prepared (ColocatedRegistryOptions.preparedStatements). */
+  private readonly preparing: boolean;
+  /** Operations completed inside each open business transaction: their waiters are woken once it commits. */
+  private readonly completedIn = new WeakMap<object, Array<{ tenant: string; operationId: string }>>();
 
   private constructor(
     pool: pg.Pool,
+    db: Db,
     private readonly policies: PolicyCache,
     actor: Actor,
-    snapshotKeys: SnapshotKeyring | undefined,
-    private readonly hooks: FaultHooks,
+    options: {
+      snapshotKeys: SnapshotKeyring | undefined;
+      hooks: FaultHooks;
+      inProcess: boolean;
+      waitersMax: number;
+      preparedStatements: boolean;
+      coalesce: { maxBatch: number; maxInFlight: number; lockWaitMs?: number } | undefined;
+    },
   ) {
     this.pool = pool;
-    this.registry = new Registry({ policies, ...(snapshotKeys ? { keyring: snapshotKeys } : {}), hooks });
+    this.preparing = options.preparedStatements;
+    this.hooks = options.hooks;
+    this.registry = new Registry({
+      policies,
+      ...(options.snapshotKeys ? { keyring: options.snapshotKeys } : {}),
+      hooks: options.hooks,
+      ...(options.coalesce ? { coalesce: options.coalesce } : {}),
+    });
     this.actor = actor;
+    this.shared = { registry: this.registry, actor, watch: new RecordWatch(options.waitersMax) };
+    this.lifecycle = options.inProcess ? lifecycleOn(db, this.shared, true) : undefined;
+    if (!options.inProcess) this.begin = undefined;
   }
 
   /**
@@ -156,13 +217,24 @@ export class ColocatedRegistry implements ColocatedCompletion {
       );
     }
     if (!options.snapshotKeys) logger.warn("co-located completion without a key ring (allowPlaintextSnapshots): response bodies are stored unsealed");
-    const store = new PolicyStore(serviceDb(options.pool));
+    // The registry's own transactions on the service's pool, as the coordinator runs its own:
+    // bound to the tenant at BEGIN, retried whole on transient failures (every command
+    // recognizes its own earlier write), pipelined when the pool was opened with `pipeline: true`.
+    const db = poolDb(options.pool, logger, { preparedStatements: options.preparedStatements ?? true });
+    await db
+      .transaction("", (q) => requireLeastPrivilege(q), "privileges")
+      .catch((error: unknown) =>
+        // The service's login is the service's own to choose; said loudly, since row-level security binds nothing then.
+        logger.warn({ problem: (error as Error).message }, "co-located mode: the service's database role is not bound by row-level security (docs/adopting.md, section 5)"),
+      );
+    const store = new PolicyStore(db);
     const policies = new PolicyCache({ load: () => store.load(), refreshMs: options.policyRefreshMs ?? 2000, logger });
     await policies.start();
     const tenants = options.tenants ?? "*";
     const operations = options.operations ?? "*";
     return new ColocatedRegistry(
       options.pool,
+      db,
       policies,
       {
         caller: options.caller,
@@ -170,8 +242,14 @@ export class ColocatedRegistry implements ColocatedCompletion {
         mayUseTenant: (tenant) => tenants === "*" || tenants.includes(tenant),
         mayOperate: (operation) => operations === "*" || operations.includes(operation),
       },
-      options.snapshotKeys,
-      options.hooks ?? NO_FAULTS,
+      {
+        snapshotKeys: options.snapshotKeys,
+        hooks: options.hooks ?? NO_FAULTS,
+        inProcess: (options.lifecycle ?? "in-process") === "in-process",
+        waitersMax: options.waitersMax ?? 256,
+        preparedStatements: options.preparedStatements ?? true,
+        coalesce: options.coalesce === false ? undefined : (options.coalesce ?? { maxBatch: 64, maxInFlight: 4, lockWaitMs: 50 }),
+      },
     );
   }
 
@@ -183,37 +261,43 @@ export class ColocatedRegistry implements ColocatedCompletion {
    */
   async complete(tx: Queryable, input: CompleteInput): Promise<CompleteResult> {
     check(FORMS.complete, tx, "tx", withMethods("a client inside an open transaction (the `tx` of ctx.transaction or of this registry's transaction())", "query"));
-    checkInput(FORMS.complete, input, {
-      ref: operationRef,
-      generation: wholeNumber(0),
-      outcome: outcomeRule,
-      snapshot: snapshotRule,
-      resolutions: optional(arrayOf(shape({ attemptNumber: wholeNumber(1), status: oneOf("CONFIRMED", "NO_EFFECT"), providerHandle: optional(string) }))),
+    checkInput(FORMS.complete, input, COMPLETE_INPUT);
+    return refusedAsCoordinator(async () => {
+      const record = await this.registry.complete(transactionDb(tx, this.preparing && this.open.has(tx)), registryComplete(input), this.actor);
+      this.completedWithin(tx, input.ref);
+      return completeResult(record);
     });
-    const { ref, generation, outcome, snapshot, resolutions } = input;
-    try {
-      const record = await this.registry.complete(
-        transactionDb(tx),
-        {
-          ref,
-          generation,
-          outcome,
-          snapshot: {
-            statusCode: snapshot.statusCode,
-            mediaType: snapshot.mediaType,
-            location: snapshot.location,
-            businessVersion: snapshot.businessVersion,
-            headers: snapshot.headers,
-            body: snapshot.body,
-          },
-          resolutions: (resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: r.status, providerHandle: r.providerHandle ?? "" })),
-        },
-        this.actor,
-      );
-      return { state: record.state, snapshotDigest: record.snapshot?.digest ?? new Uint8Array(), ...(record.completedAt ? { completedAt: record.completedAt } : {}) };
-    } catch (error) {
-      throw toCoordinatorError(error);
-    }
+  }
+
+  /**
+   * Complete as the last statement of a business transaction of this
+   * registry still open (transaction()'s work, begin()): the terminal state goes out with its
+   * COMMIT, one round trip fewer, and nothing may be sent on `tx` after it.
+   * The hook before the COMMIT (gateway.business.before-commit) is reached
+   * before Complete is sent. On another transaction, as complete().
+   */
+  async completeAndCommit(tx: Queryable, input: CompleteInput): Promise<CompleteResult> {
+    if (!this.open.has(tx)) return this.complete(tx, input);
+    checkInput(FORMS.complete, input, COMPLETE_INPUT);
+    return refusedAsCoordinator(async () => {
+      await this.hooks.reached("gateway.business.before-commit");
+      this.committing.add(tx);
+      try {
+        const record = await this.registry.complete(transactionDb(tx, this.preparing, true), registryComplete(input), this.actor);
+        this.completedWithin(tx, input.ref);
+        return completeResult(record);
+      } catch (error) {
+        this.committing.delete(tx);
+        throw error;
+      }
+    });
+  }
+
+  /** Notes an operation completed inside `tx`, whose waiters are woken once it commits. */
+  private completedWithin(tx: object, ref: { tenant: string; operationId: string }): void {
+    const completed = this.completedIn.get(tx) ?? [];
+    completed.push(ref);
+    this.completedIn.set(tx, completed);
   }
 
   /**
@@ -224,13 +308,79 @@ export class ColocatedRegistry implements ColocatedCompletion {
    */
   async transaction<T>(work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
     check(FORMS.transaction, work, "work", func);
-    const result = await runTransaction(this.pool, async (tx) => {
-      const done = await work(tx);
-      await this.hooks.reached("gateway.business.before-commit");
-      return done;
-    });
+    let client: pg.PoolClient | undefined;
+    let result: T;
+    try {
+      result = await runTransaction(this.pool, async (tx) => {
+        client = tx;
+        this.open.add(tx);
+        try {
+          const done = await work(tx);
+          if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
+          return done;
+        } finally {
+          this.open.delete(tx);
+        }
+      });
+    } catch (error) {
+      if (client) this.completedIn.delete(client);
+      if (client) this.committing.delete(client);
+      throw error;
+    }
+    this.committed(client);
     await this.hooks.reached("gateway.business.after-commit");
     return result;
+  }
+
+  /**
+   * Opens one transaction on a connection of the pool for a local-only
+   * route (IdempotentRoute.localOnly): its lifecycle calls run inside it
+   * (Reserve's acceptance included), and nothing of it commits until
+   * `commit`, with the business rows and the terminal state; `rollback`
+   * leaves nothing. Only with the lifecycle in process.
+   */
+  begin?: () => Promise<OpenTransaction> = () =>
+    new Promise<OpenTransaction>((opened, failed) => {
+      let decide: (commit: boolean) => void = () => undefined;
+      const decided = new Promise<boolean>((resolve) => (decide = resolve));
+      let client: pg.PoolClient | undefined;
+      // The registry's runner: BEGIN, then (once decided) COMMIT, or ROLLBACK on the throw; a
+      // connection lost during COMMIT is CommitUnknownError, and a broken one is discarded.
+      const ended = runTransaction(this.pool, async (tx) => {
+        client = tx;
+        this.open.add(tx);
+        opened({
+          tx,
+          // Complete, the last of its calls, sends the COMMIT with the terminal state.
+          calls: { ...lifecycleOn(transactionDb(tx, this.preparing), this.shared, false), complete: (input) => this.completeAndCommit(tx, input) },
+          commit: async () => {
+            decide(true);
+            await ended;
+          },
+          rollback: async () => {
+            decide(false);
+            await ended.catch(() => undefined);
+          },
+        });
+        try {
+          if (!(await decided)) throw ROLL_BACK;
+          if (!this.committing.delete(tx)) await this.hooks.reached("gateway.business.before-commit");
+        } finally {
+          this.open.delete(tx);
+          this.committing.delete(tx);
+        }
+      }).then(async () => {
+        this.committed(client);
+        await this.hooks.reached("gateway.business.after-commit");
+      });
+      ended.catch((error: unknown) => (error === ROLL_BACK ? undefined : failed(error as Error)));
+    });
+
+  /** A business transaction committed: the waiters on what it completed decide again now. */
+  private committed(tx: pg.PoolClient | undefined): void {
+    if (!tx) return;
+    for (const ref of this.completedIn.get(tx) ?? []) this.shared.watch.changed(ref.tenant, ref.operationId);
+    this.completedIn.delete(tx);
   }
 
   /** Stops refreshing policies (the pool is the caller's to end). */

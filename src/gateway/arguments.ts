@@ -182,6 +182,7 @@ export const routeFields: Record<string, Rule> = {
   waitForOwnerMs: optional(nonNegativeNumber),
   effects: optional(arrayOf(shape({ effect: nonEmptyString, provider: nonEmptyString }))),
   missingKey: optional(oneOf("reject", "run")),
+  localOnly: optional(boolean),
 };
 
 /** An IdempotencyGateway (the adapters' first argument). */

@@ -28,7 +28,8 @@ import {
   type CallForm,
 } from "./arguments.js";
 import { AnswerCache, type AnswerCacheStats } from "./answer-cache.js";
-import { CoordinatorError, isDefiniteFailure, MalformedJsonBody, toCoordinatorError } from "./errors.js";
+import { decisionProblem, MISCONFIGURED, refusalProblem, RETRYABLE_FAILURE, UNAVAILABLE } from "./answers.js";
+import { isDefiniteFailure, MalformedJsonBody, toCoordinatorError } from "./errors.js";
 import {
   headerText,
   isJsonMediaType,
@@ -39,14 +40,23 @@ import {
   readKeyHeader,
   requestParts,
   responseOfSnapshot,
-  retryAfterSeconds,
   sameStatusAndBody,
   snapshotOf,
   type Problem,
 } from "./http.js";
 import { IdempotencyContext } from "./context.js";
 import { checkRoute, type Admission, type GatewayOptions, type GatewayRequest, type HandlerResult, type IdempotentRoute } from "./route.js";
-import { loggerOf, type ColocatedCompletion, type GatewayLogger, type HttpResponse, type ReserveResult, type Subject } from "./types.js";
+import {
+  loggerOf,
+  type ColocatedCompletion,
+  type GatewayLogger,
+  type HttpResponse,
+  type LifecycleCalls,
+  type OpenTransaction,
+  type ReserveInput,
+  type ReserveResult,
+  type Subject,
+} from "./types.js";
 
 /** What the gateway's public calls take. */
 const FORMS = {
@@ -83,6 +93,8 @@ const DEFAULT_PROBLEM_BASE = "urn:problem-type:idempotency:";
 export class IdempotencyGateway {
   readonly client: CoordinatorClient;
   readonly colocated: ColocatedCompletion | undefined;
+  /** Where the operation's lifecycle calls go: co-located mode's own, or the coordinator. */
+  private readonly calls: LifecycleCalls;
   /** Where this gateway logs (the `logger` option, or the console), every level callable. */
   readonly logger: Required<GatewayLogger>;
   readonly maxBodyBytes: number;
@@ -114,6 +126,7 @@ export class IdempotencyGateway {
     });
     this.client = options.client;
     this.colocated = options.colocated;
+    this.calls = options.colocated?.lifecycle ?? options.client;
     this.logger = loggerOf(options.logger);
     this.maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
     this.waitForOwnerMs = options.waitForOwnerMs ?? 2000;
@@ -200,9 +213,14 @@ export class IdempotencyGateway {
       };
     }
 
+    if (route.localOnly && !this.colocated?.begin) {
+      this.logger.error({ operation: route.operation }, "a localOnly route needs co-located mode with its whole lifecycle (a ColocatedRegistry as the gateway's `colocated`)");
+      return { run: false, response: this.misconfigured() };
+    }
     let reserved: ReserveResult;
     /** When the Reserve that was answered was sent: a cacheable replay is served from then on for as long as it says. */
     let sentAt = this.answers?.time() ?? 0;
+    let open: OpenTransaction | undefined;
     try {
       const reserve = {
         subject,
@@ -215,20 +233,26 @@ export class IdempotencyGateway {
         writerEpoch: this.writerEpoch,
         ...(route.effects && route.effects.length > 0 ? { effects: route.effects } : {}),
       };
-      reserved = await this.client.reserve(reserve);
+      if (route.localOnly) {
+        // Reserved inside the transaction that will hold the rows and the terminal state; kept
+        // open only for an owner: any other decision (and its events) commits at once.
+        ({ reserved, open } = await reserveInOpenTransaction(this.colocated!.begin!.bind(this.colocated), reserve));
+      } else {
+        reserved = await this.calls.reserve(reserve);
+      }
       // A duplicate of a request still running: asked again, waiting for its
-      // owner (its own RPC), so that only duplicates pay for the wait.
+      // owner (its own call), so that only duplicates pay for the wait.
       const waitForOwnerMs = route.waitForOwnerMs ?? this.waitForOwnerMs;
       if (reserved.decision === "IN_PROGRESS" && reserved.enforced && waitForOwnerMs > 0) {
         sentAt = this.answers?.time() ?? 0;
-        reserved = await this.client.reserve({ ...reserve, waitForOwnerMs }).catch((error: unknown) => {
+        reserved = await this.calls.reserve({ ...reserve, waitForOwnerMs }).catch((error: unknown) => {
           // The coordinator has as many waiters of this gateway as it allows: the first answer stands.
           if (toCoordinatorError(error).reason === "TOO_MANY_WAITERS") return reserved;
           throw error;
         });
       }
     } catch (error) {
-      return { run: false, response: this.refusal(toCoordinatorError(error), route) };
+      return { run: false, response: this.problem(refusalProblem(toCoordinatorError(error), route, this.logger)) };
     }
 
     if (!reserved.enforced) {
@@ -236,57 +260,14 @@ export class IdempotencyGateway {
       // Only an ACCEPTED request owns the record (and completes it).
       return { run: true, context: this.unguardedContext(route, subject, key, reserved, request) };
     }
-    switch (reserved.decision) {
-      case "ACCEPTED":
-        return { run: true, context: this.ownerContext(route, subject, key, reserved, request) };
-      case "REPLAY": {
-        if (!reserved.snapshot) break;
-        const response = responseOfSnapshot(reserved.snapshot, true);
-        if (cacheKey !== undefined && reserved.cacheableForMs !== undefined) this.answers!.store(cacheKey, response, sentAt + reserved.cacheableForMs);
-        return { run: false, decision: "REPLAY", response };
-      }
-      case "IN_PROGRESS": {
-        const url = (route.statusUrl ?? this.statusUrl)(reserved.operationId);
-        return {
-          run: false,
-          decision: "IN_PROGRESS",
-          response: this.problem({
-            status: 409,
-            slug: "request-in-progress",
-            title: "A request with this Idempotency-Key is in progress",
-            detail: "The first request with this key has not finished. Retry after the time in Retry-After, with the same key, to get its result.",
-            retryAfterSeconds: retryAfterSeconds(reserved.retryAfterMs),
-            headers: [
-              ["location", url],
-              ["link", `<${url}>; rel="monitor"`],
-            ],
-            extensions: { operationId: reserved.operationId },
-          }),
-        };
-      }
-      case "PAYLOAD_CONFLICT":
-        return {
-          run: false,
-          decision: "PAYLOAD_CONFLICT",
-          response: this.problem({
-            status: 422,
-            slug: "payload-conflict",
-            title: "Idempotency-Key reused with a different request",
-            detail: "This key was already used for a different request. Use a new key for a new request.",
-          }),
-        };
-      case "EXPIRED":
-        return {
-          run: false,
-          decision: "EXPIRED",
-          response: this.problem({
-            status: 410,
-            slug: "result-expired",
-            title: "The result of this request is no longer available",
-            detail: "The request with this key finished long ago and its response was not kept. It will not run again; use a new key for a new request.",
-          }),
-        };
+    if (reserved.decision === "ACCEPTED") return { run: true, context: this.ownerContext(route, subject, key, reserved, request, true, open) };
+    if (reserved.decision === "REPLAY" && reserved.snapshot) {
+      const response = responseOfSnapshot(reserved.snapshot, true);
+      if (cacheKey !== undefined && reserved.cacheableForMs !== undefined) this.answers!.store(cacheKey, response, sentAt + reserved.cacheableForMs);
+      return { run: false, decision: "REPLAY", response };
     }
+    const problem = decisionProblem(reserved, route.statusUrl ?? this.statusUrl);
+    if (problem) return { run: false, decision: reserved.decision, response: this.problem(problem) };
     this.logger.error({ decision: reserved.decision }, "the coordinator answered a decision without what it needs");
     return { run: false, response: this.unavailable() };
   }
@@ -328,6 +309,11 @@ export class IdempotencyGateway {
     if ("error" in result) return this.handlerFailed(context, result.error, false);
 
     const response = result.response;
+    if (context.effectsUnresolved && context.localOnly) {
+      // A local effect's outcome is unknown: rolled back with everything else, nothing happened.
+      await this.abandonQuietly(context);
+      return this.problem(RETRYABLE_FAILURE);
+    }
     if (context.effectsUnresolved) {
       this.logger.warn({ operationId: context.operationId, status: response.status }, "an effect's outcome is unknown: not completing; the recovery worker settles the operation");
       await this.abandonQuietly(context);
@@ -384,59 +370,12 @@ export class IdempotencyGateway {
 
   /** 500 for a gateway whose configuration is wrong (logged where it is found): nothing the client can fix. */
   misconfigured(): HttpResponse {
-    return this.problem({ status: 500, slug: "gateway-misconfigured", title: "Internal error", detail: "The request was not processed." });
+    return this.problem(MISCONFIGURED);
   }
 
   /** 503 for a coordinator that cannot be reached: fail closed. */
   unavailable(): HttpResponse {
-    return this.problem({
-      status: 503,
-      slug: "coordinator-unavailable",
-      title: "Service temporarily unavailable",
-      detail: "The request was not processed. Retry later with the same Idempotency-Key.",
-      retryAfterSeconds: 1,
-    });
-  }
-
-  /** The HTTP answer to a refused or failed Reserve (contract section 8). */
-  private refusal(failure: CoordinatorError, route: IdempotentRoute): HttpResponse {
-    switch (failure.reason) {
-      case "INVALID_KEY":
-        // The coordinator's message says what is wrong with the key (it is the client's own input).
-        return this.problem({ status: 400, slug: "idempotency-key-invalid", title: "Idempotency-Key is not acceptable", detail: failure.message });
-      case "INVALID_PAYLOAD":
-        return this.problem({ status: 400, slug: "invalid-payload", title: "The request body is not acceptable", detail: failure.message });
-      case "QUOTA_EXCEEDED":
-        return this.problem({
-          status: 429,
-          slug: "too-many-pending-requests",
-          title: "Too many unfinished requests",
-          detail: "You have too many requests of this kind still in progress. Retry when some have finished.",
-          retryAfterSeconds: 1,
-        });
-      case "OPERATION_DRAINING":
-        return this.problem({
-          status: 503,
-          slug: "operation-draining",
-          title: "This operation is not accepting new requests",
-          detail: "The service is draining this operation. The request was not processed; retry later.",
-          retryAfterSeconds: 5,
-        });
-      case "STALE_WRITER_EPOCH":
-        this.logger.error({ operation: route.operation, reason: failure.reason }, "this deployment's writer epoch was fenced out (rollback): refusing writes");
-        return this.unavailable();
-      case "UNKNOWN_OPERATION":
-      case "PERMISSION_DENIED":
-      case "UNAUTHENTICATED":
-      case "INVALID_REQUEST":
-      case "UNKNOWN_FIELD":
-        // The gateway's configuration is wrong; the client cannot fix it. Log, say nothing specific.
-        this.logger.error({ operation: route.operation, reason: failure.reason, error: failure.message }, "the coordinator refused this gateway's request");
-        return this.misconfigured();
-      default:
-        this.logger.warn({ operation: route.operation, code: failure.code, reason: failure.reason, error: failure.message }, "coordinator unavailable: failing closed");
-        return this.unavailable();
-    }
+    return this.problem(UNAVAILABLE);
   }
 
   /** The body's JSON error, when the request declares a JSON body (application/json, …+json) that is not. */
@@ -481,16 +420,11 @@ export class IdempotencyGateway {
     if (unowned) {
       return this.problem({ status: 500, slug: "outcome-pending", title: "Internal error", detail: "The request failed." });
     }
-    if (!context.effectPossible) {
-      // Nothing happened downstream: hand the reservation back; the retry runs it anew.
+    if (!context.effectPossible || context.localOnly) {
+      // Nothing happened downstream (a local-only route's effects roll back with its
+      // transaction): hand the reservation back, or roll it back; the retry runs it anew.
       await this.releaseQuietly(context);
-      return this.problem({
-        status: 503,
-        slug: "retryable-failure",
-        title: "The request failed before doing anything",
-        detail: "Nothing was done. Retry with the same Idempotency-Key.",
-        retryAfterSeconds: 1,
-      });
+      return this.problem(RETRYABLE_FAILURE);
     }
     await this.abandonQuietly(context);
     return this.outcomePending(context);
@@ -528,10 +462,19 @@ export class IdempotencyGateway {
     }
   }
 
-  private ownerContext(route: IdempotentRoute, subject: Subject, key: string, reserved: ReserveResult, request: GatewayRequest, enforced = true): IdempotencyContext {
+  private ownerContext(
+    route: IdempotentRoute,
+    subject: Subject,
+    key: string,
+    reserved: ReserveResult,
+    request: GatewayRequest,
+    enforced = true,
+    open?: OpenTransaction,
+  ): IdempotencyContext {
     const context = new IdempotencyContext(
       {
-        client: this.client,
+        calls: open?.calls ?? this.calls,
+        ...(open ? { open } : {}),
         colocated: this.colocated,
         ref: { tenant: subject.tenant, operationId: reserved.operationId },
         generation: reserved.generation,
@@ -543,7 +486,8 @@ export class IdempotencyGateway {
       },
       { route, subject, key, decision: reserved.decision, enforced, body: request.body },
     );
-    context.keepLease({ leaseMs: route.leaseMs, expiresAt: reserved.leaseExpiresAt });
+    // A record in a transaction still open is seen by nobody else: no lease to keep.
+    if (!open) context.keepLease({ leaseMs: route.leaseMs, expiresAt: reserved.leaseExpiresAt });
     return context;
   }
 
@@ -554,7 +498,7 @@ export class IdempotencyGateway {
     const operationId = reserved?.operationId ?? "";
     return new IdempotencyContext(
       {
-        client: this.client,
+        calls: this.calls,
         colocated: this.colocated,
         ref: { tenant, operationId },
         generation: 0,
@@ -569,6 +513,26 @@ export class IdempotencyGateway {
       { route, subject, key, decision: reserved?.decision, enforced: false, body: request.body },
     );
   }
+}
+
+/**
+ * Reserve inside a transaction opened for a local-only route: kept open for
+ * an owner (ACCEPTED, enforced), which runs its rows and completes in it;
+ * any other decision commits at once (a conflict's event, a record seen
+ * going UNKNOWN), and a refusal rolls it back.
+ */
+async function reserveInOpenTransaction(begin: () => Promise<OpenTransaction>, input: ReserveInput): Promise<{ reserved: ReserveResult; open: OpenTransaction | undefined }> {
+  const open = await begin();
+  let reserved: ReserveResult;
+  try {
+    reserved = await open.calls.reserve(input);
+  } catch (error) {
+    await open.rollback();
+    throw error;
+  }
+  if (reserved.decision === "ACCEPTED" && reserved.enforced) return { reserved, open };
+  await open.commit();
+  return { reserved, open: undefined };
 }
 
 function shortKey(seed: string, effect: string): string {

@@ -1,5 +1,4 @@
 import { NO_FAULTS, type FaultHooks } from "../fault-hooks.js";
-import type { CoordinatorClient } from "./client.js";
 import {
   check,
   checkInput,
@@ -21,7 +20,17 @@ import { outcomeForStatus, snapshotOf, toHttpResponse } from "./http.js";
 import type { Clock } from "../clock.js";
 import { LeaseKeeper } from "./lease.js";
 import type { EffectStatus, Outcome } from "../contract/words.js";
-import type { BusinessTransaction, ColocatedCompletion, EffectAttempt, GatewayLogger, HandlerResponse, OperationRef, ResponseSnapshot } from "./types.js";
+import type {
+  BusinessTransaction,
+  ColocatedCompletion,
+  EffectAttempt,
+  GatewayLogger,
+  HandlerResponse,
+  LifecycleCalls,
+  OpenTransaction,
+  OperationRef,
+  ResponseSnapshot,
+} from "./types.js";
 
 /** How `effect()` learns what a call's result and failures mean. */
 export interface EffectOptions<T> {
@@ -104,7 +113,10 @@ export interface AttemptResolution {
 }
 
 export interface OwnedOperationInit {
-  client: CoordinatorClient;
+  /** Where the lifecycle's calls go: the coordinator's client, or co-located mode's own (ColocatedCompletion.lifecycle). */
+  calls: LifecycleCalls;
+  /** A local-only route's transaction, holding the record since Reserve: every call runs in it, and it commits with the terminal state. */
+  open?: OpenTransaction;
   colocated: ColocatedCompletion | undefined;
   ref: OperationRef;
   generation: number;
@@ -131,8 +143,12 @@ export abstract class OwnedOperation {
   readonly ref: OperationRef;
   readonly generation: number;
   readonly owned: boolean;
-  protected readonly client: CoordinatorClient;
+  protected readonly calls: LifecycleCalls;
   protected readonly colocated: ColocatedCompletion | undefined;
+  /** A local-only route's open transaction, until it commits or rolls back. */
+  private open: OpenTransaction | undefined;
+  /** True for a local-only route's owner: the record and everything it did commit together or roll back together. */
+  readonly localOnly: boolean;
   protected readonly logger: GatewayLogger;
   protected readonly ledger: EffectLedger;
   private keeper: LeaseKeeper | undefined;
@@ -149,7 +165,9 @@ export abstract class OwnedOperation {
   private readonly declared: Map<string, EffectAttempt>;
 
   constructor(init: OwnedOperationInit) {
-    this.client = init.client;
+    this.calls = init.calls;
+    this.open = init.open;
+    this.localOnly = init.open !== undefined;
     this.colocated = init.colocated;
     this.ref = init.ref;
     this.generation = init.generation;
@@ -209,7 +227,7 @@ export abstract class OwnedOperation {
   keepLease(lease: { leaseMs: number | undefined; expiresAt: Date | undefined; clock?: Clock }): void {
     this.keeper?.stop();
     this.keeper = new LeaseKeeper({
-      client: this.client,
+      client: this.calls,
       ref: this.ref,
       generation: this.generation,
       leaseMs: lease.leaseMs,
@@ -256,7 +274,7 @@ export abstract class OwnedOperation {
     }
     let attempt: EffectAttempt;
     try {
-      attempt = await this.client.recordEffectAttempt({ ref: this.ref, generation: this.generation, effect: name, provider });
+      attempt = await this.calls.recordEffectAttempt({ ref: this.ref, generation: this.generation, effect: name, provider });
     } catch (error) {
       const failure = toCoordinatorError(error);
       if (isLeaseLost(failure)) {
@@ -348,7 +366,7 @@ export abstract class OwnedOperation {
 
   /** ResolveEffectAttempt, recorded in the ledger under `effect` (known before the answer) or the answer's. */
   protected async resolveAttempt(attempt: AttemptResolution, effect: string | undefined): Promise<EffectAttempt> {
-    const resolved = await this.client.resolveEffectAttempt({ ref: this.ref, generation: this.generation, ...attempt });
+    const resolved = await this.calls.resolveEffectAttempt({ ref: this.ref, generation: this.generation, ...attempt });
     this.ledger.set(effect ?? resolved.effect, attempt.attemptNumber, resolved.status);
     return resolved;
   }
@@ -366,6 +384,7 @@ export abstract class OwnedOperation {
   async transaction<R extends HandlerResponse>(work: (tx: BusinessTransaction) => Promise<R>, options: { outcome?: Outcome } = {}): Promise<R> {
     check(CONTEXT_FORMS.transaction, work, "work", func);
     check(CONTEXT_FORMS.transaction, options, "options", shape({ outcome: optional(outcomeRule) }));
+    if (this.localOnly) return this.inOpenTransaction(work, options);
     const colocated = this.colocated;
     if (!colocated) throw new Error("transaction() needs co-located mode: give the gateway (or worker) a `colocated` ColocatedRegistry (idempotency-coordinator/colocated)");
     let completed: { outcome: Outcome; snapshot: ResponseSnapshot } | undefined;
@@ -377,7 +396,9 @@ export abstract class OwnedOperation {
       const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
       if (outcome === "release") return result;
       const snapshot = snapshotOf(http);
-      await colocated.complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
+      // The last statement of the transaction: with its COMMIT when the registry can.
+      const complete = colocated.completeAndCommit?.bind(colocated) ?? colocated.complete.bind(colocated);
+      await complete(tx, { ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
       completed = { outcome, snapshot };
       return result;
     });
@@ -389,23 +410,84 @@ export abstract class OwnedOperation {
     return response;
   }
 
-  /** Complete over RPC, with the held resolutions (idempotent: an identical repeat succeeds). */
+  /**
+   * A local-only route's `transaction()`: `work` runs in the transaction
+   * that holds the record since Reserve, the operation completes in it, and
+   * it commits; a failure, or an outcome that would release the record,
+   * rolls all of it back (no record is left; the retry runs anew).
+   */
+  private async inOpenTransaction<R extends HandlerResponse>(work: (tx: BusinessTransaction) => Promise<R>, options: { outcome?: Outcome }): Promise<R> {
+    const open = this.open;
+    if (!open)
+      throw new Error(
+        `the transaction of operation ${this.ref.operationId} (a localOnly route) already ${this.completedWithin ? "committed" : "rolled back"}: call ctx.transaction() once`,
+      );
+    let result: R;
+    let http;
+    try {
+      result = await work(open.tx);
+      check(CONTEXT_FORMS.transaction, result, "the response work returned", handlerResponse);
+      http = toHttpResponse(result);
+    } catch (error) {
+      await this.rollBack();
+      throw error;
+    }
+    const outcome = options.outcome ?? outcomeForStatus(http.status, this.ledger.possible);
+    if (outcome === "release") {
+      await this.rollBack();
+      return result;
+    }
+    await this.complete(outcome, snapshotOf(http));
+    return result;
+  }
+
+  /** Ends a local-only route's open transaction with ROLLBACK: nothing of the request is kept. */
+  private async rollBack(): Promise<void> {
+    const open = this.open;
+    this.open = undefined;
+    this.sent();
+    await open?.rollback();
+  }
+
+  /**
+   * Complete with the held resolutions (idempotent: an identical repeat
+   * succeeds), over RPC or co-located; a local-only route's inside its open
+   * transaction, which then commits (and rolls back if Complete is refused).
+   */
   async complete(outcome: Outcome, snapshot: ResponseSnapshot): Promise<void> {
     check(CONTEXT_FORMS.complete, outcome, "outcome", outcomeRule);
     check(CONTEXT_FORMS.complete, snapshot, "snapshot", snapshotRule);
-    await this.client.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
+    const open = this.open;
+    if (this.localOnly && !open) throw new Error(`the transaction of operation ${this.ref.operationId} (a localOnly route) already ended`);
+    try {
+      await this.calls.complete({ ref: this.ref, generation: this.generation, outcome, snapshot, resolutions: this.unsentForComplete() });
+      if (open) {
+        this.open = undefined;
+        await open.commit();
+      }
+    } catch (error) {
+      if (this.open) await this.rollBack();
+      throw error;
+    }
     this.sent();
+    if (open) this.completedWithin = { outcome, snapshot };
   }
 
-  /** Release over RPC: back to RESERVED, the next identical retry takes it over. */
+  /** Release: back to RESERVED, the next identical retry takes it over; a local-only route's transaction rolls back instead. */
   async release(): Promise<void> {
+    if (this.localOnly) return this.rollBack();
     await this.sendUnsent();
-    await this.client.release({ ref: this.ref, generation: this.generation });
+    await this.calls.release({ ref: this.ref, generation: this.generation });
   }
 
-  /** Abandon over RPC: this owner will not finish; recovery may start now (knowing what the held resolutions say). */
+  /**
+   * Abandon: this owner will not finish; recovery may start now (knowing
+   * what the held resolutions say). A local-only route's transaction rolls
+   * back instead: its effects were local, and roll back with it.
+   */
   async abandon(): Promise<void> {
+    if (this.localOnly) return this.rollBack();
     await this.sendUnsent();
-    await this.client.abandon({ ref: this.ref, generation: this.generation });
+    await this.calls.abandon({ ref: this.ref, generation: this.generation });
   }
 }

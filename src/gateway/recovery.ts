@@ -234,7 +234,7 @@ export class RecoveryWorker {
 
     const ctx = new RecoveryContext(
       {
-        client,
+        calls: client,
         colocated: this.options.colocated,
         ref,
         generation: claimed.generation,

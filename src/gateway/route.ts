@@ -89,6 +89,16 @@ export interface IdempotentRoute {
    */
   effects?: ReadonlyArray<{ effect: string; provider: string }>;
   /**
+   * Co-located mode with its whole lifecycle (a ColocatedRegistry): the
+   * handler's effects are all local, rows of the registry's database written
+   * through `ctx.transaction`, and nothing it does reaches another system.
+   * Reserve, the rows, the effects' attempts and the terminal state then
+   * commit in one transaction, or none of them does: a handler that fails
+   * (or a 5xx with nothing possible) rolls all of it back, leaving no
+   * record, and the retry runs anew. Refused without such a registry.
+   */
+  localOnly?: boolean;
+  /**
    * A request without Idempotency-Key: `reject` (400, the default) or `run`
    * (unguarded, e.g. while clients adopt keys during a shadow rollout).
    */

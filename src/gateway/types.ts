@@ -232,6 +232,56 @@ export interface ColocatedCompletion {
   transaction<T>(work: (tx: BusinessTransaction) => Promise<T>): Promise<T>;
   /** Complete inside the open transaction `tx`, committed by its COMMIT; refusals are thrown as CoordinatorError. */
   complete(tx: BusinessTransaction, input: CompleteInput): Promise<CompleteResult>;
+  /**
+   * Complete as the last statement of a transaction of `transaction()`: the
+   * terminal state goes out with its COMMIT (one round trip fewer), and
+   * nothing may be sent on `tx` after it. Optional (`complete` otherwise).
+   */
+  completeAndCommit?(tx: BusinessTransaction, input: CompleteInput): Promise<CompleteResult>;
+  /**
+   * The whole lifecycle in this process, on the service's pool: when
+   * present, the gateway sends it every call it would send the coordinator
+   * (Reserve, lease renewals, effects, Complete, Release, Abandon), and
+   * makes no RPC. Absent: only completion is co-located.
+   */
+  readonly lifecycle?: LifecycleCalls;
+  /**
+   * Opens one transaction in which a local-only route (`localOnly`) is
+   * reserved, runs its rows and effects and is completed: all of it commits
+   * at once, or nothing does. Present with `lifecycle`.
+   */
+  begin?(): Promise<OpenTransaction>;
+}
+
+/**
+ * The calls of an operation's lifecycle, as the coordinator's client makes
+ * them (CoordinatorClient has them all) or as co-located mode runs them in
+ * the service's process, with the same inputs, answers and refusals.
+ */
+export interface LifecycleCalls {
+  reserve(input: ReserveInput): Promise<ReserveResult>;
+  renewLease(input: RenewLeaseInput): Promise<Date | undefined>;
+  recordEffectAttempt(input: RecordEffectAttemptInput): Promise<EffectAttempt>;
+  resolveEffectAttempt(input: ResolveEffectAttemptInput): Promise<EffectAttempt>;
+  complete(input: CompleteInput): Promise<CompleteResult>;
+  release(input: OwnedRef): Promise<HandOverResult>;
+  abandon(input: OwnedRef): Promise<HandOverResult>;
+}
+
+/**
+ * A transaction open on the registry's database for one request of a
+ * local-only route: its lifecycle calls run inside it, and nothing of it is
+ * visible to anyone else until `commit`.
+ */
+export interface OpenTransaction {
+  /** The transaction's client, handed to `ctx.transaction`'s work. */
+  readonly tx: BusinessTransaction;
+  /** The lifecycle inside this transaction. */
+  readonly calls: LifecycleCalls;
+  /** COMMIT; a connection lost during it is thrown as CommitUnknownError. */
+  commit(): Promise<void>;
+  /** ROLLBACK (quietly: a lost connection rolls back too). */
+  rollback(): Promise<void>;
 }
 
 /**

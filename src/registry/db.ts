@@ -1,4 +1,5 @@
 import type { Duplex } from "node:stream";
+import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { parseIntoClientConfig } from "pg-connection-string";
 import { context, SpanKind, SpanStatusCode, trace, type Tracer } from "@opentelemetry/api";
@@ -13,13 +14,11 @@ export interface Queryable {
 }
 
 /**
- * Whose rows a unit of registry work may see and write. Row-level security on
- * every tenant table (migrations/000007, 000010) shows a serving transaction
- * only the rows of the tenant it is bound to, so that a query that forgets its
- * tenant clause finds nothing instead of another tenant's records. Request
- * paths bind the caller's tenant; operators' listings and the background jobs
- * ask for ALL_TENANTS, which runs them on the cross-tenant pool: a role of its
- * own, because nothing a serving connection can set may widen its binding.
+ * Whose rows a unit of registry work may see and write. Row-level security on every tenant table (migrations/000007, 000010)
+ * shows a serving transaction only the rows of the tenant it is bound to, so that a query that forgets its tenant clause
+ * finds nothing instead of another tenant's records. Request paths bind the caller's tenant; operators' listings and the
+ * background jobs ask for ALL_TENANTS, which runs them on the cross-tenant pool: a role of its own, because nothing a serving
+ * connection can set may widen its binding.
  */
 export type TenantBinding = string | typeof ALL_TENANTS;
 export const ALL_TENANTS: unique symbol = Symbol("all tenants");
@@ -58,10 +57,8 @@ export interface Db {
 /** How one transaction differs from the pool's defaults. */
 export interface TransactionOptions {
   /**
-   * The longest wait for a row lock in this transaction, instead of the
-   * pool's lock timeout (transaction-local: the connection's next user gets
-   * the pool's again). Past it the transaction fails with REGISTRY_BUSY,
-   * which isLockWaitEnded tells apart.
+   * The longest wait for a row lock in this transaction, instead of the pool's lock timeout (transaction-local: the
+   * connection's next user gets the pool's again). Past it the transaction fails with REGISTRY_BUSY (isLockWaitEnded).
    */
   lockTimeoutMs?: number;
 }
@@ -103,11 +100,7 @@ function bindingSettings(tenant: TenantBinding): [tenant: string, allTenants: "o
   return tenant === ALL_TENANTS ? ["", "on"] : [tenant, "off"];
 }
 
-/**
- * The statement that binds a transaction to a tenant: transaction-local
- * settings, so that they end with the transaction and a pooled connection
- * carries nothing over to its next user.
- */
+/** Binds a transaction to a tenant: transaction-local settings, which end with it (a pooled connection carries nothing over). */
 export const BIND_SQL = "SELECT set_config('idem.tenant', $1, true), set_config('idem.all_tenants', $2, true)";
 
 /**
@@ -271,21 +264,23 @@ export interface PoolDbOptions extends DbObserver {
 }
 
 /**
- * What a registry transaction sends its statements through. Statements of
- * the statements layer go by their prepared name when `prepared` allows it;
- * and whatever is sent within one tick (a BEGIN with the statements
- * pipelined behind it) leaves in one socket write: the stream is corked at
- * the first query of a tick and uncorked after it, since each write is a
- * system call, and system calls cost more than a short statement.
+ * What the registry sends its statements through, on a node-postgres client
+ * (or anything with its `query`). Statements of the statements layer go by
+ * their prepared name (with `epoch`) when `prepared` allows it; whatever is
+ * sent within one tick (a BEGIN with the statements pipelined behind it)
+ * leaves in one socket write: the stream is corked at the first query of a
+ * tick and uncorked after it, since each write is a system call, and system
+ * calls cost more than a short statement. A client not opened for
+ * pipelining (a co-located service's pool or Client) gets them in turn.
  */
-function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: string): Queryable {
-  const socket = corkableSocket(client);
+function registryConnection(client: Queryable, prepared: boolean, epoch = ""): Queryable {
+  const socket = corkableSocket(client as pg.PoolClient);
   let corked = false;
   const uncork = () => {
     corked = false;
     socket!.uncork();
   };
-  return {
+  const connection: Queryable = {
     query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
       if (socket && !corked) {
         corked = true;
@@ -293,17 +288,16 @@ function registryConnection(client: pg.PoolClient, prepared: boolean, epoch: str
         process.nextTick(uncork);
       }
       const name = prepared ? preparedName(text) : undefined;
-      return name === undefined ? client.query<R>(text, values) : client.query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
+      return name === undefined ? client.query<R>(text, values) : (client as pg.ClientBase).query<R>({ name: `${name}${epoch}`, text, values: values ?? [] });
     },
   };
+  return (client as { pipeline?: unknown }).pipeline === true ? connection : inTurn(connection);
 }
 
 /**
- * The driver's socket of a pooled client, to cork: node-postgres's
- * `connection.stream`, which a Client has but a PoolClient's type does not
- * show, hence looked up defensively. Undefined should the driver no longer
- * have it: then nothing is corked, each message is a write of its own, and
- * test/registry/reserve.test.ts (round trips per call) fails.
+ * The driver's socket of a pooled client, to cork: node-postgres's `connection.stream`, which a Client has but a PoolClient's
+ * type does not show, hence looked up defensively. Undefined should the driver no longer have it: then nothing is corked,
+ * each message is a write of its own, and test/registry/reserve.test.ts (round trips per call) fails.
  */
 export function corkableSocket(client: pg.PoolClient): Pick<Duplex, "cork" | "uncork"> | undefined {
   // A PoolClient is a Client at run time.
@@ -428,22 +422,33 @@ async function traced<T>(tracer: Tracer | undefined, name: string, work: () => P
 }
 
 /**
- * A Db inside a transaction the caller opened and will commit. Nothing is
- * retried here: only the caller can re-run its whole business transaction.
- * Each unit of work binds the caller's transaction to its tenant first.
- * The registry sends statements without waiting for the ones before them;
- * on the caller's client they go one after the other (see inTurn) unless
- * that client was opened for pipelining.
+ * A Db inside a transaction the caller opened and will commit. Nothing is retried here: only the caller can re-run its whole
+ * business transaction. Each unit of work binds the caller's transaction to its tenant first. The registry sends statements
+ * without waiting for the ones before them; on the caller's client they go one after the other (see inTurn) unless that
+ * client was opened for pipelining; by their prepared names when `prepared` (a node-postgres client).
  */
-export function transactionDb(client: Queryable): Db {
-  const q = inTurn(client);
-  // The caller commits: the statements run in its transaction.
-  const commitWith: CommitWith = (sends) => pipelined(sends.map((send) => send(q)));
+export function transactionDb(client: Queryable, prepared = false, commits = false): Db {
+  const q = registryConnection(client, prepared);
+  // The caller commits (the statements run in its transaction); with `commits`, the work's last
+  // statements go out with the COMMIT of the caller's runTransaction, which then sends none.
+  const commitWith: CommitWith = !commits
+    ? (sends) => pipelined(sends.map((send) => send(q)))
+    : async (sends) => {
+        const results = await pipelined([...sends.map((send) => send(q)), q.query("COMMIT")]).catch((error: unknown) => Promise.reject(commitFailure(error)));
+        if (results.at(-1)!.command !== "COMMIT") throw new Error(`COMMIT answered ${results.at(-1)!.command}`);
+        committedWithin.add(client);
+        return results.slice(0, -1);
+      };
   return {
     async transaction(tenant, work) {
       try {
-        await q.query(BIND_SQL, bindingSettings(tenant));
-        return await work(q, commitWith);
+        // Not awaited: the work's first statements follow it (in the same write). Should it fail,
+        // the transaction is aborted, so that they fail too and nothing of them can commit.
+        const bound = q.query(BIND_SQL, bindingSettings(tenant));
+        bound.catch(() => undefined);
+        const result = await work(q, commitWith);
+        await bound;
+        return result;
       } catch (error) {
         throw classify(error);
       }
@@ -452,16 +457,12 @@ export function transactionDb(client: Queryable): Db {
 }
 
 /**
- * The caller's client as the registry's work may use it: a query sent while
- * another is in flight. A node-postgres client opened with `pipeline: true`
- * (as openPool opens the coordinator's) sends it at once, one round trip for
- * all; any other client (a service's own pool or Client) only queues it,
- * which node-postgres deprecates and pg 9 removes: there each query is sent
- * once the one before it has answered, whatever that answer was, as the
- * pipelined statements would have run one after the other anyway.
+ * The caller's client as the registry's work may use it: a query sent while another is in flight. A node-postgres client
+ * opened with `pipeline: true` sends it at once (registryConnection); any other (a service's own pool or Client) only queues
+ * it, which node-postgres deprecates and pg 9 removes: here each query is sent once the one before it has answered, whatever
+ * that answer was, as the pipelined statements would have run one after the other.
  */
 function inTurn(client: Queryable): Queryable {
-  if ((client as { pipeline?: unknown }).pipeline === true) return client;
   let previous: Promise<unknown> = Promise.resolve();
   return {
     query<R extends pg.QueryResultRow>(text: string, values?: unknown[]) {
@@ -477,42 +478,43 @@ export class CommitUnknownError extends Error {
   override readonly name = "CommitUnknownError";
 }
 
+/** What a failed COMMIT means: the server's own error answer (with its SQLSTATE) says it rolled back; without one, nothing is known. */
+function commitFailure(error: unknown): Error {
+  if (sqlState(error) !== undefined && !isConnectionLoss(error)) return error as Error;
+  return new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
+}
+
+/** The clients of runTransaction whose work sent its COMMIT already (transactionDb with `commits`). */
+const committedWithin = new WeakSet<object>();
+
 /**
- * Runs a caller's own transaction on a connection of `pool`: BEGIN, `work`,
- * COMMIT; ROLLBACK when `work` throws. Nothing is retried and no tenant is
- * bound: the transaction is the caller's (co-located mode's business
- * transaction; registry work inside it binds itself through transactionDb).
- * A PostgreSQL error at COMMIT (a deferred constraint, a serialization
- * failure) means it rolled back and is thrown as is; a connection lost during
- * COMMIT, or any failure without the server's answer, leaves the outcome
- * unknown: CommitUnknownError.
+ * Runs a caller's own transaction on a connection of `pool`: BEGIN, `work`, COMMIT; ROLLBACK when `work` throws. Nothing is
+ * retried and no tenant is bound: the transaction is the caller's (co-located mode's business transaction; registry work
+ * inside it binds itself through transactionDb). A PostgreSQL error at COMMIT (a deferred constraint, a serialization failure)
+ * means it rolled back and is thrown as is; a connection lost during COMMIT, or any failure without the server's answer,
+ * leaves the outcome unknown: CommitUnknownError.
  */
 export async function runTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   return onTransactionConnection(
     pool,
     () => undefined,
     async (client) => {
-      await client.query("BEGIN");
-      const result = await work(client);
       try {
-        await client.query("COMMIT");
-      } catch (error) {
-        // Only the server's own error answer (with its SQLSTATE) says the
-        // transaction rolled back; without an answer nothing is known.
-        if (sqlState(error) !== undefined && !isConnectionLoss(error)) throw error;
-        throw new CommitUnknownError("the connection failed during COMMIT: the transaction may or may not have committed", { cause: error });
+        await client.query("BEGIN");
+        const result = await work(client);
+        if (!committedWithin.has(client)) await client.query("COMMIT").catch((error: unknown) => Promise.reject(commitFailure(error)));
+        return result;
+      } finally {
+        committedWithin.delete(client);
       }
-      return result;
     },
   );
 }
 
 /**
- * Checks a connection out of `pool` for the one transaction `body` runs, and
- * gives it back. When `body` fails the transaction is rolled back, unless the
- * connection was lost (or a COMMIT's answer with it): a lost connection, or
- * one that cannot roll back, is discarded instead of returned, so that the
- * pool never lends a dead or half-finished one again. The registry's
+ * Checks a connection out of `pool` for the one transaction `body` runs, and gives it back. When `body` fails the transaction
+ * is rolled back, unless the connection was lost (or a COMMIT's answer with it): a lost connection, or one that cannot roll
+ * back, is discarded instead of returned, so that the pool never lends a dead or half-finished one again. The registry's
  * transactions (poolDb) and a caller's own (runTransaction) both run here.
  */
 async function onTransactionConnection<T>(pool: pg.Pool, onLost: (error: Error) => void, body: (client: pg.PoolClient) => Promise<T>): Promise<T> {
@@ -593,8 +595,4 @@ function classify(error: unknown): unknown {
     return new IdempotencyError("REGISTRY_UNAVAILABLE", "the registry database did not answer in time; nothing was decided, retry with backoff", {}, { cause: error });
   }
   return error;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
 }

@@ -115,6 +115,9 @@ const BODY = { amount: 1500, currency: "EUR", card: "4242" };
 
 describe("a process killed mid-request, at each failpoint", () => {
   it("coordinator dies right after the reservation committed: recovery finds nothing charged and finishes it as not made, never running it again", async () => {
+    // Reserve over RPC: co-located mode with only completion in the service.
+    await cluster.service.kill();
+    await cluster.service.restart({ PAYMENTS_COLOCATED: "completion" });
     await crashReplicasAt("registry.reserve.after-commit");
     const key = randomUUID();
     const first = await post(key, BODY);
@@ -138,6 +141,8 @@ describe("a process killed mid-request, at each failpoint", () => {
     expect((await cluster.providerState()).charges.filter((c) => keys.some((k) => k.downstream_key === c.idempotencyKey))).toEqual([]);
     // Every retry gets the same answer.
     expect(await post(key, BODY)).toEqual({ status: final.status, text: final.text });
+    await cluster.service.kill();
+    await cluster.service.restart();
   }, 60_000);
 
   it("service dies after the provider charged, before the attempt was resolved: recovered with the original key, one charge", async () => {

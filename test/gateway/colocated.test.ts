@@ -237,4 +237,41 @@ describe("the business transaction's COMMIT", () => {
       await losing.pool.end();
     }
   });
+
+  it.each([
+    { name: "its answer was lost on the way back", carried: true },
+    { name: "it never reached the server", carried: false },
+  ])("reports an unknown outcome when the COMMIT sent with the Complete fails and $name: CommitUnknownError", async ({ carried }) => {
+    const losing = commitAnswerLost(t.openPool(), { carried, error: () => connectionError("Connection terminated unexpectedly") });
+    const registry = await ColocatedRegistry.open({ pool: losing.pool, caller: "orders-service", allowPlaintextSnapshots: true });
+    try {
+      const key = randomUUID();
+      const reserved = await registry.lifecycle!.reserve({ ...reserveOf(key), claim: true });
+      const ref = { tenant: "acme", operationId: reserved.operationId };
+      const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new TextEncoder().encode("{}") };
+      losing.arm();
+      const failure = await registry
+        .transaction(async (tx) => {
+          await tx.query("INSERT INTO orders (operation_id, amount) VALUES ($1, 10)", [ref.operationId]);
+          return registry.completeAndCommit(tx, { ref, generation: reserved.generation, outcome: "SUCCEEDED", snapshot });
+        })
+        .catch((e: unknown) => e);
+      expect(failure).toBeInstanceOf(CommitUnknownError);
+      // The terminal state and the row went with that COMMIT, or neither did.
+      expect((await recordOf(key)).state).toBe(carried ? "SUCCEEDED" : "EXECUTING");
+      expect(await orderRows(ref.operationId)).toHaveLength(carried ? 1 : 0);
+    } finally {
+      registry.stop();
+      await losing.pool.end();
+    }
+  });
+});
+
+/** A Reserve of `key` for alice, as the gateway sends it. */
+const reserveOf = (key: string) => ({
+  subject: alice,
+  operation: "payments.create",
+  apiRevision: 1,
+  idempotencyKey: key,
+  parts: { method: "POST", path: "/v1/orders", query: "", mediaType: "application/json", headers: [], body: new TextEncoder().encode('{"amount":10}') },
 });
