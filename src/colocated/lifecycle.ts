@@ -12,6 +12,7 @@ import type {
   RenewLeaseInput,
   ReserveResult,
   ResolveEffectAttemptInput,
+  ResponseSnapshot,
 } from "../gateway/types.js";
 import { CommitUnknownError, type Db } from "../registry/db.js";
 import type { Registry } from "../registry/registry.js";
@@ -118,14 +119,7 @@ export function registryComplete({ ref, generation, outcome, snapshot, resolutio
     ref,
     generation,
     outcome,
-    snapshot: {
-      statusCode: snapshot.statusCode,
-      mediaType: snapshot.mediaType,
-      location: snapshot.location,
-      businessVersion: snapshot.businessVersion,
-      headers: snapshot.headers,
-      body: snapshot.body,
-    },
+    snapshot: responseFields(snapshot),
     resolutions: (resolutions ?? []).map((r) => ({ attemptNumber: r.attemptNumber, status: r.status, providerHandle: r.providerHandle ?? "" })),
   };
 }
@@ -148,15 +142,7 @@ function reserveResult(result: RegistryReserveResult): ReserveResult {
     ...(result.retryAfterMs !== undefined ? { retryAfterMs: result.retryAfterMs } : {}),
     ...(snapshot
       ? {
-          snapshot: {
-            statusCode: snapshot.statusCode,
-            mediaType: snapshot.mediaType,
-            location: snapshot.location,
-            businessVersion: snapshot.businessVersion,
-            headers: snapshot.headers,
-            body: snapshot.body,
-            digest: snapshot.digest,
-          },
+          snapshot: { ...responseFields(snapshot), digest: snapshot.digest },
         }
       : {}),
     enforced: result.enforced,
@@ -186,4 +172,16 @@ function handOver(
 ): HandOverResult {
   changed(record);
   return { state: record.state, generation: record.generation };
+}
+
+/** The stored response's fields a snapshot carries both ways (its digest aside). */
+function responseFields<S extends Pick<ResponseSnapshot, "statusCode" | "mediaType" | "location" | "businessVersion" | "headers" | "body">>(snapshot: S) {
+  return {
+    statusCode: snapshot.statusCode,
+    mediaType: snapshot.mediaType,
+    location: snapshot.location,
+    businessVersion: snapshot.businessVersion,
+    headers: snapshot.headers,
+    body: snapshot.body,
+  };
 }
