@@ -10,6 +10,7 @@ import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { useTestServer } from "../support/server.js";
 import { post } from "./helpers.js";
+import { CREATE_ORDERS } from "./orders.js";
 
 /**
  * Co-located completion on a service's own node-postgres connections, opened
@@ -53,7 +54,7 @@ beforeAll(async () => {
   servicePool = new pg.Pool({ connectionString: t.url, max: 4, options: `-c search_path=${t.schema}` });
   servicePool.on("connect", watchOverlap);
   colocated = await ColocatedRegistry.open({ pool: servicePool, caller: "orders-service", snapshotKeys: coordinator.snapshotKeys! });
-  await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
+  await t.pool.query(CREATE_ORDERS);
 
   const gateway = new IdempotencyGateway({ client, colocated });
   const createOrder = withIdempotency(gateway, { operation: "payments.create", apiRevision: 1, subject: () => alice }, async (_req, res, ctx) => {

@@ -3,7 +3,7 @@ import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ColocatedRegistry } from "../../src/colocated/index.js";
 import { downstreamKey } from "../../src/contract/effects.js";
-import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type GatewayRequest, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
+import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
 import { RecoveryWorker } from "../../src/gateway/recovery.js";
 import { PolicyStore } from "../../src/registry/policy-store.js";
 import { recoverExpiredLeases, sweepRetention } from "../../src/registry/jobs.js";
@@ -13,6 +13,7 @@ import { expireLease } from "../support/registry-helpers.js";
 import { startTestServer, type TestServer } from "../support/server.js";
 import { useServiceRole } from "../support/service-role.js";
 import { until } from "../support/wait.js";
+import { CREATE_ORDERS, createOrder, orderRequest } from "./orders.js";
 
 /**
  * Co-located mode with its whole lifecycle: Reserve, effects, leases and
@@ -60,7 +61,7 @@ beforeAll(async () => {
   await controls.setControl({ operation: "orders.shadow", apiRevision: 1, change: { mode: "SHADOW" }, updatedBy: "test" });
   await controls.setControl({ operation: "orders.drain", apiRevision: 1, change: { mode: "DRAINING" }, updatedBy: "test" });
   await controls.setControl({ operation: "orders.epoch", apiRevision: 1, change: { writerEpoch: 1 }, updatedBy: "test" });
-  await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
+  await t.pool.query(CREATE_ORDERS);
   await service.grant("orders");
   pool = t.openPool({ role: service.role, max: 6 });
   colocated = await ColocatedRegistry.open({ pool, caller: "orders-service", tenants: ["acme"], snapshotKeys: coordinator.snapshotKeys! });
@@ -73,31 +74,11 @@ afterAll(async () => {
   expect(rpcs, "RPCs the co-located gateway sent").toEqual([]);
 });
 
-const request = (key: string, amount = 10): GatewayRequest => ({
-  method: "POST",
-  path: "/v1/orders",
-  query: "",
-  headers: { "idempotency-key": key, "content-type": "application/json" },
-  body: new TextEncoder().encode(JSON.stringify({ amount })),
-});
-
-/** The handler of the tests: one order row, completed in its transaction. */
-const createOrder = async (ctx: IdempotencyContext): Promise<HttpResponse> =>
-  toHttpResponse(
-    await ctx.transaction(async (tx) => {
-      const { rows } = await tx.query<{ id: number }>("INSERT INTO orders (operation_id, amount) VALUES ($1, $2) RETURNING id", [
-        ctx.operationId,
-        ctx.json<{ amount: number }>().amount,
-      ]);
-      return { status: 201, json: { id: rows[0]!.id } };
-    }),
-  );
-
 const run = (
   key: string,
   handler: (ctx: IdempotencyContext) => Promise<HttpResponse>,
   options: { amount?: number; route?: Record<string, unknown>; subject?: typeof alice } = {},
-) => gateway.execute({ ...route, ...options.route }, options.subject ?? alice, request(key, options.amount), handler);
+) => gateway.execute({ ...route, ...options.route }, options.subject ?? alice, orderRequest(key, options.amount), handler);
 
 /** The record and its events as the registry's owner reads them (no tenant binding needed). */
 async function recordOf(operationId: string) {
@@ -347,7 +328,7 @@ describe("recovery of a co-located record", () => {
   it("is the coordinator's, as for a record made over RPC: its recoverer makes it UNKNOWN, a recovery worker settles it", async () => {
     const key = randomUUID();
     // The owner goes silent after its charge: accepted and charged, never finished.
-    const admission = await gateway.admit({ ...route, effects: [{ effect: "card.charge", provider: "cards" }] }, alice, request(key));
+    const admission = await gateway.admit({ ...route, effects: [{ effect: "card.charge", provider: "cards" }] }, alice, orderRequest(key));
     if (!admission.run) throw new Error(`not accepted: ${admission.response.status}`);
     const ctx = admission.context;
     await ctx.effect("card.charge", "cards", async () => "ch_1", { handle: (c) => c, resolveWithComplete: true });

@@ -3,12 +3,13 @@ import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ColocatedRegistry } from "../../src/colocated/index.js";
 import { downstreamKey } from "../../src/contract/effects.js";
-import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type GatewayRequest, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
+import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
 import { useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
 import { useServiceRole } from "../support/service-role.js";
 import { until } from "../support/wait.js";
+import { CREATE_ORDERS, createOrder, orderRequest } from "./orders.js";
 
 /**
  * A local-only route in co-located mode: Reserve, the business rows, the
@@ -28,7 +29,7 @@ const quiet = { warn: () => undefined, error: () => undefined };
 
 beforeAll(async () => {
   coordinator = await startTestServer(t, { operations: [testDocument(), testDocument({ operation: "orders.quota", maxActivePerPrincipal: 1 })] });
-  await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
+  await t.pool.query(CREATE_ORDERS);
   await t.pool.query("CREATE TABLE ledger (entry_key text PRIMARY KEY, amount int NOT NULL)");
   await service.grant("orders", "ledger");
   pool = t.openPool({ role: service.role, max: 6 });
@@ -44,31 +45,12 @@ afterAll(async () => {
   await coordinator?.stop();
 });
 
-const request = (key: string, amount = 10): GatewayRequest => ({
-  method: "POST",
-  path: "/v1/orders",
-  query: "",
-  headers: { "idempotency-key": key, "content-type": "application/json" },
-  body: new TextEncoder().encode(JSON.stringify({ amount })),
-});
-
-const createOrder = async (ctx: IdempotencyContext): Promise<HttpResponse> =>
-  toHttpResponse(
-    await ctx.transaction(async (tx) => {
-      const { rows } = await tx.query<{ id: number }>("INSERT INTO orders (operation_id, amount) VALUES ($1, $2) RETURNING id", [
-        ctx.operationId,
-        ctx.json<{ amount: number }>().amount,
-      ]);
-      return { status: 201, json: { id: rows[0]!.id } };
-    }),
-  );
-
 const never = async (): Promise<HttpResponse> => {
   throw new Error("this request never runs the handler");
 };
 
 const run = (key: string, handler: (ctx: IdempotencyContext) => Promise<HttpResponse>, options: { amount?: number; route?: Record<string, unknown> } = {}) =>
-  gateway.execute({ ...route, ...options.route }, alice, request(key, options.amount), handler);
+  gateway.execute({ ...route, ...options.route }, alice, orderRequest(key, options.amount), handler);
 
 /** The record, its events' kinds and the transactions they were written in, as the owner reads them. */
 async function recordOf(operationId: string) {

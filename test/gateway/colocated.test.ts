@@ -2,10 +2,11 @@ import { randomUUID } from "node:crypto";
 import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ColocatedRegistry, CommitUnknownError } from "../../src/colocated/index.js";
-import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type GatewayRequest, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
+import { CoordinatorClient, IdempotencyGateway, toHttpResponse, type HttpResponse, type IdempotencyContext } from "../../src/gateway/index.js";
 import { interceptedPool, useTestDatabase } from "../support/database.js";
 import { testDocument } from "../support/fixtures.js";
 import { useTestServer } from "../support/server.js";
+import { CREATE_ORDERS, orderRequest } from "./orders.js";
 
 const t = useTestDatabase();
 const coordinator = useTestServer(t, { operations: [testDocument({ operation: "payments.create" })] });
@@ -27,26 +28,18 @@ beforeAll(async () => {
     snapshotKeys: coordinator.snapshotKeys!,
   });
   gateway = new IdempotencyGateway({ client, colocated });
-  await t.pool.query("CREATE TABLE orders (id serial PRIMARY KEY, operation_id uuid UNIQUE NOT NULL, amount int NOT NULL)");
+  await t.pool.query(CREATE_ORDERS);
 });
 
 afterAll(async () => {
   colocated?.stop();
 });
 
-const request = (key: string, amount = 10): GatewayRequest => ({
-  method: "POST",
-  path: "/v1/orders",
-  query: "",
-  headers: { "idempotency-key": key, "content-type": "application/json" },
-  body: new TextEncoder().encode(JSON.stringify({ amount })),
-});
-
 const orderRows = async (operationId: string) => (await t.pool.query<Record<string, unknown>>("SELECT * FROM orders WHERE operation_id = $1", [operationId])).rows;
 const recordOf = (key: string) => client.lookup({ scope: { subject: alice, operation: "payments.create", apiRevision: 1, idempotencyKey: key } });
 
 /** The core without any framework: admit, run, finish. */
-const run = (key: string, handler: (ctx: IdempotencyContext) => Promise<HttpResponse>, amount = 10) => gateway.execute(route, alice, request(key, amount), handler);
+const run = (key: string, handler: (ctx: IdempotencyContext) => Promise<HttpResponse>, amount = 10) => gateway.execute(route, alice, orderRequest(key, amount), handler);
 
 describe("co-located completion", () => {
   it("commits the business row and the terminal state in one transaction", async () => {
