@@ -1,12 +1,13 @@
 import { create } from "@bufbuild/protobuf";
 import { describe, expect, it } from "vitest";
-import { ClaimMode, Decision, OperationRefSchema, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
-import { EffectStatus, HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { ClaimMode, Decision, OperationRefSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { EffectStatus, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey } from "../support/fixtures.js";
 import { expireLease } from "../support/registry-helpers.js";
 import { wireReason } from "../support/refusals.js";
 import { gatewayClient, useTestServer } from "../support/server.js";
+import { paymentReserve } from "../support/wire-requests.js";
 
 /**
  * A later attempt of an effect never takes back what an earlier one may have
@@ -36,19 +37,7 @@ async function twoAttempts(first: EffectStatus, key = newKey()) {
   return { client, call, ref, key };
 }
 
-function reserveRequest(key: string) {
-  return create(ReserveRequestSchema, {
-    subject: { tenant: "acme", principal: "alice" },
-    operation: "payments.create",
-    apiRevision: 1,
-    idempotencyKey: key,
-    claim: true,
-    request: {
-      case: "parts",
-      value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
-    },
-  });
-}
+const reserveRequest = (key: string) => paymentReserve({ key });
 
 describe.each(FIRST_STATUSES.map((status) => [EffectStatus[status], status] as const))("attempt 1 %s, attempt 2 of the same effect NO_EFFECT", (_name, first) => {
   it("refuses Release with EFFECT_POSSIBLE", async () => {

@@ -4,12 +4,13 @@ import { createClient, type Client } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AdminService, OperationMode } from "../../src/gen/idempotency/v1/admin_pb.js";
-import { CoordinatorService, Decision, OperationRefSchema, ReserveRequestSchema, type ReserveRequest, type ReserveResponse } from "../../src/gen/idempotency/v1/coordinator_pb.js";
-import { HttpRequestPartsSchema, Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
+import { CoordinatorService, Decision, OperationRefSchema, type ReserveRequest, type ReserveResponse } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { Outcome } from "../../src/gen/idempotency/v1/types_pb.js";
 import { createTestDatabase, type TestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { startTestServer, type TestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
+import { paymentReserve } from "../support/wire-requests.js";
 
 /**
  * ReserveResponse.cacheable_for over the wire: set on the REPLAY of a
@@ -41,19 +42,7 @@ const as = (token: string) => ({ headers: { authorization: `Bearer ${token}` } }
 const gateway = () => as(server.tokens.gateway);
 const msOf = (d: Duration | undefined) => (d ? durationMs(d) : undefined);
 
-function reserveRequest(key: string, amount = 10): ReserveRequest {
-  return create(ReserveRequestSchema, {
-    subject: { tenant: "acme", principal: "alice" },
-    operation: "payments.create",
-    apiRevision: 1,
-    idempotencyKey: key,
-    claim: true,
-    request: {
-      case: "parts",
-      value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode(JSON.stringify({ amount })) }),
-    },
-  });
-}
+const reserveRequest = (key: string, amount = 10): ReserveRequest => paymentReserve({ key, amount });
 
 /** A finished record of a new key, with `outcome` and its snapshot. */
 async function finished(outcome: Outcome = Outcome.SUCCEEDED, statusCode = 201): Promise<{ key: string; operationId: string }> {

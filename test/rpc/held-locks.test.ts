@@ -1,16 +1,16 @@
 import { create } from "@bufbuild/protobuf";
-import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import type pg from "pg";
 import { describe, expect, it } from "vitest";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { BatchRequestSchema, Decision, type ReserveRequest, ReserveRequestSchema } from "../../src/gen/idempotency/v1/coordinator_pb.js";
-import { HttpRequestPartsSchema, Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
+import { BatchRequestSchema, Decision, type ReserveRequest } from "../../src/gen/idempotency/v1/coordinator_pb.js";
+import { Outcome, RecordState } from "../../src/gen/idempotency/v1/types_pb.js";
 import { useTestDatabase } from "../support/database.js";
 import { newKey, testDocument } from "../support/fixtures.js";
 import { wireReasonOf } from "../support/refusals.js";
 import { loadConfig } from "../../src/config.js";
 import { gatewayClient, reservesWaiting, useTestServer } from "../support/server.js";
 import { until } from "../support/wait.js";
+import { paymentReserve } from "../support/wire-requests.js";
 
 /**
  * A row lock held for long by another writer (a co-located service's
@@ -29,20 +29,7 @@ const server = useTestServer(t, () => ({
   config: { db: { ...loadConfig({ DATABASE_URL: t.url, IDEM_SNAPSHOT_KEYS: TEST_KEYS }).db, lockTimeoutMs: 20_000, statementTimeoutMs: 30_000 }, waitersPerCaller: 2 },
 }));
 
-function reserveRequest(principal: string, key = newKey(), waitMs?: number): ReserveRequest {
-  return create(ReserveRequestSchema, {
-    subject: { tenant: "acme", principal },
-    operation: "payments.create",
-    apiRevision: 1,
-    idempotencyKey: key,
-    claim: true,
-    request: {
-      case: "parts",
-      value: create(HttpRequestPartsSchema, { method: "POST", path: "/v1/payments", mediaType: "application/json", body: new TextEncoder().encode('{"amount":10}') }),
-    },
-    ...(waitMs !== undefined ? { waitForOwner: durationFromMs(waitMs) } : {}),
-  });
-}
+const reserveRequest = (principal: string, key = newKey(), waitMs?: number): ReserveRequest => paymentReserve({ key, principal, ...(waitMs !== undefined ? { waitMs } : {}) });
 
 /** Whether a promise has settled, without waiting for it. */
 async function settled(promise: Promise<unknown>): Promise<boolean> {
