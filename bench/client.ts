@@ -8,13 +8,14 @@
  */
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { randomUUID } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { Health } from "../src/gen/grpc/health/v1/health_pb.js";
 import { CompleteRequestSchema, CoordinatorService, Decision, ReserveRequestSchema } from "../src/gen/idempotency/v1/coordinator_pb.js";
 import { HttpRequestPartsSchema, Outcome } from "../src/gen/idempotency/v1/types_pb.js";
 import { CoordinatorClient } from "../src/gateway/client.js";
+import { directGrpcTransport } from "../src/gateway/transport.js";
 import type { Operation } from "./load.js";
 import type { OperationValues } from "./sql.js";
 
@@ -41,7 +42,7 @@ export function openClients(options: { baseUrl: string; token: string; connectio
   const { baseUrl, values } = options;
   const managers = Array.from({ length: options.connections }, () => new Http2SessionManager(baseUrl));
   const transports = managers.map((sessionManager) =>
-    options.protocol === "grpc" ? createGrpcTransport({ baseUrl, sessionManager }) : createConnectTransport({ baseUrl, httpVersion: "2", sessionManager, useBinaryFormat: true }),
+    options.protocol === "grpc" ? directGrpcTransport({ baseUrl, sessionManager }) : createConnectTransport({ baseUrl, httpVersion: "2", sessionManager, useBinaryFormat: true }),
   );
   const coordinators = transports.map((t) => createClient(CoordinatorService, t));
   const healths = transports.map((t) => createClient(Health, t));

@@ -240,9 +240,9 @@ function cpuRows(rows: Row[]): string[][] {
 
 const CPU_PER_OP_HEADERS = ["mode", "conc", "coord: server", "postgres", "client", "pgbench: postgres", "pgbench", "no-op: server", "client"];
 
-/** CPU milliseconds per operation, by process: cores busy over the phase ÷ operations per second. */
 /** CPU ms per operation: cores busy over the phase ÷ operations per second. */
-const perOp = (cores: number | undefined, s: Summary | null) => (cores === undefined || !s || s.opsPerSec <= 0 ? "-" : ((cores * 1000) / s.opsPerSec).toFixed(2));
+const cpuMsPerOp = (cores: number | undefined, s: Summary | null) => (cores === undefined || !s || s.opsPerSec <= 0 ? undefined : (cores * 1000) / s.opsPerSec);
+const perOp = (cores: number | undefined, s: Summary | null) => cpuMsPerOp(cores, s)?.toFixed(2) ?? "-";
 
 function cpuPerOpRows(rows: Row[]): string[][] {
   const per = perOp;
@@ -414,11 +414,28 @@ export function goalLines(run: CommitRun): string[] {
       `${verdict(closed(16), (v) => v >= 0.5)}  coordinator: Reserve+Complete ops/s ≥ 0.5× pgbench's at concurrency 16 (${ratio(closed(16))}×)`,
       `${verdict(open50, (v) => v <= 2)}  coordinator: P99 at 50% of the best closed-loop rate ≤ 2× pgbench's (${ratio(open50)}×)`,
     );
+    // A no-op operation is two RPCs: a Health/Check each, through the gateway SDK's transport.
+    const noop16 = run.rows.find((r) => r.mode === "closed" && r.concurrency === 16)?.noop;
+    const perRpc = (cores: number | undefined) => {
+      const ms = cpuMsPerOp(cores, noop16 ?? null);
+      return ms === undefined ? undefined : ms / 2;
+    };
+    const serverMs = perRpc(noop16?.cpu?.coordinator);
+    const clientMs = perRpc(noop16?.cpu?.client);
+    const one = run.rows.find((r) => r.mode === "closed" && r.concurrency === 1);
+    const floor = one?.pgbench ? one.noop.p50Ms + one.pgbench.p50Ms : undefined;
+    const pairVsFloor = one && floor ? one.coordinator.p50Ms / floor : undefined;
+    const ms2 = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(2));
+    lines.push(
+      `${verdict(serverMs, (v) => v <= 0.2)}  RPC: a no-op RPC's CPU at concurrency 16 ≤ 0.2 ms on the server (${ms2(serverMs)} ms)`,
+      `${verdict(clientMs, (v) => v <= 0.2)}  RPC: a no-op RPC's CPU at concurrency 16 ≤ 0.2 ms on the client (${ms2(clientMs)} ms)`,
+      `${verdict(pairVsFloor, (v) => v <= 1.5)}  coordinator: Reserve+Complete P50 at concurrency 1 ≤ 1.5× (two no-op RPCs + pgbench's pair) (${ratio(pairVsFloor ?? null)}×: ${ms2(one?.coordinator.p50Ms)} and ${ms2(floor)} ms)`,
+    );
   }
   if (run.service) {
     const r = run.service.ratios;
     lines.push(
-      `${verdict(r.newVsPlain, (v) => v >= 0.5)}  service: new keys through the SDK ≥ 0.5× the handler alone, ops/s (${ratio(r.newVsPlain)}×)`,
+      `${verdict(r.newVsPlain, (v) => v >= 0.3)}  service: new keys through the SDK and the coordinator ≥ 0.3× the handler alone, ops/s (${ratio(r.newVsPlain)}×)`,
       `${verdict(r.replaysVsPlain, (v) => v >= 1)}  service: replays through the SDK ≥ 1.0× the handler alone, ops/s (${ratio(r.replaysVsPlain)}×)`,
       `${verdict(r.p99NewVsPlain, (v) => v <= 3)}  service: P99 of new keys ≤ 3× the handler alone's (${ratio(r.p99NewVsPlain)}×)`,
       `${verdict(r.replaysCachedVsPlain, (v) => v >= 1.5)}  service: (c') replays with the answer cache ≥ 1.5× (a) ops/s (${ratio(r.replaysCachedVsPlain)}×)`,

@@ -641,10 +641,10 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
       description:
         options.client === "sdk"
           ? `the gateway SDK's CoordinatorClient (concurrent calls in Batch RPCs) over ${options.connections} HTTP/2 connection(s), in the benchmark's process`
-          : `@connectrpc/connect-node ${options.protocol === "grpc" ? "gRPC" : "Connect (binary)"} client, one unary RPC per call, over ${options.connections} HTTP/2 connection(s), in the benchmark's process`,
+          : `${options.protocol === "grpc" ? "the gateway SDK's gRPC transport" : "@connectrpc/connect-node's Connect (binary) transport"}, one unary RPC per call, over ${options.connections} HTTP/2 connection(s), in the benchmark's process`,
       protocol: options.protocol === "grpc" ? "gRPC (binary protobuf) over HTTP/2 cleartext, as the gateway SDK" : "Connect protocol (binary protobuf) over HTTP/2 cleartext",
       connections: options.connections,
-      noop: "two grpc.health.v1.Health/Check RPCs per operation (Reserve + Complete are two RPCs)",
+      noop: `two grpc.health.v1.Health/Check RPCs per operation (Reserve + Complete are two RPCs), through ${options.protocol === "grpc" ? "the gateway SDK's gRPC transport" : "the Connect transport"}`,
       openModel: "Poisson arrivals spread over the callers like pgbench --rate; latency from the scheduled time",
     },
     pgbench:

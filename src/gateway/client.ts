@@ -2,7 +2,7 @@ import { context, propagation } from "@opentelemetry/api";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate, type Duration } from "@bufbuild/protobuf/wkt";
 import { Code, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { Http2SessionManager } from "@connectrpc/connect-node";
 import { MAX_BATCH_CALLS } from "../contract/batch.js";
 import { CLAIM_MODES, DECISIONS, EFFECT_STATUSES, OUTCOMES, RECORD_STATES } from "../contract/words.js";
 import {
@@ -51,6 +51,7 @@ import {
 } from "./arguments.js";
 import { Batcher, type AttemptOptions } from "./batcher.js";
 import { CoordinatorError, toCoordinatorError } from "./errors.js";
+import { directGrpcTransport } from "./transport.js";
 import { answered, dateField, fromAttempt, fromRecord, fromSnapshot } from "./wire.js";
 import {
   loggerOf,
@@ -281,7 +282,7 @@ export class CoordinatorClient {
       });
       this.sessions.push(sessionManager);
       this.endpoints.push({
-        client: createClient(CoordinatorService, createGrpcTransport({ baseUrl, sessionManager, interceptors: options.interceptors ?? [] })),
+        client: createClient(CoordinatorService, directGrpcTransport({ baseUrl, sessionManager, interceptors: options.interceptors ?? [] })),
         passedOverUntil: 0,
       });
     }

@@ -22,7 +22,7 @@ import { consoleRoutes } from "./console.js";
 import { DecisionSampler } from "./event-series.js";
 import { HealthStatus, READINESS_PROBE_INTERVAL_MS, READINESS_PROBE_TIMEOUT_MS, Readiness } from "./health.js";
 import { reflectionRoutes } from "./reflection.js";
-import { rpcHandler, type RpcHandlerOptions } from "./rpc-handler.js";
+import { rpcHandler } from "./rpc-handler.js";
 import { withCors } from "./cors.js";
 import { accessLog, InFlight, peerKey } from "./interceptors.js";
 import { JSON_OPTIONS, refusalInterceptors, serviceRoutes } from "./routes.js";
@@ -115,6 +115,8 @@ export interface RunningCoordinator {
   /** Its name on the background jobs' leases (idem_job_lease.holder). */
   jobHolder: string;
   health: HealthStatus;
+  /** Unary gRPC calls answered by the short path of grpc-lane.ts so far (the rest went through the Connect router). */
+  grpcLaneCalls(): number;
   /** Graceful stop: NOT_SERVING, stop accepting, drain in-flight RPCs (bounded), close the pool. */
   stop(): Promise<void>;
 }
@@ -302,7 +304,7 @@ export async function startCoordinator({
       jsonOptions: JSON_OPTIONS,
       readMaxBytes: config.maxRequestBytes,
       maxTimeoutMs: config.maxDeadlineMs,
-      contextValues: (req: Parameters<RpcHandlerOptions["contextValues"]>[0]) => createContextValues().set(peerKey, peerCertificateOf(req.socket)),
+      contextValues: (socket: unknown) => createContextValues().set(peerKey, peerCertificateOf(socket)),
       corsOrigins: config.corsOrigins,
       logger,
     };
@@ -318,7 +320,10 @@ export async function startCoordinator({
     const consoleRpc = rpcHandler({ ...rpcOptions, routes: (router) => router.service(AdminService, adminService(services)) });
 
     jobs = backgroundJobs(registry, db, metrics, config, logger, clock, holder);
-    rpc = await listenRpc(withCors(handler, config.corsOrigins), config.host, config.rpcPort, config.tls ? { config: config.tls, logger } : undefined);
+    rpc = await listenRpc(withCors(handler, config.corsOrigins), config.host, config.rpcPort, {
+      ...(config.tls ? { tls: { config: config.tls, logger } } : {}),
+      grpcLane: handler.grpcLane,
+    });
     const metricsRegistry = metrics.registry;
     admin = await listenAdmin(
       {
@@ -347,6 +352,7 @@ export async function startCoordinator({
       publishedOperations,
       jobHolder: holder,
       health,
+      grpcLaneCalls: () => handler.grpcLane.served,
       stop: () =>
         (stopping ??= (async () => {
           ready.stop();

@@ -131,6 +131,8 @@ export class InFlight {
  * out of logs.
  */
 export function accessLog(logger: Logger, level: "info" | "debug" = "info"): Interceptor {
+  // The logger's level is set once, at start: lines it would drop cost nothing per call.
+  if (!logger.isLevelEnabled(level)) return (next) => next;
   return (next) => async (req) => {
     const started = performance.now();
     const requested = operationIdOf(req.message);

@@ -7,6 +7,7 @@ import type { Logger } from "pino";
 import type { TlsConfig } from "../config.js";
 import type { Duplex } from "node:stream";
 import type { PeerCertificate } from "./callers.js";
+import type { GrpcLane } from "./grpc-lane.js";
 
 /** A request handler usable by both http and http2 servers (connect-node's adapter is one). */
 export type DualHandler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
@@ -32,9 +33,16 @@ const HTTP2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
  * each connection: the HTTP/2 client preface goes to the HTTP/2 server,
  * anything else to the HTTP/1.1 server, with those bytes put back unread.
  */
-export function listenRpc(handler: DualHandler, host: string, port: number, tlsOptions?: { config: TlsConfig; logger: Logger }): Promise<RpcListener> {
+export function listenRpc(
+  handler: DualHandler,
+  host: string,
+  port: number,
+  options: { tls?: { config: TlsConfig; logger: Logger }; grpcLane?: GrpcLane } = {},
+): Promise<RpcListener> {
+  const tlsOptions = options.tls;
   const h1 = http.createServer(handler as http.RequestListener);
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
+  if (options.grpcLane) laneFirst(h2, options.grpcLane);
   const sockets = new Set<net.Socket>();
   const sessions = new Set<http2.Http2Session>();
   // A response can end before its request was fully received (a refused
@@ -131,6 +139,23 @@ export function listenRpc(handler: DualHandler, host: string, port: number, tlsO
         },
       });
     });
+  });
+}
+
+/**
+ * Offers each HTTP/2 stream to the gRPC lane before the compatibility layer
+ * (the request and response objects `handler` takes). node:http2 serves that
+ * layer from one "stream" listener of its own: it is taken out and called for
+ * the streams the lane declines.
+ */
+export function laneFirst(server: http2.Http2Server, lane: GrpcLane): void {
+  const [compatibility, ...others] = server.listeners("stream") as Array<(...args: unknown[]) => void>;
+  if (!compatibility || others.length > 0 || compatibility.name !== "bound onServerStream") {
+    throw new Error("node:http2 no longer serves its compatibility layer from one 'stream' listener (onServerStream): the gRPC lane cannot be put before it");
+  }
+  server.removeListener("stream", compatibility);
+  server.on("stream", (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, ...rest: unknown[]) => {
+    if (!lane(stream, headers)) compatibility.call(server, stream, headers, ...rest);
   });
 }
 

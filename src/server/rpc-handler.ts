@@ -1,20 +1,38 @@
 import type http from "node:http";
 import type http2 from "node:http2";
 import type { DescMethod } from "@bufbuild/protobuf";
-import { Code, ConnectError, createConnectRouter, type ConnectRouter, type ConnectRouterOptions, type ContextValues } from "@connectrpc/connect";
+import {
+  Code,
+  ConnectError,
+  createConnectRouter,
+  createServiceImplSpec,
+  type ConnectRouter,
+  type ConnectRouterOptions,
+  type ContextValues,
+  type MethodImplSpec,
+} from "@connectrpc/connect";
 import { compressionBrotli, compressionGzip, universalRequestFromNodeRequest, universalResponseToNodeResponse } from "@connectrpc/connect-node";
-import { createAsyncIterable, encodeEnvelope, readAllBytes, type UniversalHandler, type UniversalHandlerFn, type UniversalServerResponse } from "@connectrpc/connect/protocol";
+import {
+  createAsyncIterable,
+  encodeEnvelope,
+  readAllBytes,
+  validateUniversalHandlerOptions,
+  type UniversalHandler,
+  type UniversalHandlerFn,
+  type UniversalServerResponse,
+} from "@connectrpc/connect/protocol";
 import { codeToHttpStatus, errorFromJsonBytes, errorToJsonBytes } from "@connectrpc/connect/protocol-connect";
 import { setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import { trailerFlag, trailerParse, trailerSerialize } from "@connectrpc/connect/protocol-grpc-web";
 import type { Logger } from "pino";
 import { malformedMessageRefusal } from "./errors.js";
+import { grpcLane, type GrpcLane } from "./grpc-lane.js";
 import type { DualHandler } from "./listener.js";
 
 export interface RpcHandlerOptions extends ConnectRouterOptions {
   routes: (router: ConnectRouter) => void;
-  /** The context values of a request (what mutual TLS says of its client). */
-  contextValues: (req: http.IncomingMessage | http2.Http2ServerRequest) => ContextValues;
+  /** The context values of a request, from its connection's socket (what mutual TLS says of its client). */
+  contextValues: (socket: unknown) => ContextValues;
   /** The origins of IDEM_CORS_ORIGINS, for what a refused preflight says. */
   corsOrigins: readonly string[];
   logger: Logger;
@@ -36,19 +54,30 @@ export interface RpcHandlerOptions extends ConnectRouterOptions {
  *   the server's logs say everything else, at debug when it is the client's
  *   cancel.
  */
-export function rpcHandler(options: RpcHandlerOptions): DualHandler {
+export function rpcHandler(options: RpcHandlerOptions): RpcHandler {
   const { routes, contextValues, corsOrigins, logger, ...routerOptions } = options;
   const router = createConnectRouter({ acceptCompression: [compressionGzip, compressionBrotli], ...routerOptions });
-  routes(router);
+  const unary = new Map<string, MethodImplSpec>();
+  routes(unaryRecorded(router, unary));
+  const limits = validateUniversalHandlerOptions(routerOptions);
+  const lane = grpcLane({
+    methods: unary,
+    interceptors: limits.interceptors,
+    readMaxBytes: limits.readMaxBytes,
+    writeMaxBytes: limits.writeMaxBytes,
+    maxTimeoutMs: limits.maxTimeoutMs,
+    contextValues,
+    logger,
+  });
   const services = [...new Set(router.handlers.map((h) => h.service.typeName))];
   const paths = new Map(router.handlers.map((h) => [h.requestPath, explained(h, routerOptions, corsOrigins)]));
-  return (req, res) => {
+  const handle: DualHandler = (req, res) => {
     const reply = res as http.ServerResponse & http2.Http2ServerResponse;
     reply.setHeader("Cache-Control", "no-store, private");
     const path = req.url?.split("?", 2)[0] ?? "";
     const handler = paths.get(path);
     const answer = handler
-      ? handler(universalRequestFromNodeRequest(req, res, undefined, contextValues(req)))
+      ? handler(universalRequestFromNodeRequest(req, res, undefined, contextValues(req.socket)))
       : Promise.resolve(unknownPath(path, protocolOf(req.headers["content-type"]), services));
     answer
       .then((uRes) => universalResponseToNodeResponse(uRes, res))
@@ -60,6 +89,35 @@ export function rpcHandler(options: RpcHandlerOptions): DualHandler {
         else logger.error({ ...fields, err: reason }, "an answer could not be written");
       });
   };
+  return Object.assign(handle, { grpcLane: lane });
+}
+
+/** The RPC port's requests over HTTP/1.1 and HTTP/2, and the short path of unary gRPC calls (grpc-lane.ts) for its HTTP/2 streams. */
+export type RpcHandler = DualHandler & { grpcLane: GrpcLane };
+
+/**
+ * The router, with the unary methods of the services it mounts without
+ * options of their own recorded for the gRPC lane (a service with options
+ * of its own is served by the router alone).
+ */
+function unaryRecorded(router: ConnectRouter, unary: Map<string, MethodImplSpec>): ConnectRouter {
+  const recorded: ConnectRouter = {
+    handlers: router.handlers,
+    service(service, implementation, serviceOptions) {
+      router.service(service, implementation, serviceOptions);
+      if (serviceOptions === undefined) {
+        for (const spec of Object.values(createServiceImplSpec(service, implementation).methods)) {
+          if (spec.kind === "unary") unary.set(`/${service.typeName}/${spec.method.name}`, spec);
+        }
+      }
+      return recorded;
+    },
+    rpc(method, impl, rpcOptions) {
+      router.rpc(method, impl, rpcOptions);
+      return recorded;
+    },
+  };
+  return recorded;
 }
 
 type Protocol = "connect" | "grpc" | "grpc-web";

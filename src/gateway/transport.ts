@@ -1,0 +1,205 @@
+import http2 from "node:http2";
+import type { DescMethod } from "@bufbuild/protobuf";
+import { Code, ConnectError, createContextValues, type Interceptor, type Transport, type UnaryRequest, type UnaryResponse } from "@connectrpc/connect";
+import { createGrpcTransport, type Http2SessionManager } from "@connectrpc/connect-node";
+import { createMethodSerializationLookup, getAbortSignalReason, runUnaryCall } from "@connectrpc/connect/protocol";
+import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+
+const ENVELOPE_PREFIX = 5;
+/** The largest message the protocol can frame, as connect-node's transport allows by default. */
+const UNLIMITED = { readMaxBytes: 0xffffffff, writeMaxBytes: 0xffffffff };
+const { NGHTTP2_CANCEL, NGHTTP2_INTERNAL_ERROR } = http2.constants;
+
+/**
+ * A gRPC transport whose unary calls go straight onto an HTTP/2 stream of the
+ * session manager: one request message written, one answer read, with the
+ * interceptors, deadlines, cancellation and error codes of connect-node's
+ * gRPC transport, without its general stream pipeline (which a unary call
+ * pays for on every call). Streaming calls go through connect-node's
+ * transport on the same session.
+ */
+export function directGrpcTransport(options: { baseUrl: string; sessionManager: Http2SessionManager; interceptors?: Interceptor[] }): Transport {
+  const { baseUrl, sessionManager } = options;
+  const interceptors = options.interceptors ?? [];
+  const streaming = createGrpcTransport({ baseUrl, sessionManager, interceptors });
+  const serializers = new Map<DescMethod, ReturnType<typeof createMethodSerializationLookup>>();
+  const serializationOf = (method: DescMethod) => {
+    let found = serializers.get(method);
+    if (!found) serializers.set(method, (found = createMethodSerializationLookup(method, undefined, undefined, UNLIMITED)));
+    return found;
+  };
+  const base = baseUrl.replace(/\/$/, "");
+  return {
+    unary(method, signal, timeoutMs, header, input, contextValues) {
+      const serialization = serializationOf(method);
+      const deadline = timeoutMs === undefined || timeoutMs <= 0 ? undefined : timeoutMs;
+      return runUnaryCall({
+        interceptors,
+        signal,
+        timeoutMs: deadline,
+        req: {
+          stream: false,
+          service: method.parent,
+          method,
+          requestMethod: "POST",
+          url: `${base}/${method.parent.typeName}/${method.name}`,
+          header: requestHeader(true, deadline, header),
+          contextValues: contextValues ?? createContextValues(),
+          message: input,
+        },
+        next: (req) =>
+          exchange(
+            sessionManager,
+            req as UnaryRequest,
+            (message) => serialization.getI(true).serialize(message as never),
+            (bytes) => serialization.getO(true).parse(bytes),
+          ) as never,
+      });
+    },
+    stream: (...args) => streaming.stream(...args),
+  };
+}
+
+/** One unary call on its own HTTP/2 stream. */
+async function exchange(
+  sessionManager: Http2SessionManager,
+  req: UnaryRequest,
+  serialize: (message: unknown) => Uint8Array,
+  parse: (bytes: Uint8Array) => unknown,
+): Promise<UnaryResponse> {
+  const message = serialize(req.message);
+  const envelope = Buffer.allocUnsafe(ENVELOPE_PREFIX + message.byteLength);
+  envelope[0] = 0;
+  envelope.writeUInt32BE(message.byteLength, 1);
+  envelope.set(message, ENVELOPE_PREFIX);
+  const headers: http2.OutgoingHttpHeaders = {};
+  req.header.forEach((value, name) => {
+    headers[name] = value;
+  });
+  const path = new URL(req.url).pathname;
+  const stream = await sessionManager.request("POST", path, headers, {});
+  return new Promise<UnaryResponse>((resolve, reject) => {
+    let settled = false;
+    let responseHeaders: http2.IncomingHttpHeaders | undefined;
+    let trailers: http2.IncomingHttpHeaders = {};
+    const chunks: Buffer[] = [];
+    const settle = (error: ConnectError | undefined, response?: UnaryResponse) => {
+      if (settled) return;
+      settled = true;
+      req.signal.removeEventListener("abort", onAbort);
+      if (response) resolve(response);
+      else reject(error ?? new ConnectError("protocol error: no answer", Code.Unknown));
+    };
+    const onAbort = () => {
+      const reason = ConnectError.from(getAbortSignalReason(req.signal));
+      // A cancelled call says so to the server with CANCEL, as gRPC maps it.
+      if (!stream.closed) stream.close(reason.code === Code.Canceled ? NGHTTP2_CANCEL : NGHTTP2_INTERNAL_ERROR);
+      settle(reason);
+    };
+    if (req.signal.aborted) return onAbort();
+    req.signal.addEventListener("abort", onAbort);
+    stream.on("response", (h: http2.IncomingHttpHeaders) => (responseHeaders = h));
+    stream.on("trailers", (t: http2.IncomingHttpHeaders) => (trailers = t));
+    stream.on("data", (chunk: Buffer) => {
+      chunks.push(chunk);
+      sessionManager.notifyResponseByteRead(stream);
+    });
+    stream.on("error", (error: Error) => {
+      // The server answered (an early refusal) while the request was still being written: its answer wins.
+      if (stream.writableEnded && (error as { code?: string }).code === "ERR_STREAM_WRITE_AFTER_END") return;
+      settle(fromNodeError(error));
+    });
+    stream.on("close", () => {
+      settle(fromResetCode(stream.rstCode) ?? new ConnectError("protocol error: the stream closed before its answer", Code.Unknown));
+    });
+    stream.on("end", () => {
+      try {
+        settle(undefined, answerOf(req, responseHeaders, trailers, Buffer.concat(chunks), parse));
+      } catch (error) {
+        settle(ConnectError.from(error));
+      }
+    });
+    stream.end(envelope);
+  });
+}
+
+/** The answer of a unary call, validated as connect-node's gRPC transport validates it. */
+function answerOf(
+  req: UnaryRequest,
+  responseHeaders: http2.IncomingHttpHeaders | undefined,
+  trailers: http2.IncomingHttpHeaders,
+  body: Buffer,
+  parse: (bytes: Uint8Array) => unknown,
+): UnaryResponse {
+  const header = webHeaders(responseHeaders ?? {});
+  const { headerError } = validateResponse(Number(responseHeaders?.[":status"] ?? 0), header);
+  let message: Uint8Array | undefined;
+  if (body.byteLength > 0) {
+    if (body.byteLength < ENVELOPE_PREFIX || body.byteLength < ENVELOPE_PREFIX + body.readUInt32BE(1)) {
+      throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
+    }
+    const end = ENVELOPE_PREFIX + body.readUInt32BE(1);
+    if (body.byteLength > end) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
+    if ((body[0]! & 0b01) === 0b01) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
+    message = body.subarray(ENVELOPE_PREFIX, end);
+  }
+  const trailer = webHeaders(trailers);
+  validateTrailer(trailer, header);
+  if (message === undefined) {
+    if (headerError) throw headerError;
+    throw new ConnectError("protocol error: missing output message for unary method", trailer.has("grpc-status") ? Code.Unimplemented : Code.Unknown);
+  }
+  if (headerError) throw new ConnectError("protocol error: received output message for unary method with error status", Code.Unknown);
+  return { stream: false, service: req.service, method: req.method, header, message: parse(message) as never, trailer };
+}
+
+function webHeaders(headers: http2.IncomingHttpHeaders): Headers {
+  const result = new Headers();
+  for (const name in headers) {
+    if (name.charCodeAt(0) === 58 /* ":" */) continue;
+    const value = headers[name];
+    if (typeof value === "string") result.set(name, value);
+    else if (Array.isArray(value)) for (const v of value) result.append(name, v);
+  }
+  return result;
+}
+
+/** The code of a failed stream, as connect-node gives it: a connection that could not be made is UNAVAILABLE (nothing was sent). */
+function fromNodeError(error: Error): ConnectError {
+  const codes = new Set<string>();
+  const seen = new Set<unknown>();
+  for (let e: unknown = error; e instanceof Error && !seen.has(e); e = e.cause) {
+    seen.add(e);
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string") codes.add(code);
+  }
+  const code = ["ERR_STREAM_WRITE_AFTER_END", "ERR_STREAM_DESTROYED", "ERR_HTTP2_INVALID_STREAM", "ECONNRESET"].some((c) => codes.has(c))
+    ? Code.Aborted
+    : ["ETIMEDOUT", "ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED"].some((c) => codes.has(c))
+      ? Code.Unavailable
+      : Code.Internal;
+  const connectError = ConnectError.from(error, code);
+  if (connectError !== error) connectError.cause = error;
+  return connectError;
+}
+
+/** The code of a stream the peer reset, as gRPC maps HTTP/2 error codes (none for NO_ERROR and STREAM_CLOSED). */
+function fromResetCode(rstCode: number): ConnectError | undefined {
+  const c = http2.constants;
+  const codes: Record<number, Code> = {
+    [c.NGHTTP2_PROTOCOL_ERROR]: Code.Internal,
+    [c.NGHTTP2_INTERNAL_ERROR]: Code.Internal,
+    [c.NGHTTP2_FLOW_CONTROL_ERROR]: Code.Internal,
+    [c.NGHTTP2_SETTINGS_TIMEOUT]: Code.Internal,
+    [c.NGHTTP2_FRAME_SIZE_ERROR]: Code.Internal,
+    [c.NGHTTP2_COMPRESSION_ERROR]: Code.Internal,
+    [c.NGHTTP2_CONNECT_ERROR]: Code.Internal,
+    [c.NGHTTP2_REFUSED_STREAM]: Code.Unavailable,
+    [c.NGHTTP2_CANCEL]: Code.Canceled,
+    [c.NGHTTP2_ENHANCE_YOUR_CALM]: Code.ResourceExhausted,
+    [c.NGHTTP2_INADEQUATE_SECURITY]: Code.PermissionDenied,
+    [c.NGHTTP2_HTTP_1_1_REQUIRED]: Code.PermissionDenied,
+  };
+  const code = codes[rstCode];
+  return code === undefined ? undefined : new ConnectError(`http/2 stream closed with error code ${rstCode} (0x${rstCode.toString(16)})`, code);
+}
