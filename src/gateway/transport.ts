@@ -1,8 +1,8 @@
 import http2 from "node:http2";
-import type { DescMethod } from "@bufbuild/protobuf";
+import { create, isMessage, type DescMethod } from "@bufbuild/protobuf";
 import { Code, ConnectError, createContextValues, type Interceptor, type Transport, type UnaryRequest, type UnaryResponse } from "@connectrpc/connect";
 import { createGrpcTransport, type Http2SessionManager } from "@connectrpc/connect-node";
-import { createMethodSerializationLookup, getAbortSignalReason, runUnaryCall } from "@connectrpc/connect/protocol";
+import { createMethodSerializationLookup, getAbortSignalReason } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 
 const ENVELOPE_PREFIX = 5;
@@ -22,39 +22,56 @@ export function directGrpcTransport(options: { baseUrl: string; sessionManager: 
   const { baseUrl, sessionManager } = options;
   const interceptors = options.interceptors ?? [];
   const streaming = createGrpcTransport({ baseUrl, sessionManager, interceptors });
-  const serializers = new Map<DescMethod, ReturnType<typeof createMethodSerializationLookup>>();
-  const serializationOf = (method: DescMethod) => {
-    let found = serializers.get(method);
-    if (!found) serializers.set(method, (found = createMethodSerializationLookup(method, undefined, undefined, UNLIMITED)));
-    return found;
-  };
   const base = baseUrl.replace(/\/$/, "");
+  // Per method, once: its serializers and its interceptor chain.
+  const methods = new Map<DescMethod, (req: UnaryRequest) => Promise<UnaryResponse>>();
+  const chainOf = (method: DescMethod) => {
+    let chain = methods.get(method);
+    if (!chain) {
+      const serialization = createMethodSerializationLookup(method, undefined, undefined, UNLIMITED);
+      const serialize = (message: unknown) => serialization.getI(true).serialize(message as never);
+      const parse = (bytes: Uint8Array) => serialization.getO(true).parse(bytes);
+      const path = `/${method.parent.typeName}/${method.name}`;
+      const innermost = (req: UnaryRequest) => exchange(sessionManager, path, req, serialize, parse);
+      chain = interceptors.reduceRight<(req: UnaryRequest) => Promise<UnaryResponse>>((next, interceptor) => interceptor(next as never) as never, innermost);
+      methods.set(method, chain);
+    }
+    return chain;
+  };
   return {
     unary(method, signal, timeoutMs, header, input, contextValues) {
-      const serialization = serializationOf(method);
       const deadline = timeoutMs === undefined || timeoutMs <= 0 ? undefined : timeoutMs;
-      return runUnaryCall({
-        interceptors,
-        signal,
-        timeoutMs: deadline,
-        req: {
-          stream: false,
-          service: method.parent,
-          method,
-          requestMethod: "POST",
-          url: `${base}/${method.parent.typeName}/${method.name}`,
-          header: requestHeader(true, deadline, header),
-          contextValues: contextValues ?? createContextValues(),
-          message: input,
+      // One controller per call, aborted by the deadline or the caller's signal only (never when the call ends: that costs an error object per call).
+      const controller = new AbortController();
+      const timer = deadline === undefined ? undefined : setTimeout(() => controller.abort(new ConnectError("the operation timed out", Code.DeadlineExceeded)), deadline);
+      const onAbort = () => controller.abort(ConnectError.from(getAbortSignalReason(signal!), Code.Canceled));
+      if (signal?.aborted) onAbort();
+      else signal?.addEventListener("abort", onAbort);
+      const cleanup = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
+      };
+      const req: UnaryRequest = {
+        stream: false,
+        service: method.parent,
+        method,
+        requestMethod: "POST",
+        url: `${base}/${method.parent.typeName}/${method.name}`,
+        header: requestHeader(true, deadline, header),
+        contextValues: contextValues ?? createContextValues(),
+        message: isMessage(input, method.input) ? input : create(method.input, input as never),
+        signal: controller.signal,
+      };
+      return chainOf(method)(req).then(
+        (res) => {
+          cleanup();
+          return res as never;
         },
-        next: (req) =>
-          exchange(
-            sessionManager,
-            req as UnaryRequest,
-            (message) => serialization.getI(true).serialize(message as never),
-            (bytes) => serialization.getO(true).parse(bytes),
-          ) as never,
-      });
+        (error: unknown) => {
+          cleanup();
+          throw controller.signal.aborted ? ConnectError.from(getAbortSignalReason(controller.signal), Code.Canceled) : ConnectError.from(error);
+        },
+      );
     },
     stream: (...args) => streaming.stream(...args),
   };
@@ -63,6 +80,7 @@ export function directGrpcTransport(options: { baseUrl: string; sessionManager: 
 /** One unary call on its own HTTP/2 stream. */
 async function exchange(
   sessionManager: Http2SessionManager,
+  path: string,
   req: UnaryRequest,
   serialize: (message: unknown) => Uint8Array,
   parse: (bytes: Uint8Array) => unknown,
@@ -76,7 +94,6 @@ async function exchange(
   req.header.forEach((value, name) => {
     headers[name] = value;
   });
-  const path = new URL(req.url).pathname;
   const stream = await sessionManager.request("POST", path, headers, {});
   return new Promise<UnaryResponse>((resolve, reject) => {
     let settled = false;
@@ -110,7 +127,7 @@ async function exchange(
       settle(fromNodeError(error));
     });
     stream.on("close", () => {
-      settle(fromResetCode(stream.rstCode) ?? new ConnectError("protocol error: the stream closed before its answer", Code.Unknown));
+      if (!settled) settle(fromResetCode(stream.rstCode) ?? new ConnectError("protocol error: the stream closed before its answer", Code.Unknown));
     });
     stream.on("end", () => {
       try {

@@ -4,7 +4,6 @@ import {
   Code,
   ConnectError,
   createContextKey,
-  createHandlerContext,
   type ContextValues,
   type HandlerContext,
   type Interceptor,
@@ -126,26 +125,30 @@ function laneMethod(spec: MethodImplSpec, options: GrpcLaneOptions): LaneMethod 
       }
       const requestHeader = requestHeaders(headers);
       const contextValues = options.contextValues(stream.session?.socket);
-      const context = createHandlerContext({
+      // The call's one signal ends it at its deadline or when the client goes; it is not aborted once answered (nothing waits on it then).
+      const deadlineAt = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
+      const timer = timeoutMs === undefined ? undefined : setTimeout(() => call.expire(), timeoutMs);
+      const context: HandlerContext = {
         service: method.parent,
         method,
         protocolName: "grpc",
         requestMethod: "POST",
         url,
-        timeoutMs,
-        requestSignal: call.signal,
+        signal: call.signal,
+        timeoutMs: () => (deadlineAt === undefined ? undefined : deadlineAt - Date.now()),
         requestHeader,
-        responseHeader: { "content-type": RESPONSE_CONTENT_TYPE },
-        contextValues,
-      });
+        responseHeader: new Headers({ "content-type": RESPONSE_CONTENT_TYPE }),
+        responseTrailer: new Headers(),
+        values: contextValues,
+      };
       contextValues.set(handlerContextKey, context);
-      chain({ stream: false, service: method.parent, method, requestMethod: "POST", url, signal: context.signal, header: requestHeader, contextValues, message } as UnaryRequest)
+      chain({ stream: false, service: method.parent, method, requestMethod: "POST", url, signal: call.signal, header: requestHeader, contextValues, message } as UnaryRequest)
         .then(
           (res) => call.succeed(output.serialize(res.message), res.header, res.trailer),
           (error: unknown) => call.fail(error instanceof ConnectError ? error : new ConnectError("internal error", Code.Internal, undefined, undefined, error)),
         )
         .catch((error: unknown) => call.fail(ConnectError.from(error, Code.Internal)))
-        .finally(() => context.abort());
+        .finally(() => clearTimeout(timer));
     });
   };
 }
@@ -170,6 +173,11 @@ class LaneCall {
 
   get signal(): AbortSignal {
     return this.abort.signal;
+  }
+
+  /** The call's deadline passed: its handler is told, as connect-es tells it. */
+  expire(): void {
+    if (!this.ended) this.abort.abort(new ConnectError("the operation timed out", Code.DeadlineExceeded));
   }
 
   succeed(message: Uint8Array, header: Headers, trailer: Headers): void {
