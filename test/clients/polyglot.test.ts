@@ -79,7 +79,10 @@ function missingToolchain(): string[] {
   const missing = ["protoc", "grpc_python_plugin", "protoc-gen-go", "protoc-gen-go-grpc", "go"].filter((c) => !onPath(c));
   if (!existsSync(PYTHON)) return [...missing, PYTHON];
   const names = Object.keys(PYTHON_MODULES);
-  const absent = execFileSync(PYTHON, ["-c", "import sys, importlib.util as u; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))", ...names], {
+  // find_spec of a dotted name raises when its parent package is missing (google.protobuf without google): that counts as missing too.
+  const probe =
+    "import sys, importlib.util as u\ndef found(m):\n  try: return u.find_spec(m) is not None\n  except ModuleNotFoundError: return False\nprint(' '.join(m for m in sys.argv[1:] if not found(m)))";
+  const absent = execFileSync(PYTHON, ["-c", probe, ...names], {
     encoding: "utf8",
     timeout: 30_000,
   })
