@@ -134,9 +134,14 @@ async function tableCounts(client: pg.Client): Promise<TableCounts> {
   );
 }
 
+/**
+ * Where the next WAL record will go (the insert position: always a record's
+ * boundary, which the write position is not while the WAL writer writes
+ * whole pages under synchronous_commit=off), and the WAL counters.
+ */
 async function walCounters(client: pg.Client): Promise<{ lsn: string; records: number; fpi: number }> {
   const { rows } = await client.query<{ lsn: string; records: string; fpi: string }>(
-    "SELECT pg_current_wal_lsn()::text AS lsn, wal_records::text AS records, wal_fpi::text AS fpi FROM pg_stat_wal",
+    "SELECT pg_current_wal_insert_lsn()::text AS lsn, wal_records::text AS records, wal_fpi::text AS fpi FROM pg_stat_wal",
   );
   return { lsn: rows[0]!.lsn, records: Number(rows[0]!.records), fpi: Number(rows[0]!.fpi) };
 }
@@ -163,6 +168,11 @@ async function pgbenchGone(client: pg.Client): Promise<void> {
 
 /** Until the WAL up to `lsn` is flushed (synchronous_commit=off leaves it to the WAL writer): pg_walinspect reads flushed WAL only. */
 async function flushedTo(client: pg.Client, lsn: string): Promise<void> {
+  // Under synchronous_commit=off the WAL writer flushes later: a durable commit of a transaction of our own flushes every record before it now.
+  await client.query("BEGIN");
+  await client.query("SET LOCAL synchronous_commit = on");
+  await client.query("SELECT pg_current_xact_id()");
+  await client.query("COMMIT");
   for (let waited = 0; waited < 5000; waited += 50) {
     const { rows } = await client.query<{ done: boolean }>("SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn AS done", [lsn]);
     if (rows[0]!.done) return;
