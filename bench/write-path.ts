@@ -321,7 +321,7 @@ export async function measureWritePath(run: WritePathRun, tag = ""): Promise<Wri
     clients: run.clients,
     method:
       `pgbench -M prepared as the coordinator's role, each side: ${run.sequential} operations one at a time on one connection after a CHECKPOINT ` +
-      `(WAL: pg_current_wal_lsn, pg_stat_wal${walWithoutImages ? ", pg_walinspect" : ""}; tuples: pg_stat_user_tables), ` +
+      `(WAL: pg_current_wal_insert_lsn, pg_stat_wal${walWithoutImages ? ", pg_walinspect" : ""}; tuples: pg_stat_user_tables), ` +
       `then ${run.clients} clients for ${run.warmupMs / 1000} s + ${run.measureMs / 1000} s after VACUUM ANALYZE (CPU: PostgreSQL's cores busy over the phase ÷ ops/s)`,
     registry,
     bare,
