@@ -4,8 +4,8 @@ import { Code, ConnectError, createContextValues, type Interceptor, type Transpo
 import { createGrpcTransport, type Http2SessionManager } from "@connectrpc/connect-node";
 import { createMethodSerializationLookup, getAbortSignalReason } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+import { GRPC_FRAME_PREFIX, grpcFrame, webHeaders } from "../grpc-wire.js";
 
-const ENVELOPE_PREFIX = 5;
 /** The largest message the protocol can frame, as connect-node's transport allows by default. */
 const UNLIMITED = { readMaxBytes: 0xffffffff, writeMaxBytes: 0xffffffff };
 const { NGHTTP2_CANCEL, NGHTTP2_INTERNAL_ERROR } = http2.constants;
@@ -85,11 +85,7 @@ async function exchange(
   serialize: (message: unknown) => Uint8Array,
   parse: (bytes: Uint8Array) => unknown,
 ): Promise<UnaryResponse> {
-  const message = serialize(req.message);
-  const envelope = Buffer.allocUnsafe(ENVELOPE_PREFIX + message.byteLength);
-  envelope[0] = 0;
-  envelope.writeUInt32BE(message.byteLength, 1);
-  envelope.set(message, ENVELOPE_PREFIX);
+  const envelope = grpcFrame(serialize(req.message));
   const headers: http2.OutgoingHttpHeaders = {};
   req.header.forEach((value, name) => {
     headers[name] = value;
@@ -152,13 +148,13 @@ function answerOf(
   const { headerError } = validateResponse(Number(responseHeaders?.[":status"] ?? 0), header);
   let message: Uint8Array | undefined;
   if (body.byteLength > 0) {
-    if (body.byteLength < ENVELOPE_PREFIX || body.byteLength < ENVELOPE_PREFIX + body.readUInt32BE(1)) {
+    if (body.byteLength < GRPC_FRAME_PREFIX || body.byteLength < GRPC_FRAME_PREFIX + body.readUInt32BE(1)) {
       throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
     }
-    const end = ENVELOPE_PREFIX + body.readUInt32BE(1);
+    const end = GRPC_FRAME_PREFIX + body.readUInt32BE(1);
     if (body.byteLength > end) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
     if ((body[0]! & 0b01) === 0b01) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
-    message = body.subarray(ENVELOPE_PREFIX, end);
+    message = body.subarray(GRPC_FRAME_PREFIX, end);
   }
   const trailer = webHeaders(trailers);
   validateTrailer(trailer, header);
@@ -168,17 +164,6 @@ function answerOf(
   }
   if (headerError) throw new ConnectError("protocol error: received output message for unary method with error status", Code.Unknown);
   return { stream: false, service: req.service, method: req.method, header, message: parse(message) as never, trailer };
-}
-
-function webHeaders(headers: http2.IncomingHttpHeaders): Headers {
-  const result = new Headers();
-  for (const name in headers) {
-    if (name.charCodeAt(0) === 58 /* ":" */) continue;
-    const value = headers[name];
-    if (typeof value === "string") result.set(name, value);
-    else if (Array.isArray(value)) for (const v of value) result.append(name, v);
-  }
-  return result;
 }
 
 /** The code of a failed stream, as connect-node gives it: a connection that could not be made is UNAVAILABLE (nothing was sent). */

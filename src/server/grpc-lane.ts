@@ -14,6 +14,7 @@ import {
 import { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { Logger } from "pino";
+import { GRPC_FRAME_PREFIX, grpcFrame, webHeaders } from "../grpc-wire.js";
 import { malformedMessageRefusal } from "./errors.js";
 
 /** Serves one HTTP/2 stream when it is a call the lane takes, and says whether it did. */
@@ -35,7 +36,6 @@ export interface GrpcLaneOptions {
   logger: Logger;
 }
 
-const ENVELOPE_PREFIX = 5;
 const RESPONSE_CONTENT_TYPE = "application/grpc+proto";
 const ACCEPTED_ENCODINGS = "gzip,br";
 /** The handler context of the current call, for the innermost step of the chain built once per method. */
@@ -104,7 +104,7 @@ function laneMethod(spec: MethodImplSpec, options: GrpcLaneOptions): LaneMethod 
       chunks.push(chunk);
       received += chunk.byteLength;
       // A message larger than allowed is refused from its prefix, before its bytes arrive.
-      if (received >= ENVELOPE_PREFIX && received - chunk.byteLength < ENVELOPE_PREFIX) {
+      if (received >= GRPC_FRAME_PREFIX && received - chunk.byteLength < GRPC_FRAME_PREFIX) {
         const declared = Buffer.concat(chunks).readUInt32BE(1);
         if (declared > options.readMaxBytes) {
           call.fail(new ConnectError(`message size ${declared} is larger than configured readMaxBytes ${options.readMaxBytes}`, Code.ResourceExhausted));
@@ -123,7 +123,7 @@ function laneMethod(spec: MethodImplSpec, options: GrpcLaneOptions): LaneMethod 
         call.fail(malformedMessageRefusal(error, method) ?? ConnectError.from(error, Code.Internal));
         return;
       }
-      const requestHeader = requestHeaders(headers);
+      const requestHeader = webHeaders(headers);
       const contextValues = options.contextValues(stream.session?.socket);
       // The call's one signal ends it at its deadline or when the client goes; it is not aborted once answered (nothing waits on it then).
       const deadlineAt = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
@@ -182,10 +182,7 @@ class LaneCall {
 
   succeed(message: Uint8Array, header: Headers, trailer: Headers): void {
     if (!this.open()) return;
-    const envelope = Buffer.allocUnsafe(ENVELOPE_PREFIX + message.byteLength);
-    envelope[0] = 0;
-    envelope.writeUInt32BE(message.byteLength, 1);
-    envelope.set(message, ENVELOPE_PREFIX);
+    const envelope = grpcFrame(message);
     const trailers = headerObject(trailer, { "grpc-status": "0" });
     this.stream.respond(headerObject(header, responseHeaders()), { waitForTrailers: true });
     this.stream.once("wantTrailers", () => this.stream.sendTrailers(trailers));
@@ -224,17 +221,6 @@ function headerObject(headers: Headers, into: http2.OutgoingHttpHeaders): http2.
   return into;
 }
 
-function requestHeaders(headers: http2.IncomingHttpHeaders): Headers {
-  const result = new Headers();
-  for (const name in headers) {
-    if (name.charCodeAt(0) === 58 /* ":" */) continue;
-    const value = headers[name];
-    if (typeof value === "string") result.set(name, value);
-    else if (Array.isArray(value)) for (const v of value) result.append(name, v);
-  }
-  return result;
-}
-
 function timeoutOf(headers: http2.IncomingHttpHeaders, maxTimeoutMs: number): number | undefined {
   const value = headers["grpc-timeout"];
   const timeout = parseTimeout(typeof value === "string" ? value : null, maxTimeoutMs);
@@ -245,13 +231,13 @@ function timeoutOf(headers: http2.IncomingHttpHeaders, maxTimeoutMs: number): nu
 /** The one message of a unary call's body, with the protocol errors the router gives. */
 function singleMessage(body: Buffer): Uint8Array {
   if (body.byteLength === 0) throw new ConnectError(`protocol error: missing input message for unary method`, Code.Unimplemented);
-  if (body.byteLength < ENVELOPE_PREFIX) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
+  if (body.byteLength < GRPC_FRAME_PREFIX) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
   const length = body.readUInt32BE(1);
-  const end = ENVELOPE_PREFIX + length;
+  const end = GRPC_FRAME_PREFIX + length;
   if (body.byteLength < end) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
   if ((body[0]! & 0b01) === 0b01) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
   if (body.byteLength > end) throw new ConnectError(`protocol error: received extra input message for unary method`, Code.Unimplemented);
-  return body.subarray(ENVELOPE_PREFIX, end);
+  return body.subarray(GRPC_FRAME_PREFIX, end);
 }
 
 function normalized(schema: DescMessage, value: unknown): never {
