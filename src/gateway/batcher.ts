@@ -140,16 +140,20 @@ export class Batcher {
     const controller = new AbortController();
     const timeoutMs = Math.max(1, ...batch.map((pending) => pending.deadline - Date.now()));
     let waiting = batch.length;
+    // Once the RPC has ended there is nothing to cancel (an abort then would only make an AbortError per batch).
+    let ended = false;
     for (const pending of batch) {
       pending.onSettled = () => {
-        if (--waiting === 0) controller.abort();
+        if (--waiting === 0 && !ended) controller.abort();
       };
     }
     try {
-      const { results } = await this.options.send(
-        batch.map((pending) => pending.call),
-        { timeoutMs, signal: controller.signal },
-      );
+      const { results } = await this.options
+        .send(
+          batch.map((pending) => pending.call),
+          { timeoutMs, signal: controller.signal },
+        )
+        .finally(() => (ended = true));
       if (results.length !== batch.length) {
         const error = new CoordinatorError(`the coordinator answered ${results.length} results to a batch of ${batch.length} calls`, Code.Internal, "INTERNAL");
         for (const pending of batch) pending.settle({ error });
