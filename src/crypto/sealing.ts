@@ -1,4 +1,5 @@
-import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
+import { createCipheriv, createDecipheriv } from "node:crypto";
+import { randomBytesPooled } from "./random.js";
 import { IdempotencyError } from "../contract/errors.js";
 
 /**
@@ -37,7 +38,7 @@ export function parseKeyring(input: unknown): SnapshotKeyring {
 
 /** Seals a body under the active key. */
 export function sealBody(body: Uint8Array, keyring: SnapshotKeyring, tenant: string, operationId: string): { keyId: string; sealed: Buffer } {
-  const nonce = randomBytes(NONCE_BYTES);
+  const nonce = randomBytesPooled(NONCE_BYTES);
   const cipher = createCipheriv("aes-256-gcm", keyring.keys.get(keyring.activeKeyId)!, nonce);
   cipher.setAAD(associatedData(tenant, operationId));
   const ciphertext = Buffer.concat([cipher.update(body), cipher.final()]);

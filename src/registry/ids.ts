@@ -1,4 +1,4 @@
-import { randomBytes } from "node:crypto";
+import { randomBytesPooled } from "../crypto/random.js";
 
 /**
  * A UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then 74 random bits.
@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
  * operation_id) index append-mostly, while staying unguessable.
  */
 export function uuidv7(now = Date.now()): string {
-  const bytes = randomBytes(16);
+  const bytes = randomBytesPooled(16);
   bytes.writeUIntBE(now, 0, 6);
   bytes[6] = 0x70 | (bytes[6]! & 0x0f);
   bytes[8] = 0x80 | (bytes[8]! & 0x3f);
