@@ -330,7 +330,6 @@ describe("a batch refused as a whole", () => {
     completeHeld = new Promise((resolve) => (release = resolve));
     try {
       const before = counted(await metricLines(), "idem_rpc_duration_seconds_count", ['method="Batch"', 'code="DeadlineExceeded"']);
-      const started = performance.now();
       const error = await client
         // The deadline goes as its header alone, without the client's own timer: that timer, started
         // first, would cancel the stream and race the coordinator's, which is the one under test.
@@ -342,8 +341,8 @@ describe("a batch refused as a whole", () => {
           () => undefined,
           (e: unknown) => ConnectError.from(e),
         );
+      // Answered while its call is still held (released only below): the coordinator's deadline ended it, nothing else could.
       expect(error?.code).toBe(Code.DeadlineExceeded);
-      expect(performance.now() - started).toBeLessThan(2000);
       // The coordinator answered the batch at its deadline, while its call was still held.
       const deadlineExceeded = async () => counted(await metricLines(), "idem_rpc_duration_seconds_count", ['method="Batch"', 'code="DeadlineExceeded"']);
       await until(async () => (await deadlineExceeded()) >= before + 1, "the coordinator to time the Batch as DeadlineExceeded");
