@@ -99,16 +99,21 @@ function laneMethod(spec: MethodImplSpec, options: GrpcLaneOptions): LaneMethod 
     const call = new LaneCall(stream, options.logger, url);
     const chunks: Buffer[] = [];
     let received = 0;
+    let declared: number | undefined;
     stream.on("data", (chunk: Buffer) => {
       if (call.ended) return;
       chunks.push(chunk);
       received += chunk.byteLength;
       // A message larger than allowed is refused from its prefix, before its bytes arrive.
-      if (received >= GRPC_FRAME_PREFIX && received - chunk.byteLength < GRPC_FRAME_PREFIX) {
-        const declared = Buffer.concat(chunks).readUInt32BE(1);
+      if (declared === undefined && received >= GRPC_FRAME_PREFIX) {
+        declared = Buffer.concat(chunks).readUInt32BE(1);
         if (declared > options.readMaxBytes) {
           call.fail(new ConnectError(`message size ${declared} is larger than configured readMaxBytes ${options.readMaxBytes}`, Code.ResourceExhausted));
         }
+      }
+      // Bytes past the one message are never kept: a unary call has one.
+      if (declared !== undefined && received > GRPC_FRAME_PREFIX + declared) {
+        call.fail(new ConnectError("protocol error: received extra input message for unary method", Code.Unimplemented));
       }
     });
     stream.once("end", () => {

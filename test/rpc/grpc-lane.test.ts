@@ -141,6 +141,41 @@ describe("the short path of unary gRPC calls", () => {
     expect(await countRows(t.pool)).toEqual(rowsBefore);
   });
 
+  it("refuses a body of two messages on both paths alike", async () => {
+    const frame = (message: Uint8Array) => Buffer.concat([Buffer.from([0, 0, 0, 0, message.byteLength]), message]);
+    const one = toBinary(ReserveRequestSchema, paymentReserve({ key: newKey() }));
+    const raw = async (origin: boolean) => {
+      const session = http2.connect(server.baseUrl);
+      try {
+        const stream = session.request({
+          ":method": "POST",
+          ":path": RESERVE,
+          "content-type": "application/grpc",
+          te: "trailers",
+          authorization: `Bearer ${server.tokens.gateway}`,
+          ...(origin ? { origin: "https://elsewhere.example" } : {}),
+        });
+        const status = new Promise<string | undefined>((resolve) => {
+          let found: string | undefined;
+          stream.on("response", (h) => (found ??= h["grpc-status"] as string | undefined));
+          stream.on("trailers", (h: http2.IncomingHttpHeaders) => (found ??= h["grpc-status"] as string | undefined));
+          stream.on("close", () => resolve(found));
+          stream.resume();
+        });
+        stream.end(Buffer.concat([frame(one), frame(one)]));
+        return await status;
+      } finally {
+        session.close();
+      }
+    };
+    const rowsBefore = await countRows(t.pool);
+    const before = server.coordinator.grpcLaneCalls();
+    expect(await raw(false)).toBe(String(Code.Unimplemented));
+    expect(server.coordinator.grpcLaneCalls() - before).toBe(1);
+    expect(await raw(true)).toBe(String(Code.Unimplemented));
+    expect(await countRows(t.pool)).toEqual(rowsBefore);
+  });
+
   it("decides a key once whichever path its calls take: accepted on one, in progress on the other", async () => {
     const request = paymentReserve({ key: newKey() });
     const before = server.coordinator.grpcLaneCalls();
