@@ -1,4 +1,5 @@
 import type http2 from "node:http2";
+import { Code, ConnectError, type Interceptor, type UnaryRequest, type UnaryResponse } from "@connectrpc/connect";
 
 /** The length-prefixed frame of a gRPC message: a flags byte (0: not compressed) and the length, big-endian. */
 export const GRPC_FRAME_PREFIX = 5;
@@ -26,4 +27,25 @@ export function webHeaders(headers: http2.IncomingHttpHeaders): Headers {
     else if (Array.isArray(value)) for (const v of value) result.append(name, v);
   }
   return result;
+}
+
+/**
+ * The one message of a unary call's body (the request on the server, the
+ * answer on the client), or undefined for an empty body; a body that is not
+ * exactly one uncompressed message is refused with connect-es's protocol
+ * errors.
+ */
+export function onlyMessage(body: Buffer, direction: "input" | "output"): Uint8Array | undefined {
+  if (body.byteLength === 0) return undefined;
+  if (body.byteLength < GRPC_FRAME_PREFIX) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
+  const end = GRPC_FRAME_PREFIX + body.readUInt32BE(1);
+  if (body.byteLength < end) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
+  if ((body[0]! & 0b01) === 0b01) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
+  if (body.byteLength > end) throw new ConnectError(`protocol error: received extra ${direction} message for unary method`, Code.Unimplemented);
+  return body.subarray(GRPC_FRAME_PREFIX, end);
+}
+
+/** A unary call's interceptor chain around `innermost`, outermost first, as connect-es applies them (built once per method). */
+export function unaryChain(interceptors: readonly Interceptor[], innermost: (req: UnaryRequest) => Promise<UnaryResponse>): (req: UnaryRequest) => Promise<UnaryResponse> {
+  return interceptors.reduceRight<(req: UnaryRequest) => Promise<UnaryResponse>>((next, interceptor) => interceptor(next as never) as never, innermost);
 }

@@ -4,7 +4,7 @@ import { Code, ConnectError, createContextValues, type Interceptor, type Transpo
 import { createGrpcTransport, type Http2SessionManager } from "@connectrpc/connect-node";
 import { createMethodSerializationLookup, getAbortSignalReason } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
-import { GRPC_FRAME_PREFIX, grpcFrame, webHeaders } from "../grpc-wire.js";
+import { grpcFrame, onlyMessage, unaryChain, webHeaders } from "../grpc-wire.js";
 
 /** The largest message the protocol can frame, as connect-node's transport allows by default. */
 const UNLIMITED = { readMaxBytes: 0xffffffff, writeMaxBytes: 0xffffffff };
@@ -23,23 +23,23 @@ export function directGrpcTransport(options: { baseUrl: string; sessionManager: 
   const interceptors = options.interceptors ?? [];
   const streaming = createGrpcTransport({ baseUrl, sessionManager, interceptors });
   const base = baseUrl.replace(/\/$/, "");
-  // Per method, once: its serializers and its interceptor chain.
-  const methods = new Map<DescMethod, (req: UnaryRequest) => Promise<UnaryResponse>>();
-  const chainOf = (method: DescMethod) => {
-    let chain = methods.get(method);
-    if (!chain) {
+  // Per method, once: its serializers, its address and its interceptor chain.
+  const methods = new Map<DescMethod, { url: string; chain: (req: UnaryRequest) => Promise<UnaryResponse> }>();
+  const methodOf = (method: DescMethod) => {
+    let found = methods.get(method);
+    if (!found) {
       const serialization = createMethodSerializationLookup(method, undefined, undefined, UNLIMITED);
       const serialize = (message: unknown) => serialization.getI(true).serialize(message as never);
       const parse = (bytes: Uint8Array) => serialization.getO(true).parse(bytes);
       const path = `/${method.parent.typeName}/${method.name}`;
-      const innermost = (req: UnaryRequest) => exchange(sessionManager, path, req, serialize, parse);
-      chain = interceptors.reduceRight<(req: UnaryRequest) => Promise<UnaryResponse>>((next, interceptor) => interceptor(next as never) as never, innermost);
-      methods.set(method, chain);
+      found = { url: `${base}${path}`, chain: unaryChain(interceptors, (req) => exchange(sessionManager, path, req, serialize, parse)) };
+      methods.set(method, found);
     }
-    return chain;
+    return found;
   };
   return {
     unary(method, signal, timeoutMs, header, input, contextValues) {
+      const { url, chain } = methodOf(method);
       const deadline = timeoutMs === undefined || timeoutMs <= 0 ? undefined : timeoutMs;
       // One controller per call, aborted by the deadline or the caller's signal only (never when the call ends: that costs an error object per call).
       const controller = new AbortController();
@@ -56,13 +56,13 @@ export function directGrpcTransport(options: { baseUrl: string; sessionManager: 
         service: method.parent,
         method,
         requestMethod: "POST",
-        url: `${base}/${method.parent.typeName}/${method.name}`,
+        url,
         header: requestHeader(true, deadline, header),
         contextValues: contextValues ?? createContextValues(),
         message: isMessage(input, method.input) ? input : create(method.input, input as never),
         signal: controller.signal,
       };
-      return chainOf(method)(req).then(
+      return chain(req).then(
         (res) => {
           cleanup();
           return res as never;
@@ -146,16 +146,7 @@ function answerOf(
 ): UnaryResponse {
   const header = webHeaders(responseHeaders ?? {});
   const { headerError } = validateResponse(Number(responseHeaders?.[":status"] ?? 0), header);
-  let message: Uint8Array | undefined;
-  if (body.byteLength > 0) {
-    if (body.byteLength < GRPC_FRAME_PREFIX || body.byteLength < GRPC_FRAME_PREFIX + body.readUInt32BE(1)) {
-      throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
-    }
-    const end = GRPC_FRAME_PREFIX + body.readUInt32BE(1);
-    if (body.byteLength > end) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
-    if ((body[0]! & 0b01) === 0b01) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
-    message = body.subarray(GRPC_FRAME_PREFIX, end);
-  }
+  const message = onlyMessage(body, "output");
   const trailer = webHeaders(trailers);
   validateTrailer(trailer, header);
   if (message === undefined) {
@@ -185,23 +176,24 @@ function fromNodeError(error: Error): ConnectError {
   return connectError;
 }
 
-/** The code of a stream the peer reset, as gRPC maps HTTP/2 error codes (none for NO_ERROR and STREAM_CLOSED). */
+/** gRPC's codes for the HTTP/2 error codes a peer resets a stream with (none for NO_ERROR and STREAM_CLOSED). */
+const RESET_CODES: Readonly<Record<number, Code>> = {
+  [http2.constants.NGHTTP2_PROTOCOL_ERROR]: Code.Internal,
+  [http2.constants.NGHTTP2_INTERNAL_ERROR]: Code.Internal,
+  [http2.constants.NGHTTP2_FLOW_CONTROL_ERROR]: Code.Internal,
+  [http2.constants.NGHTTP2_SETTINGS_TIMEOUT]: Code.Internal,
+  [http2.constants.NGHTTP2_FRAME_SIZE_ERROR]: Code.Internal,
+  [http2.constants.NGHTTP2_COMPRESSION_ERROR]: Code.Internal,
+  [http2.constants.NGHTTP2_CONNECT_ERROR]: Code.Internal,
+  [http2.constants.NGHTTP2_REFUSED_STREAM]: Code.Unavailable,
+  [http2.constants.NGHTTP2_CANCEL]: Code.Canceled,
+  [http2.constants.NGHTTP2_ENHANCE_YOUR_CALM]: Code.ResourceExhausted,
+  [http2.constants.NGHTTP2_INADEQUATE_SECURITY]: Code.PermissionDenied,
+  [http2.constants.NGHTTP2_HTTP_1_1_REQUIRED]: Code.PermissionDenied,
+};
+
+/** The code of a stream the peer reset, as gRPC maps HTTP/2 error codes. */
 function fromResetCode(rstCode: number): ConnectError | undefined {
-  const c = http2.constants;
-  const codes: Record<number, Code> = {
-    [c.NGHTTP2_PROTOCOL_ERROR]: Code.Internal,
-    [c.NGHTTP2_INTERNAL_ERROR]: Code.Internal,
-    [c.NGHTTP2_FLOW_CONTROL_ERROR]: Code.Internal,
-    [c.NGHTTP2_SETTINGS_TIMEOUT]: Code.Internal,
-    [c.NGHTTP2_FRAME_SIZE_ERROR]: Code.Internal,
-    [c.NGHTTP2_COMPRESSION_ERROR]: Code.Internal,
-    [c.NGHTTP2_CONNECT_ERROR]: Code.Internal,
-    [c.NGHTTP2_REFUSED_STREAM]: Code.Unavailable,
-    [c.NGHTTP2_CANCEL]: Code.Canceled,
-    [c.NGHTTP2_ENHANCE_YOUR_CALM]: Code.ResourceExhausted,
-    [c.NGHTTP2_INADEQUATE_SECURITY]: Code.PermissionDenied,
-    [c.NGHTTP2_HTTP_1_1_REQUIRED]: Code.PermissionDenied,
-  };
-  const code = codes[rstCode];
+  const code = RESET_CODES[rstCode];
   return code === undefined ? undefined : new ConnectError(`http/2 stream closed with error code ${rstCode} (0x${rstCode.toString(16)})`, code);
 }

@@ -14,7 +14,7 @@ import {
 import { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { Logger } from "pino";
-import { GRPC_FRAME_PREFIX, grpcFrame, webHeaders } from "../grpc-wire.js";
+import { GRPC_FRAME_PREFIX, grpcFrame, onlyMessage, unaryChain, webHeaders } from "../grpc-wire.js";
 import { malformedMessageRefusal } from "./errors.js";
 
 /** Serves one HTTP/2 stream when it is a call the lane takes, and says whether it did. */
@@ -92,7 +92,7 @@ function laneMethod(spec: MethodImplSpec, options: GrpcLaneOptions): LaneMethod 
       message: normalized(method.output, result),
     };
   };
-  const chain = options.interceptors.reduceRight<(req: UnaryRequest) => Promise<UnaryResponse>>((next, interceptor) => interceptor(next as never) as never, innermost);
+  const chain = unaryChain(options.interceptors, innermost);
   const url = `/${method.parent.typeName}/${method.name}`;
 
   return (stream, headers) => {
@@ -123,7 +123,9 @@ function laneMethod(spec: MethodImplSpec, options: GrpcLaneOptions): LaneMethod 
       let timeoutMs: number | undefined;
       try {
         timeoutMs = timeoutOf(headers, options.maxTimeoutMs);
-        message = input.parse(singleMessage(body));
+        const bytes = onlyMessage(body, "input");
+        if (!bytes) throw new ConnectError("protocol error: missing input message for unary method", Code.Unimplemented);
+        message = input.parse(bytes);
       } catch (error) {
         call.fail(malformedMessageRefusal(error, method) ?? ConnectError.from(error, Code.Internal));
         return;
@@ -231,18 +233,6 @@ function timeoutOf(headers: http2.IncomingHttpHeaders, maxTimeoutMs: number): nu
   const timeout = parseTimeout(typeof value === "string" ? value : null, maxTimeoutMs);
   if (timeout.error) throw timeout.error;
   return timeout.timeoutMs;
-}
-
-/** The one message of a unary call's body, with the protocol errors the router gives. */
-function singleMessage(body: Buffer): Uint8Array {
-  if (body.byteLength === 0) throw new ConnectError(`protocol error: missing input message for unary method`, Code.Unimplemented);
-  if (body.byteLength < GRPC_FRAME_PREFIX) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
-  const length = body.readUInt32BE(1);
-  const end = GRPC_FRAME_PREFIX + length;
-  if (body.byteLength < end) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
-  if ((body[0]! & 0b01) === 0b01) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
-  if (body.byteLength > end) throw new ConnectError(`protocol error: received extra input message for unary method`, Code.Unimplemented);
-  return body.subarray(GRPC_FRAME_PREFIX, end);
 }
 
 function normalized(schema: DescMessage, value: unknown): never {
