@@ -456,6 +456,12 @@ export function goalLines(run: CommitRun): string[] {
         w.walWithoutImages ? ", full-page images aside" : ""
       })`,
     );
+    if (w.floor) {
+      // Not a goal: what the goals above are measured against, so that a FAIL there says how far any record could go.
+      lines.push(
+        `floor database: the least a record can be (an insert, then a HOT update with the response; no event, count, job index or row security): ${ratio(w.ratios.floorCpu)}× the bare insert's CPU (${ms(w.floor.postgresMsPerOp)} ms), ${ratio(w.ratios.floorWal)}× its WAL (${comparedWal(w, w.floor).toFixed(0)} bytes)`,
+      );
+    }
   }
   return lines;
 }

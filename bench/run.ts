@@ -41,7 +41,7 @@ import { ROOT, startServer, type BenchServer } from "./server.js";
 import { openServiceClients, prepareServiceTable, startService } from "./service-level.js";
 import { callsPerRequest, coordinatorCalls, handlerMean, handlerTimes } from "./metrics.js";
 import { pgbenchScript, type OperationValues } from "./sql.js";
-import { measureWritePath, prepareBareTable, type WritePath } from "./write-path.js";
+import { measureWritePath, prepareBaselineTables, type WritePath } from "./write-path.js";
 import { loadConfig } from "../src/config.js";
 
 const TENANT = "bench";
@@ -470,7 +470,7 @@ async function serviceLevel(ctx: Context, main: Awaited<ReturnType<typeof coordi
  */
 async function databaseLevel(ctx: Context, pgb: PgbenchState, tag: string): Promise<WritePath> {
   const { options, life } = ctx;
-  await prepareBareTable(ctx.database.url, ctx.role);
+  await prepareBaselineTables(ctx.database.url, ctx.role);
   life.progress(`${tag}database level: the registry's statements and a bare one-row insert, by pgbench at 16 in flight, then ${options.writeOps} of each one at a time`);
   return measureWritePath(
     {

@@ -1,9 +1,12 @@
 /**
  * The database level of `npm run bench`: what one Reserve + Complete costs
  * PostgreSQL itself, beside a bare one-row insert measured the same way in
- * the same run. Both are pgbench scripts run as the coordinator's role: the
- * registry's statements as bench/sql.ts generates them, and one INSERT into
- * a small table with a primary key. For each: PostgreSQL's CPU per
+ * the same run, and beside the least a record can be (the floor of any
+ * design that commits an acceptance before the effect and its answer after).
+ * All are pgbench scripts run as the coordinator's role: the registry's
+ * statements as bench/sql.ts generates them, one INSERT into a small table
+ * with a primary key, and the floor record's insert and update. For each:
+ * PostgreSQL's CPU per
  * operation at a fixed number of operations in flight (closed loop), and,
  * one operation at a time after a CHECKPOINT, the WAL, heap tuples and index
  * entries each operation writes.
@@ -30,8 +33,34 @@ export const BARE_SCRIPT = [
 
 const BARE_VARIABLES = { amount: "10", currency: "EUR" };
 
-/** The tables whose rows one operation writes: the registry's tenant tables and the baseline's. */
-const TABLES = ["idem_record", "idem_event", "idem_quota_gate", "idem_effect_attempt", BARE_TABLE];
+/**
+ * The least a record can be: its scope and operation id as keys, its
+ * fingerprint, state, generation and lease, then its response. Accepted by
+ * one autocommitted insert and answered by one autocommitted update that
+ * changes no indexed column (a HOT update: no index entry), with no event,
+ * no quota count, no index for the background jobs, no row security, no
+ * tenant binding and nothing returned. What the registry writes beyond it
+ * is what its rules ask for (docs/benchmark.md, "The floor").
+ */
+export const FLOOR_TABLE = "bench_floor_record";
+
+const FLOOR_SCRIPT = [
+  "-- The least a record can be (bench/write-path.ts): accepted by an insert, answered by a HOT update, each autocommitted.",
+  "\\set seed random(1, 9223372036854775806)",
+  `INSERT INTO ${FLOOR_TABLE} (tenant_id, scope, operation_id, fingerprint, state, generation, lease_expires_at)`,
+  "  VALUES (:tenant, sha256(convert_to('scope:' || :seed::text, 'UTF8')), md5('operation:' || :seed::text)::uuid, :fingerprint, 'EXECUTING', 1,",
+  "          now() + make_interval(secs => :lease_ms::double precision / 1000));",
+  `UPDATE ${FLOOR_TABLE} SET state = :outcome, lease_expires_at = NULL, response = :snapshot_body`,
+  "  WHERE tenant_id = :tenant AND operation_id = md5('operation:' || :seed::text)::uuid AND generation = 1;",
+  "",
+].join("\n");
+
+/** The floor record's values, taken from the registry's script so that both store the same fingerprint and response. */
+const floorVariables = (registry: Record<string, string>) =>
+  Object.fromEntries(["tenant", "fingerprint", "lease_ms", "outcome", "snapshot_body"].map((name) => [name, registry[name] ?? ""]));
+
+/** The tables whose rows one operation writes: the registry's tenant tables and the baselines'. */
+const TABLES = ["idem_record", "idem_event", "idem_quota_gate", "idem_effect_attempt", BARE_TABLE, FLOOR_TABLE];
 
 /** The WAL of `operations` operations run one at a time after a CHECKPOINT, per operation. */
 export interface WalPerOperation {
@@ -77,6 +106,8 @@ export interface WritePath {
   method: string;
   registry: WritePathSide;
   bare: WritePathSide;
+  /** The least a record can be (FLOOR_SCRIPT); absent from runs kept before it was measured. */
+  floor?: WritePathSide;
   ratios: {
     /** PostgreSQL CPU per Reserve + Complete ÷ per bare insert. */
     cpu: number | null;
@@ -84,6 +115,9 @@ export interface WritePath {
     wal: number | null;
     /** The same, full-page images included. */
     walWithImages: number | null;
+    /** The floor record's CPU and WAL (as `wal` compares them) ÷ the bare insert's: below these no design of a record goes. */
+    floorCpu?: number | null;
+    floorWal?: number | null;
   };
   /** Whether the WAL figures exclude full-page images (pg_walinspect available). */
   walWithoutImages: boolean;
@@ -108,15 +142,30 @@ export interface WritePathRun {
   onChild: Parameters<typeof runPgbenchTransactions>[4];
 }
 
-/** The baseline's table, writable by the coordinator's role (and nothing else of it). */
-export async function prepareBareTable(ownerUrl: string, role: string | undefined): Promise<void> {
+/** The baselines' tables, writable by the coordinator's role (and nothing else of it). */
+export async function prepareBaselineTables(ownerUrl: string, role: string | undefined): Promise<void> {
   await withClient(ownerUrl, async (client) => {
     await client.query(`CREATE TABLE IF NOT EXISTS ${BARE_TABLE} (
       id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
       amount integer NOT NULL,
       currency text NOT NULL,
       created_at timestamptz NOT NULL DEFAULT now())`);
-    if (role) await client.query(`GRANT INSERT ON ${BARE_TABLE} TO ${client.escapeIdentifier(role)}`);
+    // Room on each page for the answered version, so that the update stays on its page (HOT).
+    await client.query(`CREATE TABLE IF NOT EXISTS ${FLOOR_TABLE} (
+      tenant_id text NOT NULL,
+      scope bytea NOT NULL,
+      operation_id uuid NOT NULL,
+      fingerprint bytea NOT NULL,
+      state text NOT NULL,
+      generation bigint NOT NULL,
+      lease_expires_at timestamptz,
+      response bytea,
+      PRIMARY KEY (tenant_id, scope),
+      UNIQUE (tenant_id, operation_id)) WITH (fillfactor = 70)`);
+    if (role) {
+      await client.query(`GRANT INSERT ON ${BARE_TABLE} TO ${client.escapeIdentifier(role)}`);
+      await client.query(`GRANT SELECT, INSERT, UPDATE ON ${FLOOR_TABLE} TO ${client.escapeIdentifier(role)}`);
+    }
   });
 }
 
@@ -288,13 +337,16 @@ async function throughput(run: WritePathRun, scriptFile: string, variables: Reco
 
 let runs = 0;
 
-/** The database level: Reserve + Complete's statements and the bare insert, each measured as throughput, then one at a time. */
+/** The database level: Reserve + Complete's statements, the bare insert and the floor record, each measured one at a time, then as throughput. */
 export async function measureWritePath(run: WritePathRun, tag = ""): Promise<WritePath> {
   const bareFile = join(run.workDir, "bare-insert.sql");
   await writeFile(bareFile, BARE_SCRIPT);
+  const floorFile = join(run.workDir, "floor-record.sql");
+  await writeFile(floorFile, FLOOR_SCRIPT);
   const sides = [
     { name: "Reserve+Complete", file: run.registryScript, variables: run.registryVariables },
     { name: "bare insert", file: bareFile, variables: BARE_VARIABLES },
+    { name: "floor record", file: floorFile, variables: floorVariables(run.registryVariables) },
   ];
   const measured: WritePathSide[] = [];
   for (const side of sides) {
@@ -313,10 +365,11 @@ export async function measureWritePath(run: WritePathRun, tag = ""): Promise<Wri
     );
     measured.push({ throughput: summary, ...(postgresMsPerOp !== undefined ? { postgresMsPerOp } : {}), ...costs });
   }
-  const [registry, bare] = measured as [WritePathSide, WritePathSide];
+  const [registry, bare, floor] = measured as [WritePathSide, WritePathSide, WritePathSide];
   const over = (a: number | undefined, b: number | undefined) => (a !== undefined && b !== undefined && b > 0 ? a / b : null);
   const withoutImages = (w: WalPerOperation) => (w.fpiBytes !== undefined ? w.bytes - w.fpiBytes : undefined);
-  const walWithoutImages = registry.wal.fpiBytes !== undefined && bare.wal.fpiBytes !== undefined;
+  const walWithoutImages = registry.wal.fpiBytes !== undefined && bare.wal.fpiBytes !== undefined && floor.wal.fpiBytes !== undefined;
+  const walOver = (side: WritePathSide) => (walWithoutImages ? over(withoutImages(side.wal), withoutImages(bare.wal)) : over(side.wal.bytes, bare.wal.bytes));
   return {
     clients: run.clients,
     method:
@@ -325,10 +378,13 @@ export async function measureWritePath(run: WritePathRun, tag = ""): Promise<Wri
       `then ${run.clients} clients for ${run.warmupMs / 1000} s + ${run.measureMs / 1000} s after VACUUM ANALYZE (CPU: PostgreSQL's cores busy over the phase ÷ ops/s)`,
     registry,
     bare,
+    floor,
     ratios: {
       cpu: over(registry.postgresMsPerOp, bare.postgresMsPerOp),
-      wal: walWithoutImages ? over(withoutImages(registry.wal), withoutImages(bare.wal)) : over(registry.wal.bytes, bare.wal.bytes),
+      wal: walOver(registry),
       walWithImages: over(registry.wal.bytes, bare.wal.bytes),
+      floorCpu: over(floor.postgresMsPerOp, bare.postgresMsPerOp),
+      floorWal: walOver(floor),
     },
     walWithoutImages,
   };
@@ -339,7 +395,7 @@ export const comparedWal = (path: WritePath, side: WritePathSide) => (path.walWi
 
 const f = (v: number | undefined | null, digits = 2) => (v === undefined || v === null || !Number.isFinite(v) ? "-" : v.toFixed(digits));
 
-/** The database level's table: one row per side and their ratio. */
+/** The database level's table: one row per side, then each record's ratio to the bare insert. */
 export function writePathTable(path: WritePath): { headers: string[]; rows: string[][] } {
   const headers = [
     "per operation",
@@ -352,6 +408,7 @@ export function writePathTable(path: WritePath): { headers: string[]; rows: stri
     "of which HOT",
     "index entries",
   ];
+  const sum = (s: WritePathSide) => s.tuples.inserted + s.tuples.updated + s.tuples.deleted;
   const row = (name: string, s: WritePathSide) => [
     name,
     f(s.throughput.opsPerSec, 0),
@@ -359,28 +416,30 @@ export function writePathTable(path: WritePath): { headers: string[]; rows: stri
     f(comparedWal(path, s), 0),
     f(s.wal.fpiBytes ?? undefined, 0),
     f(s.wal.records),
-    f(s.tuples.inserted + s.tuples.updated + s.tuples.deleted),
+    f(sum(s)),
     f(s.tuples.hotUpdated),
     f(s.wal.indexEntries),
   ];
   const ratio = (a: number | undefined, b: number | undefined) => (a !== undefined && b !== undefined && b > 0 ? `${(a / b).toFixed(2)}×` : "-");
-  const sum = (s: WritePathSide) => s.tuples.inserted + s.tuples.updated + s.tuples.deleted;
+  const ratioRow = (name: string, s: WritePathSide) => [
+    name,
+    ratio(s.throughput.opsPerSec, path.bare.throughput.opsPerSec),
+    ratio(s.postgresMsPerOp, path.bare.postgresMsPerOp),
+    ratio(comparedWal(path, s), comparedWal(path, path.bare)),
+    "",
+    ratio(s.wal.records, path.bare.wal.records),
+    ratio(sum(s), sum(path.bare)),
+    "",
+    ratio(s.wal.indexEntries, path.bare.wal.indexEntries),
+  ];
   return {
     headers,
     rows: [
       row("Reserve+Complete", path.registry),
       row("bare insert", path.bare),
-      [
-        "ratio",
-        ratio(path.registry.throughput.opsPerSec, path.bare.throughput.opsPerSec),
-        ratio(path.registry.postgresMsPerOp, path.bare.postgresMsPerOp),
-        ratio(comparedWal(path, path.registry), comparedWal(path, path.bare)),
-        "",
-        ratio(path.registry.wal.records, path.bare.wal.records),
-        ratio(sum(path.registry), sum(path.bare)),
-        "",
-        ratio(path.registry.wal.indexEntries, path.bare.wal.indexEntries),
-      ],
+      ...(path.floor ? [row("floor record", path.floor)] : []),
+      ratioRow(path.floor ? "Reserve+Complete ÷ bare" : "ratio", path.registry),
+      ...(path.floor ? [ratioRow("floor record ÷ bare", path.floor)] : []),
     ],
   };
 }
