@@ -57,6 +57,10 @@ export class Failpoints implements FaultHooks {
     this.armed.clear();
   }
 
+  isArmed(point: HookPoint): boolean {
+    return this.armed.has(point);
+  }
+
   async reached(point: HookPoint): Promise<void> {
     const armed = this.armed.get(point);
     if (!armed) return;

@@ -28,7 +28,13 @@ export type HookPoint = (typeof HOOK_POINTS)[number];
 export interface FaultHooks {
   /** The point is reached: act (pause, throw, die) or return at once. */
   reached(point: HookPoint): Promise<void> | void;
+  /**
+   * Whether reaching `point` would act: a path that has no place for the
+   * point (Complete in one round trip has none between its decision and its
+   * COMMIT) gives way to the path that has. Absent: any point may act.
+   */
+  isArmed?(point: HookPoint): boolean;
 }
 
 /** The hooks of production: nothing happens anywhere. */
-export const NO_FAULTS: FaultHooks = { reached: () => undefined };
+export const NO_FAULTS: FaultHooks = { reached: () => undefined, isArmed: () => false };

@@ -7,6 +7,7 @@ import type { Coalescer } from "./coalescer.js";
 import type { Db, TransactionOptions } from "./db.js";
 import type { CompleteItem } from "./commands/complete.js";
 import type { ReserveItem } from "./batching.js";
+import type { RecordIdentities } from "./identities.js";
 import type { SnapshotColumns } from "./statements/records.js";
 import type { ReserveResult, StoredRecord } from "./types.js";
 
@@ -27,6 +28,8 @@ export interface RegistryContext {
   readonly answerCacheMaxAgeMs: number;
   /** Fault tests' hooks at exact steps (src/fault-hooks.ts). */
   readonly hooks: FaultHooks;
+  /** The policy revisions of the records recently handed to an owner, for Complete in one round trip. */
+  readonly identities: RecordIdentities;
   /** Concurrent Reserves of one lane sharing a transaction; undefined when coalescing is off. */
   readonly reserves: Coalescer<ReserveItem, ReserveResult> | undefined;
   /** Concurrent Completes of one lane sharing a transaction; undefined when coalescing is off. */
@@ -68,7 +71,7 @@ export function opened(context: RegistryContext, subject: StoredRecord | { recor
 /** A stored snapshot as its columns hold it; the body sealed when a key ring is configured. */
 export function snapshotColumns(
   context: RegistryContext,
-  record: StoredRecord,
+  record: Pick<StoredRecord, "tenant" | "operationId">,
   snapshot: Snapshot,
   digest = snapshotDigest(snapshot),
 ): Omit<SnapshotColumns, "outcome" | "keepMs"> {

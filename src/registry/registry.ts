@@ -11,8 +11,10 @@ import { reconcile } from "./commands/reconcile.js";
 import { abandon, release } from "./commands/release.js";
 import { reserve } from "./commands/reserve.js";
 import { currentPolicy, opened, type RegistryContext } from "./context.js";
+import type { Db } from "./db.js";
+import { RecordIdentities } from "./identities.js";
 import * as jobs from "./jobs.js";
-import type { ReserveResult, StoredRecord } from "./types.js";
+import type { Actor, ClaimInput, ClaimResult, ReserveInput, ReserveResult, StoredRecord } from "./types.js";
 import * as views from "./views.js";
 
 /**
@@ -66,6 +68,7 @@ export class Registry {
       recoveryCadenceMs: options.recoveryCadenceMs ?? 1000,
       answerCacheMaxAgeMs: options.answerCacheMaxAgeMs ?? 0,
       hooks: options.hooks ?? NO_FAULTS,
+      identities: new RecordIdentities(),
       reserves: batched
         ? new Coalescer<ReserveItem, ReserveResult>({ ...coalesce, runAlone: (item) => item.alone(), runBatch: (items) => reserveBatch(this.context, items) })
         : undefined,
@@ -93,9 +96,18 @@ export class Registry {
     return (...args) => command(this.context, ...args);
   }
 
-  // The commands (commands/), each given the context it needs.
-  readonly reserve = this.withContext(reserve);
-  readonly claim = this.withContext(claim);
+  // The commands (commands/), each given the context it needs; the records Reserve and Claim hand to
+  // an owner are remembered, so that their Complete can go out in one round trip (identities.ts).
+  readonly reserve = async (db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> => {
+    const result = await reserve(this.context, db, input, actor);
+    if (result.record) this.context.identities.remember(result.record);
+    return result;
+  };
+  readonly claim = async (db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> => {
+    const result = await claim(this.context, db, input, actor);
+    this.context.identities.remember(result.record);
+    return result;
+  };
   readonly renewLease = this.withContext(renewLease);
   readonly complete = this.withContext(complete);
   readonly reconcile = this.withContext(reconcile);

@@ -10,8 +10,9 @@ import { recordEvents } from "../../src/registry/statements/events.js";
 
 const t = useTestDatabase();
 
+const payments = testPolicy({ fingerprint: { headers: ["x-api-version"], queryParameters: ["currency"] } });
 const registry = testRegistry(
-  testPolicy({ fingerprint: { headers: ["x-api-version"], queryParameters: ["currency"] } }),
+  payments,
   testPolicy({ operation: "holds.create", maxActivePerPrincipal: 3 }),
   testPolicy({ operation: "refunds.create", mode: "DRAINING" }),
   testPolicy({ operation: "payouts.create", mode: "SHADOW" }),
@@ -305,14 +306,17 @@ describe("round trips per call", () => {
     return { db: poolDb(watched, silentLogger, options), writes: () => writes, named: () => named };
   }
 
-  it("sends the messages of one round trip in one socket write: one write for a new scope's Reserve, two for a Complete", async () => {
+  it("sends the messages of one round trip in one socket write: one write for a new scope's Reserve, one for its Complete, two for a Complete of a record another registry reserved", async () => {
     const c = countingWrites();
+    const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     const accepted = await registry.reserve(c.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
     expect(accepted.decision).toBe("ACCEPTED");
     expect(c.writes()).toBe(1);
-    const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
-    expect(c.writes()).toBe(3);
+    expect(c.writes()).toBe(2);
+    const elsewhere = await testRegistry(payments).reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
+    await registry.complete(c.db, { ref: { tenant: "acme", operationId: elsewhere.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+    expect(c.writes()).toBe(4);
   });
 
   it("corks the socket of every pooled connection: node-postgres still has the one it writes to (connection.stream), with cork and uncork", async () => {
@@ -357,8 +361,17 @@ describe("round trips per call", () => {
     expect(none.rows).toEqual([]);
   });
 
-  it("takes two round trips (five messages) for a Complete: the lock and the attempts travel with BEGIN, the terminal state with COMMIT", async () => {
+  it("takes one round trip (five messages) for a Complete of a record it reserved: BEGIN, the lock, the attempts, the guarded terminal state and COMMIT", async () => {
     const accepted = await registry.reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
+    const c = counting();
+    const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
+    const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
+    expect(done.state).toBe("SUCCEEDED");
+    expect(c.counts()).toEqual({ roundTrips: 1, messages: 5 });
+  });
+
+  it("takes two round trips (five messages) for a Complete of a record another registry reserved: the lock and the attempts travel with BEGIN, the terminal state with COMMIT", async () => {
+    const accepted = await testRegistry(payments).reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
     const c = counting();
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);

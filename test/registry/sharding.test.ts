@@ -68,6 +68,7 @@ const REQUEST_PATH: Record<string, string> = {
   markEffectPossible: "RecordEffectAttempt and Reserve's declared effects",
   setEffectPossible: "ResolveEffectAttempt and Complete's resolutions",
   finish: "Complete",
+  finishReady: "Complete in one round trip, for a record this process handed to its owner",
   release: "Release, and Abandon with nothing possible",
   handToRecovery: "Abandon with a possible effect",
   viewById: "Lookup by operation id",

@@ -271,6 +271,35 @@ const FINISH = finishAssignments({
 export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINISH, true);
 
 /**
+ * Complete sent before its record is read (commands/complete.ts): `finish`,
+ * matching only a record that the rules would let this Complete finish as
+ * it stands, so that the decision is made by this WHERE clause instead of
+ * after the read. It is narrower than the rules (planComplete): the record
+ * of the policy revision the snapshot columns were computed for, EXECUTING
+ * (or RESERVED for REJECTED), no effect possible for REJECTED, and no
+ * attempt PENDING or INDETERMINATE at all, where the rules look at each
+ * effect's latest. What it does not match is decided by the rules on the
+ * locking read sent before it. That read holds the lock every writer of the
+ * record and of its attempts takes, so that this statement, which runs after
+ * it in the same transaction, sees the same record and attempts.
+ */
+export const finishReady = statement<IdRef & ChangedBy & SnapshotColumns & { generation: number; operation: string; apiRevision: number; schemaRevision: number }, RecordRow>(
+  "finishReady",
+  `WITH updated AS (
+     UPDATE idem_record SET ${FINISH}, updated_at = now()
+      WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation
+        AND operation = :operation AND api_revision = :apiRevision AND schema_revision = :schemaRevision
+        AND (state = 'EXECUTING' OR (state = 'RESERVED' AND :outcome = 'REJECTED'))
+        AND (:outcome <> 'REJECTED' OR NOT effect_possible)
+        AND NOT EXISTS (SELECT FROM idem_effect_attempt a
+                         WHERE a.tenant_id = :tenant AND a.operation_id = :operationId AND a.status IN ('PENDING', 'INDETERMINATE'))
+      RETURNING ${RECORD_COLUMNS}
+   ), ${logChanges("updated", "'COMPLETED'", ":eventDetail::jsonb")}, ${countClosed("updated")}
+   SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
+  RECORD_ROW,
+);
+
+/**
  * Reconcile: an operator's terminal state for an UNKNOWN record, at the next
  * generation so that a late owner is fenced out, taken by this call's
  * acquisition id (so that a re-run after a lost COMMIT recognizes it).
