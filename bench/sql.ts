@@ -6,7 +6,7 @@
 import { BIND_SQL } from "../src/registry/db.js";
 import type { Statement } from "../src/registry/statement.js";
 import { loadAttempts } from "../src/registry/statements/attempts.js";
-import { finish, insertOrFind, lockRecord } from "../src/registry/statements/records.js";
+import { finishReady, insertOrFind, lockRecord } from "../src/registry/statements/records.js";
 
 /** The tenant binding each transaction starts with (sent with BEGIN in one message). */
 export const BINDING = BIND_SQL;
@@ -16,7 +16,7 @@ export const STATEMENTS = {
   reserve: insertOrFind,
   lock: lockRecord,
   attempts: loadAttempts,
-  finish,
+  finish: finishReady,
 };
 
 const squash = (text: string) => text.replace(/\s+/g, " ").trim();
@@ -57,8 +57,9 @@ const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
  * Every unit of work is a transaction bound to its tenant as
  * src/registry/db.ts does it, and grouped into round trips as the registry
  * sends it: Reserve is one pipeline (BEGIN, the binding, the insert-or-find
- * with its quota count, and COMMIT); Complete is two (BEGIN, the binding, the
- * locking read and the attempts; then the fenced update and COMMIT).
+ * with its quota count, and COMMIT); Complete, of a record the coordinator
+ * reserved, one too (BEGIN, the binding, the locking read, the attempts, the
+ * guarded finish and COMMIT).
  * pgbench cannot read a result inside a pipeline (`\gset`), so Complete
  * names the operation by the same expression of the seed, and the generation
  * a new record starts at.
@@ -96,6 +97,9 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
   const finish = bind(STATEMENTS.finish, {
     ...ref,
     generation: ":generation",
+    operation: ":operation",
+    apiRevision: ":api_revision",
+    schemaRevision: ":schema_revision",
     caller: ":caller",
     eventDetail: ":event_detail",
     outcome: ":outcome",
@@ -128,8 +132,6 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     binding,
     `${bind(STATEMENTS.lock, ref)};`,
     `${bind(STATEMENTS.attempts, ref)};`,
-    "\\endpipeline",
-    "\\startpipeline",
     `${finish};`,
     "COMMIT;",
     "\\endpipeline",
