@@ -125,7 +125,7 @@ async function completeAtOnce(context: RegistryContext, db: Db, input: CompleteI
       try {
         plan = planComplete(read, attempts.rows.map(toAttempt), input.generation, input.outcome, digest);
       } catch (refusal) {
-        if (decided) throw new Error(`finishReady finished ${ref.operationId}, which the rules refuse: ${String(refusal)}`);
+        if (decided) throw new Error(`finishReady finished ${ref.operationId}, which the rules refuse`, { cause: refusal });
         throw refusal;
       }
       if (decided) {
