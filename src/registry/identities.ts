@@ -33,10 +33,6 @@ export class RecordIdentities {
   find(tenant: string, operationId: string): RecordIdentity | undefined {
     return this.entries.get(identityKey(tenant, operationId));
   }
-
-  get size(): number {
-    return this.entries.size;
-  }
 }
 
 // A tenant id never contains a NUL (src/contract/scope.ts validates text fields).

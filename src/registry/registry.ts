@@ -100,7 +100,7 @@ export class Registry {
   // an owner are remembered, so that their Complete can go out in one round trip (identities.ts).
   readonly reserve = async (db: Db, input: ReserveInput, actor: Actor): Promise<ReserveResult> => {
     const result = await reserve(this.context, db, input, actor);
-    if (result.record) this.context.identities.remember(result.record);
+    if (result.decision === "ACCEPTED" && result.record) this.context.identities.remember(result.record);
     return result;
   };
   readonly claim = async (db: Db, input: ClaimInput, actor: Actor): Promise<ClaimResult> => {
