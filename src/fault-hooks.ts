@@ -10,7 +10,10 @@
 export const HOOK_POINTS = [
   /** Reserve accepted a new record and its statement committed; the answer is not sent yet. */
   "registry.reserve.after-commit",
-  /** Complete decided the terminal state under the record's lock; it is written with the COMMIT that follows, not yet. */
+  /**
+   * Complete decided the terminal state under the record's lock; it is written with the COMMIT that follows, not yet.
+   * While this point is armed, every Complete decides after its read (two round trips), so that it reaches the point.
+   */
   "registry.complete.before-commit",
   /** Complete committed; the answer is not sent yet. */
   "registry.complete.after-commit",
