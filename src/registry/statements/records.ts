@@ -184,14 +184,15 @@ export const markUnknownByScope = statement<ScopeRef & { generation: number; cal
  * generation it was read at, with its event: `set` is the SET list (named
  * parameters of its own), `kind` the event's kind. `finishes`: the change
  * finishes an unfinished record (only such a record matches), which leaves
- * its principal's quota count.
+ * its principal's quota count. `guard`: more conditions the record must
+ * meet (named parameters of its own).
  */
-function fencedUpdate<Values extends object>(name: string, kind: string, set: string, finishes = false) {
+function fencedUpdate<Values extends object>(name: string, kind: string, set: string, finishes = false, guard?: string) {
   return statement<IdRef & ChangedBy & { generation: number } & Values, RecordRow>(
     name,
     `WITH updated AS (
        UPDATE idem_record SET ${set}, updated_at = now()
-        WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation${finishes ? ` AND ${UNFINISHED}` : ""}
+        WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation${finishes ? ` AND ${UNFINISHED}` : ""}${guard ? ` AND ${guard}` : ""}
         RETURNING ${RECORD_COLUMNS}
      ), ${logChanges("updated", `'${kind}'`, ":eventDetail::jsonb")}${finishes ? `, ${countClosed("updated")}` : ""}
      SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
@@ -283,20 +284,16 @@ export const finish = fencedUpdate<SnapshotColumns>("finish", "COMPLETED", FINIS
  * record and of its attempts takes, so that this statement, which runs after
  * it in the same transaction, sees the same record and attempts.
  */
-export const finishReady = statement<IdRef & ChangedBy & SnapshotColumns & { generation: number; operation: string; apiRevision: number; schemaRevision: number }, RecordRow>(
+export const finishReady = fencedUpdate<SnapshotColumns & { operation: string; apiRevision: number; schemaRevision: number }>(
   "finishReady",
-  `WITH updated AS (
-     UPDATE idem_record SET ${FINISH}, updated_at = now()
-      WHERE tenant_id = :tenant AND operation_id = :operationId AND generation = :generation
-        AND operation = :operation AND api_revision = :apiRevision AND schema_revision = :schemaRevision
-        AND (state = 'EXECUTING' OR (state = 'RESERVED' AND :outcome = 'REJECTED'))
-        AND (:outcome <> 'REJECTED' OR NOT effect_possible)
-        AND NOT EXISTS (SELECT FROM idem_effect_attempt a
-                         WHERE a.tenant_id = :tenant AND a.operation_id = :operationId AND a.status IN ('PENDING', 'INDETERMINATE'))
-      RETURNING ${RECORD_COLUMNS}
-   ), ${logChanges("updated", "'COMPLETED'", ":eventDetail::jsonb")}, ${countClosed("updated")}
-   SELECT ${RECORD_COLUMNS}, now() AS db_now FROM updated`,
-  RECORD_ROW,
+  "COMPLETED",
+  FINISH,
+  true,
+  `operation = :operation AND api_revision = :apiRevision AND schema_revision = :schemaRevision
+   AND (state = 'EXECUTING' OR (state = 'RESERVED' AND :outcome = 'REJECTED'))
+   AND (:outcome <> 'REJECTED' OR NOT effect_possible)
+   AND NOT EXISTS (SELECT FROM idem_effect_attempt a
+                    WHERE a.tenant_id = :tenant AND a.operation_id = :operationId AND a.status IN ('PENDING', 'INDETERMINATE'))`,
 );
 
 /**
