@@ -1,10 +1,10 @@
 import { describe, expect, it } from "vitest";
 import type { Snapshot } from "../../src/contract/snapshot.js";
-import { poolDb, type Db } from "../../src/registry/db.js";
+import type { Db } from "../../src/registry/db.js";
 import type { Registry } from "../../src/registry/registry.js";
 import type { OperationRef, StoredRecord } from "../../src/registry/types.js";
 import { actor, newKey, reserveInput, testRegistry } from "../support/fixtures.js";
-import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
+import { roundTripCounting, useTestDatabase } from "../support/database.js";
 import { expectRefusal } from "../support/registry-helpers.js";
 
 /**
@@ -24,18 +24,6 @@ const snapshot = (body: string): Snapshot => ({
   headers: [],
   body: new TextEncoder().encode(body),
 });
-
-/** A Db on one connection that counts its round trips (a message sent while none is unanswered starts one). */
-function counting(): { db: Db; roundTrips: () => number } {
-  let roundTrips = 0;
-  let unanswered = 0;
-  const pool = t.openPool({ max: 1 });
-  const counted = interceptedPool(pool, (_text, _values, send) => {
-    if (unanswered++ === 0) roundTrips++;
-    return send().finally(() => unanswered--);
-  });
-  return { db: poolDb(counted, silentLogger), roundTrips: () => roundTrips };
-}
 
 interface Path {
   name: string;
@@ -71,9 +59,9 @@ describe.each(PATHS)("Complete $name", (path) => {
   it("finishes an executing record: its terminal state, one COMPLETED event, its quota count released", async () => {
     const { ref, principal } = await accepted();
     expect(await activeCount(principal)).toBe(1);
-    const c = counting();
+    const c = roundTripCounting(t);
     const done: StoredRecord = await complete(c.db, ref);
-    expect(c.roundTrips()).toBe(path.finishing);
+    expect(c.counts().roundTrips).toBe(path.finishing);
     expect(done).toMatchObject({ state: "SUCCEEDED", generation: 1, leaseExpiresAt: null });
     expect(new TextDecoder().decode(done.snapshot!.body)).toBe('{"ok":true}');
     expect(await events(ref.operationId)).toEqual(["ACCEPTED", "COMPLETED"]);
@@ -115,10 +103,10 @@ describe.each(PATHS)("Complete $name", (path) => {
     await path.reserving.recordEffectAttempt(t.db, { ref, generation: 1, effect: "card.charge", provider: "cards" }, gateway);
     await path.reserving.resolveEffectAttempt(t.db, { ref, generation: 1, attemptNumber: 1, status: "CONFIRMED", providerHandle: "" }, gateway);
     await path.reserving.abandon(t.db, { ref, generation: 1 }, gateway);
-    const c = counting();
+    const c = roundTripCounting(t);
     expect(await complete(c.db, ref)).toMatchObject({ state: "SUCCEEDED", generation: 1 });
     // In one round trip nothing matched, and the rules let it through: the two-round-trip path finished it.
-    expect(c.roundTrips()).toBe(path.finishing === 1 ? 3 : 2);
+    expect(c.counts().roundTrips).toBe(path.finishing === 1 ? 3 : 2);
     expect(await events(ref.operationId)).toContain("COMPLETED");
   });
 

@@ -2,7 +2,7 @@ import type pg from "pg";
 import { describe, expect, it } from "vitest";
 import { ALL_TENANTS, corkableSocket, poolDb, type Db } from "../../src/registry/db.js";
 import { actor, jsonParts, newKey, OPERATION, reserveInput, testPolicy, testRegistry } from "../support/fixtures.js";
-import { interceptedPool, silentLogger, useTestDatabase } from "../support/database.js";
+import { interceptedPool, roundTripCounting, silentLogger, useTestDatabase } from "../support/database.js";
 import { countRows, expectRefusal, expireLease } from "../support/registry-helpers.js";
 import { fingerprint } from "../../src/contract/fingerprint.js";
 import { census as censusStatement } from "../../src/registry/statements/jobs.js";
@@ -244,28 +244,10 @@ describe("operation modes", () => {
 });
 
 describe("round trips per call", () => {
-  /**
-   * A Db that counts its messages to PostgreSQL (BEGIN with the tenant
-   * binding, statements, COMMIT) and its round trips: a message sent while an
-   * earlier one is still unanswered travels in the same round trip.
-   */
-  function counting(): { db: Db; counts: () => { roundTrips: number; messages: number } } {
-    let messages = 0;
-    let roundTrips = 0;
-    let unanswered = 0;
-    const pool = t.openPool({ max: 1 });
-    const countingPool = interceptedPool(pool, (_text, _values, send) => {
-      messages++;
-      if (unanswered++ === 0) roundTrips++;
-      return send().finally(() => unanswered--);
-    });
-    return { db: poolDb(countingPool, silentLogger), counts: () => ({ roundTrips, messages }) };
-  }
-
   it("takes one round trip (three messages: BEGIN, the insert with its quota count, COMMIT) for a new scope, a replay or in progress; a conflict (logged) or a takeover is decided in a second transaction (three more)", async () => {
     const key = newKey();
     const measure = async (body: unknown) => {
-      const c = counting();
+      const c = roundTripCounting(t);
       const result = await registry.reserve(c.db, reserveInput(key, body), gateway);
       return [result.decision, c.counts()];
     };
@@ -363,7 +345,7 @@ describe("round trips per call", () => {
 
   it("takes one round trip (five messages) for a Complete of a record it reserved: BEGIN, the lock, the attempts, the guarded terminal state and COMMIT", async () => {
     const accepted = await registry.reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
-    const c = counting();
+    const c = roundTripCounting(t);
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
     expect(done.state).toBe("SUCCEEDED");
@@ -372,7 +354,7 @@ describe("round trips per call", () => {
 
   it("takes two round trips (five messages) for a Complete of a record another registry reserved: the lock and the attempts travel with BEGIN, the terminal state with COMMIT", async () => {
     const accepted = await testRegistry(payments).reserve(t.db, reserveInput(newKey(), { amount: 10 }, { claim: true }), gateway);
-    const c = counting();
+    const c = roundTripCounting(t);
     const snapshot = { statusCode: 201, mediaType: "application/json", location: "", businessVersion: "", headers: [], body: new Uint8Array([1]) };
     const done = await registry.complete(c.db, { ref: { tenant: "acme", operationId: accepted.record!.operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, gateway);
     expect(done.state).toBe("SUCCEEDED");

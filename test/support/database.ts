@@ -137,3 +137,21 @@ export function interceptedPool(
     },
   });
 }
+
+/**
+ * The registry on one connection of `database`, counting its messages to
+ * PostgreSQL (BEGIN with the tenant binding, statements, COMMIT) and its
+ * round trips: a message sent while an earlier one is still unanswered
+ * travels in the same round trip.
+ */
+export function roundTripCounting(database: TestDatabase): { db: Db; counts: () => { roundTrips: number; messages: number } } {
+  let messages = 0;
+  let roundTrips = 0;
+  let unanswered = 0;
+  const counted = interceptedPool(database.openPool({ max: 1 }), (_text, _values, send) => {
+    messages++;
+    if (unanswered++ === 0) roundTrips++;
+    return send().finally(() => unanswered--);
+  });
+  return { db: poolDb(counted, silentLogger), counts: () => ({ roundTrips, messages }) };
+}
