@@ -14,8 +14,10 @@ coordinator level: Reserve(claim) + Complete through the coordinator (gRPC
   over HTTP/2, the coordinator in its own process) beside the same SQL driven
   by pgbench -M prepared, and a no-op RPC (grpc.health.v1.Health/Check) on the
   same server: closed loop at several concurrencies, then open model (Poisson
-  arrivals) at fractions of the best closed-loop throughput. Counts database
-  round trips per RPC (on the wire, through a counting proxy) and statements
+  arrivals) at fractions of the best closed-loop throughput. At concurrency 1
+  the same pair also goes through a bare relay (HTTP/2 to node-postgres,
+  nothing else), the floor of its latency. Counts database round trips per
+  RPC (on the wire, through a counting proxy) and statements
   (pg_stat_statements), once per run.
 service level: a minimal Express service (its own process) writing one row
   per POST at synchronous_commit=on, driven by 16 HTTP clients: the handler

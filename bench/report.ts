@@ -16,6 +16,8 @@ export interface Row {
   /** null when pgbench is not installed or its run failed before measuring. */
   pgbench: Summary | null;
   noop: Summary;
+  /** At concurrency 1: the pair through a bare relay (bench/relay.ts), the floor of the coordinator's latency. */
+  relay?: Summary;
   ratios: {
     /** coordinator ops/s ÷ pgbench ops/s (1 = as fast as the bare SQL). */
     throughputVsPgbench: number | null;
@@ -431,6 +433,12 @@ export function goalLines(run: CommitRun): string[] {
       `${verdict(clientMs, (v) => v <= 0.2)}  RPC: a no-op RPC's CPU at concurrency 16 ≤ 0.2 ms on the client (${ms2(clientMs)} ms)`,
       `${verdict(pairVsFloor, (v) => v <= 1.5)}  coordinator: Reserve+Complete P50 at concurrency 1 ≤ 1.5× (two no-op RPCs + pgbench's pair) (${ratio(pairVsFloor ?? null)}×: ${ms2(one?.coordinator.p50Ms)} and ${ms2(floor)} ms)`,
     );
+    if (one?.relay && floor) {
+      // Not a goal: the same pair through a process that does nothing else, so that a FAIL above says how much is the coordinator's own.
+      lines.push(
+        `floor coordinator: the pair through a bare relay (HTTP/2 to node-postgres, pgbench's statements; no protocol, authentication, checks, sealing or metrics): ${ratio(one.relay.p50Ms / floor)}× (${ms2(one.relay.p50Ms)} ms)`,
+      );
+    }
   }
   if (run.service) {
     const r = run.service.ratios;

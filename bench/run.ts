@@ -40,6 +40,7 @@ import { CountingProxy } from "./roundtrips.js";
 import { ROOT, startServer, type BenchServer } from "./server.js";
 import { openServiceClients, prepareServiceTable, startService } from "./service-level.js";
 import { callsPerRequest, coordinatorCalls, handlerMean, handlerTimes } from "./metrics.js";
+import { startRelay } from "./relay.js";
 import { pgbenchScript, type OperationValues } from "./sql.js";
 import { measureWritePath, prepareBaselineTables, type WritePath } from "./write-path.js";
 import { loadConfig } from "../src/config.js";
@@ -109,6 +110,8 @@ interface Context {
   token: string;
   pgbench: Pgbench | undefined;
   scriptFile: string;
+  /** The script's two round trips, statement by statement, for the relay (bench/relay.ts). */
+  pipelines: string[][];
   variables: Record<string, string>;
   /** The role the coordinator's registry connections act as: pgbench acts as it too. */
   role?: string;
@@ -344,13 +347,28 @@ async function coordinatorLevel(ctx: Context, main: Awaited<ReturnType<typeof co
     p99VsNoop: coordinatorSide.p99Ms / noop.p99Ms,
   });
 
+  // The floor of the pair's latency at 1 in flight: a relay that does nothing but pass each call to PostgreSQL.
+  const relay = options.concurrency.includes(1)
+    ? await startRelay({ databaseUrl: ctx.database.url, ...(ctx.role ? { role: ctx.role } : {}), pipelines: ctx.pipelines, variables: ctx.variables })
+    : undefined;
+  if (relay) {
+    ctx.life.onExit("the relay", () => relay.stop());
+    progress(
+      `${tag}relay on ${relay.baseUrl} (separate process, pid ${relay.pid}): pgbench's round trips through node-postgres, nothing else; the floor of the pair at 1 in flight (its CPU in the coordinator's column)`,
+    );
+    await closedLoop(1, warm, relay.operation);
+  }
+  const relayTimed = relay ? timer(ctx, new CpuMeter(relay.pid, ctx.database.postmasterPid)) : undefined;
+
   const rows: Row[] = [];
   for (const concurrency of options.concurrency) {
     const coord = (await timed(`${tag}closed c=${concurrency} coordinator`, () => closedLoop(concurrency, phaseOf(ctx), clients.operation)))!;
     const pgbench = await timed(`${tag}closed c=${concurrency} pgbench`, () => pgbenchPhase(concurrency));
     const noop = (await timed(`${tag}closed c=${concurrency} no-op`, () => closedLoop(concurrency, phaseOf(ctx), clients.noop)))!;
-    rows.push({ mode: "closed", concurrency, coordinator: coord, pgbench, noop, ratios: ratios(coord, pgbench, noop) });
+    const relayed = concurrency === 1 && relay ? await relayTimed!(`${tag}closed c=1 relay`, () => closedLoop(1, phaseOf(ctx), relay.operation)) : undefined;
+    rows.push({ mode: "closed", concurrency, coordinator: coord, pgbench, noop, ...(relayed ? { relay: relayed } : {}), ratios: ratios(coord, pgbench, noop) });
   }
+  await relay?.stop();
   const best = Math.max(...rows.map((r) => r.coordinator.opsPerSec));
   const callers = Math.max(...options.concurrency);
   for (const fraction of options.open) {
@@ -551,12 +569,12 @@ async function run(options: Options, argv: string[], life: RunLifetime): Promise
   checkpoint();
 
   const values = operationValues();
-  const { script, variables } = pgbenchScript(values);
+  const { script, pipelines, variables } = pgbenchScript(values);
   const scriptFile = join(pgb.workDir, "reserve-complete.sql");
   await writeFile(scriptFile, script);
   const snapshotKeys = JSON.stringify({ active: values.keyId, keys: { [values.keyId]: randomBytes(32).toString("base64") } });
   const token = `bench_${randomBytes(24).toString("hex")}`;
-  const ctx: Context = { options, life, database, statements, values, token, pgbench, scriptFile, variables, snapshotKeys, serviceRole };
+  const ctx: Context = { options, life, database, statements, values, token, pgbench, scriptFile, pipelines, variables, snapshotKeys, serviceRole };
 
   const commits: CommitRun[] = [];
   let serverInfo: BenchResult["server"] | undefined;

@@ -64,7 +64,7 @@ const hex = (bytes: Uint8Array) => `\\x${Buffer.from(bytes).toString("hex")}`;
  * names the operation by the same expression of the seed, and the generation
  * a new record starts at.
  */
-export function pgbenchScript(v: OperationValues): { script: string; variables: Record<string, string> } {
+export function pgbenchScript(v: OperationValues): { script: string; pipelines: string[][]; variables: Record<string, string> } {
   const seed = ":seed::text";
   const scope = `sha256(convert_to('scope:' || ${seed}, 'UTF8'))`;
   const operationId = `(lpad(to_hex(:start_ms::bigint + :n::bigint), 12, '0') || '7' || substr(md5(${seed}), 1, 3) || '8' || substr(md5(${seed}), 4, 15))::uuid`;
@@ -115,26 +115,18 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     snapshotKeyId: ":key_id",
   });
   // The binding as src/registry/db.ts sends it: the tenant, and cross-tenant access off.
-  const binding = `${BINDING.replace("$1", ":tenant").replace("$2", "'off'")};`;
+  const binding = BINDING.replace("$1", ":tenant").replace("$2", "'off'");
+  // Reserve's round trip, then Complete's: each statement with its pgbench variables, without its semicolon.
+  const pipelines = [
+    ["BEGIN", binding, reserve, "COMMIT"],
+    ["BEGIN", binding, bind(STATEMENTS.lock, ref), bind(STATEMENTS.attempts, ref), finish, "COMMIT"],
+  ];
   const script = [
     "-- One Reserve (claim, new scope) and one Complete (SUCCEEDED) of the idempotency coordinator, for pgbench -M prepared:",
     "-- the statements of src/registry/registry.ts (bench/sql.ts), written by bench/run.ts.",
     "\\set seed random(1, 9223372036854775806)",
     "\\set n :n + 1",
-    "\\startpipeline",
-    "BEGIN;",
-    binding,
-    `${reserve};`,
-    "COMMIT;",
-    "\\endpipeline",
-    "\\startpipeline",
-    "BEGIN;",
-    binding,
-    `${bind(STATEMENTS.lock, ref)};`,
-    `${bind(STATEMENTS.attempts, ref)};`,
-    `${finish};`,
-    "COMMIT;",
-    "\\endpipeline",
+    ...pipelines.flatMap((statements) => ["\\startpipeline", ...statements.map((statement) => `${statement};`), "\\endpipeline"]),
     "",
   ].join("\n");
   const sealedBody = new Uint8Array(v.snapshot.body.byteLength + SEAL_OVERHEAD).map(() => Math.floor(Math.random() * 256));
@@ -163,7 +155,7 @@ export function pgbenchScript(v: OperationValues): { script: string; variables: 
     // Each client's operation counter (the time part of its operation ids, over start_ms).
     n: "0",
   };
-  return { script, variables };
+  return { script, pipelines, variables };
 }
 
 /** The variables of one pgbench run: the script's, and the run's start as the time base of its operation ids. */
