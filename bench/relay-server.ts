@@ -25,15 +25,21 @@ function parameterized(statement: string, index: number): { name?: string; text:
   return variables.length ? { name: `relay_${index}`, text, variables } : { text, variables };
 }
 
-const env = process.env;
-const pipelines = (JSON.parse(env.RELAY_PIPELINES!) as string[][]).map((statements, p) => statements.map((s, i) => parameterized(s, p * 100 + i)));
+const setting = (name: string): string => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set: npm run bench starts the relay (bench/relay.ts) with its settings`);
+  return value;
+};
+
+const pipelines = (JSON.parse(setting("RELAY_PIPELINES")) as string[][]).map((statements, p) => statements.map((s, i) => parameterized(s, p * 100 + i)));
 // As pgbench's client 0, with its operation ids' time base now.
-const variables: Record<string, string> = { ...(JSON.parse(env.RELAY_VARIABLES!) as Record<string, string>), client_id: "0", start_ms: String(Date.now()) };
+const variables: Record<string, string> = { ...(JSON.parse(setting("RELAY_VARIABLES")) as Record<string, string>), client_id: "0", start_ms: String(Date.now()) };
+const role = process.env.RELAY_ROLE;
 const pool = new pg.Pool({
-  connectionString: env.RELAY_DATABASE_URL,
+  connectionString: setting("RELAY_DATABASE_URL"),
   max: 4,
   pipeline: true,
-  ...(env.RELAY_ROLE ? { options: `-c role=${env.RELAY_ROLE}` } : {}),
+  ...(role ? { options: `-c role=${role}` } : {}),
 });
 let n = 0;
 const roundTrip = async (statements: (typeof pipelines)[number], values: Record<string, string>) => {
