@@ -1,5 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
+import { connect } from "node:net";
 import { chown, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -215,7 +216,7 @@ export async function startHaRegistry(options: { log?: (line: string) => void } 
   if (!binDir) throw new Error(`no PostgreSQL server binaries in ${POSTGRES_BIN_DIRS.join(" or ")}`);
   const dir = await workDir("idem-ha-");
   const scope = `idem-${process.pid}`;
-  const [etcdClient, etcdPeer, primaryPort, replicaPort] = await Promise.all([freePort(), freePort(), freePort(), freePort()]);
+  const [etcdClient, etcdPeer] = await Promise.all([freePort(), freePort()]);
   const engines: Array<{ name: string; engine: Child }> = [];
   const stopAll = async () => {
     for (const { engine } of [...engines].reverse()) await engine.stop("SIGTERM").catch(() => undefined);
@@ -313,22 +314,9 @@ export async function startHaRegistry(options: { log?: (line: string) => void } 
       if (nodes.length === 1) await waitFor("the first Patroni node as primary", () => answers("/primary"), 60_000);
     }
 
-    const haproxyConfig = join(dir, "haproxy.cfg");
-    await writeFile(
-      haproxyConfig,
-      await renderTemplate("haproxy.cfg", {
-        PRIMARY_PORT: primaryPort,
-        REPLICA_PORT: replicaPort,
-        NAME_1: nodes[0]!.name,
-        PG_PORT_1: nodes[0]!.pgPort,
-        REST_PORT_1: nodes[0]!.restPort,
-        NAME_2: nodes[1]!.name,
-        PG_PORT_2: nodes[1]!.pgPort,
-        REST_PORT_2: nodes[1]!.restPort,
-      }),
-    );
-    log(`starting HAProxy (primary on ${primaryPort}, replicas on ${replicaPort})…`);
-    engines.push({ name: "haproxy", engine: startEngine(ENGINE_BINARIES.haproxy, ["-db", "-f", haproxyConfig]) });
+    // HAProxy's ports are chosen when it starts, not with the others: in the minute Patroni takes,
+    // a port free at the start may have become the local end of one of its connections.
+    const { primaryPort, replicaPort } = await startHaproxy(dir, nodes, (engine) => engines.push({ name: "haproxy", engine }), log);
 
     const primary = async ({ other, timeoutMs = 60_000 }: { other?: PatroniNode; timeoutMs?: number } = {}) => {
       let found: PatroniNode | undefined;
@@ -396,4 +384,54 @@ export async function startHaRegistry(options: { log?: (line: string) => void } 
     await rm(dir, { recursive: true, force: true });
     throw new Error(`${(error as Error).message}\n${report}`, { cause: error });
   }
+}
+
+/**
+ * HAProxy in front of the two Patroni nodes, on two ports free a moment
+ * before it binds them; chosen again when another process took one first
+ * (HAProxy then exits: "cannot bind socket").
+ */
+async function startHaproxy(
+  dir: string,
+  nodes: PatroniNode[],
+  started: (engine: Child) => void,
+  log: (line: string) => void,
+): Promise<{ primaryPort: number; replicaPort: number }> {
+  const config = join(dir, "haproxy.cfg");
+  for (let attempt = 1; ; attempt++) {
+    const [primaryPort, replicaPort] = await Promise.all([freePort(), freePort()]);
+    await writeFile(
+      config,
+      await renderTemplate("haproxy.cfg", {
+        PRIMARY_PORT: primaryPort,
+        REPLICA_PORT: replicaPort,
+        NAME_1: nodes[0]!.name,
+        PG_PORT_1: nodes[0]!.pgPort,
+        REST_PORT_1: nodes[0]!.restPort,
+        NAME_2: nodes[1]!.name,
+        PG_PORT_2: nodes[1]!.pgPort,
+        REST_PORT_2: nodes[1]!.restPort,
+      }),
+    );
+    log(`starting HAProxy (primary on ${primaryPort}, replicas on ${replicaPort})…`);
+    const engine = startEngine(ENGINE_BINARIES.haproxy, ["-db", "-f", config]);
+    started(engine);
+    await waitFor("HAProxy's listeners", async () => !engine.running() || ((await accepts(primaryPort)) && (await accepts(replicaPort))), 10_000);
+    if (engine.running()) return { primaryPort, replicaPort };
+    if (attempt >= 5 || !/cannot bind socket|Address already in use/i.test(engine.output())) {
+      throw new Error(`HAProxy exited on ports ${primaryPort} and ${replicaPort}:\n${engine.output()}`);
+    }
+  }
+}
+
+/** Whether something accepts a TCP connection on 127.0.0.1:`port`. */
+function accepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(port, "127.0.0.1");
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once("error", () => resolve(false));
+  });
 }
