@@ -85,6 +85,32 @@ function startEngine(command: string, args: string[], env: Record<string, string
   });
 }
 
+/**
+ * Starts an engine that is told its ports before it listens: `count` ports
+ * free a moment ago, chosen again (five tries in all) when it exits because
+ * another process took one first. `start` writes its configuration for the
+ * ports and starts it; it is up once `ready`, and `printed` is what it said.
+ */
+async function startOnFreePorts(
+  what: string,
+  count: number,
+  start: (ports: number[]) => Promise<{ engine: Child; ready: () => Promise<boolean>; printed: () => Promise<string> }>,
+): Promise<{ engine: Child; ports: number[] }> {
+  for (let attempt = 1; ; attempt++) {
+    const ports = await Promise.all(Array.from({ length: count }, () => freePort()));
+    const { engine, ready, printed } = await start(ports);
+    try {
+      await waitFor(what, async () => !engine.running() || (await ready()), 10_000);
+    } catch (error) {
+      await engine.stop("SIGKILL");
+      throw new Error(`${(error as Error).message}\n${await printed()}`, { cause: error });
+    }
+    if (engine.running()) return { engine, ports };
+    const output = await printed();
+    if (attempt >= 5 || !/Address already in use/i.test(output)) throw new Error(`${what} exited on port ${ports.join(" and ")}:\n${output}`);
+  }
+}
+
 /** PgBouncer in transaction mode in front of one PostgreSQL server. */
 export interface LocalPgBouncer {
   port: number;
@@ -122,10 +148,9 @@ export async function startPgBouncer(options: {
   };
   // This PgBouncer, not another one on the port: its configuration names this log file.
   const ours = async () => (await admin("SHOW CONFIG")).some((row) => row.key === "logfile" && row.value === logFile);
-  let engine: Child;
-  // PgBouncer is told its port before it listens: one free a moment ago, and another when a process took it first.
-  for (let attempt = 1; ; attempt++) {
-    port = await freePort();
+  const { engine } = await startOnFreePorts("PgBouncer", 1, async ([listenPort]) => {
+    port = listenPort!;
+    await rm(logFile, { force: true });
     await writeFile(
       config,
       await renderTemplate("pgbouncer.ini", {
@@ -142,22 +167,9 @@ export async function startPgBouncer(options: {
       }),
     );
     if (user) for (const file of [authFile, config]) await chown(file, user.uid, user.gid);
-    const started = startEngine(ENGINE_BINARIES.pgbouncer, [config]);
-    const printed = async () => `${started.output()}${await readFile(logFile, "utf8").catch(() => "")}`;
-    try {
-      await waitFor("PgBouncer", async () => !started.running() || (await ours()), 10_000);
-    } catch (error) {
-      await started.stop("SIGKILL");
-      throw new Error(`${(error as Error).message}\n${await printed()}`, { cause: error });
-    }
-    if (started.running()) {
-      engine = started;
-      break;
-    }
-    const output = await printed();
-    if (attempt >= 5 || !/Address already in use/i.test(output)) throw new Error(`PgBouncer exited on port ${port}:\n${output}`);
-    await rm(logFile, { force: true });
-  }
+    const engine = startEngine(ENGINE_BINARIES.pgbouncer, [config]);
+    return { engine, ready: ours, printed: async () => `${engine.output()}${await readFile(logFile, "utf8").catch(() => "")}` };
+  });
   return {
     port,
     through(url) {
@@ -386,11 +398,7 @@ export async function startHaRegistry(options: { log?: (line: string) => void } 
   }
 }
 
-/**
- * HAProxy in front of the two Patroni nodes, on two ports free a moment
- * before it binds them; chosen again when another process took one first
- * (HAProxy then exits: "cannot bind socket").
- */
+/** HAProxy in front of the two Patroni nodes (startOnFreePorts). */
 async function startHaproxy(
   dir: string,
   nodes: PatroniNode[],
@@ -398,13 +406,14 @@ async function startHaproxy(
   log: (line: string) => void,
 ): Promise<{ primaryPort: number; replicaPort: number }> {
   const config = join(dir, "haproxy.cfg");
-  for (let attempt = 1; ; attempt++) {
-    const [primaryPort, replicaPort] = await Promise.all([freePort(), freePort()]);
+  const {
+    ports: [primaryPort, replicaPort],
+  } = await startOnFreePorts("HAProxy", 2, async ([primaryPort, replicaPort]) => {
     await writeFile(
       config,
       await renderTemplate("haproxy.cfg", {
-        PRIMARY_PORT: primaryPort,
-        REPLICA_PORT: replicaPort,
+        PRIMARY_PORT: primaryPort!,
+        REPLICA_PORT: replicaPort!,
         NAME_1: nodes[0]!.name,
         PG_PORT_1: nodes[0]!.pgPort,
         REST_PORT_1: nodes[0]!.restPort,
@@ -416,12 +425,9 @@ async function startHaproxy(
     log(`starting HAProxy (primary on ${primaryPort}, replicas on ${replicaPort})…`);
     const engine = startEngine(ENGINE_BINARIES.haproxy, ["-db", "-f", config]);
     started(engine);
-    await waitFor("HAProxy's listeners", async () => !engine.running() || ((await accepts(primaryPort)) && (await accepts(replicaPort))), 10_000);
-    if (engine.running()) return { primaryPort, replicaPort };
-    if (attempt >= 5 || !/cannot bind socket|Address already in use/i.test(engine.output())) {
-      throw new Error(`HAProxy exited on ports ${primaryPort} and ${replicaPort}:\n${engine.output()}`);
-    }
-  }
+    return { engine, ready: async () => (await accepts(primaryPort!)) && (await accepts(replicaPort!)), printed: () => Promise.resolve(engine.output()) };
+  });
+  return { primaryPort: primaryPort!, replicaPort: replicaPort! };
 }
 
 /** Whether something accepts a TCP connection on 127.0.0.1:`port`. */
