@@ -18,12 +18,17 @@ export interface AttemptOptions {
 
 /** A call waiting for its batch's answer. */
 interface Pending {
-  readonly call: BatchCall;
+  /** The call and its trace context, made a BatchCall only when it goes in a batch. */
+  readonly call: BatchCall["call"];
+  readonly traceContext: Record<string, string>;
   readonly bytes: number;
   /** When this call stops waiting (Date.now() time). */
   readonly deadline: number;
-  /** Settles the call once (with its result, an error, or by sending it alone); later answers are ignored. */
-  readonly settle: (outcome: { result: BatchResult["result"] } | { error: Error } | { alone: true }) => void;
+  /**
+   * Settles the call once (with its result, an error, or by sending it alone); later answers are ignored. Resolves
+   * when the call has its answer: at once, or when the RPC of a call sent alone has ended.
+   */
+  readonly settle: (outcome: { result: BatchResult["result"] } | { error: Error } | { alone: true }) => Promise<void>;
   settled: boolean;
   /** Told when the call has settled, once it is in a batch. */
   onSettled?: () => void;
@@ -44,8 +49,12 @@ interface BatcherOptions {
  * `inFlight` batches are in flight goes out at once (calls made in the same
  * turn of the event loop go together); the calls made while the limit is
  * reached wait for the first batch to be answered and go together in the
- * next one. Each call keeps its own deadline and signal: it stops waiting
- * when either ends, as its own RPC would, whatever its batch does.
+ * next one. A call that goes out with no other is sent as its own RPC,
+ * holding a place among the batches in flight: a Batch of one costs both
+ * sides the batch's envelope for nothing, which is most of what a lone
+ * call's latency adds above the registry's at low load. Each call keeps its
+ * own deadline and signal: it stops waiting when either ends, as its own RPC
+ * would, whatever its batch does.
  */
 export class Batcher {
   private readonly queue: Pending[] = [];
@@ -65,26 +74,29 @@ export class Batcher {
     if (signal?.aborted) return Promise.reject(ConnectError.from(getAbortSignalReason(signal), Code.Canceled));
     return new Promise<unknown>((resolve, reject) => {
       const deadline = Date.now() + attempt.timeoutMs;
-      const onAbort = () => pending.settle({ error: ConnectError.from(getAbortSignalReason(signal!), Code.Canceled) });
+      const onAbort = () => void pending.settle({ error: ConnectError.from(getAbortSignalReason(signal!), Code.Canceled) });
       // The same error as the deadline of a call sent alone.
-      const timer = setTimeout(() => pending.settle({ error: new ConnectError("the operation timed out", Code.DeadlineExceeded) }), attempt.timeoutMs);
+      const timer = setTimeout(() => void pending.settle({ error: new ConnectError("the operation timed out", Code.DeadlineExceeded) }), attempt.timeoutMs);
       signal?.addEventListener("abort", onAbort, { once: true });
       const pending: Pending = {
-        call: create(BatchCallSchema, { call, traceContext }),
+        call,
+        traceContext,
         bytes,
         deadline,
         settled: false,
         settle: (outcome) => {
-          if (pending.settled) return;
+          if (pending.settled) return Promise.resolve();
           pending.settled = true;
           clearTimeout(timer);
           signal?.removeEventListener("abort", onAbort);
           pending.onSettled?.();
-          if ("alone" in outcome) alone({ ...attempt, timeoutMs: Math.max(0, deadline - Date.now()) }).then(resolve, reject);
-          else if ("error" in outcome) reject(outcome.error);
+          // What is left of the call's deadline, never none (a deadline of 0 would mean no deadline to the transport).
+          if ("alone" in outcome) return alone({ ...attempt, timeoutMs: Math.max(1, deadline - Date.now()) }).then(resolve, reject);
+          if ("error" in outcome) reject(outcome.error);
           else if (outcome.result.case === call.case) resolve(outcome.result.value);
           else if (outcome.result.case === "error") reject(errorOfStatus(outcome.result.value));
           else reject(new CoordinatorError(`the coordinator answered a ${String(call.case)} call with ${outcome.result.case ?? "nothing"}`, Code.Internal, "INTERNAL"));
+          return Promise.resolve();
         },
       };
       this.queue.push(pending);
@@ -107,11 +119,12 @@ export class Batcher {
       const batch = this.take();
       if (batch.length === 0) return;
       if (this.unsupported) {
-        for (const pending of batch) pending.settle({ alone: true });
+        for (const pending of batch) void pending.settle({ alone: true });
         continue;
       }
       this.inFlight++;
-      void this.dispatch(batch).finally(() => {
+      const sent = batch.length === 1 ? batch[0]!.settle({ alone: true }) : this.dispatch(batch);
+      void sent.finally(() => {
         this.inFlight--;
         this.flush();
       });
@@ -150,16 +163,16 @@ export class Batcher {
     try {
       const { results } = await this.options
         .send(
-          batch.map((pending) => pending.call),
+          batch.map((pending) => create(BatchCallSchema, { call: pending.call, traceContext: pending.traceContext })),
           { timeoutMs, signal: controller.signal },
         )
         .finally(() => (ended = true));
       if (results.length !== batch.length) {
         const error = new CoordinatorError(`the coordinator answered ${results.length} results to a batch of ${batch.length} calls`, Code.Internal, "INTERNAL");
-        for (const pending of batch) pending.settle({ error });
+        for (const pending of batch) void pending.settle({ error });
         return;
       }
-      batch.forEach((pending, i) => pending.settle({ result: results[i]!.result }));
+      batch.forEach((pending, i) => void pending.settle({ result: results[i]!.result }));
     } catch (error) {
       const failure = ConnectError.from(error);
       if (failure.code === Code.Unimplemented) {
@@ -168,17 +181,17 @@ export class Batcher {
           this.unsupported = true;
           this.options.unsupported();
         }
-        for (const pending of batch) pending.settle({ alone: true });
+        for (const pending of batch) void pending.settle({ alone: true });
         this.flush();
         return;
       }
       if (failure.code === Code.ResourceExhausted && failure.findDetails(ErrorInfoSchema).length === 0) {
         // The batch was larger than the coordinator reads (refused before any call was decided): each call goes alone, as it would have.
-        for (const pending of batch) pending.settle({ alone: true });
+        for (const pending of batch) void pending.settle({ alone: true });
         return;
       }
       // What failed the whole batch (the transport, authentication) fails each of its calls as it would have failed each alone.
-      for (const pending of batch) pending.settle({ error: failure });
+      for (const pending of batch) void pending.settle({ error: failure });
     }
   }
 }

@@ -182,14 +182,21 @@ describe("batching against a coordinator that serves Batch", () => {
         const call = failureOf(
           c.complete({ ref: { tenant: "acme", operationId }, generation: 1, outcome: "SUCCEEDED", snapshot }, { signal: controller.signal, timeoutMs: 10_000 }),
         );
+        // A neighbour made in the same turn, so that the batching client sends both in one Batch.
+        const neighbour = c.reserve(reserveInput(newKey()), { timeoutMs: 10_000 });
         // Cancelled while the coordinator holds the call: in flight.
         await within(held, "the coordinator to hold the Complete");
         controller.abort();
-        return call;
+        return { failure: await call, neighbour };
       };
-      const expected = await cancelled(alone, held.operationId);
+      const { failure: expected } = await cancelled(alone, held.operationId);
       expect(expected.code).toBe(Code.Canceled);
-      expect(await cancelled(batched, other.operationId)).toStrictEqual(expected);
+      const batchesBefore = await rpcCount("Batch");
+      const { failure, neighbour } = await cancelled(batched, other.operationId);
+      expect(failure).toStrictEqual(expected);
+      release();
+      expect((await neighbour).decision).toBe("ACCEPTED");
+      expect((await rpcCount("Batch")) - batchesBefore).toBe(1);
       // A signal aborted before the call: refused at once, as alone.
       const aborted = AbortSignal.abort();
       const complete = (c: CoordinatorClient) =>
@@ -200,6 +207,21 @@ describe("batching against a coordinator that serves Batch", () => {
       completeHeld = undefined;
       onCompleteHeld = undefined;
     }
+  });
+
+  it("sends a call that goes out with no other as its own RPC, and batches the calls that queued behind it", async () => {
+    const batched = client({ batching: { inFlight: 1 } });
+    const batchesBefore = await rpcCount("Batch");
+    const reservesBefore = await rpcCount("Reserve");
+    const lone = await batched.reserve(reserveInput(newKey()));
+    expect(lone.decision).toBe("ACCEPTED");
+    expect((await rpcCount("Batch")) - batchesBefore).toBe(0);
+    expect((await rpcCount("Reserve")) - reservesBefore).toBe(1);
+    // The first call goes alone and holds the one place in flight; the next ten, made meanwhile, go together.
+    const together = await Promise.all(Array.from({ length: 11 }, () => batched.reserve(reserveInput(newKey()))));
+    expect(together.every((r) => r.decision === "ACCEPTED")).toBe(true);
+    expect((await rpcCount("Batch")) - batchesBefore).toBe(1);
+    expect((await rpcCount("Reserve")) - reservesBefore).toBe(12);
   });
 
   it("sends no Batch RPC with batching off", async () => {
@@ -265,31 +287,37 @@ describe("batching against a coordinator without Batch", () => {
   });
 
   it("retries a batch that failed in transit call by call, as each call alone", async () => {
+    // The first two RPCs fail in transit, whichever they are: the batch, then a call retried on its own.
     let failures = 2;
+    const accepted = (key: string) =>
+      create(ReserveResponseSchema, { decision: ProtoDecision.ACCEPTED, operationId: `op-${key}`, state: ProtoRecordState.EXECUTING, generation: 1n, enforced: true });
+    const inTransit = () => {
+      if (failures-- > 0) throw new ConnectError("connection reset", Code.Unavailable);
+    };
+    const seen: string[] = [];
     const transport = createRouterTransport(({ service }) => {
       service(CoordinatorService, {
         batch: (req) => {
-          if (failures-- > 0) throw new ConnectError("connection reset", Code.Unavailable);
+          seen.push("Batch");
+          inTransit();
           return {
-            results: req.calls.map((call) => ({
-              result: {
-                case: "reserve" as const,
-                value: create(ReserveResponseSchema, {
-                  decision: ProtoDecision.ACCEPTED,
-                  operationId: call.call.case === "reserve" ? `op-${call.call.value.idempotencyKey}` : "",
-                  state: ProtoRecordState.EXECUTING,
-                  generation: 1n,
-                  enforced: true,
-                }),
-              },
-            })),
+            results: req.calls.map((call) => ({ result: { case: "reserve" as const, value: accepted(call.call.case === "reserve" ? call.call.value.idempotencyKey : "") } })),
           };
+        },
+        reserve: (req) => {
+          seen.push("Reserve");
+          inTransit();
+          return accepted(req.idempotencyKey);
         },
       });
     });
     const retrying = new CoordinatorClient({ transport, retry: { attempts: 4, baseDelayMs: 1, maxDelayMs: 2 } });
-    const key = newKey();
-    expect(await retrying.reserve(reserveInput(key))).toMatchObject({ decision: "ACCEPTED", operationId: `op-${key}` });
-    expect(failures).toBe(-1);
+    // Two calls made together go in one Batch (a call alone would go as its own RPC).
+    const keys = [newKey(), newKey()];
+    const answers = await Promise.all(keys.map((key) => retrying.reserve(reserveInput(key))));
+    expect(answers).toMatchObject(keys.map((key) => ({ decision: "ACCEPTED", operationId: `op-${key}` })));
+    expect(seen[0]).toBe("Batch");
+    // Both failures were met and retried past.
+    expect(failures).toBeLessThan(0);
   });
 });
