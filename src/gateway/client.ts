@@ -175,7 +175,8 @@ export interface BatchingOptions {
   /**
    * Batch RPCs in flight at once (default 4). A call made while fewer are
    * in flight goes out at once; calls made meanwhile wait for the first of
-   * them to be answered, and go out together.
+   * them to be answered, and go out together. A call that goes out with no
+   * other is sent as its own RPC, in one of these places.
    */
   inFlight?: number;
   /** Most calls in one batch (default and at most 256, the contract's bound). */
