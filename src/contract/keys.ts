@@ -116,6 +116,8 @@ export const REPEATED_CHARACTERS = 3;
 export const SEQUENCE_STEPS = 3;
 
 const DECIMAL_BITS = Math.log2(10);
+/** The order of `KeyEntropy.structure`: the order of the rules. */
+const STRUCTURE_ORDER: readonly KeyStructure[] = ["date", "time", "repetition", "sequence", "decimal number"];
 
 // Dates with the year first (separator optional but the same twice), or last
 // (separator required): 2026-11-30, 20261130, 30.11.2026, 11/30/2026.
@@ -130,9 +132,25 @@ const DATE = new RegExp(
 // Times of day: with colons (10:00, 10:00:00), or after ISO 8601's `T`
 // (T10:00:00, T100000); a trailing `Z` belongs to the time.
 const TIME = new RegExp([String.raw`t(?:[01]\d|2[0-3])(:?)[0-5]\d(?:\1[0-5]\d)?z?`, String.raw`(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d)?z?`].join("|"), "g");
+const DATES_THEN_TIMES = [
+  ["date", DATE, DATE_BITS],
+  ["time", TIME, TIME_BITS],
+] as const;
+const DECIMAL_NUMBER = new RegExp(`[0-9]{${DECIMAL_RUN_LENGTH},}`, "g");
 // The orders a sequence may follow, each read forwards or backwards: digits
 // then letters (0123, 789a, abcd, fedc), and the rows of a QWERTY keyboard.
 const ORDERS = ["0123456789abcdefghijklmnopqrstuvwxyz", "1234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm"];
+// Each order, forwards then backwards, with its place of each ASCII character
+// (-1 where it has none, as `indexOf` says): a table, not a search, as it is
+// looked up for the characters of every key.
+const SEQUENCE_DIRECTIONS: readonly SequenceDirection[] = ORDERS.flatMap((order) => {
+  const places = new Int8Array(128).fill(-1);
+  for (let place = 0; place < order.length; place++) places[order.charCodeAt(place)] = place;
+  return [
+    { places, step: 1 },
+    { places, step: -1 },
+  ];
+});
 
 /**
  * Estimates how many distinct keys a key's shape could spell, in bits. Keys
@@ -160,89 +178,92 @@ const ORDERS = ["0123456789abcdefghijklmnopqrstuvwxyz", "1234567890", "qwertyuio
  * The estimate is the sum; structure is matched case-insensitively.
  */
 export function keyEntropy(key: string): KeyEntropy {
+  // This runs for every request, under tsx, which names every function made
+  // at run time (esbuild's keepNames): so plain loops, and no closures here.
   const mixedCase = /[a-z]/.test(key) && /[A-Z]/.test(key);
-  const isCharacter = (c: string) => /[0-9A-Za-z]/.test(c) || (mixedCase && (c === "-" || c === "_"));
-  const units = key.split("");
-  const positions = units.flatMap((c, i) => (isCharacter(c) ? [i] : []));
-  const spelled = positions.map((i) => key[i]).join("");
-  const alphabet = ALPHABETS.find((a) => a.matches.test(spelled))!;
+  // Structure is matched case-insensitively, in the lower-cased key.
   const folded = key.toLowerCase();
+  const positions: number[] = [];
+  const characters: number[] = [];
+  let spelled = "";
+  for (let i = 0; i < key.length; i++) {
+    if (isCharacter(key.charCodeAt(i), mixedCase)) {
+      positions.push(i);
+      // Read from the folded key at the key's position, as it always has been,
+      // even where lower-casing lengthened the key before it ("İ" is two units).
+      characters.push(folded.charCodeAt(i));
+      spelled += key[i];
+    }
+  }
+  const alphabet = smallestAlphabet(spelled);
   // Bits of each position of the key (separators carry none), and bits
-  // charged for structures whose characters were set to none.
-  const bits = units.map((c) => (isCharacter(c) ? Math.log2(alphabet.size) : 0));
+  // charged for structures whose characters were set to none. Lower-casing
+  // can lengthen a key ("İ" becomes two units), and a date or time matched
+  // past the key's end then always counts, as it always has: those positions
+  // carry NaN, which no charge is at least. The sum stops at the key's end.
+  const bits = new Array<number>(folded.length).fill(0).fill(Number.NaN, key.length);
+  const characterBits = Math.log2(alphabet.size);
+  for (const i of positions) bits[i] = characterBits;
   let charged = 0;
   const found = new Set<KeyStructure>();
   // What saying where a structure is costs: which of the key's characters it starts at.
   const where = Math.log2(Math.max(1, positions.length));
-  // Replaces the bits of `at` (positions of the key) by `charge`, when that is less.
-  const describe = (kind: KeyStructure, at: readonly number[], charge: number): boolean => {
-    const literal = at.reduce((sum, i) => sum + bits[i]!, 0);
-    if (charge >= literal) return false;
-    for (const i of at) bits[i] = 0;
-    charged += charge;
-    found.add(kind);
-    return true;
-  };
 
   // Long decimal numbers (counters, epoch times) carry what decimal digits do.
-  // Not in decimal or hex keys, whose random keys are mostly digits.
+  // Not in decimal or hex keys, whose random keys are mostly digits. (Every
+  // digit is a character, which carries at least log2(32) bits here.)
   if (alphabet.size >= 32) {
-    for (const match of key.matchAll(new RegExp(`[0-9]{${DECIMAL_RUN_LENGTH},}`, "g"))) {
-      for (let i = match.index; i < match.index + match[0].length; i++) {
-        if (bits[i]! > DECIMAL_BITS) {
-          bits[i] = DECIMAL_BITS;
-          found.add("decimal number");
-        }
-      }
+    for (const match of matchesOf(DECIMAL_NUMBER, key)) {
+      bits.fill(DECIMAL_BITS, match.index, match.index + match[0].length);
+      found.add("decimal number");
     }
   }
   // Dates, then times that overlap no date, matched in the key with its separators.
-  const dated = new Array<boolean>(key.length).fill(false);
-  for (const [kind, pattern, carries] of [
-    ["date", DATE, DATE_BITS],
-    ["time", TIME, TIME_BITS],
-  ] as const) {
-    for (const match of folded.matchAll(pattern)) {
-      const at = Array.from({ length: match[0].length }, (_, k) => match.index + k);
-      if (at.some((i) => dated[i])) continue;
-      if (describe(kind, at, carries + where)) for (const i of at) dated[i] = true;
+  const dated = new Array<boolean>(folded.length).fill(false);
+  for (const [kind, pattern, carries] of DATES_THEN_TIMES) {
+    for (const match of matchesOf(pattern, folded)) {
+      const from = match.index;
+      const to = from + match[0].length;
+      if (dated.slice(from, to).includes(true)) continue;
+      const charge = carries + where;
+      if (chargeInstead(bits, charge, from, to)) {
+        charged += charge;
+        found.add(kind);
+        dated.fill(true, from, to);
+      }
     }
   }
   // In the characters alone (separators skipped): repetitions of any period
   // ("aaaa", "ababa", "abcabc") and sequences ("abcd", "43210", "789ab",
   // "qwer"). The characters that repeat or continue one cost where it starts
-  // and how long it is; the first ones keep their bits.
-  const characters = positions.map((i) => folded[i]!);
-  const describeRun = (kind: KeyStructure, run: readonly number[]) =>
-    describe(
-      kind,
-      run.map((k) => positions[k]!),
-      where + Math.log2(run.length),
-    );
-  for (let period = 1; period <= characters.length / 2; period++) {
-    for (const run of runs(characters.length, period, (k) => characters[k] === characters[k - period])) {
-      if (run.length >= Math.max(REPEATED_CHARACTERS, period)) describeRun("repetition", run);
+  // and how long it is; the first ones keep their bits. Runs go from `from`
+  // up to `to`, the first character that does not repeat or continue one.
+  const count = characters.length;
+  for (let period = 1; period <= count / 2; period++) {
+    for (const [from, to] of longRuns(characters, repeats, period, period, Math.max(REPEATED_CHARACTERS, period))) {
+      const charge = where + Math.log2(to - from);
+      if (chargeInstead(bits, charge, from, to, positions)) {
+        charged += charge;
+        found.add("repetition");
+      }
     }
   }
-  for (const order of ORDERS) {
-    for (const step of [1, -1]) {
-      const continues = (k: number) => {
-        const before = order.indexOf(characters[k - 1]!);
-        return before >= 0 && order.indexOf(characters[k]!) === before + step;
-      };
-      for (const run of runs(characters.length, 1, continues)) {
-        if (run.length >= SEQUENCE_STEPS) describeRun("sequence", run);
+  for (const direction of SEQUENCE_DIRECTIONS) {
+    for (const [from, to] of longRuns(characters, continues, direction, 1, SEQUENCE_STEPS)) {
+      const charge = where + Math.log2(to - from);
+      if (chargeInstead(bits, charge, from, to, positions)) {
+        charged += charge;
+        found.add("sequence");
       }
     }
   }
 
-  const order: KeyStructure[] = ["date", "time", "repetition", "sequence", "decimal number"];
-  return {
-    bits: charged + bits.reduce((a, b) => a + b, 0),
-    alphabet: alphabet.name,
-    characters: positions.length,
-    structure: order.filter((kind) => found.has(kind)),
-  };
+  // The same sum, in the same order, as rules 2 to 5 add up.
+  let literal = 0;
+  for (let i = 0; i < key.length; i++) literal += bits[i]!;
+  const structure: KeyStructure[] = [];
+  for (const kind of STRUCTURE_ORDER) if (found.has(kind)) structure.push(kind);
+  return { bits: charged + literal, alphabet: alphabet.name, characters: count, structure };
 }
 
 /** `keyEntropy(key).bits`. */
@@ -250,20 +271,103 @@ export function estimatedEntropyBits(key: string): number {
   return keyEntropy(key).bits;
 }
 
-/** Maximal runs of indices k (from `from`) where `holds(k)`. */
-function runs(length: number, from: number, holds: (k: number) => boolean): number[][] {
-  const found: number[][] = [];
-  let current: number[] = [];
-  for (let k = from; k < length; k++) {
-    if (holds(k)) {
-      current.push(k);
-    } else if (current.length > 0) {
-      found.push(current);
-      current = [];
+/** Whether a UTF-16 code unit is a character of a key (rule 1): A-Z a-z 0-9, and `-` `_` in mixed-case keys. */
+function isCharacter(code: number, mixedCase: boolean): boolean {
+  const isDigit = code >= 0x30 && code <= 0x39; // 0-9
+  const isLetter = (code >= 0x41 && code <= 0x5a) || (code >= 0x61 && code <= 0x7a); // A-Z, a-z
+  return isDigit || isLetter || (mixedCase && (code === 0x2d || code === 0x5f)); // -, _
+}
+
+/** The first of `ALPHABETS` that spells all of `spelled`. */
+function smallestAlphabet(spelled: string): (typeof ALPHABETS)[number] {
+  for (const alphabet of ALPHABETS) if (alphabet.matches.test(spelled)) return alphabet;
+  // Unreachable: base64url spells every character a key has.
+  return ALPHABETS[ALPHABETS.length - 1]!;
+}
+
+/**
+ * What `text.matchAll(pattern)` finds, for a global `pattern` that never
+ * matches the empty string, without the copy of `pattern` that `matchAll` makes.
+ */
+function matchesOf(pattern: RegExp, text: string): RegExpExecArray[] {
+  const matches: RegExpExecArray[] = [];
+  pattern.lastIndex = 0;
+  for (let match = pattern.exec(text); match !== null; match = pattern.exec(text)) matches.push(match);
+  return matches;
+}
+
+/**
+ * Sets the bits of positions `at[from]` to `at[to - 1]` of the key (or
+ * `from` to `to - 1` without `at`) to none when `charge` is less than they
+ * carry (added in that order), and says whether it did.
+ */
+function chargeInstead(bits: number[], charge: number, from: number, to: number, at?: readonly number[]): boolean {
+  let literal = 0;
+  for (let k = from; k < to; k++) literal += bits[at ? at[k]! : k]!;
+  if (charge >= literal) return false;
+  for (let k = from; k < to; k++) bits[at ? at[k]! : k] = 0;
+  return true;
+}
+
+/**
+ * The maximal runs from..to-1 of indices k from `start` on where
+ * `holds(characters, k, parameter)`, left to right, of at least `shortest`.
+ */
+function longRuns<P>(
+  characters: readonly number[],
+  holds: (characters: readonly number[], k: number, parameter: P) => boolean,
+  parameter: P,
+  start: number,
+  shortest: number,
+): ReadonlyArray<readonly [number, number]> {
+  let runs: Array<readonly [number, number]> | undefined;
+  // No run starts before `from`, and none at `from` or later (up to `probe`)
+  // can be `shortest` long without taking in `probe`: so where it does not
+  // hold, skip past it, and check one index in `shortest`, not all of them.
+  for (let from = start; from + shortest <= characters.length;) {
+    const probe = from + shortest - 1;
+    if (!holds(characters, probe, parameter)) {
+      from = probe + 1;
+      continue;
     }
+    let to = probe + 1;
+    while (to < characters.length && holds(characters, to, parameter)) to++;
+    let first = probe;
+    while (first > from && holds(characters, first - 1, parameter)) first--;
+    if (to - first >= shortest) (runs ??= []).push([first, to]);
+    from = to + 1;
   }
-  if (current.length > 0) found.push(current);
-  return found;
+  return runs ?? NO_RUNS;
+}
+
+const NO_RUNS: ReadonlyArray<readonly [number, number]> = [];
+
+/** Whether character k is the one `period` before it. */
+function repeats(characters: readonly number[], k: number, period: number): boolean {
+  return characters[k] === characters[k - period];
+}
+
+interface SequenceDirection {
+  /** An order's place of each ASCII character (by char code), -1 where it has none. */
+  places: Int8Array;
+  /** 1 to read the order forwards, -1 backwards. */
+  step: number;
+}
+
+/**
+ * Whether character k is one step after the one before it, in an order read
+ * in a direction. A character outside the order is at -1, as `indexOf` has
+ * it, so it continues a run backwards from the order's first: "21x" is a
+ * sequence in "1234567890".
+ */
+function continues(characters: readonly number[], k: number, { places, step }: SequenceDirection): boolean {
+  const before = placeIn(places, characters[k - 1]!);
+  return before >= 0 && placeIn(places, characters[k]!) === before + step;
+}
+
+/** The place of a character (by char code) in an order's `places`, -1 when it has none. */
+function placeIn(places: Int8Array, code: number): number {
+  return code < places.length ? places[code]! : -1;
 }
 
 function describeStructure(structure: readonly KeyStructure[]): string {
