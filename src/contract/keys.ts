@@ -204,8 +204,7 @@ export function keyEntropy(key: string): KeyEntropy {
   const bits = new Array<number>(folded.length).fill(0).fill(Number.NaN, key.length);
   const characterBits = Math.log2(alphabet.size);
   for (const i of positions) bits[i] = characterBits;
-  let charged = 0;
-  const found = new Set<KeyStructure>();
+  const tally: Tally = { bits, charged: 0, found: new Set<KeyStructure>() };
   // What saying where a structure is costs: which of the key's characters it starts at.
   const where = Math.log2(Math.max(1, positions.length));
 
@@ -215,7 +214,7 @@ export function keyEntropy(key: string): KeyEntropy {
   if (alphabet.size >= 32) {
     for (const match of matchesOf(DECIMAL_NUMBER, key)) {
       bits.fill(DECIMAL_BITS, match.index, match.index + match[0].length);
-      found.add("decimal number");
+      tally.found.add("decimal number");
     }
   }
   // Dates, then times that overlap no date, matched in the key with its separators.
@@ -225,12 +224,7 @@ export function keyEntropy(key: string): KeyEntropy {
       const from = match.index;
       const to = from + match[0].length;
       if (dated.slice(from, to).includes(true)) continue;
-      const charge = carries + where;
-      if (chargeInstead(bits, charge, from, to)) {
-        charged += charge;
-        found.add(kind);
-        dated.fill(true, from, to);
-      }
+      if (describe(tally, kind, carries + where, from, to)) dated.fill(true, from, to);
     }
   }
   // In the characters alone (separators skipped): repetitions of any period
@@ -241,20 +235,12 @@ export function keyEntropy(key: string): KeyEntropy {
   const count = characters.length;
   for (let period = 1; period <= count / 2; period++) {
     for (const [from, to] of longRuns(characters, repeats, period, period, Math.max(REPEATED_CHARACTERS, period))) {
-      const charge = where + Math.log2(to - from);
-      if (chargeInstead(bits, charge, from, to, positions)) {
-        charged += charge;
-        found.add("repetition");
-      }
+      describe(tally, "repetition", where + Math.log2(to - from), from, to, positions);
     }
   }
   for (const direction of SEQUENCE_DIRECTIONS) {
     for (const [from, to] of longRuns(characters, continues, direction, 1, SEQUENCE_STEPS)) {
-      const charge = where + Math.log2(to - from);
-      if (chargeInstead(bits, charge, from, to, positions)) {
-        charged += charge;
-        found.add("sequence");
-      }
+      describe(tally, "sequence", where + Math.log2(to - from), from, to, positions);
     }
   }
 
@@ -262,8 +248,8 @@ export function keyEntropy(key: string): KeyEntropy {
   let literal = 0;
   for (let i = 0; i < key.length; i++) literal += bits[i]!;
   const structure: KeyStructure[] = [];
-  for (const kind of STRUCTURE_ORDER) if (found.has(kind)) structure.push(kind);
-  return { bits: charged + literal, alphabet: alphabet.name, characters: count, structure };
+  for (const kind of STRUCTURE_ORDER) if (tally.found.has(kind)) structure.push(kind);
+  return { bits: tally.charged + literal, alphabet: alphabet.name, characters: count, structure };
 }
 
 /** `keyEntropy(key).bits`. */
@@ -296,16 +282,27 @@ function matchesOf(pattern: RegExp, text: string): RegExpExecArray[] {
   return matches;
 }
 
+/** The bits of each position of a key, and what the structures found so far were charged instead. */
+interface Tally {
+  bits: number[];
+  charged: number;
+  found: Set<KeyStructure>;
+}
+
 /**
- * Sets the bits of positions `at[from]` to `at[to - 1]` of the key (or
- * `from` to `to - 1` without `at`) to none when `charge` is less than they
- * carry (added in that order), and says whether it did.
+ * A structure of `kind` at positions `at[from]` to `at[to - 1]` of the key
+ * (or `from` to `to - 1` without `at`): when `charge` is less than their
+ * bits (added in that order), they carry none and `charge` is charged
+ * instead. Says whether it was.
  */
-function chargeInstead(bits: number[], charge: number, from: number, to: number, at?: readonly number[]): boolean {
+function describe(tally: Tally, kind: KeyStructure, charge: number, from: number, to: number, at?: readonly number[]): boolean {
+  const { bits } = tally;
   let literal = 0;
   for (let k = from; k < to; k++) literal += bits[at ? at[k]! : k]!;
   if (charge >= literal) return false;
   for (let k = from; k < to; k++) bits[at ? at[k]! : k] = 0;
+  tally.charged += charge;
+  tally.found.add(kind);
   return true;
 }
 
